@@ -1,0 +1,5 @@
+//! kube-proxy-rs: a Kubernetes node proxy (IPVS and iptables modes) built as
+//! actors that each own one piece of kernel state.
+
+pub mod msgs;
+pub mod net;

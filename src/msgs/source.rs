@@ -1,0 +1,57 @@
+//! Events from a source (the manifest directory or the Kubernetes API) to the
+//! coordinator. Both sources emit exactly these; nothing downstream knows
+//! which one is in use.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The three kinds of object kube-proxy watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceKind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+impl std::fmt::Display for ResourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ResourceKind::Service => "Service",
+            ResourceKind::EndpointSlice => "EndpointSlice",
+            ResourceKind::Node => "Node",
+        })
+    }
+}
+
+/// One object created/changed (the whole new object) or deleted (its last state).
+#[derive(Debug, Clone)]
+pub enum Change<T> {
+    Applied(Arc<T>),
+    Deleted(Arc<T>),
+}
+
+impl<T> Change<T> {
+    pub fn object(&self) -> &Arc<T> {
+        match self {
+            Change::Applied(o) | Change::Deleted(o) => o,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum SourceEvent {
+    Service(Change<Service>),
+    EndpointSlice(Change<EndpointSlice>),
+    Node(Change<Node>),
+    /// The initial list of this kind is complete (upstream's HasSynced). A
+    /// source that relists emits `Deleted` for objects that vanished and then
+    /// `Synced` again; the coordinator treats the second one as a no-op.
+    Synced(ResourceKind),
+}
+
+/// What a source sends: a batch of events, applied in order.
+#[derive(Debug, Clone, actix::Message)]
+#[rtype(result = "()")]
+pub struct SourceBatch(pub Vec<SourceEvent>);
