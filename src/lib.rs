@@ -1,5 +1,8 @@
 //! kube-proxy-rs: a Kubernetes node proxy (IPVS and iptables modes) built as
 //! actors that each own one piece of kernel state.
 
+pub mod fixtures;
+pub mod model;
 pub mod msgs;
 pub mod net;
+pub mod plan;

@@ -1,0 +1,341 @@
+//! The Service/Endpoint model and its change tracking. Pure: no I/O, no
+//! async, no clock.
+//!
+//! Events are recorded as they arrive (converted and validated at once, so
+//! a bad object is reported when it shows up and costs nothing later);
+//! [`Model::apply`] folds the pending changes into the current state and
+//! reports what changed, as upstream's service and endpoint change trackers do.
+
+pub mod endpoints;
+pub mod node;
+pub mod service;
+pub mod topology;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+pub use endpoints::{Endpoint, EndpointList};
+pub use node::NodeInfo;
+pub use service::{NamespacedName, ServicePort, ServicePortMap, ServicePortName};
+
+use crate::msgs::{Change, ResourceKind, SourceEvent};
+use crate::net::{IpFamily, Protocol};
+use endpoints::{parse_slice, SliceCache, SliceKind};
+use service::namespaced_name;
+
+/// A bad object: which one, which field, what value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {object}: invalid {field}: {value:?}")]
+pub struct ModelError {
+    pub kind: &'static str,
+    pub object: String,
+    pub field: String,
+    pub value: String,
+}
+
+impl ModelError {
+    pub fn field(
+        object: &NamespacedName,
+        kind: &'static str,
+        field: &str,
+        value: &str,
+    ) -> ModelError {
+        ModelError {
+            kind,
+            object: object.to_string(),
+            field: field.to_string(),
+            value: value.to_string(),
+        }
+    }
+}
+
+/// A UDP endpoint that stopped receiving traffic: its conntrack entries are stale.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StaleEndpoint {
+    pub port: ServicePortName,
+    pub ip: IpAddr,
+    pub target_port: u16,
+}
+
+/// What one [`Model::apply`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ModelChanges {
+    /// Service ports whose service info or endpoints changed (added, updated or removed).
+    pub ports: BTreeSet<ServicePortName>,
+    /// Services whose service object changed.
+    pub services_updated: BTreeSet<NamespacedName>,
+    /// Services whose endpoints changed.
+    pub endpoints_updated: BTreeSet<NamespacedName>,
+    /// Cluster IPs of removed UDP service ports (upstream's DeletedUDPClusterIPs).
+    pub deleted_udp_cluster_ips: BTreeSet<IpAddr>,
+    /// Serving UDP endpoints removed or no longer serving (upstream's DeletedUDPEndpoints).
+    pub deleted_udp_endpoints: Vec<StaleEndpoint>,
+    /// UDP service ports that went from 0 to >0 serving endpoints.
+    pub newly_active_udp: Vec<ServicePortName>,
+    /// The node's topology labels changed: plan everything again.
+    pub topology_changed: bool,
+    /// last-change-trigger-time annotations of the slices that changed.
+    pub trigger_times: Vec<String>,
+}
+
+impl ModelChanges {
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty() && !self.topology_changed && self.deleted_udp_cluster_ips.is_empty()
+    }
+}
+
+/// Services, endpoints and the node, with pending changes tracked per key.
+#[derive(Debug)]
+pub struct Model {
+    family: IpFamily,
+    node_name: String,
+    services: HashMap<NamespacedName, ServicePortMap>,
+    ports: HashMap<ServicePortName, Arc<ServicePort>>,
+    pending_services: HashMap<NamespacedName, ServicePortMap>,
+    slices: SliceCache,
+    pending_endpoints: HashSet<NamespacedName>,
+    endpoints: HashMap<ServicePortName, EndpointList>,
+    endpoint_ports: HashMap<NamespacedName, BTreeSet<ServicePortName>>,
+    node: NodeInfo,
+    pending_node: Option<NodeInfo>,
+    synced: BTreeSet<ResourceKind>,
+}
+
+static NO_ENDPOINTS: Vec<Endpoint> = Vec::new();
+
+impl Model {
+    pub fn new(family: IpFamily, node_name: &str) -> Model {
+        Model {
+            family,
+            node_name: node_name.to_string(),
+            services: HashMap::new(),
+            ports: HashMap::new(),
+            pending_services: HashMap::new(),
+            slices: SliceCache::default(),
+            pending_endpoints: HashSet::new(),
+            endpoints: HashMap::new(),
+            endpoint_ports: HashMap::new(),
+            node: NodeInfo {
+                name: node_name.to_string(),
+                ..NodeInfo::default()
+            },
+            pending_node: None,
+            synced: BTreeSet::new(),
+        }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    /// Services and EndpointSlices have both completed their initial list
+    /// (upstream's isInitialized): before that, nothing is synced.
+    pub fn is_initialized(&self) -> bool {
+        self.synced.contains(&ResourceKind::Service)
+            && self.synced.contains(&ResourceKind::EndpointSlice)
+    }
+
+    /// Something is waiting for [`Model::apply`].
+    pub fn has_pending(&self) -> bool {
+        !self.pending_services.is_empty()
+            || !self.pending_endpoints.is_empty()
+            || self.pending_node.is_some()
+    }
+
+    pub fn pending_counts(&self) -> (usize, usize) {
+        (self.pending_services.len(), self.pending_endpoints.len())
+    }
+
+    /// Records one source event. A bad object is reported and skipped: its
+    /// last good state stays, and nothing else is affected.
+    pub fn record(&mut self, ev: &SourceEvent) -> Result<(), ModelError> {
+        match ev {
+            SourceEvent::Service(Change::Applied(svc)) => {
+                let nn = namespaced_name(&svc.metadata);
+                let map = service::service_ports(svc, self.family)?.unwrap_or_default();
+                self.pending_services.insert(nn, map);
+            }
+            SourceEvent::Service(Change::Deleted(svc)) => {
+                self.pending_services
+                    .insert(namespaced_name(&svc.metadata), ServicePortMap::new());
+            }
+            SourceEvent::EndpointSlice(Change::Applied(slice)) => {
+                let nn = namespaced_name(&slice.metadata);
+                match parse_slice(slice, self.family)? {
+                    SliceKind::Slice(info) => {
+                        self.pending_endpoints.extend(self.slices.upsert(nn, info))
+                    }
+                    SliceKind::Ignored(_) => self.pending_endpoints.extend(self.slices.remove(&nn)),
+                }
+            }
+            SourceEvent::EndpointSlice(Change::Deleted(slice)) => {
+                let nn = namespaced_name(&slice.metadata);
+                self.pending_endpoints.extend(self.slices.remove(&nn));
+            }
+            SourceEvent::Node(change) => self.record_node(change),
+            SourceEvent::Synced(kind) => {
+                self.synced.insert(*kind);
+            }
+        }
+        Ok(())
+    }
+
+    fn record_node(&mut self, change: &Change<k8s_openapi::api::core::v1::Node>) {
+        let node = change.object();
+        if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
+            return;
+        }
+        let mut info = NodeInfo::from_node(node);
+        if matches!(change, Change::Deleted(_)) {
+            info.deleting = true;
+        }
+        self.pending_node = Some(info);
+    }
+
+    /// Folds pending changes into the current state; reports what changed.
+    pub fn apply(&mut self) -> ModelChanges {
+        let mut out = ModelChanges::default();
+        if let Some(node) = self.pending_node.take() {
+            out.topology_changed = node.topology_labels() != self.node.topology_labels();
+            self.node = node;
+        }
+        let pending: Vec<_> = self.pending_services.drain().collect();
+        for (nn, new) in pending {
+            self.apply_service(nn, new, &mut out);
+        }
+        let pending: Vec<_> = self.pending_endpoints.drain().collect();
+        for nn in pending {
+            self.apply_endpoints(nn, &mut out);
+        }
+        out.deleted_udp_endpoints.sort();
+        out.newly_active_udp.sort();
+        out
+    }
+
+    fn apply_service(&mut self, nn: NamespacedName, new: ServicePortMap, out: &mut ModelChanges) {
+        let old = self.services.remove(&nn).unwrap_or_default();
+        if old == new {
+            if !new.is_empty() {
+                self.services.insert(nn, new);
+            }
+            return;
+        }
+        for (spn, sp) in &old {
+            if !new.contains_key(spn) {
+                self.ports.remove(spn);
+                out.ports.insert(spn.clone());
+                if spn.protocol == Protocol::Udp {
+                    out.deleted_udp_cluster_ips.insert(sp.cluster_ip);
+                }
+            }
+        }
+        for (spn, sp) in &new {
+            if old.get(spn) != Some(sp) {
+                out.ports.insert(spn.clone());
+            }
+            self.ports.insert(spn.clone(), sp.clone());
+        }
+        out.services_updated.insert(nn.clone());
+        if !new.is_empty() {
+            self.services.insert(nn, new);
+        }
+    }
+
+    fn apply_endpoints(&mut self, nn: NamespacedName, out: &mut ModelChanges) {
+        let new = self.slices.endpoints_for(&nn, &self.node_name);
+        let old_ports = self.endpoint_ports.remove(&nn).unwrap_or_default();
+        let mut changed = false;
+        for spn in old_ports.iter().filter(|p| !new.contains_key(*p)) {
+            if let Some(old) = self.endpoints.remove(spn) {
+                stale_endpoints(spn, &old, &[], out);
+                out.ports.insert(spn.clone());
+                changed = true;
+            }
+        }
+        for (spn, list) in &new {
+            let old = self.endpoints.get(spn).cloned();
+            if old.as_deref() == Some(list.as_ref()) {
+                continue;
+            }
+            let old_list: &[Endpoint] = old.as_deref().map(Vec::as_slice).unwrap_or(&[]);
+            stale_endpoints(spn, old_list, list, out);
+            self.endpoints.insert(spn.clone(), list.clone());
+            out.ports.insert(spn.clone());
+            changed = true;
+        }
+        if changed {
+            out.trigger_times.extend(self.slices.trigger_times(&nn));
+            out.endpoints_updated.insert(nn.clone());
+        }
+        if !new.is_empty() {
+            self.endpoint_ports.insert(nn, new.into_keys().collect());
+        }
+    }
+
+    pub fn service_port(&self, spn: &ServicePortName) -> Option<&Arc<ServicePort>> {
+        self.ports.get(spn)
+    }
+
+    /// The endpoints of a service port (empty if none).
+    pub fn endpoints(&self, spn: &ServicePortName) -> &[Endpoint] {
+        self.endpoints
+            .get(spn)
+            .map(|l| l.as_slice())
+            .unwrap_or(NO_ENDPOINTS.as_slice())
+    }
+
+    /// Every service port, in no particular order.
+    pub fn service_ports(&self) -> impl Iterator<Item = &Arc<ServicePort>> {
+        self.ports.values()
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Service ports grouped by service, sorted: for rendering in a stable order.
+    pub fn sorted_ports(&self) -> BTreeMap<&ServicePortName, &Arc<ServicePort>> {
+        self.ports.iter().collect()
+    }
+}
+
+/// Upstream's detectStaleConntrackEntries for one UDP service port.
+fn stale_endpoints(
+    spn: &ServicePortName,
+    old: &[Endpoint],
+    new: &[Endpoint],
+    out: &mut ModelChanges,
+) {
+    if spn.protocol != Protocol::Udp {
+        return;
+    }
+    for ep in old.iter().filter(|e| e.serving) {
+        let still = new
+            .iter()
+            .any(|n| n.ip == ep.ip && n.port == ep.port && n.serving);
+        if !still {
+            out.deleted_udp_endpoints.push(StaleEndpoint {
+                port: spn.clone(),
+                ip: ep.ip,
+                target_port: ep.port,
+            });
+        }
+    }
+    let serving_now = new.iter().any(|e| e.serving);
+    let serving_before = old.iter().any(|e| e.serving);
+    if serving_now && !serving_before {
+        out.newly_active_udp.push(spn.clone());
+    }
+}

@@ -1,0 +1,426 @@
+use std::net::IpAddr;
+
+use super::topology::categorize;
+use super::*;
+use crate::fixtures::*;
+use crate::msgs::{ResourceKind, SourceEvent};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn spn(ns: &str, name: &str, port: &str, proto: Protocol) -> ServicePortName {
+    ServicePortName {
+        service: NamespacedName::new(ns, name),
+        port: port.into(),
+        protocol: proto,
+    }
+}
+
+fn model() -> Model {
+    let mut m = Model::new(IpFamily::V4, "node-a");
+    m.record(&SourceEvent::Synced(ResourceKind::Service))
+        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
+        .unwrap();
+    m
+}
+
+fn dns() -> k8s_openapi::api::core::v1::Service {
+    service(
+        "kube-system",
+        "dns",
+        "10.96.0.10",
+        &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)],
+    )
+}
+
+#[test]
+fn service_ports_are_keyed_by_name_and_protocol() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    let ch = m.apply();
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    assert_eq!(udp.to_string(), "kube-system/dns:dns");
+    assert!(ch.ports.contains(&udp));
+    assert_eq!(ch.ports.len(), 2);
+    let sp = m.service_port(&udp).unwrap();
+    assert_eq!(
+        (sp.cluster_ip, sp.port, sp.node_port),
+        (ip("10.96.0.10"), 53, 0)
+    );
+    assert_eq!(sp.affinity_timeout, None);
+}
+
+#[test]
+fn unnamed_port_prints_without_colon() {
+    assert_eq!(spn("ns", "svc", "", Protocol::Tcp).to_string(), "ns/svc");
+}
+
+#[test]
+fn service_fields_follow_upstream_filters() {
+    let mut s = service("ns", "lb", "10.96.0.30", &[("http", "TCP", 80, 30080)]);
+    let spec = s.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_ips = Some(vec![
+        "192.168.60.20".into(),
+        "fd00::20".into(),
+        "bogus".into(),
+    ]);
+    spec.load_balancer_source_ranges = Some(vec![" 192.168.50.0/24 ".into(), "fd00::/64".into()]);
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(32000);
+    spec.session_affinity = Some("ClientIP".into());
+    s.status = Some(from_json(serde_json::json!({"loadBalancer": {"ingress": [
+        {"ip": "192.168.60.10"}, {"ip": "192.168.60.11", "ipMode": "Proxy"}, {"hostname": "lb.example"}
+    ]}})));
+    let mut m = model();
+    m.record(&applied_service(s)).unwrap();
+    m.apply();
+    let sp = m
+        .service_port(&spn("ns", "lb", "http", Protocol::Tcp))
+        .unwrap();
+    assert_eq!(sp.external_ips, vec![ip("192.168.60.20")]);
+    assert_eq!(sp.load_balancer_vips, vec![ip("192.168.60.10")]);
+    assert_eq!(
+        sp.load_balancer_source_ranges,
+        vec!["192.168.50.0/24".parse().unwrap()]
+    );
+    assert_eq!(sp.affinity_timeout, Some(DEFAULT_AFFINITY_TIMEOUT));
+    assert!(sp.external_policy_local && !sp.internal_policy_local);
+    assert_eq!((sp.node_port, sp.health_check_node_port), (30080, 32000));
+}
+
+use service::DEFAULT_AFFINITY_TIMEOUT;
+
+#[test]
+fn skipped_services_yield_no_ports() {
+    let mut headless = service("ns", "headless", "None", &[("p", "TCP", 80, 0)]);
+    headless.spec.as_mut().unwrap().cluster_ips = Some(vec!["None".into()]);
+    let mut ext = service("ns", "ext", "", &[]);
+    ext.spec.as_mut().unwrap().type_ = Some("ExternalName".into());
+    let mut other = service("ns", "other", "10.96.0.40", &[("p", "TCP", 80, 0)]);
+    other.metadata.labels = Some(
+        [(
+            service::LABEL_SERVICE_PROXY_NAME.to_string(),
+            "x".to_string(),
+        )]
+        .into(),
+    );
+    let v6 = service("ns", "v6", "fd00::10", &[("p", "TCP", 80, 0)]);
+    let mut m = model();
+    for s in [headless, ext, other, v6] {
+        m.record(&applied_service(s)).unwrap();
+    }
+    assert!(m.apply().ports.is_empty());
+    assert_eq!(m.service_ports().count(), 0);
+}
+
+#[test]
+fn invalid_cluster_ip_is_an_error_naming_object_and_field() {
+    let bad = service("ns", "bad", "10.96.0.999", &[("p", "TCP", 80, 0)]);
+    let mut m = model();
+    let err = m.record(&applied_service(bad)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Service ns/bad: invalid spec.clusterIPs[0]: \"10.96.0.999\""
+    );
+    // The broken service leaves no pending change behind; others still work.
+    m.record(&applied_service(dns())).unwrap();
+    assert_eq!(m.apply().ports.len(), 2);
+}
+
+#[test]
+fn bad_update_keeps_the_last_good_state() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.apply();
+    let mut bad = dns();
+    bad.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol = Some("ICMP".into());
+    let err = m.record(&applied_service(bad)).unwrap_err();
+    assert!(err.to_string().contains("spec.ports[0].protocol"), "{err}");
+    assert!(m.apply().ports.is_empty());
+    assert!(m
+        .service_port(&spn("kube-system", "dns", "dns", Protocol::Udp))
+        .is_some());
+}
+
+#[test]
+fn unchanged_update_reports_nothing() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.apply();
+    m.record(&applied_service(dns())).unwrap();
+    assert!(m.apply().is_empty());
+}
+
+#[test]
+fn removed_udp_port_reports_its_cluster_ip() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.apply();
+    m.record(&applied_service(service(
+        "kube-system",
+        "dns",
+        "10.96.0.10",
+        &[("dns-tcp", "TCP", 53, 0)],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    assert_eq!(
+        ch.ports,
+        [spn("kube-system", "dns", "dns", Protocol::Udp)].into()
+    );
+    assert_eq!(ch.deleted_udp_cluster_ips, [ip("10.96.0.10")].into());
+}
+
+fn dns_slice(name: &str, eps: &[Ep]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    slice(
+        "kube-system",
+        name,
+        "dns",
+        &[("dns", "UDP", 53), ("dns-tcp", "TCP", 53)],
+        eps,
+    )
+}
+
+#[test]
+fn slices_merge_and_duplicates_prefer_the_local_copy() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.record(&applied_slice(dns_slice(
+        "dns-a",
+        &[ep("10.244.1.5", "node-b"), ep("10.244.0.5", "node-b")],
+    )))
+    .unwrap();
+    m.record(&applied_slice(dns_slice(
+        "dns-b",
+        &[ep("10.244.0.5", "node-a"), ep("10.244.2.5", "node-c")],
+    )))
+    .unwrap();
+    m.apply();
+    let eps = m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp));
+    let got: Vec<(String, bool)> = eps.iter().map(|e| (e.to_string(), e.is_local)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("10.244.0.5:53".into(), true),
+            ("10.244.1.5:53".into(), false),
+            ("10.244.2.5:53".into(), false)
+        ]
+    );
+}
+
+#[test]
+fn conditions_default_as_upstream() {
+    let mut e = ep("10.244.0.5", "node-a");
+    e.ready = None;
+    e.serving = None;
+    e.terminating = None;
+    let mut m = model();
+    m.record(&applied_slice(dns_slice("s", &[e]))).unwrap();
+    m.apply();
+    let got = &m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp))[0];
+    assert!(got.ready && got.serving && !got.terminating);
+}
+
+#[test]
+fn headless_slices_and_other_families_are_ignored() {
+    let mut s = dns_slice("s", &[ep("10.244.0.5", "node-a")]);
+    s.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(service::LABEL_HEADLESS.into(), "".into());
+    let mut v6 = dns_slice("v6", &[ep("fd00::5", "node-a")]);
+    v6.address_type = "IPv6".into();
+    let mut m = model();
+    m.record(&applied_slice(s)).unwrap();
+    m.record(&applied_slice(v6)).unwrap();
+    assert!(m.apply().ports.is_empty());
+}
+
+#[test]
+fn removed_udp_endpoint_is_stale_and_zero_to_n_is_newly_active() {
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.apply();
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    m.record(&applied_slice(dns_slice(
+        "s",
+        &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    assert_eq!(ch.newly_active_udp, vec![udp.clone()]);
+    assert!(ch.deleted_udp_endpoints.is_empty());
+    m.record(&applied_slice(dns_slice(
+        "s",
+        &[ep("10.244.1.5", "node-b")],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    assert_eq!(
+        ch.deleted_udp_endpoints,
+        vec![StaleEndpoint {
+            port: udp.clone(),
+            ip: ip("10.244.0.5"),
+            target_port: 53
+        }]
+    );
+    assert!(ch.newly_active_udp.is_empty());
+    // Going not-serving is stale too; TCP endpoints never are.
+    m.record(&applied_slice(dns_slice(
+        "s",
+        &[ep("10.244.1.5", "node-b").not_ready()],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    assert_eq!(ch.deleted_udp_endpoints.len(), 1);
+    assert_eq!(ch.deleted_udp_endpoints[0].port, udp);
+}
+
+#[test]
+fn deleting_the_last_slice_removes_the_endpoints() {
+    let mut m = model();
+    let s = dns_slice("s", &[ep("10.244.0.5", "node-a")]);
+    m.record(&applied_slice(s.clone())).unwrap();
+    m.apply();
+    m.record(&deleted_slice(s)).unwrap();
+    let ch = m.apply();
+    assert_eq!(ch.ports.len(), 2);
+    assert!(m
+        .endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp))
+        .is_empty());
+}
+
+#[test]
+fn not_initialized_until_services_and_slices_synced() {
+    let mut m = Model::new(IpFamily::V4, "n");
+    assert!(!m.is_initialized());
+    m.record(&SourceEvent::Synced(ResourceKind::Service))
+        .unwrap();
+    assert!(!m.is_initialized());
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
+        .unwrap();
+    assert!(m.is_initialized());
+}
+
+#[test]
+fn node_topology_label_change_is_reported() {
+    let mut m = model();
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
+        std::sync::Arc::new(node("node-a", "192.168.50.2", "a")),
+    )))
+    .unwrap();
+    assert!(m.apply().topology_changed);
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
+        std::sync::Arc::new(node("node-a", "192.168.50.3", "a")),
+    )))
+    .unwrap();
+    assert!(!m.apply().topology_changed);
+    assert_eq!(m.node().addresses, vec![ip("192.168.50.3")]);
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
+        std::sync::Arc::new(node("node-b", "192.168.50.9", "b")),
+    )))
+    .unwrap();
+    assert!(
+        !m.apply().topology_changed,
+        "another node's object is ignored"
+    );
+}
+
+fn sp(internal_local: bool, external_local: bool, node_port: u16) -> ServicePort {
+    ServicePort {
+        name: spn("ns", "s", "p", Protocol::Tcp),
+        cluster_ip: ip("10.96.0.1"),
+        port: 80,
+        node_port,
+        external_ips: vec![],
+        load_balancer_vips: vec![],
+        load_balancer_source_ranges: vec![],
+        affinity_timeout: None,
+        health_check_node_port: 0,
+        external_policy_local: external_local,
+        internal_policy_local: internal_local,
+        traffic_distribution: None,
+    }
+}
+
+fn endpoint(ip_: &str, local: bool, ready: bool, serving: bool, terminating: bool) -> Endpoint {
+    Endpoint {
+        ip: ip(ip_),
+        port: 80,
+        is_local: local,
+        ready,
+        serving,
+        terminating,
+        zone_hints: Default::default(),
+        node_hints: Default::default(),
+    }
+}
+
+#[test]
+fn categorize_falls_back_to_serving_terminating_endpoints() {
+    let eps = vec![
+        endpoint("10.0.0.1", false, false, true, true),
+        endpoint("10.0.0.2", true, false, false, true),
+    ];
+    let c = categorize(&eps, &sp(false, false, 0), "node-a", "");
+    assert_eq!(c.cluster.len(), 1);
+    assert_eq!(c.cluster[0].ip, ip("10.0.0.1"));
+    assert!(c.has_any);
+}
+
+#[test]
+fn categorize_local_policy_uses_local_endpoints_only() {
+    let eps = vec![
+        endpoint("10.0.0.1", false, true, true, false),
+        endpoint("10.0.0.2", true, true, true, false),
+    ];
+    let c = categorize(&eps, &sp(true, false, 0), "node-a", "");
+    assert!(c.cluster.is_empty());
+    assert_eq!(c.local.len(), 1);
+    assert_eq!(c.all_reachable.len(), 1);
+    let remote_only = vec![endpoint("10.0.0.1", false, true, true, false)];
+    let c = categorize(&remote_only, &sp(true, false, 0), "node-a", "");
+    assert!(
+        c.local.is_empty() && c.has_any,
+        "no local endpoint, but some exist: DROP, not REJECT"
+    );
+}
+
+#[test]
+fn categorize_mixed_policies_merge_cluster_and_local() {
+    // externalTrafficPolicy Local on a NodePort, internal Cluster.
+    let eps = vec![
+        endpoint("10.0.0.1", false, true, true, false),
+        endpoint("10.0.0.2", true, false, true, true),
+    ];
+    let c = categorize(&eps, &sp(false, true, 30000), "node-a", "");
+    assert_eq!(c.cluster.len(), 1);
+    assert_eq!(c.local.len(), 1, "local falls back to serving-terminating");
+    assert_eq!(c.all_reachable.len(), 2);
+}
+
+#[test]
+fn categorize_uses_zone_hints_only_when_all_ready_endpoints_have_them() {
+    let mut a = endpoint("10.0.0.1", false, true, true, false);
+    a.zone_hints.insert("zone-a".into());
+    let mut b = endpoint("10.0.0.2", false, true, true, false);
+    b.zone_hints.insert("zone-b".into());
+    let eps = vec![a.clone(), b.clone()];
+    let c = categorize(&eps, &sp(false, false, 0), "node-a", "zone-a");
+    assert_eq!(c.cluster.len(), 1);
+    assert_eq!(c.cluster[0].ip, ip("10.0.0.1"));
+    let c = categorize(&eps, &sp(false, false, 0), "node-a", "zone-c");
+    assert_eq!(c.cluster.len(), 2, "no hint for our zone: ignore hints");
+    b.zone_hints.clear();
+    let eps = [a, b];
+    let c = categorize(&eps, &sp(false, false, 0), "node-a", "zone-a");
+    assert_eq!(
+        c.cluster.len(),
+        2,
+        "an endpoint without hints disables topology"
+    );
+}
