@@ -1,1 +1,394 @@
+use std::collections::BTreeSet;
+use std::net::IpAddr;
 
+use super::*;
+use crate::fixtures::*;
+use crate::model::{Model, ServicePortName};
+use crate::msgs::{ResourceKind, SourceEvent};
+use crate::net::{IpFamily, Protocol};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn ctx() -> PlanContext {
+    PlanContext {
+        family: IpFamily::V4,
+        scheduler: "rr".into(),
+        node_name: "node-a".into(),
+        zone: String::new(),
+        node_port_ips: vec![ip("192.168.50.2")],
+        node_addresses: [ip("192.168.50.2"), ip("127.0.0.1")].into(),
+        node_ip: Some(ip("192.168.50.2")),
+    }
+}
+
+fn model_with(events: Vec<SourceEvent>) -> Model {
+    let mut m = Model::new(IpFamily::V4, "node-a");
+    m.record(&SourceEvent::Synced(ResourceKind::Service))
+        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
+        .unwrap();
+    for e in &events {
+        m.record(e).unwrap();
+    }
+    m.apply();
+    m
+}
+
+fn all_ports(m: &Model) -> Vec<ServicePortName> {
+    m.service_ports().map(|sp| sp.name.clone()).collect()
+}
+
+fn lines(d: &IpvsDeltas) -> Vec<String> {
+    let mut out: Vec<String> = d.ipvs.iter().map(|o| o.to_string()).collect();
+    for (set, ops) in &d.sets {
+        for op in ops {
+            out.push(crate::msgs::ipset::SetLine(set.base_name(), op).to_string());
+        }
+    }
+    out.extend(d.link.iter().map(|l| l.to_string()));
+    out
+}
+
+fn web() -> Vec<SourceEvent> {
+    vec![
+        applied_service(service(
+            "default",
+            "web",
+            "10.96.0.20",
+            &[("http", "TCP", 80, 0)],
+        )),
+        applied_slice(slice(
+            "default",
+            "web-1",
+            "web",
+            &[("http", "TCP", 8080)],
+            &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")],
+        )),
+    ]
+}
+
+#[test]
+fn cluster_ip_service_gets_vs_dests_entries_and_address() {
+    let m = model_with(web());
+    let mut p = IpvsPlanner::new(ctx());
+    let d = p.update(&m, &all_ports(&m));
+    assert_eq!(
+        lines(&d),
+        vec![
+            "-A -t 10.96.0.20:80 -s rr",
+            "-a -t 10.96.0.20:80 -r 10.244.0.5:8080 -m -w 1",
+            "-a -t 10.96.0.20:80 -r 10.244.1.5:8080 -m -w 1",
+            "add KUBE-LOOP-BACK 10.244.0.5,tcp:8080,10.244.0.5",
+            "add KUBE-CLUSTER-IP 10.96.0.20,tcp:80",
+            "add KUBE-IPVS-IPS 10.96.0.20",
+            "bind 10.96.0.20 dev kube-ipvs0",
+        ]
+    );
+    // Planning the same model again changes nothing.
+    assert!(p.update(&m, &all_ports(&m)).is_empty());
+}
+
+#[test]
+fn deleting_a_service_removes_everything_it_claimed() {
+    let mut m = model_with(web());
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    m.record(&deleted_service(service(
+        "default",
+        "web",
+        "10.96.0.20",
+        &[("http", "TCP", 80, 0)],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    let d = p.update(&m, &ch.ports);
+    assert_eq!(
+        lines(&d),
+        vec![
+            "-d -t 10.96.0.20:80 -r 10.244.0.5:8080",
+            "-d -t 10.96.0.20:80 -r 10.244.1.5:8080",
+            "-D -t 10.96.0.20:80",
+            "del KUBE-LOOP-BACK 10.244.0.5,tcp:8080,10.244.0.5",
+            "del KUBE-CLUSTER-IP 10.96.0.20,tcp:80",
+            "del KUBE-IPVS-IPS 10.96.0.20",
+            "unbind 10.96.0.20 dev kube-ipvs0",
+        ]
+    );
+    assert_eq!(p.sizes(), (0, 0, 0, 0));
+}
+
+#[test]
+fn shared_cluster_ip_stays_bound_until_its_last_port_goes() {
+    let dns = service(
+        "kube-system",
+        "dns",
+        "10.96.0.10",
+        &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)],
+    );
+    let mut m = model_with(vec![applied_service(dns)]);
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    m.record(&applied_service(service(
+        "kube-system",
+        "dns",
+        "10.96.0.10",
+        &[("dns-tcp", "TCP", 53, 0)],
+    )))
+    .unwrap();
+    let ch = m.apply();
+    let d = p.update(&m, &ch.ports);
+    assert_eq!(
+        lines(&d),
+        vec![
+            "-D -u 10.96.0.10:53",
+            "del KUBE-CLUSTER-IP 10.96.0.10,udp:53"
+        ]
+    );
+}
+
+#[test]
+fn node_port_gets_a_vs_per_node_ip_and_a_port_entry() {
+    let m = model_with(vec![applied_service(service(
+        "ns",
+        "np",
+        "10.96.0.30",
+        &[("http", "TCP", 80, 30080)],
+    ))]);
+    let mut p = IpvsPlanner::new(ctx());
+    let l = lines(&p.update(&m, &all_ports(&m)));
+    assert!(
+        l.contains(&"-A -t 192.168.50.2:30080 -s rr".to_string()),
+        "{l:?}"
+    );
+    assert!(
+        l.contains(&"add KUBE-NODE-PORT-TCP 30080".to_string()),
+        "{l:?}"
+    );
+    assert!(!l.iter().any(|x| x.contains("LOCAL")), "{l:?}");
+}
+
+#[test]
+fn load_balancer_with_source_ranges_and_local_policy() {
+    let mut s = service("ns", "lb", "10.96.0.40", &[("http", "TCP", 80, 30081)]);
+    let spec = s.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(32000);
+    spec.load_balancer_source_ranges = Some(vec!["192.168.50.0/24".into()]);
+    s.status = Some(from_json(
+        serde_json::json!({"loadBalancer": {"ingress": [{"ip": "192.168.60.10"}]}}),
+    ));
+    let sl = slice(
+        "ns",
+        "lb-1",
+        "lb",
+        &[("http", "TCP", 8080)],
+        &[ep("10.244.0.7", "node-a"), ep("10.244.1.7", "node-b")],
+    );
+    let m = model_with(vec![applied_service(s), applied_slice(sl)]);
+    let mut p = IpvsPlanner::new(ctx());
+    let l: BTreeSet<String> = lines(&p.update(&m, &all_ports(&m))).into_iter().collect();
+    for want in [
+        "-A -t 192.168.60.10:80 -s rr",
+        "-a -t 192.168.60.10:80 -r 10.244.0.7:8080 -m -w 1",
+        "-a -t 10.96.0.40:80 -r 10.244.1.7:8080 -m -w 1",
+        "-a -t 192.168.50.2:30081 -r 10.244.0.7:8080 -m -w 1",
+        "add KUBE-LOAD-BALANCER 192.168.60.10,tcp:80",
+        "add KUBE-LOAD-BALANCER-LOCAL 192.168.60.10,tcp:80",
+        "add KUBE-LOAD-BALANCER-FW 192.168.60.10,tcp:80",
+        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 192.168.60.10,tcp:80,192.168.50.0/24",
+        "add KUBE-LOAD-BALANCER-SOURCE-IP 192.168.60.10,tcp:80,192.168.60.10",
+        "add KUBE-NODE-PORT-LOCAL-TCP 30081",
+        "add KUBE-HEALTH-CHECK-NODE-PORT 32000",
+        "bind 192.168.60.10 dev kube-ipvs0",
+    ] {
+        assert!(l.contains(want), "missing {want:?} in {l:#?}");
+    }
+    // External traffic (LB, NodePort) only goes to the local endpoint.
+    assert!(!l.contains("-a -t 192.168.60.10:80 -r 10.244.1.7:8080 -m -w 1"));
+    assert!(!l.contains("-a -t 192.168.50.2:30081 -r 10.244.1.7:8080 -m -w 1"));
+}
+
+#[test]
+fn external_ip_on_a_node_address_is_not_bound() {
+    let mut s = service("ns", "ext", "10.96.0.50", &[("http", "TCP", 80, 0)]);
+    s.spec.as_mut().unwrap().external_ips =
+        Some(vec!["192.168.50.2".into(), "192.168.60.20".into()]);
+    let m = model_with(vec![applied_service(s)]);
+    let mut p = IpvsPlanner::new(ctx());
+    let l = lines(&p.update(&m, &all_ports(&m)));
+    assert!(l.contains(&"bind 192.168.60.20 dev kube-ipvs0".to_string()));
+    assert!(!l.contains(&"bind 192.168.50.2 dev kube-ipvs0".to_string()));
+    assert!(l.contains(&"add KUBE-EXTERNAL-IP 192.168.50.2,tcp:80".to_string()));
+    assert!(l.contains(&"-A -t 192.168.50.2:80 -s rr".to_string()));
+}
+
+#[test]
+fn client_ip_affinity_sets_persistence() {
+    let mut s = service("ns", "sticky", "10.96.0.60", &[("http", "TCP", 80, 0)]);
+    let spec = s.spec.as_mut().unwrap();
+    spec.session_affinity = Some("ClientIP".into());
+    spec.session_affinity_config = Some(from_json(
+        serde_json::json!({"clientIP": {"timeoutSeconds": 600}}),
+    ));
+    let m = model_with(vec![applied_service(s)]);
+    let mut p = IpvsPlanner::new(ctx());
+    assert_eq!(
+        lines(&p.update(&m, &all_ports(&m)))[0],
+        "-A -t 10.96.0.60:80 -s rr -p 600"
+    );
+}
+
+/// The proportionality requirement: one endpoint added to one of
+/// 10,000 services is one real-server add (plus the set entries it implies).
+#[test]
+fn one_endpoint_added_among_10000_services_is_one_dest_add() {
+    let mut events = Vec::new();
+    for i in 0..10_000u32 {
+        let name = format!("svc-{i}");
+        let cip = format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256);
+        events.push(applied_service(service(
+            "ns",
+            &name,
+            &cip,
+            &[("http", "TCP", 80, 0)],
+        )));
+        let eps = [ep(
+            &format!("10.244.{}.{}", i / 256 % 256, i % 256),
+            "node-b",
+        )];
+        events.push(applied_slice(slice(
+            "ns",
+            &format!("{name}-1"),
+            &name,
+            &[("http", "TCP", 8080)],
+            &eps,
+        )));
+    }
+    let mut m = model_with(events);
+    let mut p = IpvsPlanner::new(ctx());
+    let cold = p.update(&m, &all_ports(&m));
+    assert_eq!(cold.ipvs.len(), 20_000);
+
+    let remote = [ep("10.244.16.146", "node-b"), ep("10.250.0.1", "node-b")];
+    m.record(&applied_slice(slice(
+        "ns",
+        "svc-4242-1",
+        "svc-4242",
+        &[("http", "TCP", 8080)],
+        &remote,
+    )))
+    .unwrap();
+    let ch = m.apply();
+    assert_eq!(ch.ports.len(), 1);
+    let d = p.update(&m, &ch.ports);
+    assert_eq!(
+        lines(&d),
+        vec!["-a -t 10.96.16.146:80 -r 10.250.0.1:8080 -m -w 1"]
+    );
+
+    // A local endpoint also implies its KUBE-LOOP-BACK entry, nothing more.
+    let local = [
+        ep("10.244.16.146", "node-b"),
+        ep("10.250.0.1", "node-b"),
+        ep("10.244.0.9", "node-a"),
+    ];
+    m.record(&applied_slice(slice(
+        "ns",
+        "svc-4242-1",
+        "svc-4242",
+        &[("http", "TCP", 8080)],
+        &local,
+    )))
+    .unwrap();
+    let ch = m.apply();
+    let d = p.update(&m, &ch.ports);
+    assert_eq!(
+        lines(&d),
+        vec![
+            "-a -t 10.96.16.146:80 -r 10.244.0.9:8080 -m -w 1",
+            "add KUBE-LOOP-BACK 10.244.0.9,tcp:8080,10.244.0.9"
+        ]
+    );
+}
+
+#[test]
+fn replan_all_with_new_node_ips_moves_only_node_port_servers() {
+    let m = model_with(vec![
+        applied_service(service(
+            "ns",
+            "np",
+            "10.96.0.30",
+            &[("http", "TCP", 80, 30080)],
+        )),
+        applied_service(service("ns", "c", "10.96.0.31", &[("http", "TCP", 80, 0)])),
+    ]);
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    let mut c = ctx();
+    c.node_port_ips = vec![ip("192.168.50.3")];
+    let l = lines(&p.replan_all(&m, c));
+    assert_eq!(
+        l,
+        vec!["-A -t 192.168.50.3:30080 -s rr", "-D -t 192.168.50.2:30080"]
+    );
+}
+
+#[test]
+fn desired_state_lists_every_set_even_empty_ones() {
+    let m = model_with(web());
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    let d = p.desired();
+    assert_eq!(d.sets.len(), IpvsSet::ALL.len());
+    assert_eq!(d.addresses, vec![ip("10.96.0.20")]);
+    assert_eq!(d.ipvs.len(), 3);
+    assert!(p.set_has_members(IpvsSet::ClusterIp));
+    assert!(!p.set_has_members(IpvsSet::NodePortTcp));
+}
+
+#[test]
+fn conntrack_flushes_follow_upstream() {
+    let dns = service(
+        "kube-system",
+        "dns",
+        "10.96.0.10",
+        &[("dns", "UDP", 53, 30053)],
+    );
+    let sl = |eps: &[Ep]| slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], eps);
+    let mut m = model_with(vec![applied_service(dns)]);
+    m.record(&applied_slice(sl(&[
+        ep("10.244.0.5", "node-a"),
+        ep("10.244.1.5", "node-b"),
+    ])))
+    .unwrap();
+    let ch = m.apply();
+    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch)
+        .iter()
+        .map(|o| o.to_string())
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            "conntrack -D -p udp --orig-dst 10.96.0.10",
+            "conntrack -D -p udp --orig-port-dst 30053"
+        ]
+    );
+    m.record(&applied_slice(sl(&[ep("10.244.1.5", "node-b")])))
+        .unwrap();
+    let ch = m.apply();
+    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch)
+        .iter()
+        .map(|o| o.to_string())
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            "conntrack -D -p udp --orig-dst 10.96.0.10 --dst-nat 10.244.0.5",
+            "conntrack -D -p udp --orig-port-dst 30053 --dst-nat 10.244.0.5",
+        ]
+    );
+    let _ = Protocol::Udp;
+}

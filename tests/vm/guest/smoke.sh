@@ -161,12 +161,14 @@ conntrack -D -p tcp --orig-dst 10.96.0.11 >/dev/null 2>&1 || fail "conntrack -D"
 [ "$(conntrack -L -p tcp --orig-dst 10.96.0.11 2>/dev/null | wc -l)" = 0 ] || fail "entries left after conntrack -D"
 
 step "nftables: set + nat output chain counter (nft -f)"
+# A nat chain sees packets only while conntrack is enabled in the netns, i.e.
+# while some rule needs it (ct, nat, MASQUERADE...): the `ct state` does that here.
 nft -f - <<'EON'
 table ip kprs-smoke {
   set cluster-ips { type ipv4_addr; elements = { 10.96.0.10 } }
   chain out {
     type nat hook output priority -100;
-    ip daddr @cluster-ips counter
+    ip daddr @cluster-ips ct state new counter
   }
 }
 EON
