@@ -6,3 +6,5 @@ pub mod model;
 pub mod msgs;
 pub mod net;
 pub mod plan;
+pub mod kernel;
+pub mod schedule;

@@ -150,3 +150,13 @@ mod tests {
         );
     }
 }
+
+impl fmt::Display for IpsetOp {
+    /// Without the set name (`add 10.96.0.10,udp:53`); see [`SetLine`] for the full line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpsetOp::Add(e) => write!(f, "add {e}"),
+            IpsetOp::Del(e) => write!(f, "del {e}"),
+        }
+    }
+}

@@ -304,7 +304,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm /dev/mqueue
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs tmpfs /tmp
+chmod 1777 /tmp    # stays on the rootfs: --file may have put things there
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 mkdir -p /run/netns /out
@@ -392,7 +392,8 @@ for f in "${FILES[@]}"; do
   if [ "$src" = "$f" ]; then dst=$(realpath -m "$src"); else dst=${f#*:}; fi
   case "$dst" in /*) ;; *) dst=$GCWD/$dst ;; esac
   [ -e "$src" ] || die "no such file: $src"
-  mkdir -p "$R$(dirname "$dst")"; cp -a "$src" "$R$dst"
+  if [ -d "$src" ]; then mkdir -p "$R$dst"; cp -a "$src/." "$R$dst/"
+  else mkdir -p "$R$(dirname "$dst")"; cp -a "$src" "$R$dst"; fi
 done
 for b in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
   ln -s "${b/tables/tables-$IPT}" "$R/usr/sbin/$b"
@@ -457,7 +458,8 @@ boot_once() {  # -> 0 PASS, 1 FAIL, 2 no result
     while IFS= read -r line || [ -n "$line" ]; do
       line=${line%$'\r'}
       printf '%s\n' "$line" >>"$OUT"
-      [ "$QUIET" = 1 ] || printf '%s\n' "$line"
+      # (the kernel's own "reboot: Power down" is noise: kept in the log only)
+      [ "$QUIET" = 1 ] || [[ $line == "["*"] reboot: Power down" ]] || printf '%s\n' "$line"
       case "$line" in *"KVM internal error"*)
         sleep 1; kill "$(cat "$P/qemu.pid" 2>/dev/null)" 2>/dev/null ;; esac
     done

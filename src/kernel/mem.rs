@@ -1,0 +1,352 @@
+//! In-memory kernels for actor tests. They behave like the kernel where it
+//! matters to us (adding what exists and deleting what is gone are
+//! idempotent; a dest needs its service), record every op in a journal
+//! shared by all of them (so tests can assert cross-actor ordering), and
+//! fail ops on request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::msgs::ipset::SetLine;
+
+/// Ops applied by every in-memory kernel, in order, with the (virtual) time.
+#[derive(Debug, Clone, Default)]
+pub struct Journal {
+    entries: Arc<Mutex<Vec<(Instant, String)>>>,
+    faults: Arc<Mutex<Vec<(String, u32)>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Journal {
+    pub fn record(&self, line: String) {
+        lock(&self.entries).push((Instant::now(), line));
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        lock(&self.entries).iter().map(|(_, l)| l.clone()).collect()
+    }
+
+    pub fn timed(&self) -> Vec<(Instant, String)> {
+        lock(&self.entries).clone()
+    }
+
+    pub fn clear(&self) {
+        lock(&self.entries).clear();
+    }
+
+    /// Position of the first line containing `needle`.
+    pub fn pos(&self, needle: &str) -> Option<usize> {
+        lock(&self.entries).iter().position(|(_, l)| l.contains(needle))
+    }
+
+    /// The next `times` ops whose journal line contains `pattern` fail.
+    pub fn fail(&self, pattern: &str, times: u32) {
+        lock(&self.faults).push((pattern.to_string(), times));
+    }
+
+    /// Checks for an injected fault; records the op if it goes through.
+    fn attempt(&self, line: String) -> KResult<()> {
+        let mut faults = lock(&self.faults);
+        if let Some(f) = faults.iter_mut().find(|(p, n)| *n > 0 && line.contains(p.as_str())) {
+            f.1 -= 1;
+            drop(faults);
+            self.record(format!("FAILED {line}"));
+            return Err(KernelError::errno(line, 5));
+        }
+        drop(faults);
+        self.record(line);
+        Ok(())
+    }
+}
+
+/// In-memory IPVS table.
+#[derive(Debug, Clone, Default)]
+pub struct MemIpvs {
+    pub journal: Journal,
+    pub table: Arc<Mutex<IpvsTable>>,
+}
+
+impl MemIpvs {
+    pub fn new(journal: &Journal) -> MemIpvs {
+        MemIpvs { journal: journal.clone(), table: Arc::default() }
+    }
+
+    pub fn snapshot(&self) -> IpvsTable {
+        lock(&self.table).clone()
+    }
+
+    fn apply_one(&self, op: &IpvsOp) -> KResult<()> {
+        self.journal.attempt(format!("ipvs {op}"))?;
+        let mut t = lock(&self.table);
+        match op {
+            IpvsOp::AddService(k, s) | IpvsOp::EditService(k, s) => {
+                t.services.insert(*k, s.clone());
+            }
+            IpvsOp::AddDest(k, d, s) | IpvsOp::EditDest(k, d, s) => {
+                if !t.services.contains_key(k) {
+                    return Err(KernelError::errno(op, 3)); // ESRCH, as the kernel answers
+                }
+                let e = t.dests.entry((*k, *d)).or_insert(DestState { spec: *s, active: 0, inactive: 0 });
+                e.spec = *s;
+            }
+            IpvsOp::DelDest(k, d) => {
+                t.dests.remove(&(*k, *d));
+            }
+            IpvsOp::DelService(k) => {
+                t.services.remove(k);
+                t.dests.retain(|(vs, _), _| vs != k);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Subsystem for MemIpvs {
+    type Op = IpvsOp;
+
+    fn apply(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
+    }
+
+    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<(Vec<IpvsOp>, Vec<KResult<()>>)>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let have = me.dump().await?;
+            let ops = ipvs_diff(&desired, &have, |_| true);
+            let results = me.apply(ops.clone()).await;
+            Ok((ops, results))
+        })
+    }
+}
+
+impl IpvsKernel for MemIpvs {
+    fn dump(&self) -> KFuture<KResult<IpvsTable>> {
+        let t = self.snapshot();
+        Box::pin(async move { Ok(t) })
+    }
+}
+
+/// In-memory ipset: one set.
+#[derive(Debug, Clone)]
+pub struct MemIpset {
+    pub journal: Journal,
+    spec: SetSpec,
+    pub members: Arc<Mutex<Option<BTreeSet<SetEntry>>>>,
+}
+
+impl MemIpset {
+    pub fn new(journal: &Journal, spec: SetSpec) -> MemIpset {
+        MemIpset { journal: journal.clone(), spec, members: Arc::default() }
+    }
+
+    pub fn snapshot(&self) -> Option<BTreeSet<SetEntry>> {
+        lock(&self.members).clone()
+    }
+
+    fn apply_one(&self, op: &IpsetOp) -> KResult<()> {
+        let line = SetLine(&self.spec.name, op).to_string();
+        self.journal.attempt(format!("ipset {line}"))?;
+        let mut m = lock(&self.members);
+        let Some(set) = m.as_mut() else {
+            return Err(KernelError::new(line, "The set with the given name does not exist"));
+        };
+        match op {
+            IpsetOp::Add(e) => set.insert(*e),
+            IpsetOp::Del(e) => set.remove(e),
+        };
+        Ok(())
+    }
+}
+
+impl Subsystem for MemIpset {
+    type Op = IpsetOp;
+
+    fn apply(&self, ops: Vec<IpsetOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
+    }
+
+    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<KResult<(Vec<IpsetOp>, Vec<KResult<()>>)>> {
+        let me = self.clone();
+        Box::pin(async move {
+            me.ensure().await?;
+            let have = me.members().await?;
+            let want: BTreeSet<SetEntry> =
+                desired.iter().filter_map(|op| if let IpsetOp::Add(e) = op { Some(*e) } else { None }).collect();
+            let ops = set_diff(&want, &have, IpsetOp::Add, IpsetOp::Del);
+            let results = me.apply(ops.clone()).await;
+            Ok((ops, results))
+        })
+    }
+}
+
+impl IpsetKernel for MemIpset {
+    fn spec(&self) -> &SetSpec {
+        &self.spec
+    }
+
+    fn ensure(&self) -> KFuture<KResult<()>> {
+        let me = self.clone();
+        Box::pin(async move {
+            if lock(&me.members).is_none() {
+                me.journal.attempt(me.spec.create_line())?;
+                *lock(&me.members) = Some(BTreeSet::new());
+            }
+            Ok(())
+        })
+    }
+
+    fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>> {
+        let m = self.snapshot();
+        let name = self.spec.name.clone();
+        Box::pin(async move { m.ok_or_else(|| KernelError::new(format!("list {name}"), "no such set")) })
+    }
+}
+
+/// In-memory kube-ipvs0 and its addresses.
+#[derive(Debug, Clone, Default)]
+pub struct MemLink {
+    pub journal: Journal,
+    pub addrs: Arc<Mutex<BTreeSet<IpAddr>>>,
+}
+
+impl MemLink {
+    pub fn new(journal: &Journal) -> MemLink {
+        MemLink { journal: journal.clone(), addrs: Arc::default() }
+    }
+
+    pub fn snapshot(&self) -> BTreeSet<IpAddr> {
+        lock(&self.addrs).clone()
+    }
+}
+
+impl Subsystem for MemLink {
+    type Op = LinkOp;
+
+    fn apply(&self, ops: Vec<LinkOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            ops.iter()
+                .map(|op| {
+                    me.journal.attempt(format!("link {op}"))?;
+                    let mut a = lock(&me.addrs);
+                    match op {
+                        LinkOp::Bind(ip) => a.insert(*ip),
+                        LinkOp::Unbind(ip) => a.remove(ip),
+                    };
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+
+    fn reconcile(&self, desired: Vec<LinkOp>) -> KFuture<KResult<(Vec<LinkOp>, Vec<KResult<()>>)>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let have = me.addresses().await?;
+            let want: BTreeSet<IpAddr> =
+                desired.iter().filter_map(|op| if let LinkOp::Bind(a) = op { Some(*a) } else { None }).collect();
+            let ops = set_diff(&want, &have, LinkOp::Bind, LinkOp::Unbind);
+            let results = me.apply(ops.clone()).await;
+            Ok((ops, results))
+        })
+    }
+}
+
+impl LinkKernel for MemLink {
+    fn addresses(&self) -> KFuture<KResult<BTreeSet<IpAddr>>> {
+        let a = self.snapshot();
+        Box::pin(async move { Ok(a) })
+    }
+}
+
+/// In-memory iptables: keeps the last restore input per call.
+#[derive(Debug, Clone, Default)]
+pub struct MemIptables {
+    pub journal: Journal,
+    pub restores: Arc<Mutex<Vec<String>>>,
+}
+
+impl MemIptables {
+    pub fn new(journal: &Journal) -> MemIptables {
+        MemIptables { journal: journal.clone(), restores: Arc::default() }
+    }
+}
+
+impl Subsystem for MemIptables {
+    type Op = IptablesOp;
+
+    fn apply(&self, ops: Vec<IptablesOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            ops.iter()
+                .map(|IptablesOp::Restore(r)| {
+                    let lines = r.text.lines().count();
+                    me.journal.attempt(format!("iptables-restore {lines} lines"))?;
+                    lock(&me.restores).push(r.text.clone());
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<KResult<(Vec<IptablesOp>, Vec<KResult<()>>)>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let results = me.apply(desired.clone()).await;
+            Ok((desired, results))
+        })
+    }
+}
+
+impl IptablesKernel for MemIptables {}
+
+/// In-memory conntrack: records the flushes.
+#[derive(Debug, Clone, Default)]
+pub struct MemConntrack {
+    pub journal: Journal,
+}
+
+impl MemConntrack {
+    pub fn new(journal: &Journal) -> MemConntrack {
+        MemConntrack { journal: journal.clone() }
+    }
+}
+
+impl Subsystem for MemConntrack {
+    type Op = ConntrackOp;
+
+    fn apply(&self, ops: Vec<ConntrackOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() })
+    }
+
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<KResult<(Vec<ConntrackOp>, Vec<KResult<()>>)>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let results = me.apply(desired.clone()).await;
+            Ok((desired, results))
+        })
+    }
+}
+
+impl ConntrackKernel for MemConntrack {}
+
+/// A snapshot of every in-memory kernel, for assertions.
+#[derive(Debug, Clone)]
+pub struct MemKernels {
+    pub journal: Journal,
+    pub ipvs: MemIpvs,
+    pub sets: BTreeMap<String, MemIpset>,
+    pub link: MemLink,
+    pub iptables: MemIptables,
+    pub conntrack: MemConntrack,
+}

@@ -1,0 +1,150 @@
+//! The handles that talk to the kernel, each behind a trait with a real
+//! implementation and an in-memory one for tests. Knows no Kubernetes types.
+//!
+//! Every handle is a cheap `Clone` (the real ones wrap a socket or a path;
+//! the in-memory ones an `Arc<Mutex<_>>`), so an actor can move a clone into
+//! the future that does the I/O.
+
+pub mod mem;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use futures::future::LocalBoxFuture;
+
+use crate::msgs::{ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec};
+
+/// A failed kernel operation: which op, the errno if there was one, and
+/// what the kernel or the tool said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {message}{}", errno.map(|e| format!(" (errno {e})")).unwrap_or_default())]
+pub struct KernelError {
+    pub op: String,
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
+impl KernelError {
+    pub fn new(op: impl fmt::Display, message: impl Into<String>) -> KernelError {
+        KernelError { op: op.to_string(), errno: None, message: message.into() }
+    }
+
+    pub fn errno(op: impl fmt::Display, errno: i32) -> KernelError {
+        let message = std::io::Error::from_raw_os_error(errno).to_string();
+        KernelError { op: op.to_string(), errno: Some(errno), message }
+    }
+}
+
+pub type KResult<T> = Result<T, KernelError>;
+pub type KFuture<T> = LocalBoxFuture<'static, T>;
+
+/// A real server as dumped, with its connection counts (graceful termination).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestState {
+    pub spec: DestSpec,
+    pub active: u32,
+    pub inactive: u32,
+}
+
+/// The IPVS table as read from the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpvsTable {
+    pub services: BTreeMap<VsKey, VsSpec>,
+    pub dests: BTreeMap<(VsKey, DestKey), DestState>,
+}
+
+/// What every kernel handle does: apply a batch of ops, one result per op,
+/// in order. Adding what exists and deleting what is gone succeed.
+pub trait Subsystem: Clone + 'static {
+    type Op: Clone + fmt::Debug + fmt::Display + Ord + 'static;
+
+    fn apply(&self, ops: Vec<Self::Op>) -> KFuture<Vec<KResult<()>>>;
+
+    /// Full resync: read what the kernel has, and turn `desired` (all adds)
+    /// into the ops that make the kernel match, removing what we own but
+    /// don't want. Returns those ops, applied, with their results.
+    fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<KResult<(Vec<Self::Op>, Vec<KResult<()>>)>>;
+}
+
+/// IPVS: virtual and real servers.
+pub trait IpvsKernel: Subsystem<Op = IpvsOp> {
+    fn dump(&self) -> KFuture<KResult<IpvsTable>>;
+}
+
+/// One ipset. The handle knows which set it is for.
+pub trait IpsetKernel: Subsystem<Op = IpsetOp> {
+    fn spec(&self) -> &SetSpec;
+    /// Creates the set if it doesn't exist.
+    fn ensure(&self) -> KFuture<KResult<()>>;
+    fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>>;
+}
+
+/// The dummy link and its addresses.
+pub trait LinkKernel: Subsystem<Op = LinkOp> {
+    fn addresses(&self) -> KFuture<KResult<BTreeSet<IpAddr>>>;
+}
+
+/// iptables, through iptables-restore.
+pub trait IptablesKernel: Subsystem<Op = IptablesOp> {}
+
+/// Conntrack entry deletion.
+pub trait ConntrackKernel: Subsystem<Op = ConntrackOp> {}
+
+/// Ops that turn `have` into `want` for a set-like state: adds for what's
+/// missing, deletes for the extras.
+pub fn set_diff<T: Ord + Clone, Op>(
+    want: &BTreeSet<T>,
+    have: &BTreeSet<T>,
+    add: impl Fn(T) -> Op,
+    del: impl Fn(T) -> Op,
+) -> Vec<Op> {
+    let mut ops: Vec<Op> = want.difference(have).cloned().map(add).collect();
+    ops.extend(have.difference(want).cloned().map(del));
+    ops
+}
+
+/// Ops that turn the dumped IPVS table into `desired` (AddService/AddDest ops).
+/// Services outside `owned` (another family, excludeCIDRs) are left alone.
+pub fn ipvs_diff(desired: &[IpvsOp], have: &IpvsTable, owned: impl Fn(&VsKey) -> bool) -> Vec<IpvsOp> {
+    let mut want_vs = BTreeMap::new();
+    let mut want_dests = BTreeMap::new();
+    for op in desired {
+        match op {
+            IpvsOp::AddService(k, s) => {
+                want_vs.insert(*k, s.clone());
+            }
+            IpvsOp::AddDest(k, d, s) => {
+                want_dests.insert((*k, *d), *s);
+            }
+            _ => {}
+        }
+    }
+    let mut ops = Vec::new();
+    for (k, s) in &want_vs {
+        match have.services.get(k) {
+            None => ops.push(IpvsOp::AddService(*k, s.clone())),
+            Some(h) if h != s => ops.push(IpvsOp::EditService(*k, s.clone())),
+            _ => {}
+        }
+    }
+    for ((k, d), s) in &want_dests {
+        match have.dests.get(&(*k, *d)) {
+            None => ops.push(IpvsOp::AddDest(*k, *d, *s)),
+            Some(h) if h.spec != *s => ops.push(IpvsOp::EditDest(*k, *d, *s)),
+            _ => {}
+        }
+    }
+    for (k, d) in have.dests.keys() {
+        if !want_dests.contains_key(&(*k, *d)) && want_vs.contains_key(k) {
+            ops.push(IpvsOp::DelDest(*k, *d));
+        }
+    }
+    for k in have.services.keys() {
+        if !want_vs.contains_key(k) && owned(k) {
+            ops.push(IpvsOp::DelService(*k));
+        }
+    }
+    ops.sort();
+    ops
+}
