@@ -1,10 +1,11 @@
 //! kube-proxy-rs: a Kubernetes node proxy (IPVS and iptables modes) built as
 //! actors that each own one piece of kernel state.
 
+pub mod actors;
 pub mod fixtures;
+pub mod kernel;
 pub mod model;
 pub mod msgs;
 pub mod net;
 pub mod plan;
-pub mod kernel;
 pub mod schedule;

@@ -38,12 +38,13 @@ pub struct Batch<Op> {
     pub ops: Vec<Op>,
 }
 
-/// What an actor answers: the generation it applied and the ops that failed
-/// (with the kernel's error). An empty `failed` means everything is in place.
+/// What an actor answers: the generation it applied and what failed, with
+/// the kernel's error. A failure without an op is a failed kernel read (a
+/// full resync could not dump the kernel). Empty `failed`: all in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack<Op> {
     pub generation: u64,
-    pub failed: Vec<(Op, String)>,
+    pub failed: Vec<(Option<Op>, String)>,
 }
 
 impl<Op> Ack<Op> {

@@ -97,7 +97,8 @@ pub fn contribution(ctx: &PlanContext, sp: &ServicePort, endpoints: &[Endpoint])
     for vip in &sp.load_balancer_vips {
         load_balancer(&mut c, ctx, sp, *vip, &spec, external);
     }
-    if sp.node_port != 0 {
+    // Upstream skips NodePorts entirely (sets too) when no node IP qualifies.
+    if sp.node_port != 0 && !ctx.node_port_ips.is_empty() {
         node_port(&mut c, ctx, sp, &spec, external);
     }
     if sp.health_check_node_port != 0 {
@@ -170,11 +171,7 @@ fn external_ip(
     };
     c.entries
         .push(((set, SetEntry::IpPort(ip, sp.protocol(), sp.port)), ()));
-    // An externalIP that is already a node address must not be bound to the dummy device.
-    if !ctx.node_addresses.contains(&ip) {
-        c.addresses.push((ip, ()));
-        c.entries.push(((IpvsSet::IpvsIps, SetEntry::Ip(ip)), ()));
-    }
+    bind_unless_node_address(c, ctx, ip);
     add_vs(
         c,
         VsKey {
@@ -185,6 +182,15 @@ fn external_ip(
         spec,
         eps,
     );
+}
+
+/// An address that is already on another interface must not be bound to
+/// the dummy device (upstream's shouldBind); KUBE-IPVS-IPS holds the bound ones.
+fn bind_unless_node_address(c: &mut Contribution, ctx: &PlanContext, ip: IpAddr) {
+    if !ctx.node_addresses.contains(&ip) {
+        c.addresses.push((ip, ()));
+        c.entries.push(((IpvsSet::IpvsIps, SetEntry::Ip(ip)), ()));
+    }
 }
 
 fn load_balancer(
@@ -226,8 +232,7 @@ fn load_balancer(
             ));
         }
     }
-    c.addresses.push((vip, ()));
-    c.entries.push(((IpvsSet::IpvsIps, SetEntry::Ip(vip)), ()));
+    bind_unless_node_address(c, ctx, vip);
     add_vs(
         c,
         VsKey {

@@ -3,6 +3,7 @@
 
 pub mod claims;
 pub mod conntrack;
+pub mod context;
 pub mod ipvs;
 pub mod render;
 pub mod sets;

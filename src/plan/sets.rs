@@ -108,7 +108,7 @@ impl IpvsSet {
                 "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"
             }
             IpvsSet::HealthCheckNodePort => "Kubernetes health check node port",
-            IpvsSet::IpvsIps => "Kubernetes service IPs",
+            IpvsSet::IpvsIps => "Addresses on the ipvs interface",
         }
     }
 

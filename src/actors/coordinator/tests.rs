@@ -1,0 +1,398 @@
+//! Coordinator behaviour on in-memory kernels with tokio's paused clock:
+//! exact sync instants, ordering between actors, retries, drift repair,
+//! fault isolation, and proportional deltas.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::time::{sleep, Instant};
+
+use super::*;
+use crate::actors::stats::StatsRegistry;
+use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
+use crate::fixtures::*;
+use crate::kernel::mem::*;
+use crate::net::IpFamily;
+use crate::plan::context::NodePortFilter;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn run_paused<F: Future<Output = ()>>(f: impl FnOnce() -> F) {
+    let sys = actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("tokio runtime")
+    });
+    sys.block_on(f());
+}
+
+struct Harness {
+    coord: Addr<Coordinator>,
+    k: MemKernels,
+    t0: Instant,
+}
+
+fn start(min: Duration, max: Duration) -> Harness {
+    let journal = Journal::default();
+    let sets: BTreeMap<IpvsSet, MemIpset> = IpvsSet::ALL
+        .iter()
+        .map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4))))
+        .collect();
+    let k = MemKernels {
+        journal: journal.clone(),
+        ipvs: MemIpvs::new(&journal),
+        sets: sets
+            .iter()
+            .map(|(s, m)| (s.base_name().to_string(), m.clone()))
+            .collect(),
+        link: MemLink::new(&journal),
+        iptables: MemIptables::new(&journal),
+        conntrack: MemConntrack::new(&journal),
+    };
+    let targets = start_ipvs_actors(
+        IpvsKernels {
+            ipvs: k.ipvs.clone(),
+            sets,
+            link: k.link.clone(),
+            iptables: k.iptables.clone(),
+            conntrack: k.conntrack.clone(),
+        },
+        &StatsRegistry::default(),
+    );
+    let settings = Settings {
+        plan: PlanSettings {
+            family: IpFamily::V4,
+            node_name: "node-a".into(),
+            scheduler: String::new(),
+            node_ports: NodePortFilter::All,
+        },
+        min_sync: min,
+        max_sync: max,
+        burst: 2,
+    };
+    let addrs: AddrSource = Box::new(|| {
+        vec![LocalAddr {
+            ifname: "eth0".into(),
+            ip: "192.168.50.2".parse().unwrap(),
+        }]
+    });
+    // A stand-in renderer: the rules name the cluster-IP set once it has members.
+    let rules: RulesRenderer = Box::new(|has: &dyn Fn(IpvsSet) -> bool| {
+        let extra = if has(IpvsSet::ClusterIp) {
+            "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n"
+        } else {
+            ""
+        };
+        format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
+    });
+    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    Harness {
+        coord,
+        k,
+        t0: Instant::now(),
+    }
+}
+
+impl Harness {
+    async fn send(&self, events: Vec<SourceEvent>) {
+        self.coord
+            .send(SourceBatch(events))
+            .await
+            .expect("coordinator alive");
+    }
+
+    /// Offsets from t0 of the journal lines containing `needle`.
+    fn at(&self, needle: &str) -> Vec<Duration> {
+        self.k
+            .journal
+            .timed()
+            .iter()
+            .filter(|(_, l)| l.contains(needle))
+            .map(|(t, _)| *t - self.t0)
+            .collect()
+    }
+
+    async fn syncs(&self) -> Vec<SyncRecord> {
+        self.coord
+            .send(GetSyncHistory)
+            .await
+            .expect("coordinator alive")
+    }
+}
+
+fn synced() -> Vec<SourceEvent> {
+    vec![
+        SourceEvent::Synced(ResourceKind::Service),
+        SourceEvent::Synced(ResourceKind::EndpointSlice),
+    ]
+}
+
+fn web_svc(name: &str, ip: &str) -> SourceEvent {
+    applied_service(service("default", name, ip, &[("http", "TCP", 80, 0)]))
+}
+
+fn web_slice(name: &str, ips: &[&str]) -> SourceEvent {
+    let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
+    applied_slice(slice(
+        "default",
+        &format!("{name}-1"),
+        name,
+        &[("http", "TCP", 8080)],
+        &eps,
+    ))
+}
+
+#[test]
+fn no_sync_before_the_initial_lists_then_an_immediate_full_sync() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        h.send(vec![
+            web_svc("web", "10.96.0.20"),
+            SourceEvent::Synced(ResourceKind::Service),
+        ])
+        .await;
+        sleep(Duration::from_secs(10)).await;
+        assert!(
+            h.k.journal.lines().is_empty(),
+            "synced before EndpointSlices listed: {:?}",
+            h.k.journal.lines()
+        );
+        h.send(vec![SourceEvent::Synced(ResourceKind::EndpointSlice)])
+            .await;
+        sleep(10 * MS).await;
+        assert_eq!(
+            h.at("ipvs -A -t 10.96.0.20:80"),
+            vec![Duration::from_secs(10)]
+        );
+        let syncs = h.syncs().await;
+        assert_eq!(syncs.len(), 1);
+        assert!(syncs[0].full);
+    });
+}
+
+#[test]
+fn bursts_run_at_once_then_no_closer_than_min_sync_period() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        h.send(first).await; // sync 1 at t=0 (full), token 1
+        sleep(100 * MS).await;
+        h.send(vec![web_slice("web", &["10.244.1.1"])]).await; // sync 2 at 100ms, token 2
+        sleep(100 * MS).await;
+        h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2"])])
+            .await; // bucket empty
+        sleep(50 * MS).await;
+        h.send(vec![web_slice(
+            "web",
+            &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
+        )])
+        .await; // coalesces
+        sleep(Duration::from_secs(3)).await;
+        assert_eq!(h.at("-r 10.244.1.1:8080"), vec![100 * MS]);
+        assert_eq!(
+            h.at("-r 10.244.1.2:8080"),
+            vec![1000 * MS],
+            "third sync waits for a token"
+        );
+        assert_eq!(
+            h.at("-r 10.244.1.3:8080"),
+            vec![1000 * MS],
+            "and carries the coalesced change"
+        );
+        let syncs = h.syncs().await;
+        assert_eq!(
+            syncs.iter().map(|s| s.full).collect::<Vec<_>>(),
+            vec![true, false, false]
+        );
+    });
+}
+
+#[test]
+fn drift_is_repaired_by_the_periodic_full_resync() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([
+            web_svc("web", "10.96.0.20"),
+            web_slice("web", &["10.244.1.1"]),
+        ]);
+        h.send(first).await;
+        sleep(MS).await;
+        // Someone runs `ipvsadm -C` and `ip addr flush dev kube-ipvs0`.
+        *h.k.ipvs.table.lock().unwrap() = Default::default();
+        h.k.link.addrs.lock().unwrap().clear();
+        sleep(Duration::from_secs(31)).await;
+        assert_eq!(
+            h.at("ipvs -A -t 10.96.0.20:80"),
+            vec![Duration::ZERO, Duration::from_secs(30)]
+        );
+        assert_eq!(
+            h.at("bind 10.96.0.20"),
+            vec![Duration::ZERO, Duration::from_secs(30)]
+        );
+        assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
+    });
+}
+
+#[test]
+fn a_failed_op_is_retried_with_a_full_resync_of_that_actor_only() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.journal.fail("-r 10.244.1.1:8080", 1);
+        h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
+        sleep(Duration::from_millis(1500)).await;
+        let attempts = h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080");
+        assert_eq!(
+            attempts,
+            vec![MS, MS + Duration::from_secs(1)],
+            "retried after the 1s backoff"
+        );
+        assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
+        let syncs = h.syncs().await;
+        assert_eq!(syncs.last().map(|s| s.failed), Some(0));
+        assert!(syncs[1].failed > 0);
+    });
+}
+
+#[test]
+fn ordering_between_actors() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
+        let sl = |ips: &[&str]| {
+            let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
+            applied_slice(slice(
+                "kube-system",
+                "dns-1",
+                "dns",
+                &[("dns", "UDP", 53)],
+                &eps,
+            ))
+        };
+        let mut first = synced();
+        first.extend([
+            applied_service(dns.clone()),
+            sl(&["10.244.1.5", "10.244.2.5"]),
+        ]);
+        h.send(first).await;
+        sleep(MS).await;
+        let j = &h.k.journal;
+        // A set exists before a rule naming it; a virtual server before its real servers.
+        assert!(j.pos("create KUBE-CLUSTER-IP").unwrap() < j.pos("iptables-restore").unwrap());
+        assert!(
+            j.pos("ipvs -A -u 10.96.0.10:53").unwrap() < j.pos("ipvs -a -u 10.96.0.10:53").unwrap()
+        );
+        h.send(vec![sl(&["10.244.2.5"])]).await;
+        sleep(MS).await;
+        let del = j
+            .pos("ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53")
+            .expect("DelDest");
+        let flush = j
+            .pos("--orig-dst 10.96.0.10 --dst-nat 10.244.1.5")
+            .expect("conntrack flush");
+        assert!(
+            del < flush,
+            "real-server removal before its conntrack flush: {:?}",
+            j.lines()
+        );
+        h.send(vec![deleted_service(dns)]).await;
+        sleep(MS).await;
+        let del_vs = j.pos("ipvs -D -u 10.96.0.10:53").expect("DelService");
+        let unbind = j.pos("unbind 10.96.0.10").expect("unbind");
+        assert!(
+            del_vs < unbind,
+            "address unbound after its virtual server is gone"
+        );
+    });
+}
+
+#[test]
+fn conntrack_waits_for_a_failed_real_server_removal() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
+        let sl = |ips: &[&str]| {
+            let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
+            applied_slice(slice(
+                "kube-system",
+                "dns-1",
+                "dns",
+                &[("dns", "UDP", 53)],
+                &eps,
+            ))
+        };
+        let mut first = synced();
+        first.extend([applied_service(dns), sl(&["10.244.1.5", "10.244.2.5"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.journal.fail("-d -u 10.96.0.10:53 -r 10.244.1.5:53", 1);
+        h.send(vec![sl(&["10.244.2.5"])]).await;
+        sleep(10 * MS).await;
+        assert!(
+            h.at("--dst-nat 10.244.1.5").is_empty(),
+            "no flush while the real server may still be there"
+        );
+        sleep(Duration::from_secs(2)).await;
+        let j = &h.k.journal;
+        let del = j
+            .lines()
+            .iter()
+            .rposition(|l| l == "ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53")
+            .expect("retried");
+        let flush = j.pos("--dst-nat 10.244.1.5").expect("flush after retry");
+        assert!(del < flush);
+    });
+}
+
+#[test]
+fn a_failing_ipset_does_not_block_ipvs() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        h.k.journal.fail("add KUBE-CLUSTER-IP", 100);
+        let mut first = synced();
+        first.extend([
+            web_svc("web", "10.96.0.20"),
+            web_slice("web", &["10.244.1.1"]),
+        ]);
+        h.send(first).await;
+        sleep(MS).await;
+        assert_eq!(h.k.ipvs.snapshot().services.len(), 1);
+        assert_eq!(h.k.link.snapshot().len(), 1);
+        assert!(h.syncs().await[0].failed > 0);
+    });
+}
+
+#[test]
+fn one_endpoint_change_among_many_services_is_one_kernel_op() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(300));
+        let mut first = synced();
+        for i in 0..2000u32 {
+            let name = format!("svc-{i}");
+            first.push(web_svc(&name, &format!("10.96.{}.{}", i / 256, i % 256)));
+            first.push(web_slice(
+                &name,
+                &[&format!("10.244.{}.{}", i / 256, i % 256)],
+            ));
+        }
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.journal.clear();
+        h.send(vec![web_slice("svc-1234", &["10.244.4.210", "10.250.0.1"])])
+            .await;
+        sleep(MS).await;
+        assert_eq!(
+            h.k.journal.lines(),
+            vec!["ipvs -a -t 10.96.4.210:80 -r 10.250.0.1:8080 -m -w 1"]
+        );
+    });
+}

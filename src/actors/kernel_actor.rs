@@ -1,0 +1,94 @@
+//! The subsystem actor: owns one kernel handle (the IPVS table, one ipset,
+//! the dummy link, iptables or conntrack), receives [`Batch`]es of its ops
+//! from the coordinator, applies them, records stats, and acks with the
+//! generation and the ops that failed.
+//!
+//! Incremental batches are applied as they are; full batches carry the whole
+//! desired state and the handle reconciles the kernel against it. Batches
+//! never interleave (`AtomicResponse`): one finishes before the next starts.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+
+use super::stats::ActorStats;
+use crate::kernel::{KResult, Subsystem};
+use crate::msgs::{Ack, Batch, SyncMode};
+
+pub struct KernelActor<S: Subsystem> {
+    kernel: S,
+    stats: Arc<ActorStats>,
+}
+
+impl<S: Subsystem> KernelActor<S> {
+    pub fn new(kernel: S, stats: Arc<ActorStats>) -> Self {
+        KernelActor { kernel, stats }
+    }
+
+    fn finish(
+        &self,
+        generation: u64,
+        started: Instant,
+        res: KResult<(Vec<S::Op>, Vec<KResult<()>>)>,
+    ) -> Ack<S::Op> {
+        let actor = self.stats.name.as_str();
+        let (applied, failed) = match res {
+            Ok((ops, results)) => {
+                let n = ops.len();
+                let failed: Vec<(Option<S::Op>, String)> = ops
+                    .into_iter()
+                    .zip(results)
+                    .filter_map(|(op, r)| r.err().map(|e| (Some(op), e.to_string())))
+                    .collect();
+                (n, failed)
+            }
+            Err(e) => (0, vec![(None, e.to_string())]),
+        };
+        for (op, err) in &failed {
+            let op = op
+                .as_ref()
+                .map(|o| o.to_string())
+                .unwrap_or_else(|| "read kernel state".into());
+            tracing::warn!(actor, generation, op = %op, error = %err, "kernel op failed");
+        }
+        self.stats
+            .applied(generation, applied, failed.len(), started.elapsed());
+        tracing::debug!(
+            actor,
+            generation,
+            ops = applied,
+            failed = failed.len(),
+            "batch applied"
+        );
+        Ack { generation, failed }
+    }
+}
+
+impl<S: Subsystem> Actor for KernelActor<S> {
+    type Context = Context<Self>;
+}
+
+impl<S: Subsystem> Handler<Batch<S::Op>> for KernelActor<S> {
+    type Result = AtomicResponse<Self, Ack<S::Op>>;
+
+    fn handle(&mut self, batch: Batch<S::Op>, _ctx: &mut Context<Self>) -> Self::Result {
+        self.stats.dequeued();
+        let kernel = self.kernel.clone();
+        let started = Instant::now();
+        let generation = batch.generation;
+        let work = async move {
+            match batch.mode {
+                SyncMode::Incremental => {
+                    let results = kernel.apply(batch.ops.clone()).await;
+                    Ok((batch.ops, results))
+                }
+                SyncMode::Full => kernel.reconcile(batch.ops).await,
+            }
+        };
+        AtomicResponse::new(Box::pin(
+            work.into_actor(self)
+                .map(move |res, act, _| act.finish(generation, started, res)),
+        ))
+    }
+}

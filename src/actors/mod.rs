@@ -1,0 +1,7 @@
+//! The actors: the coordinator, one kernel actor per subsystem, and the sources.
+
+pub mod coordinator;
+pub mod kernel_actor;
+pub mod source;
+pub mod stats;
+pub mod wiring;
