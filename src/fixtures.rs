@@ -81,17 +81,8 @@ impl Ep {
 }
 
 /// An EndpointSlice of service `svc`; `ports` are (name, protocol, port).
-pub fn slice(
-    ns: &str,
-    name: &str,
-    svc: &str,
-    ports: &[(&str, &str, i32)],
-    eps: &[Ep],
-) -> EndpointSlice {
-    let ports: Vec<Value> = ports
-        .iter()
-        .map(|(n, p, port)| json!({"name": n, "protocol": p, "port": port}))
-        .collect();
+pub fn slice(ns: &str, name: &str, svc: &str, ports: &[(&str, &str, i32)], eps: &[Ep]) -> EndpointSlice {
+    let ports: Vec<Value> = ports.iter().map(|(n, p, port)| json!({"name": n, "protocol": p, "port": port})).collect();
     let eps: Vec<Value> = eps
         .iter()
         .map(|e| {

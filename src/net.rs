@@ -150,10 +150,7 @@ mod tests {
 
     #[test]
     fn sloppy_parse_accepts_leading_zeros_and_rejects_garbage() {
-        assert_eq!(
-            parse_ip_sloppy("010.096.000.001"),
-            Some("10.96.0.1".parse().unwrap())
-        );
+        assert_eq!(parse_ip_sloppy("010.096.000.001"), Some("10.96.0.1".parse().unwrap()));
         assert_eq!(parse_ip_sloppy("fd00::1"), Some("fd00::1".parse().unwrap()));
         assert_eq!(parse_ip_sloppy("10.96.0"), None);
         assert_eq!(parse_ip_sloppy("10.96.0.256"), None);
@@ -162,13 +159,7 @@ mod tests {
 
     #[test]
     fn host_port_brackets_v6() {
-        assert_eq!(
-            join_host_port(&"10.0.0.1".parse().unwrap(), 80),
-            "10.0.0.1:80"
-        );
-        assert_eq!(
-            join_host_port(&"fd00::1".parse().unwrap(), 80),
-            "[fd00::1]:80"
-        );
+        assert_eq!(join_host_port(&"10.0.0.1".parse().unwrap(), 80), "10.0.0.1:80");
+        assert_eq!(join_host_port(&"fd00::1".parse().unwrap(), 80), "[fd00::1]:80");
     }
 }

@@ -115,14 +115,8 @@ impl SyncScheduler {
         let base = self.tat.map_or(now, |t| t.max(now));
         self.tat = Some(base + self.min);
         let periodic = self.periodic_at.is_some_and(|p| p <= now);
-        let stale_full = self
-            .last_full
-            .is_none_or(|f| now.duration_since(f) >= self.max);
-        let kind = if self.full_requested || periodic || stale_full {
-            SyncKind::Full
-        } else {
-            SyncKind::Partial
-        };
+        let stale_full = self.last_full.is_none_or(|f| now.duration_since(f) >= self.max);
+        let kind = if self.full_requested || periodic || stale_full { SyncKind::Full } else { SyncKind::Partial };
         self.requested = false;
         self.full_requested = false;
         self.retry_at = None;
@@ -187,21 +181,13 @@ mod tests {
         s.request();
         assert_eq!(run(&mut s, t0), Some(SyncKind::Full));
         s.request();
-        assert_eq!(
-            run(&mut s, t0 + 100 * MS),
-            Some(SyncKind::Partial),
-            "second token of the burst"
-        );
+        assert_eq!(run(&mut s, t0 + 100 * MS), Some(SyncKind::Partial), "second token of the burst");
         s.request();
         assert_eq!(s.poll(t0 + 200 * MS), None, "bucket empty");
         assert_eq!(s.next_wakeup(t0 + 200 * MS), Some(t0 + 1000 * MS));
         assert_eq!(run(&mut s, t0 + 1000 * MS), Some(SyncKind::Partial));
         s.request();
-        assert_eq!(
-            s.next_wakeup(t0 + 1050 * MS),
-            Some(t0 + 2000 * MS),
-            "then one per minSyncPeriod"
-        );
+        assert_eq!(s.next_wakeup(t0 + 1050 * MS), Some(t0 + 2000 * MS), "then one per minSyncPeriod");
     }
 
     #[test]
@@ -216,11 +202,7 @@ mod tests {
             assert_eq!(s.poll(t0 + i * 10 * MS), None);
         }
         assert_eq!(run(&mut s, t0 + 1000 * MS), Some(SyncKind::Partial));
-        assert_eq!(
-            s.poll(t0 + 1000 * MS),
-            None,
-            "coalesced: nothing left to do"
-        );
+        assert_eq!(s.poll(t0 + 1000 * MS), None, "coalesced: nothing left to do");
     }
 
     #[test]
@@ -229,10 +211,7 @@ mod tests {
         s.request();
         run(&mut s, t0);
         assert_eq!(s.next_wakeup(t0 + MS), Some(t0 + Duration::from_secs(30)));
-        assert_eq!(
-            run(&mut s, t0 + Duration::from_secs(30)),
-            Some(SyncKind::Full)
-        );
+        assert_eq!(run(&mut s, t0 + Duration::from_secs(30)), Some(SyncKind::Full));
     }
 
     #[test]
@@ -242,16 +221,10 @@ mod tests {
         run(&mut s, t0);
         for i in 1..=29 {
             s.request();
-            assert_eq!(
-                run(&mut s, t0 + Duration::from_secs(i)),
-                Some(SyncKind::Partial)
-            );
+            assert_eq!(run(&mut s, t0 + Duration::from_secs(i)), Some(SyncKind::Partial));
         }
         s.request();
-        assert_eq!(
-            run(&mut s, t0 + Duration::from_secs(30)),
-            Some(SyncKind::Full)
-        );
+        assert_eq!(run(&mut s, t0 + Duration::from_secs(30)), Some(SyncKind::Full));
     }
 
     #[test]
@@ -273,11 +246,7 @@ mod tests {
         let t3 = t2 + Duration::from_secs(4);
         s.poll(t3);
         s.finished(t3, false);
-        assert_eq!(
-            s.next_wakeup(t3),
-            Some(t3 + Duration::from_secs(5)),
-            "capped at syncPeriod"
-        );
+        assert_eq!(s.next_wakeup(t3), Some(t3 + Duration::from_secs(5)), "capped at syncPeriod");
     }
 
     #[test]

@@ -26,12 +26,7 @@ impl<S: Subsystem> KernelActor<S> {
         KernelActor { kernel, stats }
     }
 
-    fn finish(
-        &self,
-        generation: u64,
-        started: Instant,
-        res: KResult<(Vec<S::Op>, Vec<KResult<()>>)>,
-    ) -> Ack<S::Op> {
+    fn finish(&self, generation: u64, started: Instant, res: KResult<(Vec<S::Op>, Vec<KResult<()>>)>) -> Ack<S::Op> {
         let actor = self.stats.name.as_str();
         let (applied, failed) = match res {
             Ok((ops, results)) => {
@@ -46,21 +41,11 @@ impl<S: Subsystem> KernelActor<S> {
             Err(e) => (0, vec![(None, e.to_string())]),
         };
         for (op, err) in &failed {
-            let op = op
-                .as_ref()
-                .map(|o| o.to_string())
-                .unwrap_or_else(|| "read kernel state".into());
+            let op = op.as_ref().map(|o| o.to_string()).unwrap_or_else(|| "read kernel state".into());
             tracing::warn!(actor, generation, op = %op, error = %err, "kernel op failed");
         }
-        self.stats
-            .applied(generation, applied, failed.len(), started.elapsed());
-        tracing::debug!(
-            actor,
-            generation,
-            ops = applied,
-            failed = failed.len(),
-            "batch applied"
-        );
+        self.stats.applied(generation, applied, failed.len(), started.elapsed());
+        tracing::debug!(actor, generation, ops = applied, failed = failed.len(), "batch applied");
         Ack { generation, failed }
     }
 }
@@ -87,8 +72,7 @@ impl<S: Subsystem> Handler<Batch<S::Op>> for KernelActor<S> {
             }
         };
         AtomicResponse::new(Box::pin(
-            work.into_actor(self)
-                .map(move |res, act, _| act.finish(generation, started, res)),
+            work.into_actor(self).map(move |res, act, _| act.finish(generation, started, res)),
         ))
     }
 }

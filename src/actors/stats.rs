@@ -36,10 +36,7 @@ pub struct StatsSnapshot {
 
 impl ActorStats {
     pub fn new(name: &str) -> Arc<ActorStats> {
-        Arc::new(ActorStats {
-            name: name.to_string(),
-            ..ActorStats::default()
-        })
+        Arc::new(ActorStats { name: name.to_string(), ..ActorStats::default() })
     }
 
     /// A message was sent to the actor.
@@ -57,8 +54,7 @@ impl ActorStats {
     pub fn applied(&self, generation: u64, ops: usize, errors: usize, took: Duration) {
         self.ops.fetch_add(ops as u64, Ordering::Relaxed);
         self.errors.fetch_add(errors as u64, Ordering::Relaxed);
-        self.last_generation
-            .fetch_max(generation, Ordering::Relaxed);
+        self.last_generation.fetch_max(generation, Ordering::Relaxed);
         let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
         if l.len() == LATENCY_WINDOW {
             l.pop_front();
@@ -67,13 +63,7 @@ impl ActorStats {
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let mut lat: Vec<Duration> = self
-            .latencies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect();
+        let mut lat: Vec<Duration> = self.latencies.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
         lat.sort();
         let pct = |p: f64| -> f64 {
             if lat.is_empty() {
@@ -104,19 +94,11 @@ pub struct StatsRegistry {
 impl StatsRegistry {
     pub fn register(&self, name: &str) -> Arc<ActorStats> {
         let s = ActorStats::new(name);
-        self.actors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), s.clone());
+        self.actors.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), s.clone());
         s
     }
 
     pub fn snapshot(&self) -> Vec<StatsSnapshot> {
-        self.actors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|s| s.snapshot())
-            .collect()
+        self.actors.lock().unwrap_or_else(|e| e.into_inner()).values().map(|s| s.snapshot()).collect()
     }
 }

@@ -8,9 +8,7 @@ use actix::prelude::*;
 use super::coordinator::{Target, Targets};
 use super::kernel_actor::KernelActor;
 use super::stats::StatsRegistry;
-use crate::kernel::{
-    ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem,
-};
+use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::plan::IpvsSet;
 
 /// The kernel handles of IPVS mode, one per actor.
@@ -25,17 +23,11 @@ pub struct IpvsKernels<I, S, L, T, C> {
 fn start<K: Subsystem>(kernel: K, name: &str, registry: &StatsRegistry) -> Target<K::Op> {
     let stats = registry.register(name);
     let addr = KernelActor::new(kernel, stats.clone()).start();
-    Target {
-        addr: addr.recipient(),
-        stats,
-    }
+    Target { addr: addr.recipient(), stats }
 }
 
 /// Starts one actor per kernel handle, registering each one's stats.
-pub fn start_ipvs_actors<I, S, L, T, C>(
-    k: IpvsKernels<I, S, L, T, C>,
-    registry: &StatsRegistry,
-) -> Targets
+pub fn start_ipvs_actors<I, S, L, T, C>(k: IpvsKernels<I, S, L, T, C>, registry: &StatsRegistry) -> Targets
 where
     I: IpvsKernel,
     S: IpsetKernel,

@@ -43,9 +43,7 @@ impl Journal {
 
     /// Position of the first line containing `needle`.
     pub fn pos(&self, needle: &str) -> Option<usize> {
-        lock(&self.entries)
-            .iter()
-            .position(|(_, l)| l.contains(needle))
+        lock(&self.entries).iter().position(|(_, l)| l.contains(needle))
     }
 
     /// The next `times` ops whose journal line contains `pattern` fail.
@@ -56,10 +54,7 @@ impl Journal {
     /// Checks for an injected fault; records the op if it goes through.
     fn attempt(&self, line: String) -> KResult<()> {
         let mut faults = lock(&self.faults);
-        if let Some(f) = faults
-            .iter_mut()
-            .find(|(p, n)| *n > 0 && line.contains(p.as_str()))
-        {
+        if let Some(f) = faults.iter_mut().find(|(p, n)| *n > 0 && line.contains(p.as_str())) {
             f.1 -= 1;
             drop(faults);
             self.record(format!("FAILED {line}"));
@@ -80,10 +75,7 @@ pub struct MemIpvs {
 
 impl MemIpvs {
     pub fn new(journal: &Journal) -> MemIpvs {
-        MemIpvs {
-            journal: journal.clone(),
-            table: Arc::default(),
-        }
+        MemIpvs { journal: journal.clone(), table: Arc::default() }
     }
 
     pub fn snapshot(&self) -> IpvsTable {
@@ -101,11 +93,7 @@ impl MemIpvs {
                 if !t.services.contains_key(k) {
                     return Err(KernelError::errno(op, 3)); // ESRCH, as the kernel answers
                 }
-                let e = t.dests.entry((*k, *d)).or_insert(DestState {
-                    spec: *s,
-                    active: 0,
-                    inactive: 0,
-                });
+                let e = t.dests.entry((*k, *d)).or_insert(DestState { spec: *s, active: 0, inactive: 0 });
                 e.spec = *s;
             }
             IpvsOp::DelDest(k, d) => {
@@ -156,11 +144,7 @@ pub struct MemIpset {
 
 impl MemIpset {
     pub fn new(journal: &Journal, spec: SetSpec) -> MemIpset {
-        MemIpset {
-            journal: journal.clone(),
-            spec,
-            members: Arc::default(),
-        }
+        MemIpset { journal: journal.clone(), spec, members: Arc::default() }
     }
 
     pub fn snapshot(&self) -> Option<BTreeSet<SetEntry>> {
@@ -172,10 +156,7 @@ impl MemIpset {
         self.journal.attempt(format!("ipset {line}"))?;
         let mut m = lock(&self.members);
         let Some(set) = m.as_mut() else {
-            return Err(KernelError::new(
-                line,
-                "The set with the given name does not exist",
-            ));
+            return Err(KernelError::new(line, "The set with the given name does not exist"));
         };
         match op {
             IpsetOp::Add(e) => set.insert(*e),
@@ -193,24 +174,13 @@ impl Subsystem for MemIpset {
         Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
     }
 
-    fn reconcile(
-        &self,
-        desired: Vec<IpsetOp>,
-    ) -> KFuture<KResult<(Vec<IpsetOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<KResult<(Vec<IpsetOp>, Vec<KResult<()>>)>> {
         let me = self.clone();
         Box::pin(async move {
             me.ensure().await?;
             let have = me.members().await?;
-            let want: BTreeSet<SetEntry> = desired
-                .iter()
-                .filter_map(|op| {
-                    if let IpsetOp::Add(e) = op {
-                        Some(*e)
-                    } else {
-                        None
-                    }
-                })
-                .collect();
+            let want: BTreeSet<SetEntry> =
+                desired.iter().filter_map(|op| if let IpsetOp::Add(e) = op { Some(*e) } else { None }).collect();
             let ops = set_diff(&want, &have, IpsetOp::Add, IpsetOp::Del);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
@@ -237,9 +207,7 @@ impl IpsetKernel for MemIpset {
     fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>> {
         let m = self.snapshot();
         let name = self.spec.name.clone();
-        Box::pin(
-            async move { m.ok_or_else(|| KernelError::new(format!("list {name}"), "no such set")) },
-        )
+        Box::pin(async move { m.ok_or_else(|| KernelError::new(format!("list {name}"), "no such set")) })
     }
 }
 
@@ -252,10 +220,7 @@ pub struct MemLink {
 
 impl MemLink {
     pub fn new(journal: &Journal) -> MemLink {
-        MemLink {
-            journal: journal.clone(),
-            addrs: Arc::default(),
-        }
+        MemLink { journal: journal.clone(), addrs: Arc::default() }
     }
 
     pub fn snapshot(&self) -> BTreeSet<IpAddr> {
@@ -287,16 +252,8 @@ impl Subsystem for MemLink {
         let me = self.clone();
         Box::pin(async move {
             let have = me.addresses().await?;
-            let want: BTreeSet<IpAddr> = desired
-                .iter()
-                .filter_map(|op| {
-                    if let LinkOp::Bind(a) = op {
-                        Some(*a)
-                    } else {
-                        None
-                    }
-                })
-                .collect();
+            let want: BTreeSet<IpAddr> =
+                desired.iter().filter_map(|op| if let LinkOp::Bind(a) = op { Some(*a) } else { None }).collect();
             let ops = set_diff(&want, &have, LinkOp::Bind, LinkOp::Unbind);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
@@ -320,10 +277,7 @@ pub struct MemIptables {
 
 impl MemIptables {
     pub fn new(journal: &Journal) -> MemIptables {
-        MemIptables {
-            journal: journal.clone(),
-            restores: Arc::default(),
-        }
+        MemIptables { journal: journal.clone(), restores: Arc::default() }
     }
 }
 
@@ -336,8 +290,7 @@ impl Subsystem for MemIptables {
             ops.iter()
                 .map(|IptablesOp::Restore(r)| {
                     let lines = r.text.lines().count();
-                    me.journal
-                        .attempt(format!("iptables-restore {lines} lines"))?;
+                    me.journal.attempt(format!("iptables-restore {lines} lines"))?;
                     lock(&me.restores).push(r.text.clone());
                     Ok(())
                 })
@@ -345,10 +298,7 @@ impl Subsystem for MemIptables {
         })
     }
 
-    fn reconcile(
-        &self,
-        desired: Vec<IptablesOp>,
-    ) -> KFuture<KResult<(Vec<IptablesOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<KResult<(Vec<IptablesOp>, Vec<KResult<()>>)>> {
         let me = self.clone();
         Box::pin(async move {
             let results = me.apply(desired.clone()).await;
@@ -367,9 +317,7 @@ pub struct MemConntrack {
 
 impl MemConntrack {
     pub fn new(journal: &Journal) -> MemConntrack {
-        MemConntrack {
-            journal: journal.clone(),
-        }
+        MemConntrack { journal: journal.clone() }
     }
 }
 
@@ -378,17 +326,10 @@ impl Subsystem for MemConntrack {
 
     fn apply(&self, ops: Vec<ConntrackOp>) -> KFuture<Vec<KResult<()>>> {
         let me = self.clone();
-        Box::pin(async move {
-            ops.iter()
-                .map(|op| me.journal.attempt(op.to_string()))
-                .collect()
-        })
+        Box::pin(async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() })
     }
 
-    fn reconcile(
-        &self,
-        desired: Vec<ConntrackOp>,
-    ) -> KFuture<KResult<(Vec<ConntrackOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<KResult<(Vec<ConntrackOp>, Vec<KResult<()>>)>> {
         let me = self.clone();
         Box::pin(async move {
             let results = me.apply(desired.clone()).await;

@@ -5,6 +5,7 @@
 //! the in-memory ones an `Arc<Mutex<_>>`), so an actor can move a clone into
 //! the future that does the I/O.
 
+pub mod addrs;
 pub mod mem;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,8 +15,7 @@ use std::net::IpAddr;
 use futures::future::LocalBoxFuture;
 
 use crate::msgs::{
-    ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey,
-    VsSpec,
+    ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec,
 };
 
 /// A failed kernel operation: which op, the errno if there was one, and
@@ -30,20 +30,12 @@ pub struct KernelError {
 
 impl KernelError {
     pub fn new(op: impl fmt::Display, message: impl Into<String>) -> KernelError {
-        KernelError {
-            op: op.to_string(),
-            errno: None,
-            message: message.into(),
-        }
+        KernelError { op: op.to_string(), errno: None, message: message.into() }
     }
 
     pub fn errno(op: impl fmt::Display, errno: i32) -> KernelError {
         let message = std::io::Error::from_raw_os_error(errno).to_string();
-        KernelError {
-            op: op.to_string(),
-            errno: Some(errno),
-            message,
-        }
+        KernelError { op: op.to_string(), errno: Some(errno), message }
     }
 }
 
@@ -75,10 +67,7 @@ pub trait Subsystem: Clone + Unpin + 'static {
     /// Full resync: read what the kernel has, and turn `desired` (all adds)
     /// into the ops that make the kernel match, removing what we own but
     /// don't want. Returns those ops, applied, with their results.
-    fn reconcile(
-        &self,
-        desired: Vec<Self::Op>,
-    ) -> KFuture<KResult<(Vec<Self::Op>, Vec<KResult<()>>)>>;
+    fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<KResult<(Vec<Self::Op>, Vec<KResult<()>>)>>;
 }
 
 /// IPVS: virtual and real servers.
@@ -120,11 +109,7 @@ pub fn set_diff<T: Ord + Clone, Op>(
 
 /// Ops that turn the dumped IPVS table into `desired` (AddService/AddDest ops).
 /// Services outside `owned` (another family, excludeCIDRs) are left alone.
-pub fn ipvs_diff(
-    desired: &[IpvsOp],
-    have: &IpvsTable,
-    owned: impl Fn(&VsKey) -> bool,
-) -> Vec<IpvsOp> {
+pub fn ipvs_diff(desired: &[IpvsOp], have: &IpvsTable, owned: impl Fn(&VsKey) -> bool) -> Vec<IpvsOp> {
     let mut want_vs = BTreeMap::new();
     let mut want_dests = BTreeMap::new();
     for op in desired {

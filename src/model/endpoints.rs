@@ -74,10 +74,7 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
     if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
         return Ok(SliceKind::Ignored("headless"));
     }
-    let Some(svc_name) = labels
-        .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        .filter(|s| !s.is_empty())
-    else {
+    let Some(svc_name) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)).filter(|s| !s.is_empty()) else {
         return Ok(SliceKind::Ignored("no kubernetes.io/service-name label"));
     };
     if slice.address_type != family.slice_address_type() {
@@ -91,19 +88,9 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
             continue;
         };
         let proto_text = p.protocol.as_deref().unwrap_or("TCP");
-        let protocol = Protocol::from_k8s(proto_text).ok_or_else(|| {
-            ModelError::field(
-                &nn,
-                "EndpointSlice",
-                &format!("ports[{i}].protocol"),
-                proto_text,
-            )
-        })?;
-        match p
-            .port
-            .and_then(|n| u16::try_from(n).ok())
-            .filter(|n| *n != 0)
-        {
+        let protocol = Protocol::from_k8s(proto_text)
+            .ok_or_else(|| ModelError::field(&nn, "EndpointSlice", &format!("ports[{i}].protocol"), proto_text))?;
+        match p.port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) {
             Some(port) => ports.push((name, protocol, port)),
             None => {
                 tracing::warn!(endpointslice = %nn, field = %format!("ports[{i}].port"), value = ?p.port, "ignoring invalid endpoint port")
@@ -146,19 +133,8 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
                 .collect(),
         });
     }
-    let trigger_time = slice
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
-        .cloned();
-    Ok(SliceKind::Slice(SliceInfo {
-        service,
-        name: nn.name,
-        ports,
-        endpoints,
-        trigger_time,
-    }))
+    let trigger_time = slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRIGGER_TIME)).cloned();
+    Ok(SliceKind::Slice(SliceInfo { service, name: nn.name, ports, endpoints, trigger_time }))
 }
 
 /// Endpoints of one service port, sorted by address.
@@ -182,10 +158,7 @@ impl SliceCache {
             self.remove(&slice);
             dirty.push(old);
         }
-        self.by_service
-            .entry(svc.clone())
-            .or_default()
-            .insert(info.name.clone(), Arc::new(info));
+        self.by_service.entry(svc.clone()).or_default().insert(info.name.clone(), Arc::new(info));
         self.owner.insert(slice, svc);
         dirty
     }
@@ -205,25 +178,11 @@ impl SliceCache {
     /// Merges every slice of `svc` into endpoints per service port (upstream's
     /// endpointInfoByServicePort + addEndpoints): slices in name order; the same
     /// ip:port in two slices is kept once, a local copy winning.
-    pub fn endpoints_for(
-        &self,
-        svc: &NamespacedName,
-        node_name: &str,
-    ) -> BTreeMap<ServicePortName, EndpointList> {
-        let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> =
-            BTreeMap::new();
-        for slice in self
-            .by_service
-            .get(svc)
-            .into_iter()
-            .flat_map(|m| m.values())
-        {
+    pub fn endpoints_for(&self, svc: &NamespacedName, node_name: &str) -> BTreeMap<ServicePortName, EndpointList> {
+        let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
+        for slice in self.by_service.get(svc).into_iter().flat_map(|m| m.values()) {
             for (port_name, protocol, port) in &slice.ports {
-                let spn = ServicePortName {
-                    service: svc.clone(),
-                    port: port_name.clone(),
-                    protocol: *protocol,
-                };
+                let spn = ServicePortName { service: svc.clone(), port: port_name.clone(), protocol: *protocol };
                 let set = by_port.entry(spn).or_default();
                 for raw in &slice.endpoints {
                     let is_local = raw.node_name.as_deref() == Some(node_name);
@@ -247,19 +206,11 @@ impl SliceCache {
                 }
             }
         }
-        by_port
-            .into_iter()
-            .map(|(spn, eps)| (spn, Arc::new(eps.into_values().collect())))
-            .collect()
+        by_port.into_iter().map(|(spn, eps)| (spn, Arc::new(eps.into_values().collect()))).collect()
     }
 
     /// The trigger-time annotations of a service's slices.
     pub fn trigger_times(&self, svc: &NamespacedName) -> Vec<String> {
-        self.by_service
-            .get(svc)
-            .into_iter()
-            .flat_map(|m| m.values())
-            .filter_map(|s| s.trigger_time.clone())
-            .collect()
+        self.by_service.get(svc).into_iter().flat_map(|m| m.values()).filter_map(|s| s.trigger_time.clone()).collect()
     }
 }

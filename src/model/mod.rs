@@ -38,18 +38,8 @@ pub struct ModelError {
 }
 
 impl ModelError {
-    pub fn field(
-        object: &NamespacedName,
-        kind: &'static str,
-        field: &str,
-        value: &str,
-    ) -> ModelError {
-        ModelError {
-            kind,
-            object: object.to_string(),
-            field: field.to_string(),
-            value: value.to_string(),
-        }
+    pub fn field(object: &NamespacedName, kind: &'static str, field: &str, value: &str) -> ModelError {
+        ModelError { kind, object: object.to_string(), field: field.to_string(), value: value.to_string() }
     }
 }
 
@@ -119,10 +109,7 @@ impl Model {
             pending_endpoints: HashSet::new(),
             endpoints: HashMap::new(),
             endpoint_ports: HashMap::new(),
-            node: NodeInfo {
-                name: node_name.to_string(),
-                ..NodeInfo::default()
-            },
+            node: NodeInfo { name: node_name.to_string(), ..NodeInfo::default() },
             pending_node: None,
             synced: BTreeSet::new(),
         }
@@ -143,15 +130,12 @@ impl Model {
     /// Services and EndpointSlices have both completed their initial list
     /// (upstream's isInitialized): before that, nothing is synced.
     pub fn is_initialized(&self) -> bool {
-        self.synced.contains(&ResourceKind::Service)
-            && self.synced.contains(&ResourceKind::EndpointSlice)
+        self.synced.contains(&ResourceKind::Service) && self.synced.contains(&ResourceKind::EndpointSlice)
     }
 
     /// Something is waiting for [`Model::apply`].
     pub fn has_pending(&self) -> bool {
-        !self.pending_services.is_empty()
-            || !self.pending_endpoints.is_empty()
-            || self.pending_node.is_some()
+        !self.pending_services.is_empty() || !self.pending_endpoints.is_empty() || self.pending_node.is_some()
     }
 
     pub fn pending_counts(&self) -> (usize, usize) {
@@ -168,15 +152,12 @@ impl Model {
                 self.pending_services.insert(nn, map);
             }
             SourceEvent::Service(Change::Deleted(svc)) => {
-                self.pending_services
-                    .insert(namespaced_name(&svc.metadata), ServicePortMap::new());
+                self.pending_services.insert(namespaced_name(&svc.metadata), ServicePortMap::new());
             }
             SourceEvent::EndpointSlice(Change::Applied(slice)) => {
                 let nn = namespaced_name(&slice.metadata);
                 match parse_slice(slice, self.family)? {
-                    SliceKind::Slice(info) => {
-                        self.pending_endpoints.extend(self.slices.upsert(nn, info))
-                    }
+                    SliceKind::Slice(info) => self.pending_endpoints.extend(self.slices.upsert(nn, info)),
                     SliceKind::Ignored(_) => self.pending_endpoints.extend(self.slices.remove(&nn)),
                 }
             }
@@ -290,10 +271,7 @@ impl Model {
 
     /// The endpoints of a service port (empty if none).
     pub fn endpoints(&self, spn: &ServicePortName) -> &[Endpoint] {
-        self.endpoints
-            .get(spn)
-            .map(|l| l.as_slice())
-            .unwrap_or(NO_ENDPOINTS.as_slice())
+        self.endpoints.get(spn).map(|l| l.as_slice()).unwrap_or(NO_ENDPOINTS.as_slice())
     }
 
     /// Every service port, in no particular order.
@@ -312,25 +290,14 @@ impl Model {
 }
 
 /// Upstream's detectStaleConntrackEntries for one UDP service port.
-fn stale_endpoints(
-    spn: &ServicePortName,
-    old: &[Endpoint],
-    new: &[Endpoint],
-    out: &mut ModelChanges,
-) {
+fn stale_endpoints(spn: &ServicePortName, old: &[Endpoint], new: &[Endpoint], out: &mut ModelChanges) {
     if spn.protocol != Protocol::Udp {
         return;
     }
     for ep in old.iter().filter(|e| e.serving) {
-        let still = new
-            .iter()
-            .any(|n| n.ip == ep.ip && n.port == ep.port && n.serving);
+        let still = new.iter().any(|n| n.ip == ep.ip && n.port == ep.port && n.serving);
         if !still {
-            out.deleted_udp_endpoints.push(StaleEndpoint {
-                port: spn.clone(),
-                ip: ep.ip,
-                target_port: ep.port,
-            });
+            out.deleted_udp_endpoints.push(StaleEndpoint { port: spn.clone(), ip: ep.ip, target_port: ep.port });
         }
     }
     let serving_now = new.iter().any(|e| e.serving);

@@ -24,17 +24,10 @@ pub struct NodeInfo {
 impl NodeInfo {
     pub fn from_node(node: &Node) -> NodeInfo {
         let spec = node.spec.as_ref();
-        let mut pod_cidrs: Vec<IpNet> = spec
-            .and_then(|s| s.pod_cidrs.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c.parse().ok())
-            .collect();
+        let mut pod_cidrs: Vec<IpNet> =
+            spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten().filter_map(|c| c.parse().ok()).collect();
         if pod_cidrs.is_empty() {
-            pod_cidrs.extend(
-                spec.and_then(|s| s.pod_cidr.as_deref())
-                    .and_then(|c| c.parse::<IpNet>().ok()),
-            );
+            pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.as_deref()).and_then(|c| c.parse::<IpNet>().ok()));
         }
         let addresses = node
             .status
@@ -47,13 +40,7 @@ impl NodeInfo {
             .collect();
         NodeInfo {
             name: node.metadata.name.clone().unwrap_or_default(),
-            labels: node
-                .metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
+            labels: node.metadata.labels.clone().unwrap_or_default().into_iter().collect(),
             pod_cidrs,
             addresses,
             deleting: node.metadata.deletion_timestamp.is_some(),
@@ -61,19 +48,14 @@ impl NodeInfo {
     }
 
     pub fn zone(&self) -> &str {
-        self.labels
-            .get(LABEL_ZONE)
-            .map(String::as_str)
-            .unwrap_or("")
+        self.labels.get(LABEL_ZONE).map(String::as_str).unwrap_or("")
     }
 
     /// The labels whose change forces a full resync (topology).
     pub fn topology_labels(&self) -> BTreeMap<&str, &str> {
         self.labels
             .iter()
-            .filter(|(k, _)| {
-                k.starts_with("topology.kubernetes.io/") || k.as_str() == "kubernetes.io/hostname"
-            })
+            .filter(|(k, _)| k.starts_with("topology.kubernetes.io/") || k.as_str() == "kubernetes.io/hostname")
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect()
     }

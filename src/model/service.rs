@@ -27,10 +27,7 @@ pub struct NamespacedName {
 
 impl NamespacedName {
     pub fn new(namespace: &str, name: &str) -> Self {
-        NamespacedName {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        }
+        NamespacedName { namespace: namespace.to_string(), name: name.to_string() }
     }
 }
 
@@ -111,21 +108,13 @@ pub enum Skip {
     NoClusterIpOfFamily,
 }
 
-pub fn namespaced_name(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> NamespacedName {
-    NamespacedName::new(
-        meta.namespace.as_deref().unwrap_or("default"),
-        meta.name.as_deref().unwrap_or(""),
-    )
+pub fn namespaced_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NamespacedName {
+    NamespacedName::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or(""))
 }
 
 /// Converts a Service to its service ports for `family`. Errors name the
 /// object and field; a skipped Service yields `Ok(Err(skip))`.
-pub fn service_ports(
-    svc: &Service,
-    family: IpFamily,
-) -> Result<Result<ServicePortMap, Skip>, ModelError> {
+pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePortMap, Skip>, ModelError> {
     let nn = namespaced_name(&svc.metadata);
     let labels = svc.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
@@ -149,26 +138,13 @@ pub fn service_ports(
     let common = Common::from_service(svc, family, &nn)?;
     let mut map = ServicePortMap::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
-        let protocol =
-            Protocol::from_k8s(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
-                ModelError::field(
-                    &nn,
-                    "Service",
-                    &format!("spec.ports[{i}].protocol"),
-                    p.protocol.as_deref().unwrap_or(""),
-                )
-            })?;
+        let protocol = Protocol::from_k8s(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
+            ModelError::field(&nn, "Service", &format!("spec.ports[{i}].protocol"), p.protocol.as_deref().unwrap_or(""))
+        })?;
         let port = u16::try_from(p.port)
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| {
-                ModelError::field(
-                    &nn,
-                    "Service",
-                    &format!("spec.ports[{i}].port"),
-                    &p.port.to_string(),
-                )
-            })?;
+            .ok_or_else(|| ModelError::field(&nn, "Service", &format!("spec.ports[{i}].port"), &p.port.to_string()))?;
         let node_port = u16::try_from(p.node_port.unwrap_or(0)).map_err(|_| {
             ModelError::field(
                 &nn,
@@ -177,11 +153,7 @@ pub fn service_ports(
                 &p.node_port.unwrap_or(0).to_string(),
             )
         })?;
-        let name = ServicePortName {
-            service: nn.clone(),
-            port: p.name.clone().unwrap_or_default(),
-            protocol,
-        };
+        let name = ServicePortName { service: nn.clone(), port: p.name.clone().unwrap_or_default(), protocol };
         let sp = common.port(name.clone(), cluster_ip, port, node_port);
         map.insert(name, Arc::new(sp));
     }
@@ -204,18 +176,12 @@ fn cluster_ip_by_family(
     if primary.is_empty() || primary == "None" {
         return Ok(ClusterIp::None);
     }
-    let candidates: Vec<(String, &str)> = match spec.cluster_ips.as_ref().filter(|v| !v.is_empty())
-    {
-        Some(ips) => ips
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (format!("spec.clusterIPs[{i}]"), s.as_str()))
-            .collect(),
+    let candidates: Vec<(String, &str)> = match spec.cluster_ips.as_ref().filter(|v| !v.is_empty()) {
+        Some(ips) => ips.iter().enumerate().map(|(i, s)| (format!("spec.clusterIPs[{i}]"), s.as_str())).collect(),
         None => vec![("spec.clusterIP".to_string(), primary)],
     };
     for (field, text) in candidates {
-        let ip =
-            parse_ip_sloppy(text).ok_or_else(|| ModelError::field(nn, "Service", &field, text))?;
+        let ip = parse_ip_sloppy(text).ok_or_else(|| ModelError::field(nn, "Service", &field, text))?;
         if family.matches(&ip) {
             return Ok(ClusterIp::Ip(ip));
         }
@@ -236,15 +202,8 @@ struct Common {
 }
 
 impl Common {
-    fn from_service(
-        svc: &Service,
-        family: IpFamily,
-        nn: &NamespacedName,
-    ) -> Result<Common, ModelError> {
-        let spec = svc
-            .spec
-            .as_ref()
-            .ok_or_else(|| ModelError::field(nn, "Service", "spec", "null"))?;
+    fn from_service(svc: &Service, family: IpFamily, nn: &NamespacedName) -> Result<Common, ModelError> {
+        let spec = svc.spec.as_ref().ok_or_else(|| ModelError::field(nn, "Service", "spec", "null"))?;
         let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
         let mut external_ips = Vec::new();
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
@@ -257,12 +216,7 @@ impl Common {
             }
         }
         let mut source_ranges = Vec::new();
-        for (i, s) in spec
-            .load_balancer_source_ranges
-            .iter()
-            .flatten()
-            .enumerate()
-        {
+        for (i, s) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
             match s.trim().parse::<IpNet>() {
                 Ok(net) if family.matches(&net.addr()) => source_ranges.push(net.trunc()),
                 Ok(_) => {}
@@ -280,8 +234,7 @@ impl Common {
                 .and_then(|t| u32::try_from(t).ok())
                 .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
         });
-        let externally_accessible =
-            type_ == "LoadBalancer" || type_ == "NodePort" || !external_ips.is_empty();
+        let externally_accessible = type_ == "LoadBalancer" || type_ == "NodePort" || !external_ips.is_empty();
         let etp_local = spec.external_traffic_policy.as_deref() == Some("Local");
         let external_policy_local = externally_accessible && etp_local;
         let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
@@ -307,13 +260,7 @@ impl Common {
         })
     }
 
-    fn port(
-        &self,
-        name: ServicePortName,
-        cluster_ip: IpAddr,
-        port: u16,
-        node_port: u16,
-    ) -> ServicePort {
+    fn port(&self, name: ServicePortName, cluster_ip: IpAddr, port: u16, node_port: u16) -> ServicePort {
         ServicePort {
             name,
             cluster_ip,
@@ -333,11 +280,7 @@ impl Common {
 
 /// Load-balancer ingress IPs of this family; ipMode Proxy is skipped, as upstream.
 fn lb_vips(svc: &Service, family: IpFamily, nn: &NamespacedName) -> Vec<IpAddr> {
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
     let mut out = Vec::new();
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
         let Some(text) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {

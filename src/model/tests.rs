@@ -10,29 +10,18 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn spn(ns: &str, name: &str, port: &str, proto: Protocol) -> ServicePortName {
-    ServicePortName {
-        service: NamespacedName::new(ns, name),
-        port: port.into(),
-        protocol: proto,
-    }
+    ServicePortName { service: NamespacedName::new(ns, name), port: port.into(), protocol: proto }
 }
 
 fn model() -> Model {
     let mut m = Model::new(IpFamily::V4, "node-a");
-    m.record(&SourceEvent::Synced(ResourceKind::Service))
-        .unwrap();
-    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
-        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
     m
 }
 
 fn dns() -> k8s_openapi::api::core::v1::Service {
-    service(
-        "kube-system",
-        "dns",
-        "10.96.0.10",
-        &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)],
-    )
+    service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)])
 }
 
 #[test]
@@ -45,10 +34,7 @@ fn service_ports_are_keyed_by_name_and_protocol() {
     assert!(ch.ports.contains(&udp));
     assert_eq!(ch.ports.len(), 2);
     let sp = m.service_port(&udp).unwrap();
-    assert_eq!(
-        (sp.cluster_ip, sp.port, sp.node_port),
-        (ip("10.96.0.10"), 53, 0)
-    );
+    assert_eq!((sp.cluster_ip, sp.port, sp.node_port), (ip("10.96.0.10"), 53, 0));
     assert_eq!(sp.affinity_timeout, None);
 }
 
@@ -62,11 +48,7 @@ fn service_fields_follow_upstream_filters() {
     let mut s = service("ns", "lb", "10.96.0.30", &[("http", "TCP", 80, 30080)]);
     let spec = s.spec.as_mut().unwrap();
     spec.type_ = Some("LoadBalancer".into());
-    spec.external_ips = Some(vec![
-        "192.168.60.20".into(),
-        "fd00::20".into(),
-        "bogus".into(),
-    ]);
+    spec.external_ips = Some(vec!["192.168.60.20".into(), "fd00::20".into(), "bogus".into()]);
     spec.load_balancer_source_ranges = Some(vec![" 192.168.50.0/24 ".into(), "fd00::/64".into()]);
     spec.external_traffic_policy = Some("Local".into());
     spec.health_check_node_port = Some(32000);
@@ -77,15 +59,10 @@ fn service_fields_follow_upstream_filters() {
     let mut m = model();
     m.record(&applied_service(s)).unwrap();
     m.apply();
-    let sp = m
-        .service_port(&spn("ns", "lb", "http", Protocol::Tcp))
-        .unwrap();
+    let sp = m.service_port(&spn("ns", "lb", "http", Protocol::Tcp)).unwrap();
     assert_eq!(sp.external_ips, vec![ip("192.168.60.20")]);
     assert_eq!(sp.load_balancer_vips, vec![ip("192.168.60.10")]);
-    assert_eq!(
-        sp.load_balancer_source_ranges,
-        vec!["192.168.50.0/24".parse().unwrap()]
-    );
+    assert_eq!(sp.load_balancer_source_ranges, vec!["192.168.50.0/24".parse().unwrap()]);
     assert_eq!(sp.affinity_timeout, Some(DEFAULT_AFFINITY_TIMEOUT));
     assert!(sp.external_policy_local && !sp.internal_policy_local);
     assert_eq!((sp.node_port, sp.health_check_node_port), (30080, 32000));
@@ -100,13 +77,7 @@ fn skipped_services_yield_no_ports() {
     let mut ext = service("ns", "ext", "", &[]);
     ext.spec.as_mut().unwrap().type_ = Some("ExternalName".into());
     let mut other = service("ns", "other", "10.96.0.40", &[("p", "TCP", 80, 0)]);
-    other.metadata.labels = Some(
-        [(
-            service::LABEL_SERVICE_PROXY_NAME.to_string(),
-            "x".to_string(),
-        )]
-        .into(),
-    );
+    other.metadata.labels = Some([(service::LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
     let v6 = service("ns", "v6", "fd00::10", &[("p", "TCP", 80, 0)]);
     let mut m = model();
     for s in [headless, ext, other, v6] {
@@ -121,10 +92,7 @@ fn invalid_cluster_ip_is_an_error_naming_object_and_field() {
     let bad = service("ns", "bad", "10.96.0.999", &[("p", "TCP", 80, 0)]);
     let mut m = model();
     let err = m.record(&applied_service(bad)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "Service ns/bad: invalid spec.clusterIPs[0]: \"10.96.0.999\""
-    );
+    assert_eq!(err.to_string(), "Service ns/bad: invalid spec.clusterIPs[0]: \"10.96.0.999\"");
     // The broken service leaves no pending change behind; others still work.
     m.record(&applied_service(dns())).unwrap();
     assert_eq!(m.apply().ports.len(), 2);
@@ -140,9 +108,7 @@ fn bad_update_keeps_the_last_good_state() {
     let err = m.record(&applied_service(bad)).unwrap_err();
     assert!(err.to_string().contains("spec.ports[0].protocol"), "{err}");
     assert!(m.apply().ports.is_empty());
-    assert!(m
-        .service_port(&spn("kube-system", "dns", "dns", Protocol::Udp))
-        .is_some());
+    assert!(m.service_port(&spn("kube-system", "dns", "dns", Protocol::Udp)).is_some());
 }
 
 #[test]
@@ -159,55 +125,28 @@ fn removed_udp_port_reports_its_cluster_ip() {
     let mut m = model();
     m.record(&applied_service(dns())).unwrap();
     m.apply();
-    m.record(&applied_service(service(
-        "kube-system",
-        "dns",
-        "10.96.0.10",
-        &[("dns-tcp", "TCP", 53, 0)],
-    )))
-    .unwrap();
+    m.record(&applied_service(service("kube-system", "dns", "10.96.0.10", &[("dns-tcp", "TCP", 53, 0)]))).unwrap();
     let ch = m.apply();
-    assert_eq!(
-        ch.ports,
-        [spn("kube-system", "dns", "dns", Protocol::Udp)].into()
-    );
+    assert_eq!(ch.ports, [spn("kube-system", "dns", "dns", Protocol::Udp)].into());
     assert_eq!(ch.deleted_udp_cluster_ips, [ip("10.96.0.10")].into());
 }
 
 fn dns_slice(name: &str, eps: &[Ep]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
-    slice(
-        "kube-system",
-        name,
-        "dns",
-        &[("dns", "UDP", 53), ("dns-tcp", "TCP", 53)],
-        eps,
-    )
+    slice("kube-system", name, "dns", &[("dns", "UDP", 53), ("dns-tcp", "TCP", 53)], eps)
 }
 
 #[test]
 fn slices_merge_and_duplicates_prefer_the_local_copy() {
     let mut m = model();
     m.record(&applied_service(dns())).unwrap();
-    m.record(&applied_slice(dns_slice(
-        "dns-a",
-        &[ep("10.244.1.5", "node-b"), ep("10.244.0.5", "node-b")],
-    )))
-    .unwrap();
-    m.record(&applied_slice(dns_slice(
-        "dns-b",
-        &[ep("10.244.0.5", "node-a"), ep("10.244.2.5", "node-c")],
-    )))
-    .unwrap();
+    m.record(&applied_slice(dns_slice("dns-a", &[ep("10.244.1.5", "node-b"), ep("10.244.0.5", "node-b")]))).unwrap();
+    m.record(&applied_slice(dns_slice("dns-b", &[ep("10.244.0.5", "node-a"), ep("10.244.2.5", "node-c")]))).unwrap();
     m.apply();
     let eps = m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp));
     let got: Vec<(String, bool)> = eps.iter().map(|e| (e.to_string(), e.is_local)).collect();
     assert_eq!(
         got,
-        vec![
-            ("10.244.0.5:53".into(), true),
-            ("10.244.1.5:53".into(), false),
-            ("10.244.2.5:53".into(), false)
-        ]
+        vec![("10.244.0.5:53".into(), true), ("10.244.1.5:53".into(), false), ("10.244.2.5:53".into(), false)]
     );
 }
 
@@ -227,11 +166,7 @@ fn conditions_default_as_upstream() {
 #[test]
 fn headless_slices_and_other_families_are_ignored() {
     let mut s = dns_slice("s", &[ep("10.244.0.5", "node-a")]);
-    s.metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(service::LABEL_HEADLESS.into(), "".into());
+    s.metadata.labels.as_mut().unwrap().insert(service::LABEL_HEADLESS.into(), "".into());
     let mut v6 = dns_slice("v6", &[ep("fd00::5", "node-a")]);
     v6.address_type = "IPv6".into();
     let mut m = model();
@@ -246,35 +181,19 @@ fn removed_udp_endpoint_is_stale_and_zero_to_n_is_newly_active() {
     m.record(&applied_service(dns())).unwrap();
     m.apply();
     let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
-    m.record(&applied_slice(dns_slice(
-        "s",
-        &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")],
-    )))
-    .unwrap();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]))).unwrap();
     let ch = m.apply();
     assert_eq!(ch.newly_active_udp, vec![udp.clone()]);
     assert!(ch.deleted_udp_endpoints.is_empty());
-    m.record(&applied_slice(dns_slice(
-        "s",
-        &[ep("10.244.1.5", "node-b")],
-    )))
-    .unwrap();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b")]))).unwrap();
     let ch = m.apply();
     assert_eq!(
         ch.deleted_udp_endpoints,
-        vec![StaleEndpoint {
-            port: udp.clone(),
-            ip: ip("10.244.0.5"),
-            target_port: 53
-        }]
+        vec![StaleEndpoint { port: udp.clone(), ip: ip("10.244.0.5"), target_port: 53 }]
     );
     assert!(ch.newly_active_udp.is_empty());
     // Going not-serving is stale too; TCP endpoints never are.
-    m.record(&applied_slice(dns_slice(
-        "s",
-        &[ep("10.244.1.5", "node-b").not_ready()],
-    )))
-    .unwrap();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b").not_ready()]))).unwrap();
     let ch = m.apply();
     assert_eq!(ch.deleted_udp_endpoints.len(), 1);
     assert_eq!(ch.deleted_udp_endpoints[0].port, udp);
@@ -289,45 +208,44 @@ fn deleting_the_last_slice_removes_the_endpoints() {
     m.record(&deleted_slice(s)).unwrap();
     let ch = m.apply();
     assert_eq!(ch.ports.len(), 2);
-    assert!(m
-        .endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp))
-        .is_empty());
+    assert!(m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp)).is_empty());
 }
 
 #[test]
 fn not_initialized_until_services_and_slices_synced() {
     let mut m = Model::new(IpFamily::V4, "n");
     assert!(!m.is_initialized());
-    m.record(&SourceEvent::Synced(ResourceKind::Service))
-        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
     assert!(!m.is_initialized());
-    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
-        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
     assert!(m.is_initialized());
 }
 
 #[test]
 fn node_topology_label_change_is_reported() {
     let mut m = model();
-    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
-        std::sync::Arc::new(node("node-a", "192.168.50.2", "a")),
-    )))
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(node(
+        "node-a",
+        "192.168.50.2",
+        "a",
+    )))))
     .unwrap();
     assert!(m.apply().topology_changed);
-    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
-        std::sync::Arc::new(node("node-a", "192.168.50.3", "a")),
-    )))
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(node(
+        "node-a",
+        "192.168.50.3",
+        "a",
+    )))))
     .unwrap();
     assert!(!m.apply().topology_changed);
     assert_eq!(m.node().addresses, vec![ip("192.168.50.3")]);
-    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(
-        std::sync::Arc::new(node("node-b", "192.168.50.9", "b")),
-    )))
+    m.record(&SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(node(
+        "node-b",
+        "192.168.50.9",
+        "b",
+    )))))
     .unwrap();
-    assert!(
-        !m.apply().topology_changed,
-        "another node's object is ignored"
-    );
+    assert!(!m.apply().topology_changed, "another node's object is ignored");
 }
 
 fn sp(internal_local: bool, external_local: bool, node_port: u16) -> ServicePort {
@@ -362,10 +280,7 @@ fn endpoint(ip_: &str, local: bool, ready: bool, serving: bool, terminating: boo
 
 #[test]
 fn categorize_falls_back_to_serving_terminating_endpoints() {
-    let eps = vec![
-        endpoint("10.0.0.1", false, false, true, true),
-        endpoint("10.0.0.2", true, false, false, true),
-    ];
+    let eps = vec![endpoint("10.0.0.1", false, false, true, true), endpoint("10.0.0.2", true, false, false, true)];
     let c = categorize(&eps, &sp(false, false, 0), "node-a", "");
     assert_eq!(c.cluster.len(), 1);
     assert_eq!(c.cluster[0].ip, ip("10.0.0.1"));
@@ -374,29 +289,20 @@ fn categorize_falls_back_to_serving_terminating_endpoints() {
 
 #[test]
 fn categorize_local_policy_uses_local_endpoints_only() {
-    let eps = vec![
-        endpoint("10.0.0.1", false, true, true, false),
-        endpoint("10.0.0.2", true, true, true, false),
-    ];
+    let eps = vec![endpoint("10.0.0.1", false, true, true, false), endpoint("10.0.0.2", true, true, true, false)];
     let c = categorize(&eps, &sp(true, false, 0), "node-a", "");
     assert!(c.cluster.is_empty());
     assert_eq!(c.local.len(), 1);
     assert_eq!(c.all_reachable.len(), 1);
     let remote_only = vec![endpoint("10.0.0.1", false, true, true, false)];
     let c = categorize(&remote_only, &sp(true, false, 0), "node-a", "");
-    assert!(
-        c.local.is_empty() && c.has_any,
-        "no local endpoint, but some exist: DROP, not REJECT"
-    );
+    assert!(c.local.is_empty() && c.has_any, "no local endpoint, but some exist: DROP, not REJECT");
 }
 
 #[test]
 fn categorize_mixed_policies_merge_cluster_and_local() {
     // externalTrafficPolicy Local on a NodePort, internal Cluster.
-    let eps = vec![
-        endpoint("10.0.0.1", false, true, true, false),
-        endpoint("10.0.0.2", true, false, true, true),
-    ];
+    let eps = vec![endpoint("10.0.0.1", false, true, true, false), endpoint("10.0.0.2", true, false, true, true)];
     let c = categorize(&eps, &sp(false, true, 30000), "node-a", "");
     assert_eq!(c.cluster.len(), 1);
     assert_eq!(c.local.len(), 1, "local falls back to serving-terminating");
@@ -418,9 +324,5 @@ fn categorize_uses_zone_hints_only_when_all_ready_endpoints_have_them() {
     b.zone_hints.clear();
     let eps = [a, b];
     let c = categorize(&eps, &sp(false, false, 0), "node-a", "zone-a");
-    assert_eq!(
-        c.cluster.len(),
-        2,
-        "an endpoint without hints disables topology"
-    );
+    assert_eq!(c.cluster.len(), 2, "an endpoint without hints disables topology");
 }

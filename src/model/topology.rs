@@ -25,19 +25,11 @@ enum TopologyMode {
 }
 
 /// Splits `endpoints` as upstream's CategorizeEndpoints does.
-pub fn categorize<'a>(
-    endpoints: &'a [Endpoint],
-    sp: &ServicePort,
-    node_name: &str,
-    zone: &str,
-) -> Categorized<'a> {
+pub fn categorize<'a>(endpoints: &'a [Endpoint], sp: &ServicePort, node_name: &str, zone: &str) -> Categorized<'a> {
     let mut out = Categorized::default();
     if sp.uses_cluster_endpoints() {
         let mode = topology_mode(endpoints, node_name, zone);
-        out.cluster = endpoints
-            .iter()
-            .filter(|e| e.ready && available(e, mode, node_name, zone))
-            .collect();
+        out.cluster = endpoints.iter().filter(|e| e.ready && available(e, mode, node_name, zone)).collect();
         if out.cluster.is_empty() {
             out.cluster = endpoints
                 .iter()
@@ -56,21 +48,13 @@ pub fn categorize<'a>(
     out.local = if local_ready {
         endpoints.iter().filter(|e| e.is_local && e.ready).collect()
     } else {
-        endpoints
-            .iter()
-            .filter(|e| e.is_local && e.serving && e.terminating)
-            .collect()
+        endpoints.iter().filter(|e| e.is_local && e.serving && e.terminating).collect()
     };
     if !sp.uses_cluster_endpoints() {
         out.all_reachable = out.local.clone();
         return out;
     }
-    let mut all: Vec<&Endpoint> = out
-        .cluster
-        .iter()
-        .chain(out.local.iter())
-        .copied()
-        .collect();
+    let mut all: Vec<&Endpoint> = out.cluster.iter().chain(out.local.iter()).copied().collect();
     all.sort_by_key(|e| (e.ip, e.port));
     all.dedup_by_key(|e| (e.ip, e.port));
     out.all_reachable = all;

@@ -12,19 +12,11 @@ pub enum ConntrackOp {
     /// going from 0 to N endpoints, or a removed service port).
     FlushServiceIp { ip: IpAddr, protocol: Protocol },
     /// Entries to a service IP that were NATed to this endpoint (a removed endpoint).
-    FlushEndpoint {
-        service_ip: IpAddr,
-        endpoint_ip: IpAddr,
-        protocol: Protocol,
-    },
+    FlushEndpoint { service_ip: IpAddr, endpoint_ip: IpAddr, protocol: Protocol },
     /// Entries to a node port (a NodePort service going from 0 to N endpoints).
     FlushNodePort { port: u16, protocol: Protocol },
     /// Entries to a node port that were NATed to this endpoint.
-    FlushNodePortEndpoint {
-        port: u16,
-        endpoint_ip: IpAddr,
-        protocol: Protocol,
-    },
+    FlushNodePortEndpoint { port: u16, endpoint_ip: IpAddr, protocol: Protocol },
 }
 
 impl fmt::Display for ConntrackOp {
@@ -33,27 +25,13 @@ impl fmt::Display for ConntrackOp {
             ConntrackOp::FlushServiceIp { ip, protocol } => {
                 write!(f, "conntrack -D -p {} --orig-dst {ip}", protocol.lower())
             }
-            ConntrackOp::FlushEndpoint {
-                service_ip,
-                endpoint_ip,
-                protocol,
-            } => write!(
-                f,
-                "conntrack -D -p {} --orig-dst {service_ip} --dst-nat {endpoint_ip}",
-                protocol.lower()
-            ),
-            ConntrackOp::FlushNodePort { port, protocol } => {
-                write!(
-                    f,
-                    "conntrack -D -p {} --orig-port-dst {port}",
-                    protocol.lower()
-                )
+            ConntrackOp::FlushEndpoint { service_ip, endpoint_ip, protocol } => {
+                write!(f, "conntrack -D -p {} --orig-dst {service_ip} --dst-nat {endpoint_ip}", protocol.lower())
             }
-            ConntrackOp::FlushNodePortEndpoint {
-                port,
-                endpoint_ip,
-                protocol,
-            } => write!(
+            ConntrackOp::FlushNodePort { port, protocol } => {
+                write!(f, "conntrack -D -p {} --orig-port-dst {port}", protocol.lower())
+            }
+            ConntrackOp::FlushNodePortEndpoint { port, endpoint_ip, protocol } => write!(
                 f,
                 "conntrack -D -p {} --orig-port-dst {port} --dst-nat {}",
                 protocol.lower(),

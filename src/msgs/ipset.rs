@@ -127,16 +127,8 @@ mod tests {
     #[test]
     fn prints_ipset_save_syntax() {
         let e = SetEntry::IpPort("10.96.0.10".parse().unwrap(), Protocol::Udp, 53);
-        assert_eq!(
-            SetLine("KUBE-CLUSTER-IP", &IpsetOp::Add(e)).to_string(),
-            "add KUBE-CLUSTER-IP 10.96.0.10,udp:53"
-        );
-        let n = SetEntry::IpPortNet(
-            "1.2.3.4".parse().unwrap(),
-            Protocol::Tcp,
-            80,
-            "192.168.0.0/16".parse().unwrap(),
-        );
+        assert_eq!(SetLine("KUBE-CLUSTER-IP", &IpsetOp::Add(e)).to_string(), "add KUBE-CLUSTER-IP 10.96.0.10,udp:53");
+        let n = SetEntry::IpPortNet("1.2.3.4".parse().unwrap(), Protocol::Tcp, 80, "192.168.0.0/16".parse().unwrap());
         assert_eq!(n.to_string(), "1.2.3.4,tcp:80,192.168.0.0/16");
         let s = SetSpec {
             name: "KUBE-CLUSTER-IP".into(),
@@ -144,10 +136,7 @@ mod tests {
             family: IpFamily::V4,
             comment: "",
         };
-        assert_eq!(
-            s.create_line(),
-            "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536"
-        );
+        assert_eq!(s.create_line(), "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536");
     }
 }
 

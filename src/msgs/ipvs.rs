@@ -86,12 +86,7 @@ fn proto_flag(p: Protocol) -> &'static str {
 
 impl fmt::Display for VsKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}",
-            proto_flag(self.protocol),
-            join_host_port(&self.addr, self.port)
-        )
+        write!(f, "{} {}", proto_flag(self.protocol), join_host_port(&self.addr, self.port))
     }
 }
 
@@ -105,11 +100,7 @@ impl fmt::Display for VsSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "-s {}", self.scheduler)?;
         if self.flags & FLAG_SCHED_PORT != 0 {
-            let s = if self.scheduler == "mh" {
-                "mh-port"
-            } else {
-                "sh-port"
-            };
+            let s = if self.scheduler == "mh" { "mh-port" } else { "sh-port" };
             write!(f, " -b {s}")?;
         }
         if self.flags & FLAG_PERSISTENT != 0 {
@@ -138,29 +129,11 @@ mod tests {
 
     #[test]
     fn prints_ipvsadm_save_syntax() {
-        let vs = VsKey {
-            addr: "10.96.0.10".parse().unwrap(),
-            protocol: Protocol::Udp,
-            port: 53,
-        };
-        let spec = VsSpec {
-            scheduler: "rr".into(),
-            flags: FLAG_PERSISTENT,
-            timeout: 10800,
-        };
-        assert_eq!(
-            IpvsOp::AddService(vs, spec).to_string(),
-            "-A -u 10.96.0.10:53 -s rr -p 10800"
-        );
-        let d = DestKey {
-            addr: "fd00::5".parse().unwrap(),
-            port: 53,
-        };
-        let v6 = VsKey {
-            addr: "fd00::10".parse().unwrap(),
-            protocol: Protocol::Tcp,
-            port: 53,
-        };
+        let vs = VsKey { addr: "10.96.0.10".parse().unwrap(), protocol: Protocol::Udp, port: 53 };
+        let spec = VsSpec { scheduler: "rr".into(), flags: FLAG_PERSISTENT, timeout: 10800 };
+        assert_eq!(IpvsOp::AddService(vs, spec).to_string(), "-A -u 10.96.0.10:53 -s rr -p 10800");
+        let d = DestKey { addr: "fd00::5".parse().unwrap(), port: 53 };
+        let v6 = VsKey { addr: "fd00::10".parse().unwrap(), protocol: Protocol::Tcp, port: 53 };
         assert_eq!(
             IpvsOp::AddDest(v6, d, DestSpec::default()).to_string(),
             "-a -t [fd00::10]:53 -r [fd00::5]:53 -m -w 1"
@@ -169,27 +142,13 @@ mod tests {
 
     #[test]
     fn op_order_puts_parents_first_on_add_and_last_on_delete() {
-        let vs = VsKey {
-            addr: "10.0.0.1".parse().unwrap(),
-            protocol: Protocol::Tcp,
-            port: 80,
-        };
-        let d = DestKey {
-            addr: "10.1.0.1".parse().unwrap(),
-            port: 80,
-        };
+        let vs = VsKey { addr: "10.0.0.1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        let d = DestKey { addr: "10.1.0.1".parse().unwrap(), port: 80 };
         let mut ops = vec![
             IpvsOp::DelService(vs),
             IpvsOp::AddDest(vs, d, DestSpec::default()),
             IpvsOp::DelDest(vs, d),
-            IpvsOp::AddService(
-                vs,
-                VsSpec {
-                    scheduler: "rr".into(),
-                    flags: 0,
-                    timeout: 0,
-                },
-            ),
+            IpvsOp::AddService(vs, VsSpec { scheduler: "rr".into(), flags: 0, timeout: 0 }),
         ];
         ops.sort();
         assert!(matches!(ops[0], IpvsOp::AddService(..)));

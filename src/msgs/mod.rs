@@ -49,10 +49,7 @@ pub struct Ack<Op> {
 
 impl<Op> Ack<Op> {
     pub fn ok(generation: u64) -> Self {
-        Ack {
-            generation,
-            failed: Vec::new(),
-        }
+        Ack { generation, failed: Vec::new() }
     }
     pub fn is_ok(&self) -> bool {
         self.failed.is_empty()

@@ -20,9 +20,7 @@ pub struct Claims<K, V> {
 
 impl<K, V> Default for Claims<K, V> {
     fn default() -> Self {
-        Claims {
-            map: HashMap::new(),
-        }
+        Claims { map: HashMap::new() }
     }
 }
 
@@ -49,9 +47,7 @@ impl<K: Hash + Eq + Clone, V: Clone + PartialEq> Claims<K, V> {
 
     /// Every key with its effective value.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.map
-            .iter()
-            .filter_map(|(k, c)| c.first().map(|(_, v)| (k, v)))
+        self.map.iter().filter_map(|(k, c)| c.first().map(|(_, v)| (k, v)))
     }
 
     fn claim(&mut self, k: K, owner: Owner, v: V) {
@@ -109,16 +105,10 @@ mod tests {
     #[test]
     fn shared_key_stays_while_any_owner_claims_it() {
         let mut c: Claims<&str, ()> = Claims::default();
-        assert_eq!(
-            c.replace(1, &[], &[("ip", ())]),
-            vec![("ip", Moved::Added(()))]
-        );
+        assert_eq!(c.replace(1, &[], &[("ip", ())]), vec![("ip", Moved::Added(()))]);
         assert_eq!(c.replace(2, &[], &[("ip", ())]), vec![]);
         assert_eq!(c.replace(1, &[("ip", ())], &[]), vec![]);
-        assert_eq!(
-            c.replace(2, &[("ip", ())], &[]),
-            vec![("ip", Moved::Removed)]
-        );
+        assert_eq!(c.replace(2, &[("ip", ())], &[]), vec![("ip", Moved::Removed)]);
         assert!(c.is_empty());
     }
 
@@ -126,14 +116,8 @@ mod tests {
     fn lowest_owner_wins_whatever_the_order() {
         let mut c: Claims<&str, u8> = Claims::default();
         c.replace(5, &[], &[("vs", 50)]);
-        assert_eq!(
-            c.replace(3, &[], &[("vs", 30)]),
-            vec![("vs", Moved::Changed(30))]
-        );
-        assert_eq!(
-            c.replace(3, &[("vs", 30)], &[]),
-            vec![("vs", Moved::Changed(50))]
-        );
+        assert_eq!(c.replace(3, &[], &[("vs", 30)]), vec![("vs", Moved::Changed(30))]);
+        assert_eq!(c.replace(3, &[("vs", 30)], &[]), vec![("vs", Moved::Changed(50))]);
         assert_eq!(c.effective(&"vs"), Some(&50));
     }
 
@@ -141,10 +125,7 @@ mod tests {
     fn unchanged_claims_move_nothing() {
         let mut c: Claims<&str, u8> = Claims::default();
         c.replace(1, &[], &[("a", 1), ("b", 2)]);
-        assert_eq!(
-            c.replace(1, &[("a", 1), ("b", 2)], &[("a", 1), ("b", 2)]),
-            vec![]
-        );
+        assert_eq!(c.replace(1, &[("a", 1), ("b", 2)], &[("a", 1), ("b", 2)]), vec![]);
         let moved = c.replace(1, &[("a", 1), ("b", 2)], &[("a", 1), ("b", 3)]);
         assert_eq!(moved, vec![("b", Moved::Changed(3))]);
     }

@@ -13,29 +13,18 @@ pub fn conntrack_ops(model: &Model, changes: &ModelChanges) -> Vec<ConntrackOp> 
     let udp = Protocol::Udp;
     let mut ops = BTreeSet::new();
     for ip in &changes.deleted_udp_cluster_ips {
-        ops.insert(ConntrackOp::FlushServiceIp {
-            ip: *ip,
-            protocol: udp,
-        });
+        ops.insert(ConntrackOp::FlushServiceIp { ip: *ip, protocol: udp });
     }
     for spn in &changes.newly_active_udp {
         let Some(sp) = model.service_port(spn) else {
             continue;
         };
-        let ips = std::iter::once(&sp.cluster_ip)
-            .chain(&sp.external_ips)
-            .chain(&sp.load_balancer_vips);
+        let ips = std::iter::once(&sp.cluster_ip).chain(&sp.external_ips).chain(&sp.load_balancer_vips);
         for ip in ips {
-            ops.insert(ConntrackOp::FlushServiceIp {
-                ip: *ip,
-                protocol: udp,
-            });
+            ops.insert(ConntrackOp::FlushServiceIp { ip: *ip, protocol: udp });
         }
         if sp.node_port != 0 {
-            ops.insert(ConntrackOp::FlushNodePort {
-                port: sp.node_port,
-                protocol: udp,
-            });
+            ops.insert(ConntrackOp::FlushNodePort { port: sp.node_port, protocol: udp });
         }
     }
     for stale in &changes.deleted_udp_endpoints {
@@ -43,21 +32,11 @@ pub fn conntrack_ops(model: &Model, changes: &ModelChanges) -> Vec<ConntrackOp> 
             continue;
         };
         if sp.node_port != 0 {
-            ops.insert(ConntrackOp::FlushNodePortEndpoint {
-                port: sp.node_port,
-                endpoint_ip: stale.ip,
-                protocol: udp,
-            });
+            ops.insert(ConntrackOp::FlushNodePortEndpoint { port: sp.node_port, endpoint_ip: stale.ip, protocol: udp });
         }
-        let ips = std::iter::once(&sp.cluster_ip)
-            .chain(&sp.external_ips)
-            .chain(&sp.load_balancer_vips);
+        let ips = std::iter::once(&sp.cluster_ip).chain(&sp.external_ips).chain(&sp.load_balancer_vips);
         for ip in ips {
-            ops.insert(ConntrackOp::FlushEndpoint {
-                service_ip: *ip,
-                endpoint_ip: stale.ip,
-                protocol: udp,
-            });
+            ops.insert(ConntrackOp::FlushEndpoint { service_ip: *ip, endpoint_ip: stale.ip, protocol: udp });
         }
     }
     ops.into_iter().collect()

@@ -66,27 +66,19 @@ pub fn vs_spec(ctx: &PlanContext, sp: &ServicePort) -> VsSpec {
     if ctx.scheduler == "mh" {
         flags |= FLAG_SCHED_PORT;
     }
-    VsSpec {
-        scheduler: ctx.scheduler.clone(),
-        flags,
-        timeout,
-    }
+    VsSpec { scheduler: ctx.scheduler.clone(), flags, timeout }
 }
 
 /// Builds one service port's contribution.
 pub fn contribution(ctx: &PlanContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Contribution {
     let mut c = Contribution::default();
     let cat = categorize(endpoints, sp, &ctx.node_name, &ctx.zone);
-    let internal = if sp.internal_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
-    };
-    let external = if sp.external_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
-    };
+    // Upstream's syncEndpoint(onlyNodeLocalEndpoints): local endpoints if
+    // there are any, else the cluster ones (kubernetes PR 97081: local pods
+    // keep working; external replies come from the pod IP and are dropped).
+    let pick = |local_policy: bool| if local_policy && !cat.local.is_empty() { &cat.local } else { &cat.cluster };
+    let internal = pick(sp.internal_policy_local);
+    let external = pick(sp.external_policy_local);
     let spec = vs_spec(ctx, sp);
 
     cluster_ip(&mut c, sp, &spec, internal);
@@ -102,13 +94,7 @@ pub fn contribution(ctx: &PlanContext, sp: &ServicePort, endpoints: &[Endpoint])
         node_port(&mut c, ctx, sp, &spec, external);
     }
     if sp.health_check_node_port != 0 {
-        c.entries.push((
-            (
-                IpvsSet::HealthCheckNodePort,
-                SetEntry::Port(sp.health_check_node_port),
-            ),
-            (),
-        ));
+        c.entries.push(((IpvsSet::HealthCheckNodePort, SetEntry::Port(sp.health_check_node_port)), ()));
     }
     c.finish()
 }
@@ -116,34 +102,14 @@ pub fn contribution(ctx: &PlanContext, sp: &ServicePort, endpoints: &[Endpoint])
 fn add_vs(c: &mut Contribution, key: VsKey, spec: &VsSpec, eps: &[&Endpoint]) {
     c.services.push((key, spec.clone()));
     for ep in eps {
-        c.dests.push((
-            (
-                key,
-                DestKey {
-                    addr: ep.ip,
-                    port: ep.port,
-                },
-            ),
-            DestSpec::default(),
-        ));
+        c.dests.push(((key, DestKey { addr: ep.ip, port: ep.port }), DestSpec::default()));
     }
 }
 
 fn cluster_ip(c: &mut Contribution, sp: &ServicePort, spec: &VsSpec, eps: &[&Endpoint]) {
-    let key = VsKey {
-        addr: sp.cluster_ip,
-        protocol: sp.protocol(),
-        port: sp.port,
-    };
-    c.entries.push((
-        (
-            IpvsSet::ClusterIp,
-            SetEntry::IpPort(sp.cluster_ip, sp.protocol(), sp.port),
-        ),
-        (),
-    ));
-    c.entries
-        .push(((IpvsSet::IpvsIps, SetEntry::Ip(sp.cluster_ip)), ()));
+    let key = VsKey { addr: sp.cluster_ip, protocol: sp.protocol(), port: sp.port };
+    c.entries.push(((IpvsSet::ClusterIp, SetEntry::IpPort(sp.cluster_ip, sp.protocol(), sp.port)), ()));
+    c.entries.push(((IpvsSet::IpvsIps, SetEntry::Ip(sp.cluster_ip)), ()));
     c.addresses.push((sp.cluster_ip, ()));
     add_vs(c, key, spec, eps);
 }
@@ -164,24 +130,10 @@ fn external_ip(
     spec: &VsSpec,
     eps: &[&Endpoint],
 ) {
-    let set = if sp.external_policy_local {
-        IpvsSet::ExternalIpLocal
-    } else {
-        IpvsSet::ExternalIp
-    };
-    c.entries
-        .push(((set, SetEntry::IpPort(ip, sp.protocol(), sp.port)), ()));
+    let set = if sp.external_policy_local { IpvsSet::ExternalIpLocal } else { IpvsSet::ExternalIp };
+    c.entries.push(((set, SetEntry::IpPort(ip, sp.protocol(), sp.port)), ()));
     bind_unless_node_address(c, ctx, ip);
-    add_vs(
-        c,
-        VsKey {
-            addr: ip,
-            protocol: sp.protocol(),
-            port: sp.port,
-        },
-        spec,
-        eps,
-    );
+    add_vs(c, VsKey { addr: ip, protocol: sp.protocol(), port: sp.port }, spec, eps);
 }
 
 /// An address that is already on another interface must not be bound to
@@ -211,47 +163,20 @@ fn load_balancer(
         c.entries.push(((IpvsSet::LoadBalancerFw, entry), ()));
         let mut allow_from_node = false;
         for net in &sp.load_balancer_source_ranges {
-            c.entries.push((
-                (
-                    IpvsSet::LoadBalancerSourceCidr,
-                    SetEntry::IpPortNet(vip, proto, sp.port, *net),
-                ),
-                (),
-            ));
+            c.entries.push(((IpvsSet::LoadBalancerSourceCidr, SetEntry::IpPortNet(vip, proto, sp.port, *net)), ()));
             allow_from_node |= ctx.node_ip.is_some_and(|ip| net.contains(&ip));
         }
         // Upstream: traffic from the node to its own LB VIP loops back
         // locally, so allow it when the ranges include the node.
         if allow_from_node {
-            c.entries.push((
-                (
-                    IpvsSet::LoadBalancerSourceIp,
-                    SetEntry::IpPortIp(vip, proto, sp.port, vip),
-                ),
-                (),
-            ));
+            c.entries.push(((IpvsSet::LoadBalancerSourceIp, SetEntry::IpPortIp(vip, proto, sp.port, vip)), ()));
         }
     }
     bind_unless_node_address(c, ctx, vip);
-    add_vs(
-        c,
-        VsKey {
-            addr: vip,
-            protocol: proto,
-            port: sp.port,
-        },
-        spec,
-        eps,
-    );
+    add_vs(c, VsKey { addr: vip, protocol: proto, port: sp.port }, spec, eps);
 }
 
-fn node_port(
-    c: &mut Contribution,
-    ctx: &PlanContext,
-    sp: &ServicePort,
-    spec: &VsSpec,
-    eps: &[&Endpoint],
-) {
+fn node_port(c: &mut Contribution, ctx: &PlanContext, sp: &ServicePort, spec: &VsSpec, eps: &[&Endpoint]) {
     let np = sp.node_port;
     let local = sp.external_policy_local;
     match sp.protocol() {
@@ -277,15 +202,6 @@ fn node_port(
         }
     }
     for ip in &ctx.node_port_ips {
-        add_vs(
-            c,
-            VsKey {
-                addr: *ip,
-                protocol: sp.protocol(),
-                port: np,
-            },
-            spec,
-            eps,
-        );
+        add_vs(c, VsKey { addr: *ip, protocol: sp.protocol(), port: np }, spec, eps);
     }
 }

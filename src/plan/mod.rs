@@ -96,11 +96,7 @@ impl IpvsPlanner {
     }
 
     /// Replans `ports` against the model and returns the deltas.
-    pub fn update<'a>(
-        &mut self,
-        model: &Model,
-        ports: impl IntoIterator<Item = &'a ServicePortName>,
-    ) -> IpvsDeltas {
+    pub fn update<'a>(&mut self, model: &Model, ports: impl IntoIterator<Item = &'a ServicePortName>) -> IpvsDeltas {
         let mut d = IpvsDeltas::default();
         for spn in ports {
             let new = match model.service_port(spn) {
@@ -135,13 +131,7 @@ impl IpvsPlanner {
         self.update(model, &ports)
     }
 
-    fn replace(
-        &mut self,
-        owner: Owner,
-        old: &Contribution,
-        new: &Contribution,
-        d: &mut IpvsDeltas,
-    ) {
+    fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, d: &mut IpvsDeltas) {
         for (k, m) in self.services.replace(owner, &old.services, &new.services) {
             d.ipvs.push(match m {
                 Moved::Added(s) => IpvsOp::AddService(k, s),
@@ -170,10 +160,7 @@ impl IpvsPlanner {
             };
             d.sets.entry(set).or_default().push(op);
         }
-        for (addr, m) in self
-            .addresses
-            .replace(owner, &old.addresses, &new.addresses)
-        {
+        for (addr, m) in self.addresses.replace(owner, &old.addresses, &new.addresses) {
             d.link.push(match m {
                 Moved::Added(()) | Moved::Changed(()) => LinkOp::Bind(addr),
                 Moved::Removed => LinkOp::Unbind(addr),
@@ -189,19 +176,10 @@ impl IpvsPlanner {
 
     /// The complete desired state.
     pub fn desired(&self) -> IpvsDesired {
-        let mut ipvs: Vec<IpvsOp> = self
-            .services
-            .iter()
-            .map(|(k, s)| IpvsOp::AddService(*k, s.clone()))
-            .collect();
-        ipvs.extend(
-            self.dests
-                .iter()
-                .map(|((vs, d), s)| IpvsOp::AddDest(*vs, *d, *s)),
-        );
+        let mut ipvs: Vec<IpvsOp> = self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())).collect();
+        ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(*vs, *d, *s)));
         ipvs.sort();
-        let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> =
-            IpvsSet::ALL.iter().map(|s| (*s, Vec::new())).collect();
+        let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> = IpvsSet::ALL.iter().map(|s| (*s, Vec::new())).collect();
         for ((set, entry), ()) in self.entries.iter() {
             sets.entry(*set).or_default().push(*entry);
         }
@@ -210,20 +188,11 @@ impl IpvsPlanner {
         }
         let mut addresses: Vec<IpAddr> = self.addresses.iter().map(|(a, ())| *a).collect();
         addresses.sort();
-        IpvsDesired {
-            ipvs,
-            sets,
-            addresses,
-        }
+        IpvsDesired { ipvs, sets, addresses }
     }
 
     /// Counts of planned objects: (virtual servers, real servers, set entries, addresses).
     pub fn sizes(&self) -> (usize, usize, usize, usize) {
-        (
-            self.services.len(),
-            self.dests.len(),
-            self.entries.len(),
-            self.addresses.len(),
-        )
+        (self.services.len(), self.dests.len(), self.entries.len(), self.addresses.len())
     }
 }

@@ -18,18 +18,12 @@ pub fn ipvs_mode(desired: &IpvsDesired, family: IpFamily, iptables: &str) -> Str
         let _ = writeln!(out, "{l}");
     }
     out.push_str("# ipset\n");
-    let mut sets: Vec<(String, IpvsSet)> =
-        IpvsSet::ALL.iter().map(|s| (s.name(family), *s)).collect();
+    let mut sets: Vec<(String, IpvsSet)> = IpvsSet::ALL.iter().map(|s| (s.name(family), *s)).collect();
     sets.sort();
     for (name, set) in &sets {
         let _ = writeln!(out, "{}", set.spec(family).create_line());
-        let mut adds: Vec<String> = desired
-            .sets
-            .get(set)
-            .into_iter()
-            .flatten()
-            .map(|e| format!("add {name} {e}"))
-            .collect();
+        let mut adds: Vec<String> =
+            desired.sets.get(set).into_iter().flatten().map(|e| format!("add {name} {e}")).collect();
         adds.sort();
         for a in adds {
             let _ = writeln!(out, "{a}");

@@ -127,12 +127,7 @@ impl IpvsSet {
     }
 
     pub fn spec(self, family: IpFamily) -> SetSpec {
-        SetSpec {
-            name: self.name(family),
-            set_type: self.set_type(),
-            family,
-            comment: self.comment(),
-        }
+        SetSpec { name: self.name(family), set_type: self.set_type(), family, comment: self.comment() }
     }
 
     pub fn from_name(name: &str, family: IpFamily) -> Option<IpvsSet> {
@@ -152,10 +147,7 @@ mod tests {
         assert_eq!(long.len(), 31);
         for s in IpvsSet::ALL {
             assert!(s.name(IpFamily::V4).len() <= 31, "{s:?}");
-            assert_eq!(
-                IpvsSet::from_name(&s.name(IpFamily::V6), IpFamily::V6),
-                Some(s)
-            );
+            assert_eq!(IpvsSet::from_name(&s.name(IpFamily::V6), IpFamily::V6), Some(s));
         }
     }
 }

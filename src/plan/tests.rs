@@ -25,10 +25,8 @@ fn ctx() -> PlanContext {
 
 fn model_with(events: Vec<SourceEvent>) -> Model {
     let mut m = Model::new(IpFamily::V4, "node-a");
-    m.record(&SourceEvent::Synced(ResourceKind::Service))
-        .unwrap();
-    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice))
-        .unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
     for e in &events {
         m.record(e).unwrap();
     }
@@ -53,12 +51,7 @@ fn lines(d: &IpvsDeltas) -> Vec<String> {
 
 fn web() -> Vec<SourceEvent> {
     vec![
-        applied_service(service(
-            "default",
-            "web",
-            "10.96.0.20",
-            &[("http", "TCP", 80, 0)],
-        )),
+        applied_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)])),
         applied_slice(slice(
             "default",
             "web-1",
@@ -95,13 +88,7 @@ fn deleting_a_service_removes_everything_it_claimed() {
     let mut m = model_with(web());
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, &all_ports(&m));
-    m.record(&deleted_service(service(
-        "default",
-        "web",
-        "10.96.0.20",
-        &[("http", "TCP", 80, 0)],
-    )))
-    .unwrap();
+    m.record(&deleted_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]))).unwrap();
     let ch = m.apply();
     let d = p.update(&m, &ch.ports);
     assert_eq!(
@@ -121,51 +108,23 @@ fn deleting_a_service_removes_everything_it_claimed() {
 
 #[test]
 fn shared_cluster_ip_stays_bound_until_its_last_port_goes() {
-    let dns = service(
-        "kube-system",
-        "dns",
-        "10.96.0.10",
-        &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)],
-    );
+    let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)]);
     let mut m = model_with(vec![applied_service(dns)]);
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, &all_ports(&m));
-    m.record(&applied_service(service(
-        "kube-system",
-        "dns",
-        "10.96.0.10",
-        &[("dns-tcp", "TCP", 53, 0)],
-    )))
-    .unwrap();
+    m.record(&applied_service(service("kube-system", "dns", "10.96.0.10", &[("dns-tcp", "TCP", 53, 0)]))).unwrap();
     let ch = m.apply();
     let d = p.update(&m, &ch.ports);
-    assert_eq!(
-        lines(&d),
-        vec![
-            "-D -u 10.96.0.10:53",
-            "del KUBE-CLUSTER-IP 10.96.0.10,udp:53"
-        ]
-    );
+    assert_eq!(lines(&d), vec!["-D -u 10.96.0.10:53", "del KUBE-CLUSTER-IP 10.96.0.10,udp:53"]);
 }
 
 #[test]
 fn node_port_gets_a_vs_per_node_ip_and_a_port_entry() {
-    let m = model_with(vec![applied_service(service(
-        "ns",
-        "np",
-        "10.96.0.30",
-        &[("http", "TCP", 80, 30080)],
-    ))]);
+    let m = model_with(vec![applied_service(service("ns", "np", "10.96.0.30", &[("http", "TCP", 80, 30080)]))]);
     let mut p = IpvsPlanner::new(ctx());
     let l = lines(&p.update(&m, &all_ports(&m)));
-    assert!(
-        l.contains(&"-A -t 192.168.50.2:30080 -s rr".to_string()),
-        "{l:?}"
-    );
-    assert!(
-        l.contains(&"add KUBE-NODE-PORT-TCP 30080".to_string()),
-        "{l:?}"
-    );
+    assert!(l.contains(&"-A -t 192.168.50.2:30080 -s rr".to_string()), "{l:?}");
+    assert!(l.contains(&"add KUBE-NODE-PORT-TCP 30080".to_string()), "{l:?}");
     assert!(!l.iter().any(|x| x.contains("LOCAL")), "{l:?}");
 }
 
@@ -177,16 +136,9 @@ fn load_balancer_with_source_ranges_and_local_policy() {
     spec.external_traffic_policy = Some("Local".into());
     spec.health_check_node_port = Some(32000);
     spec.load_balancer_source_ranges = Some(vec!["192.168.50.0/24".into()]);
-    s.status = Some(from_json(
-        serde_json::json!({"loadBalancer": {"ingress": [{"ip": "192.168.60.10"}]}}),
-    ));
-    let sl = slice(
-        "ns",
-        "lb-1",
-        "lb",
-        &[("http", "TCP", 8080)],
-        &[ep("10.244.0.7", "node-a"), ep("10.244.1.7", "node-b")],
-    );
+    s.status = Some(from_json(serde_json::json!({"loadBalancer": {"ingress": [{"ip": "192.168.60.10"}]}})));
+    let sl =
+        slice("ns", "lb-1", "lb", &[("http", "TCP", 8080)], &[ep("10.244.0.7", "node-a"), ep("10.244.1.7", "node-b")]);
     let m = model_with(vec![applied_service(s), applied_slice(sl)]);
     let mut p = IpvsPlanner::new(ctx());
     let l: BTreeSet<String> = lines(&p.update(&m, &all_ports(&m))).into_iter().collect();
@@ -214,8 +166,7 @@ fn load_balancer_with_source_ranges_and_local_policy() {
 #[test]
 fn external_ip_on_a_node_address_is_not_bound() {
     let mut s = service("ns", "ext", "10.96.0.50", &[("http", "TCP", 80, 0)]);
-    s.spec.as_mut().unwrap().external_ips =
-        Some(vec!["192.168.50.2".into(), "192.168.60.20".into()]);
+    s.spec.as_mut().unwrap().external_ips = Some(vec!["192.168.50.2".into(), "192.168.60.20".into()]);
     let m = model_with(vec![applied_service(s)]);
     let mut p = IpvsPlanner::new(ctx());
     let l = lines(&p.update(&m, &all_ports(&m)));
@@ -230,15 +181,10 @@ fn client_ip_affinity_sets_persistence() {
     let mut s = service("ns", "sticky", "10.96.0.60", &[("http", "TCP", 80, 0)]);
     let spec = s.spec.as_mut().unwrap();
     spec.session_affinity = Some("ClientIP".into());
-    spec.session_affinity_config = Some(from_json(
-        serde_json::json!({"clientIP": {"timeoutSeconds": 600}}),
-    ));
+    spec.session_affinity_config = Some(from_json(serde_json::json!({"clientIP": {"timeoutSeconds": 600}})));
     let m = model_with(vec![applied_service(s)]);
     let mut p = IpvsPlanner::new(ctx());
-    assert_eq!(
-        lines(&p.update(&m, &all_ports(&m)))[0],
-        "-A -t 10.96.0.60:80 -s rr -p 600"
-    );
+    assert_eq!(lines(&p.update(&m, &all_ports(&m)))[0], "-A -t 10.96.0.60:80 -s rr -p 600");
 }
 
 /// The proportionality requirement: one endpoint added to one of
@@ -249,23 +195,9 @@ fn one_endpoint_added_among_10000_services_is_one_dest_add() {
     for i in 0..10_000u32 {
         let name = format!("svc-{i}");
         let cip = format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256);
-        events.push(applied_service(service(
-            "ns",
-            &name,
-            &cip,
-            &[("http", "TCP", 80, 0)],
-        )));
-        let eps = [ep(
-            &format!("10.244.{}.{}", i / 256 % 256, i % 256),
-            "node-b",
-        )];
-        events.push(applied_slice(slice(
-            "ns",
-            &format!("{name}-1"),
-            &name,
-            &[("http", "TCP", 8080)],
-            &eps,
-        )));
+        events.push(applied_service(service("ns", &name, &cip, &[("http", "TCP", 80, 0)])));
+        let eps = [ep(&format!("10.244.{}.{}", i / 256 % 256, i % 256), "node-b")];
+        events.push(applied_slice(slice("ns", &format!("{name}-1"), &name, &[("http", "TCP", 8080)], &eps)));
     }
     let mut m = model_with(events);
     let mut p = IpvsPlanner::new(ctx());
@@ -273,56 +205,27 @@ fn one_endpoint_added_among_10000_services_is_one_dest_add() {
     assert_eq!(cold.ipvs.len(), 20_000);
 
     let remote = [ep("10.244.16.146", "node-b"), ep("10.250.0.1", "node-b")];
-    m.record(&applied_slice(slice(
-        "ns",
-        "svc-4242-1",
-        "svc-4242",
-        &[("http", "TCP", 8080)],
-        &remote,
-    )))
-    .unwrap();
+    m.record(&applied_slice(slice("ns", "svc-4242-1", "svc-4242", &[("http", "TCP", 8080)], &remote))).unwrap();
     let ch = m.apply();
     assert_eq!(ch.ports.len(), 1);
     let d = p.update(&m, &ch.ports);
-    assert_eq!(
-        lines(&d),
-        vec!["-a -t 10.96.16.146:80 -r 10.250.0.1:8080 -m -w 1"]
-    );
+    assert_eq!(lines(&d), vec!["-a -t 10.96.16.146:80 -r 10.250.0.1:8080 -m -w 1"]);
 
     // A local endpoint also implies its KUBE-LOOP-BACK entry, nothing more.
-    let local = [
-        ep("10.244.16.146", "node-b"),
-        ep("10.250.0.1", "node-b"),
-        ep("10.244.0.9", "node-a"),
-    ];
-    m.record(&applied_slice(slice(
-        "ns",
-        "svc-4242-1",
-        "svc-4242",
-        &[("http", "TCP", 8080)],
-        &local,
-    )))
-    .unwrap();
+    let local = [ep("10.244.16.146", "node-b"), ep("10.250.0.1", "node-b"), ep("10.244.0.9", "node-a")];
+    m.record(&applied_slice(slice("ns", "svc-4242-1", "svc-4242", &[("http", "TCP", 8080)], &local))).unwrap();
     let ch = m.apply();
     let d = p.update(&m, &ch.ports);
     assert_eq!(
         lines(&d),
-        vec![
-            "-a -t 10.96.16.146:80 -r 10.244.0.9:8080 -m -w 1",
-            "add KUBE-LOOP-BACK 10.244.0.9,tcp:8080,10.244.0.9"
-        ]
+        vec!["-a -t 10.96.16.146:80 -r 10.244.0.9:8080 -m -w 1", "add KUBE-LOOP-BACK 10.244.0.9,tcp:8080,10.244.0.9"]
     );
 }
 
 #[test]
 fn replan_all_with_new_node_ips_moves_only_node_port_servers() {
     let m = model_with(vec![
-        applied_service(service(
-            "ns",
-            "np",
-            "10.96.0.30",
-            &[("http", "TCP", 80, 30080)],
-        )),
+        applied_service(service("ns", "np", "10.96.0.30", &[("http", "TCP", 80, 30080)])),
         applied_service(service("ns", "c", "10.96.0.31", &[("http", "TCP", 80, 0)])),
     ]);
     let mut p = IpvsPlanner::new(ctx());
@@ -330,10 +233,7 @@ fn replan_all_with_new_node_ips_moves_only_node_port_servers() {
     let mut c = ctx();
     c.node_port_ips = vec![ip("192.168.50.3")];
     let l = lines(&p.replan_all(&m, c));
-    assert_eq!(
-        l,
-        vec!["-A -t 192.168.50.3:30080 -s rr", "-D -t 192.168.50.2:30080"]
-    );
+    assert_eq!(l, vec!["-A -t 192.168.50.3:30080 -s rr", "-D -t 192.168.50.2:30080"]);
 }
 
 #[test]
@@ -351,38 +251,16 @@ fn desired_state_lists_every_set_even_empty_ones() {
 
 #[test]
 fn conntrack_flushes_follow_upstream() {
-    let dns = service(
-        "kube-system",
-        "dns",
-        "10.96.0.10",
-        &[("dns", "UDP", 53, 30053)],
-    );
+    let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 30053)]);
     let sl = |eps: &[Ep]| slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], eps);
     let mut m = model_with(vec![applied_service(dns)]);
-    m.record(&applied_slice(sl(&[
-        ep("10.244.0.5", "node-a"),
-        ep("10.244.1.5", "node-b"),
-    ])))
-    .unwrap();
+    m.record(&applied_slice(sl(&[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]))).unwrap();
     let ch = m.apply();
-    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch)
-        .iter()
-        .map(|o| o.to_string())
-        .collect();
-    assert_eq!(
-        ops,
-        vec![
-            "conntrack -D -p udp --orig-dst 10.96.0.10",
-            "conntrack -D -p udp --orig-port-dst 30053"
-        ]
-    );
-    m.record(&applied_slice(sl(&[ep("10.244.1.5", "node-b")])))
-        .unwrap();
+    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch).iter().map(|o| o.to_string()).collect();
+    assert_eq!(ops, vec!["conntrack -D -p udp --orig-dst 10.96.0.10", "conntrack -D -p udp --orig-port-dst 30053"]);
+    m.record(&applied_slice(sl(&[ep("10.244.1.5", "node-b")]))).unwrap();
     let ch = m.apply();
-    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch)
-        .iter()
-        .map(|o| o.to_string())
-        .collect();
+    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch).iter().map(|o| o.to_string()).collect();
     assert_eq!(
         ops,
         vec![
@@ -391,4 +269,16 @@ fn conntrack_flushes_follow_upstream() {
         ]
     );
     let _ = Protocol::Udp;
+}
+
+#[test]
+fn local_policy_without_local_endpoints_falls_back_to_cluster_endpoints() {
+    let mut s = service("ns", "np", "10.96.0.70", &[("http", "TCP", 80, 30070)]);
+    s.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+    let sl = slice("ns", "np-1", "np", &[("http", "TCP", 8080)], &[ep("10.244.1.7", "node-b")]);
+    let m = model_with(vec![applied_service(s), applied_slice(sl)]);
+    let mut p = IpvsPlanner::new(ctx());
+    let l = lines(&p.update(&m, &all_ports(&m)));
+    assert!(l.contains(&"-a -t 192.168.50.2:30070 -r 10.244.1.7:8080 -m -w 1".to_string()), "{l:?}");
+    assert!(l.contains(&"add KUBE-NODE-PORT-LOCAL-TCP 30070".to_string()), "{l:?}");
 }

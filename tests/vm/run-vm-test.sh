@@ -370,7 +370,8 @@ cleanup() {   # on Ctrl-C / TERM: stop our qemu (by its pid file), drop the payl
   rm -rf "$P"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 R=$P/root
 mkdir -p "$R/etc/vmtest" "$R/usr/local/bin" "$R/usr/sbin"
 if [ -n "$TEST" ]; then
@@ -448,13 +449,16 @@ fi
 
 boot_once() {  # -> 0 PASS, 1 FAIL, 2 no result
   local start secs qrc line
-  rm -f "$P/out.img" "$P/qemu.pid"
+  rm -f "$P/out.img" "$P/qemu.pid" "$P/qemu.rc"
   [ -z "$OUTDIR" ] || truncate -s 512M "$P/out.img"   # sparse; the guest writes a tar onto it
   start=$(date +%s%N)
   set +e
   # The loop strips the console's CRs, echoes it live unless --quiet, and kills
-  # qemu on a KVM internal error (qemu would otherwise sit paused).
-  timeout --foreground -k 5 "$TIMEOUT" "${QEMU[@]}" -pidfile "$P/qemu.pid" </dev/null 2>&1 |
+  # qemu on a KVM internal error (qemu would otherwise sit paused).  It runs in
+  # the background so that `wait` returns at once when we get INT/TERM (the
+  # trap then kills qemu); a foreground pipeline would defer the trap.
+  ( timeout --foreground -k 5 "$TIMEOUT" "${QEMU[@]}" -pidfile "$P/qemu.pid" </dev/null 2>&1
+    echo $? >"$P/qemu.rc" ) |
     while IFS= read -r line || [ -n "$line" ]; do
       line=${line%$'\r'}
       printf '%s\n' "$line" >>"$OUT"
@@ -462,8 +466,9 @@ boot_once() {  # -> 0 PASS, 1 FAIL, 2 no result
       [ "$QUIET" = 1 ] || [[ $line == "["*"] reboot: Power down" ]] || printf '%s\n' "$line"
       case "$line" in *"KVM internal error"*)
         sleep 1; kill "$(cat "$P/qemu.pid" 2>/dev/null)" 2>/dev/null ;; esac
-    done
-  qrc=${PIPESTATUS[0]}
+    done &
+  wait $!
+  qrc=$(cat "$P/qemu.rc" 2>/dev/null || echo '?')
   set -e
   rm -f "$P/qemu.pid"
   secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b-a)/1e9}')

@@ -119,12 +119,7 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub fn new(
-        settings: Settings,
-        targets: Targets,
-        addrs: AddrSource,
-        rules: RulesRenderer,
-    ) -> Coordinator {
+    pub fn new(settings: Settings, targets: Targets, addrs: AddrSource, rules: RulesRenderer) -> Coordinator {
         let model = Model::new(settings.plan.family, &settings.plan.node_name);
         let ctx = plan_context(&settings.plan, model.node(), &[]);
         Coordinator {
@@ -151,12 +146,10 @@ impl Coordinator {
         }
         let now = Instant::now();
         if let Some(at) = self.sched.next_wakeup(now) {
-            self.timer = Some(
-                ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
-                    act.timer = None;
-                    act.tick(ctx);
-                }),
-            );
+            self.timer = Some(ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
+                act.timer = None;
+                act.tick(ctx);
+            }));
         }
     }
 
@@ -173,11 +166,7 @@ impl Coordinator {
         let started = Instant::now();
         let changes = self.model.apply();
         let full = kind == SyncKind::Full || changes.topology_changed;
-        let stage = if full {
-            self.plan_full(generation)
-        } else {
-            self.plan_partial(generation, &changes)
-        };
+        let stage = if full { self.plan_full(generation) } else { self.plan_partial(generation, &changes) };
         let ports_changed = changes.ports.len();
         tracing::debug!(generation, full, ports = ports_changed, "sync started");
         let fut = self.run_stages(stage);
@@ -211,32 +200,22 @@ impl Coordinator {
         for set in IpvsSet::ALL {
             let b = match full_of(ActorId::Set(set)) {
                 Some(des) => Some(batch(generation, SyncMode::Full, adds(des.sets.get(&set)))),
-                None => d
-                    .sets
-                    .get(&set)
-                    .map(|ops| batch(generation, SyncMode::Incremental, ops.clone())),
+                None => d.sets.get(&set).map(|ops| batch(generation, SyncMode::Incremental, ops.clone())),
             };
             if let Some(b) = b {
                 stage.sets.insert(set, b);
             }
         }
         match full_of(ActorId::Link) {
-            Some(des) => {
-                stage.binds = Some(batch(generation, SyncMode::Full, binds(&des.addresses)))
-            }
+            Some(des) => stage.binds = Some(batch(generation, SyncMode::Full, binds(&des.addresses))),
             None => {
-                let (b, u): (Vec<LinkOp>, Vec<LinkOp>) = d
-                    .link
-                    .into_iter()
-                    .partition(|o| matches!(o, LinkOp::Bind(_)));
+                let (b, u): (Vec<LinkOp>, Vec<LinkOp>) = d.link.into_iter().partition(|o| matches!(o, LinkOp::Bind(_)));
                 stage.binds = (!b.is_empty()).then(|| batch(generation, SyncMode::Incremental, b));
-                stage.unbinds =
-                    (!u.is_empty()).then(|| batch(generation, SyncMode::Incremental, u));
+                stage.unbinds = (!u.is_empty()).then(|| batch(generation, SyncMode::Incremental, u));
             }
         }
         let rules = self.render_rules();
-        if self.needs_full.contains(&ActorId::Iptables) || self.last_rules.as_ref() != Some(&rules)
-        {
+        if self.needs_full.contains(&ActorId::Iptables) || self.last_rules.as_ref() != Some(&rules) {
             stage.rules = Some(rules);
         }
         stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
@@ -256,21 +235,13 @@ impl Coordinator {
     fn run_stages(&self, stage: Stage) -> impl std::future::Future<Output = Outcome> + 'static {
         let t = &self.targets;
         let ipvs = stage.ipvs.map(|b| t.ipvs.send(b));
-        let sets: Vec<_> = stage
-            .sets
-            .into_iter()
-            .filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b))))
-            .collect();
+        let sets: Vec<_> =
+            stage.sets.into_iter().filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b)))).collect();
         let binds = stage.binds.map(|b| t.link.send(b));
         let iptables_addr = (t.iptables.addr.clone(), t.iptables.stats.clone());
         let conntrack_addr = (t.conntrack.addr.clone(), t.conntrack.stats.clone());
         let link_addr = (t.link.addr.clone(), t.link.stats.clone());
-        let (generation, rules, conntrack, unbinds) = (
-            stage.generation,
-            stage.rules,
-            stage.conntrack,
-            stage.unbinds,
-        );
+        let (generation, rules, conntrack, unbinds) = (stage.generation, stage.rules, stage.conntrack, stage.unbinds);
         async move {
             let mut out = Outcome::default();
             if let Some(f) = ipvs {
@@ -284,10 +255,7 @@ impl Coordinator {
                 out.link.push(f.await);
             }
             if let Some(text) = rules {
-                let tg = Target {
-                    addr: iptables_addr.0,
-                    stats: iptables_addr.1,
-                };
+                let tg = Target { addr: iptables_addr.0, stats: iptables_addr.1 };
                 let b = batch(
                     generation,
                     SyncMode::Incremental,
@@ -295,77 +263,45 @@ impl Coordinator {
                 );
                 out.iptables = Some((text, tg.send(b).await));
             }
-            let ipvs_ok = out
-                .ipvs
-                .as_ref()
-                .is_none_or(|a| a.as_ref().is_some_and(|a| a.is_ok()));
+            let ipvs_ok = out.ipvs.as_ref().is_none_or(|a| a.as_ref().is_some_and(|a| a.is_ok()));
             if ipvs_ok && !conntrack.is_empty() {
-                let tg = Target {
-                    addr: conntrack_addr.0,
-                    stats: conntrack_addr.1,
-                };
-                out.conntrack = Some(
-                    tg.send(batch(generation, SyncMode::Incremental, conntrack))
-                        .await,
-                );
+                let tg = Target { addr: conntrack_addr.0, stats: conntrack_addr.1 };
+                out.conntrack = Some(tg.send(batch(generation, SyncMode::Incremental, conntrack)).await);
             } else {
                 out.deferred = conntrack;
             }
             if let Some(b) = unbinds {
-                let tg = Target {
-                    addr: link_addr.0,
-                    stats: link_addr.1,
-                };
+                let tg = Target { addr: link_addr.0, stats: link_addr.1 };
                 out.link.push(tg.send(b).await);
             }
             out
         }
     }
 
-    fn sync_done(
-        &mut self,
-        generation: u64,
-        full: bool,
-        started: Instant,
-        ports_changed: usize,
-        o: Outcome,
-    ) {
+    fn sync_done(&mut self, generation: u64, full: bool, started: Instant, ports_changed: usize, o: Outcome) {
         let mut failed = 0;
         let mut ops = 0;
-        let mut check =
-            |id: ActorId, ack: Option<(usize, usize)>, needs: &mut BTreeSet<ActorId>| match ack {
-                Some((n, 0)) => ops += n,
-                Some((n, f)) => {
-                    ops += n;
-                    failed += f;
-                    needs.insert(id);
-                }
-                None => {
-                    failed += 1;
-                    needs.insert(id);
-                }
-            };
+        let mut check = |id: ActorId, ack: Option<(usize, usize)>, needs: &mut BTreeSet<ActorId>| match ack {
+            Some((n, 0)) => ops += n,
+            Some((n, f)) => {
+                ops += n;
+                failed += f;
+                needs.insert(id);
+            }
+            None => {
+                failed += 1;
+                needs.insert(id);
+            }
+        };
         let mut needs = BTreeSet::new();
         if let Some(a) = &o.ipvs {
-            check(
-                ActorId::Ipvs,
-                a.as_ref().map(|a| (1, a.failed.len())),
-                &mut needs,
-            );
+            check(ActorId::Ipvs, a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
         }
         for (set, a) in &o.sets {
-            check(
-                ActorId::Set(*set),
-                a.as_ref().map(|a| (1, a.failed.len())),
-                &mut needs,
-            );
+            check(ActorId::Set(*set), a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
         }
         for a in &o.link {
-            check(
-                ActorId::Link,
-                a.as_ref().map(|a| (1, a.failed.len())),
-                &mut needs,
-            );
+            check(ActorId::Link, a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
         }
         if let Some((text, a)) = o.iptables {
             match a {
@@ -384,22 +320,8 @@ impl Coordinator {
         let ok = failed == 0;
         let took = started.elapsed();
         self.sched.finished(Instant::now(), ok);
-        let rec = SyncRecord {
-            generation,
-            full,
-            duration_ms: took.as_secs_f64() * 1000.0,
-            ports_changed,
-            ops,
-            failed,
-        };
-        tracing::info!(
-            generation,
-            full,
-            ms = rec.duration_ms,
-            ports = ports_changed,
-            failed,
-            "sync finished"
-        );
+        let rec = SyncRecord { generation, full, duration_ms: took.as_secs_f64() * 1000.0, ports_changed, ops, failed };
+        tracing::info!(generation, full, ms = rec.duration_ms, ports = ports_changed, failed, "sync finished");
         if self.history.len() == SYNC_HISTORY {
             self.history.pop_front();
         }
@@ -408,19 +330,11 @@ impl Coordinator {
 }
 
 fn batch<Op>(generation: u64, mode: SyncMode, ops: Vec<Op>) -> Batch<Op> {
-    Batch {
-        generation,
-        mode,
-        ops,
-    }
+    Batch { generation, mode, ops }
 }
 
 fn adds(entries: Option<&Vec<SetEntry>>) -> Vec<IpsetOp> {
-    entries
-        .into_iter()
-        .flatten()
-        .map(|e| IpsetOp::Add(*e))
-        .collect()
+    entries.into_iter().flatten().map(|e| IpsetOp::Add(*e)).collect()
 }
 
 fn binds(addrs: &[std::net::IpAddr]) -> Vec<LinkOp> {
@@ -456,10 +370,7 @@ impl Stage {
         let mut s = Stage::new(generation);
         s.ipvs = Some(batch(generation, SyncMode::Full, d.ipvs.clone()));
         for set in IpvsSet::ALL {
-            s.sets.insert(
-                set,
-                batch(generation, SyncMode::Full, adds(d.sets.get(&set))),
-            );
+            s.sets.insert(set, batch(generation, SyncMode::Full, adds(d.sets.get(&set))));
         }
         s.binds = Some(batch(generation, SyncMode::Full, binds(&d.addresses)));
         s

@@ -21,11 +21,7 @@ const MS: Duration = Duration::from_millis(1);
 
 fn run_paused<F: Future<Output = ()>>(f: impl FnOnce() -> F) {
     let sys = actix_rt::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("tokio runtime")
+        tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().expect("tokio runtime")
     });
     sys.block_on(f());
 }
@@ -38,17 +34,12 @@ struct Harness {
 
 fn start(min: Duration, max: Duration) -> Harness {
     let journal = Journal::default();
-    let sets: BTreeMap<IpvsSet, MemIpset> = IpvsSet::ALL
-        .iter()
-        .map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4))))
-        .collect();
+    let sets: BTreeMap<IpvsSet, MemIpset> =
+        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
     let k = MemKernels {
         journal: journal.clone(),
         ipvs: MemIpvs::new(&journal),
-        sets: sets
-            .iter()
-            .map(|(s, m)| (s.base_name().to_string(), m.clone()))
-            .collect(),
+        sets: sets.iter().map(|(s, m)| (s.base_name().to_string(), m.clone())).collect(),
         link: MemLink::new(&journal),
         iptables: MemIptables::new(&journal),
         conntrack: MemConntrack::new(&journal),
@@ -74,61 +65,34 @@ fn start(min: Duration, max: Duration) -> Harness {
         max_sync: max,
         burst: 2,
     };
-    let addrs: AddrSource = Box::new(|| {
-        vec![LocalAddr {
-            ifname: "eth0".into(),
-            ip: "192.168.50.2".parse().unwrap(),
-        }]
-    });
+    let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: "192.168.50.2".parse().unwrap() }]);
     // A stand-in renderer: the rules name the cluster-IP set once it has members.
     let rules: RulesRenderer = Box::new(|has: &dyn Fn(IpvsSet) -> bool| {
-        let extra = if has(IpvsSet::ClusterIp) {
-            "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n"
-        } else {
-            ""
-        };
+        let extra =
+            if has(IpvsSet::ClusterIp) { "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n" } else { "" };
         format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
     });
     let coord = Coordinator::new(settings, targets, addrs, rules).start();
-    Harness {
-        coord,
-        k,
-        t0: Instant::now(),
-    }
+    Harness { coord, k, t0: Instant::now() }
 }
 
 impl Harness {
     async fn send(&self, events: Vec<SourceEvent>) {
-        self.coord
-            .send(SourceBatch(events))
-            .await
-            .expect("coordinator alive");
+        self.coord.send(SourceBatch(events)).await.expect("coordinator alive");
     }
 
     /// Offsets from t0 of the journal lines containing `needle`.
     fn at(&self, needle: &str) -> Vec<Duration> {
-        self.k
-            .journal
-            .timed()
-            .iter()
-            .filter(|(_, l)| l.contains(needle))
-            .map(|(t, _)| *t - self.t0)
-            .collect()
+        self.k.journal.timed().iter().filter(|(_, l)| l.contains(needle)).map(|(t, _)| *t - self.t0).collect()
     }
 
     async fn syncs(&self) -> Vec<SyncRecord> {
-        self.coord
-            .send(GetSyncHistory)
-            .await
-            .expect("coordinator alive")
+        self.coord.send(GetSyncHistory).await.expect("coordinator alive")
     }
 }
 
 fn synced() -> Vec<SourceEvent> {
-    vec![
-        SourceEvent::Synced(ResourceKind::Service),
-        SourceEvent::Synced(ResourceKind::EndpointSlice),
-    ]
+    vec![SourceEvent::Synced(ResourceKind::Service), SourceEvent::Synced(ResourceKind::EndpointSlice)]
 }
 
 fn web_svc(name: &str, ip: &str) -> SourceEvent {
@@ -137,37 +101,19 @@ fn web_svc(name: &str, ip: &str) -> SourceEvent {
 
 fn web_slice(name: &str, ips: &[&str]) -> SourceEvent {
     let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
-    applied_slice(slice(
-        "default",
-        &format!("{name}-1"),
-        name,
-        &[("http", "TCP", 8080)],
-        &eps,
-    ))
+    applied_slice(slice("default", &format!("{name}-1"), name, &[("http", "TCP", 8080)], &eps))
 }
 
 #[test]
 fn no_sync_before_the_initial_lists_then_an_immediate_full_sync() {
     run_paused(|| async {
         let h = start(Duration::from_secs(1), Duration::from_secs(30));
-        h.send(vec![
-            web_svc("web", "10.96.0.20"),
-            SourceEvent::Synced(ResourceKind::Service),
-        ])
-        .await;
+        h.send(vec![web_svc("web", "10.96.0.20"), SourceEvent::Synced(ResourceKind::Service)]).await;
         sleep(Duration::from_secs(10)).await;
-        assert!(
-            h.k.journal.lines().is_empty(),
-            "synced before EndpointSlices listed: {:?}",
-            h.k.journal.lines()
-        );
-        h.send(vec![SourceEvent::Synced(ResourceKind::EndpointSlice)])
-            .await;
+        assert!(h.k.journal.lines().is_empty(), "synced before EndpointSlices listed: {:?}", h.k.journal.lines());
+        h.send(vec![SourceEvent::Synced(ResourceKind::EndpointSlice)]).await;
         sleep(10 * MS).await;
-        assert_eq!(
-            h.at("ipvs -A -t 10.96.0.20:80"),
-            vec![Duration::from_secs(10)]
-        );
+        assert_eq!(h.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::from_secs(10)]);
         let syncs = h.syncs().await;
         assert_eq!(syncs.len(), 1);
         assert!(syncs[0].full);
@@ -184,31 +130,15 @@ fn bursts_run_at_once_then_no_closer_than_min_sync_period() {
         sleep(100 * MS).await;
         h.send(vec![web_slice("web", &["10.244.1.1"])]).await; // sync 2 at 100ms, token 2
         sleep(100 * MS).await;
-        h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2"])])
-            .await; // bucket empty
+        h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2"])]).await; // bucket empty
         sleep(50 * MS).await;
-        h.send(vec![web_slice(
-            "web",
-            &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
-        )])
-        .await; // coalesces
+        h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2", "10.244.1.3"])]).await; // coalesces
         sleep(Duration::from_secs(3)).await;
         assert_eq!(h.at("-r 10.244.1.1:8080"), vec![100 * MS]);
-        assert_eq!(
-            h.at("-r 10.244.1.2:8080"),
-            vec![1000 * MS],
-            "third sync waits for a token"
-        );
-        assert_eq!(
-            h.at("-r 10.244.1.3:8080"),
-            vec![1000 * MS],
-            "and carries the coalesced change"
-        );
+        assert_eq!(h.at("-r 10.244.1.2:8080"), vec![1000 * MS], "third sync waits for a token");
+        assert_eq!(h.at("-r 10.244.1.3:8080"), vec![1000 * MS], "and carries the coalesced change");
         let syncs = h.syncs().await;
-        assert_eq!(
-            syncs.iter().map(|s| s.full).collect::<Vec<_>>(),
-            vec![true, false, false]
-        );
+        assert_eq!(syncs.iter().map(|s| s.full).collect::<Vec<_>>(), vec![true, false, false]);
     });
 }
 
@@ -217,24 +147,15 @@ fn drift_is_repaired_by_the_periodic_full_resync() {
     run_paused(|| async {
         let h = start(Duration::from_secs(1), Duration::from_secs(30));
         let mut first = synced();
-        first.extend([
-            web_svc("web", "10.96.0.20"),
-            web_slice("web", &["10.244.1.1"]),
-        ]);
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
         h.send(first).await;
         sleep(MS).await;
         // Someone runs `ipvsadm -C` and `ip addr flush dev kube-ipvs0`.
         *h.k.ipvs.table.lock().unwrap() = Default::default();
         h.k.link.addrs.lock().unwrap().clear();
         sleep(Duration::from_secs(31)).await;
-        assert_eq!(
-            h.at("ipvs -A -t 10.96.0.20:80"),
-            vec![Duration::ZERO, Duration::from_secs(30)]
-        );
-        assert_eq!(
-            h.at("bind 10.96.0.20"),
-            vec![Duration::ZERO, Duration::from_secs(30)]
-        );
+        assert_eq!(h.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::ZERO, Duration::from_secs(30)]);
+        assert_eq!(h.at("bind 10.96.0.20"), vec![Duration::ZERO, Duration::from_secs(30)]);
         assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
     });
 }
@@ -251,11 +172,7 @@ fn a_failed_op_is_retried_with_a_full_resync_of_that_actor_only() {
         h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
         sleep(Duration::from_millis(1500)).await;
         let attempts = h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080");
-        assert_eq!(
-            attempts,
-            vec![MS, MS + Duration::from_secs(1)],
-            "retried after the 1s backoff"
-        );
+        assert_eq!(attempts, vec![MS, MS + Duration::from_secs(1)], "retried after the 1s backoff");
         assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
         let syncs = h.syncs().await;
         assert_eq!(syncs.last().map(|s| s.failed), Some(0));
@@ -270,48 +187,26 @@ fn ordering_between_actors() {
         let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
         let sl = |ips: &[&str]| {
             let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
-            applied_slice(slice(
-                "kube-system",
-                "dns-1",
-                "dns",
-                &[("dns", "UDP", 53)],
-                &eps,
-            ))
+            applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
         };
         let mut first = synced();
-        first.extend([
-            applied_service(dns.clone()),
-            sl(&["10.244.1.5", "10.244.2.5"]),
-        ]);
+        first.extend([applied_service(dns.clone()), sl(&["10.244.1.5", "10.244.2.5"])]);
         h.send(first).await;
         sleep(MS).await;
         let j = &h.k.journal;
         // A set exists before a rule naming it; a virtual server before its real servers.
         assert!(j.pos("create KUBE-CLUSTER-IP").unwrap() < j.pos("iptables-restore").unwrap());
-        assert!(
-            j.pos("ipvs -A -u 10.96.0.10:53").unwrap() < j.pos("ipvs -a -u 10.96.0.10:53").unwrap()
-        );
+        assert!(j.pos("ipvs -A -u 10.96.0.10:53").unwrap() < j.pos("ipvs -a -u 10.96.0.10:53").unwrap());
         h.send(vec![sl(&["10.244.2.5"])]).await;
         sleep(MS).await;
-        let del = j
-            .pos("ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53")
-            .expect("DelDest");
-        let flush = j
-            .pos("--orig-dst 10.96.0.10 --dst-nat 10.244.1.5")
-            .expect("conntrack flush");
-        assert!(
-            del < flush,
-            "real-server removal before its conntrack flush: {:?}",
-            j.lines()
-        );
+        let del = j.pos("ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("DelDest");
+        let flush = j.pos("--orig-dst 10.96.0.10 --dst-nat 10.244.1.5").expect("conntrack flush");
+        assert!(del < flush, "real-server removal before its conntrack flush: {:?}", j.lines());
         h.send(vec![deleted_service(dns)]).await;
         sleep(MS).await;
         let del_vs = j.pos("ipvs -D -u 10.96.0.10:53").expect("DelService");
         let unbind = j.pos("unbind 10.96.0.10").expect("unbind");
-        assert!(
-            del_vs < unbind,
-            "address unbound after its virtual server is gone"
-        );
+        assert!(del_vs < unbind, "address unbound after its virtual server is gone");
     });
 }
 
@@ -322,13 +217,7 @@ fn conntrack_waits_for_a_failed_real_server_removal() {
         let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
         let sl = |ips: &[&str]| {
             let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
-            applied_slice(slice(
-                "kube-system",
-                "dns-1",
-                "dns",
-                &[("dns", "UDP", 53)],
-                &eps,
-            ))
+            applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
         };
         let mut first = synced();
         first.extend([applied_service(dns), sl(&["10.244.1.5", "10.244.2.5"])]);
@@ -337,17 +226,10 @@ fn conntrack_waits_for_a_failed_real_server_removal() {
         h.k.journal.fail("-d -u 10.96.0.10:53 -r 10.244.1.5:53", 1);
         h.send(vec![sl(&["10.244.2.5"])]).await;
         sleep(10 * MS).await;
-        assert!(
-            h.at("--dst-nat 10.244.1.5").is_empty(),
-            "no flush while the real server may still be there"
-        );
+        assert!(h.at("--dst-nat 10.244.1.5").is_empty(), "no flush while the real server may still be there");
         sleep(Duration::from_secs(2)).await;
         let j = &h.k.journal;
-        let del = j
-            .lines()
-            .iter()
-            .rposition(|l| l == "ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53")
-            .expect("retried");
+        let del = j.lines().iter().rposition(|l| l == "ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("retried");
         let flush = j.pos("--dst-nat 10.244.1.5").expect("flush after retry");
         assert!(del < flush);
     });
@@ -359,10 +241,7 @@ fn a_failing_ipset_does_not_block_ipvs() {
         let h = start(Duration::ZERO, Duration::from_secs(30));
         h.k.journal.fail("add KUBE-CLUSTER-IP", 100);
         let mut first = synced();
-        first.extend([
-            web_svc("web", "10.96.0.20"),
-            web_slice("web", &["10.244.1.1"]),
-        ]);
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
         h.send(first).await;
         sleep(MS).await;
         assert_eq!(h.k.ipvs.snapshot().services.len(), 1);
@@ -379,20 +258,13 @@ fn one_endpoint_change_among_many_services_is_one_kernel_op() {
         for i in 0..2000u32 {
             let name = format!("svc-{i}");
             first.push(web_svc(&name, &format!("10.96.{}.{}", i / 256, i % 256)));
-            first.push(web_slice(
-                &name,
-                &[&format!("10.244.{}.{}", i / 256, i % 256)],
-            ));
+            first.push(web_slice(&name, &[&format!("10.244.{}.{}", i / 256, i % 256)]));
         }
         h.send(first).await;
         sleep(MS).await;
         h.k.journal.clear();
-        h.send(vec![web_slice("svc-1234", &["10.244.4.210", "10.250.0.1"])])
-            .await;
+        h.send(vec![web_slice("svc-1234", &["10.244.4.210", "10.250.0.1"])]).await;
         sleep(MS).await;
-        assert_eq!(
-            h.k.journal.lines(),
-            vec!["ipvs -a -t 10.96.4.210:80 -r 10.250.0.1:8080 -m -w 1"]
-        );
+        assert_eq!(h.k.journal.lines(), vec!["ipvs -a -t 10.96.4.210:80 -r 10.250.0.1:8080 -m -w 1"]);
     });
 }

@@ -189,12 +189,7 @@ pub struct ManifestDir {
 impl ManifestDir {
     /// A manifest directory not scanned yet.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            dir: dir.into(),
-            files: BTreeMap::new(),
-            current: Objects::new(),
-            synced: false,
-        }
+        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false }
     }
 
     /// The directory this reads.
@@ -217,26 +212,15 @@ impl ManifestDir {
         if pass.listed && !self.synced {
             self.synced = true;
             events.extend(
-                [
-                    ResourceKind::Service,
-                    ResourceKind::EndpointSlice,
-                    ResourceKind::Node,
-                ]
-                .map(SourceEvent::Synced),
+                [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced),
             );
         }
-        ScanResult {
-            events,
-            errors: pass.errors,
-        }
+        ScanResult { events, errors: pass.errors }
     }
 
     fn refresh_all(&mut self, listing: Listing, pass: &mut Pass) {
         pass.listed = true;
-        let gone: Vec<PathBuf> = (self.files.keys())
-            .filter(|path| !listing.contains_key(*path))
-            .cloned()
-            .collect();
+        let gone: Vec<PathBuf> = (self.files.keys()).filter(|path| !listing.contains_key(*path)).cloned().collect();
         for path in gone {
             self.forget(&path, pass);
         }
@@ -303,10 +287,7 @@ impl ManifestDir {
     }
 
     fn settle_all(&mut self, touched: BTreeSet<ObjectKey>) -> Vec<SourceEvent> {
-        touched
-            .into_iter()
-            .filter_map(|key| self.settle(key))
-            .collect()
+        touched.into_iter().filter_map(|key| self.settle(key)).collect()
     }
 
     /// Brings `current[key]` in line with the winning file; the event, if any.
@@ -365,13 +346,10 @@ impl CachedFile {
 
     /// Whether the file is known not to have changed since it was read.
     fn is_fresh(&self, stamp: Stamp) -> bool {
-        let (Some(seen), Some(read_at), Some(mtime)) = (self.stamp, self.read_at, stamp.mtime)
-        else {
+        let (Some(seen), Some(read_at), Some(mtime)) = (self.stamp, self.read_at, stamp.mtime) else {
             return false;
         };
-        let settled = read_at
-            .duration_since(mtime)
-            .is_ok_and(|age| age >= RACY_WINDOW);
+        let settled = read_at.duration_since(mtime).is_ok_and(|age| age >= RACY_WINDOW);
         seen == stamp && settled
     }
 }
@@ -408,10 +386,7 @@ fn content_hash(bytes: &[u8]) -> u64 {
 type Listing = BTreeMap<PathBuf, io::Result<fs::Metadata>>;
 
 fn list_dir(dir: &Path) -> Result<Listing, ManifestError> {
-    let read_dir_error = |source| ManifestError::ReadDir {
-        path: dir.to_owned(),
-        source,
-    };
+    let read_dir_error = |source| ManifestError::ReadDir { path: dir.to_owned(), source };
     let mut listing = Listing::new();
     for entry in fs::read_dir(dir).map_err(read_dir_error)? {
         let path = entry.map_err(read_dir_error)?.path();
@@ -497,11 +472,7 @@ impl Object {
             ResourceKind::Node => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
-        Some(ObjectKey {
-            kind,
-            namespace,
-            name,
-        })
+        Some(ObjectKey { kind, namespace, name })
     }
 
     fn applied(&self) -> SourceEvent {
@@ -526,12 +497,8 @@ fn parse_file(path: &Path, bytes: &[u8]) -> Result<Objects, ManifestError> {
     let format = Format::of(path).unwrap_or(Format::Yaml);
     let mut objects = Objects::new();
     for (index, document) in read_documents(path, format, bytes)?.into_iter().enumerate() {
-        let at = Location {
-            document: index,
-            item: None,
-        };
-        add_document(document, at, &mut objects)
-            .map_err(|failure| failure.into_error(path, format, bytes))?;
+        let at = Location { document: index, item: None };
+        add_document(document, at, &mut objects).map_err(|failure| failure.into_error(path, format, bytes))?;
     }
     Ok(objects)
 }
@@ -542,17 +509,11 @@ fn read_documents(path: &Path, format: Format, bytes: &[u8]) -> Result<Vec<Value
         Format::Yaml => serde_yaml::Deserializer::from_slice(bytes)
             .map(Value::deserialize)
             .collect::<Result<_, _>>()
-            .map_err(|source| ManifestError::Yaml {
-                path: path.to_owned(),
-                source,
-            }),
+            .map_err(|source| ManifestError::Yaml { path: path.to_owned(), source }),
         Format::Json => serde_json::Deserializer::from_slice(bytes)
             .into_iter::<Value>()
             .collect::<Result<_, _>>()
-            .map_err(|source| ManifestError::Json {
-                path: path.to_owned(),
-                source,
-            }),
+            .map_err(|source| ManifestError::Json { path: path.to_owned(), source }),
     }
 }
 
@@ -597,14 +558,8 @@ impl TypeMeta {
 
     /// For `XList`, the item type `X` of the same apiVersion; none for `List`.
     fn list_item(&self) -> Option<TypeMeta> {
-        let kind = self
-            .kind
-            .strip_suffix("List")
-            .filter(|kind| !kind.is_empty())?;
-        Some(TypeMeta {
-            api_version: self.api_version.clone(),
-            kind: kind.to_owned(),
-        })
+        let kind = self.kind.strip_suffix("List").filter(|kind| !kind.is_empty())?;
+        Some(TypeMeta { api_version: self.api_version.clone(), kind: kind.to_owned() })
     }
 }
 
@@ -630,12 +585,7 @@ fn add_document(document: Value, at: Location, out: &mut Objects) -> Result<(), 
     add_object(document, &type_meta, at, out)
 }
 
-fn add_list(
-    list: Value,
-    type_meta: &TypeMeta,
-    at: Location,
-    out: &mut Objects,
-) -> Result<(), DocFailure> {
+fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Objects) -> Result<(), DocFailure> {
     let item_type = type_meta.list_item();
     let items = match list {
         Value::Object(mut map) => map.remove("items").unwrap_or_default(),
@@ -650,23 +600,14 @@ fn add_list(
         }
     };
     for (index, item) in items.into_iter().enumerate() {
-        let at = Location {
-            item: Some(index),
-            ..at
-        };
-        let item_meta =
-            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p))?;
+        let at = Location { item: Some(index), ..at };
+        let item_meta = TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p))?;
         add_object(item, &item_meta, at, out)?;
     }
     Ok(())
 }
 
-fn add_object(
-    value: Value,
-    type_meta: &TypeMeta,
-    at: Location,
-    out: &mut Objects,
-) -> Result<(), DocFailure> {
+fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Objects) -> Result<(), DocFailure> {
     let object = match (type_meta.api_version.as_str(), type_meta.kind.as_str()) {
         ("v1", "Service") => Object::Service(Arc::new(namespaced(decode(&value, type_meta, at)?))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -678,9 +619,8 @@ fn add_object(
             return Ok(());
         }
     };
-    let key = object.key().ok_or_else(|| {
-        DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind))
-    })?;
+    let key =
+        object.key().ok_or_else(|| DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind)))?;
     if out.insert(key.clone(), object).is_some() {
         debug!(object = %key, location = %at, "object repeated in one file; the last one wins");
     }
@@ -696,28 +636,16 @@ fn namespaced<T: Metadata<Ty = ObjectMeta>>(mut object: T) -> T {
     object
 }
 
-fn decode<T: DeserializeOwned>(
-    value: &Value,
-    type_meta: &TypeMeta,
-    at: Location,
-) -> Result<T, DocFailure> {
+fn decode<T: DeserializeOwned>(value: &Value, type_meta: &TypeMeta, at: Location) -> Result<T, DocFailure> {
     T::deserialize(value).map_err(|source| DocFailure {
         at,
-        problem: Problem::Decode {
-            object: describe(value, type_meta),
-            source,
-            relocate: relocate::<T>,
-        },
+        problem: Problem::Decode { object: describe(value, type_meta), source, relocate: relocate::<T> },
     })
 }
 
 /// `Kind namespace/name` as far as the raw object tells.
 fn describe(value: &Value, type_meta: &TypeMeta) -> String {
-    let meta = |field| {
-        value
-            .pointer(&format!("/metadata/{field}"))
-            .and_then(Value::as_str)
-    };
+    let meta = |field| value.pointer(&format!("/metadata/{field}")).and_then(Value::as_str);
     match (meta("namespace"), meta("name")) {
         (Some(namespace), Some(name)) => format!("{} {namespace}/{name}", type_meta.kind),
         (None, Some(name)) => format!("{} {name}", type_meta.kind),
@@ -729,11 +657,7 @@ fn describe(value: &Value, type_meta: &TypeMeta) -> String {
 /// most precise message (YAML: field path, line and column; JSON: line and
 /// column; the generic value only knows the expected type). `None` when it
 /// cannot tell more.
-fn relocate<T: DeserializeOwned>(
-    format: Format,
-    bytes: &[u8],
-    document: usize,
-) -> Option<DecodeError> {
+fn relocate<T: DeserializeOwned>(format: Format, bytes: &[u8], document: usize) -> Option<DecodeError> {
     match format {
         Format::Yaml => {
             let document = serde_yaml::Deserializer::from_slice(bytes).nth(document)?;
@@ -742,9 +666,7 @@ fn relocate<T: DeserializeOwned>(
         // Later values of a JSON stream may be other kinds; only the first
         // can be decoded directly with correct line numbers.
         Format::Json if document == 0 => {
-            let first = serde_json::Deserializer::from_slice(bytes)
-                .into_iter::<T>()
-                .next()?;
+            let first = serde_json::Deserializer::from_slice(bytes).into_iter::<T>().next()?;
             first.err().map(DecodeError::Json)
         }
         Format::Json => None,
@@ -759,45 +681,25 @@ struct DocFailure {
 
 enum Problem {
     Invalid(String),
-    Decode {
-        object: String,
-        source: serde_json::Error,
-        relocate: fn(Format, &[u8], usize) -> Option<DecodeError>,
-    },
+    Decode { object: String, source: serde_json::Error, relocate: fn(Format, &[u8], usize) -> Option<DecodeError> },
 }
 
 impl DocFailure {
     fn invalid(at: Location, problem: String) -> Self {
-        Self {
-            at,
-            problem: Problem::Invalid(problem),
-        }
+        Self { at, problem: Problem::Invalid(problem) }
     }
 
     fn into_error(self, path: &Path, format: Format, bytes: &[u8]) -> ManifestError {
         let (path, location) = (path.to_owned(), self.at.to_string());
         match self.problem {
-            Problem::Invalid(problem) => ManifestError::Invalid {
-                path,
-                location,
-                problem,
-            },
-            Problem::Decode {
-                object,
-                source,
-                relocate,
-            } => {
+            Problem::Invalid(problem) => ManifestError::Invalid { path, location, problem },
+            Problem::Decode { object, source, relocate } => {
                 let precise = match self.at.item {
                     None => relocate(format, bytes, self.at.document),
                     Some(_) => None,
                 };
                 let source = precise.unwrap_or(DecodeError::Json(source));
-                ManifestError::Decode {
-                    path,
-                    location,
-                    object,
-                    source,
-                }
+                ManifestError::Decode { path, location, object, source }
             }
         }
     }
@@ -847,10 +749,7 @@ impl Drop for ManifestWatcher {
 /// ~100 ms debounce; polling every second if inotify is unavailable) and calls
 /// `sink` with each non-empty batch. Fails if the directory cannot be listed
 /// or the thread cannot be started; bad files are only logged.
-pub fn spawn(
-    dir: PathBuf,
-    sink: impl Fn(SourceBatch) + Send + 'static,
-) -> Result<ManifestWatcher, ManifestError> {
+pub fn spawn(dir: PathBuf, sink: impl Fn(SourceBatch) + Send + 'static) -> Result<ManifestWatcher, ManifestError> {
     start(dir, sink, Backend::Inotify)
 }
 
@@ -889,21 +788,12 @@ where
         Backend::Poll => (None, None),
     };
     let (stop, stopped) = crossbeam_channel::bounded(0);
-    let worker = Worker {
-        manifests,
-        sink,
-        stop: stopped,
-        events,
-        _watcher: watcher,
-    };
+    let worker = Worker { manifests, sink, stop: stopped, events, _watcher: watcher };
     let thread = std::thread::Builder::new()
         .name("manifest-watch".to_owned())
         .spawn(move || worker.run())
         .map_err(|source| ManifestError::Spawn { source })?;
-    Ok(ManifestWatcher {
-        stop: Some(stop),
-        thread: Some(thread),
-    })
+    Ok(ManifestWatcher { stop: Some(stop), thread: Some(thread) })
 }
 
 /// An inotify watch on `dir`; `None` (logged) if it cannot be set up.
@@ -1102,10 +992,7 @@ spec:
         format!("{verb} {key}")
     }
 
-    fn verb_and_object<T>(
-        change: &Change<T>,
-        wrap: fn(Arc<T>) -> Object,
-    ) -> (&'static str, Object) {
+    fn verb_and_object<T>(change: &Change<T>, wrap: fn(Arc<T>) -> Object) -> (&'static str, Object) {
         match change {
             Change::Applied(o) => ("applied", wrap(o.clone())),
             Change::Deleted(o) => ("deleted", wrap(o.clone())),
@@ -1114,11 +1001,7 @@ spec:
 
     /// The object events of a scan, `Synced` left out; panics on errors.
     fn changes(result: ScanResult) -> Vec<String> {
-        assert!(
-            result.errors.is_empty(),
-            "unexpected errors: {:?}",
-            result.errors
-        );
+        assert!(result.errors.is_empty(), "unexpected errors: {:?}", result.errors);
         let mut lines = summary(&result.events);
         lines.retain(|line| !line.starts_with("synced"));
         lines
@@ -1133,17 +1016,12 @@ spec:
     #[test]
     fn multi_document_yaml_loads_every_object() {
         let dir = TempDir::new().unwrap();
-        let text =
-            format!("---\n{WEB_SERVICE}---\n{WEB_SLICE}---\n# just a comment\n---\n{NODE}...\n");
+        let text = format!("---\n{WEB_SERVICE}---\n{WEB_SLICE}---\n# just a comment\n---\n{NODE}...\n");
         write(&dir, "all.yaml", &text);
         let (_, result) = first_scan(&dir);
         assert_eq!(
             changes(result),
-            [
-                "applied Service default/web",
-                "applied EndpointSlice default/web-abcde",
-                "applied Node demo-node",
-            ]
+            ["applied Service default/web", "applied EndpointSlice default/web-abcde", "applied Node demo-node",]
         );
     }
 
@@ -1197,14 +1075,7 @@ items:
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b", "namespace": "ns"}}]}"#;
         write(&dir, "services.json", list);
         let (_, result) = first_scan(&dir);
-        assert_eq!(
-            changes(result),
-            [
-                "applied Service ns/a",
-                "applied Service ns/b",
-                "applied Node demo-node"
-            ]
-        );
+        assert_eq!(changes(result), ["applied Service ns/a", "applied Service ns/b", "applied Node demo-node"]);
     }
 
     #[test]
@@ -1215,11 +1086,7 @@ items:
         write(&dir, "notes.txt", &service("txt", "10.96.0.3"));
         write(&dir, "a.yaml~", &service("backup", "10.96.0.4"));
         fs::create_dir(dir.path().join("sub.yaml")).unwrap();
-        fs::write(
-            dir.path().join("sub.yaml/b.yaml"),
-            service("nested", "10.96.0.5"),
-        )
-        .unwrap();
+        fs::write(dir.path().join("sub.yaml/b.yaml"), service("nested", "10.96.0.5")).unwrap();
         let (_, result) = first_scan(&dir);
         assert_eq!(changes(result), ["applied Service default/a"]);
     }
@@ -1228,13 +1095,8 @@ items:
     fn other_kinds_are_ignored_and_namespace_defaults() {
         let dir = TempDir::new().unwrap();
         let config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\n";
-        let old_slice =
-            "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}\n";
-        write(
-            &dir,
-            "mixed.yaml",
-            &format!("{config_map}---\n{old_slice}---\n{WEB_SERVICE}"),
-        );
+        let old_slice = "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}\n";
+        write(&dir, "mixed.yaml", &format!("{config_map}---\n{old_slice}---\n{WEB_SERVICE}"));
         let (manifests, result) = first_scan(&dir);
         assert_eq!(changes(result), ["applied Service default/web"]);
         let Some(Object::Service(web)) = manifests.current.values().next() else {
@@ -1249,100 +1111,42 @@ items:
         write(&dir, "svc.yaml", WEB_SERVICE);
         let (mut manifests, result) = first_scan(&dir);
         let lines = summary(&result.events);
-        assert_eq!(
-            lines,
-            [
-                "applied Service default/web",
-                "synced Service",
-                "synced EndpointSlice",
-                "synced Node",
-            ]
-        );
+        assert_eq!(lines, ["applied Service default/web", "synced Service", "synced EndpointSlice", "synced Node",]);
         write(&dir, "node.yaml", NODE);
-        assert_eq!(
-            summary(&manifests.scan().events),
-            ["applied Node demo-node"]
-        );
+        assert_eq!(summary(&manifests.scan().events), ["applied Node demo-node"]);
     }
 
     #[test]
     fn an_empty_directory_is_synced() {
         let dir = TempDir::new().unwrap();
         let (_, result) = first_scan(&dir);
-        assert_eq!(
-            summary(&result.events),
-            ["synced Service", "synced EndpointSlice", "synced Node"]
-        );
+        assert_eq!(summary(&result.events), ["synced Service", "synced EndpointSlice", "synced Node"]);
     }
 
     #[test]
     fn malformed_files_are_reported_with_path_and_skipped() {
         let dir = TempDir::new().unwrap();
         write(&dir, "good.yaml", WEB_SERVICE);
-        write(
-            &dir,
-            "syntax.yaml",
-            "apiVersion: v1\nkind: Service\nmetadata: [unclosed\n",
-        );
-        write(
-            &dir,
-            "types.yaml",
-            &format!(
-                "{NODE}---\n{}",
-                WEB_SERVICE.replace("port: 80", "port: eighty")
-            ),
-        );
+        write(&dir, "syntax.yaml", "apiVersion: v1\nkind: Service\nmetadata: [unclosed\n");
+        write(&dir, "types.yaml", &format!("{NODE}---\n{}", WEB_SERVICE.replace("port: 80", "port: eighty")));
         write(&dir, "untyped.yaml", "metadata:\n  name: x\n");
-        write(
-            &dir,
-            "nameless.json",
-            r#"{"apiVersion": "v1", "kind": "Node"}"#,
-        );
+        write(&dir, "nameless.json", r#"{"apiVersion": "v1", "kind": "Node"}"#);
         let (_, result) = first_scan(&dir);
         let messages: Vec<String> = result.errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 4, "{messages:#?}");
-        for (error, file) in
-            result
-                .errors
-                .iter()
-                .zip(["nameless.json", "syntax.yaml", "types.yaml", "untyped.yaml"])
-        {
+        for (error, file) in result.errors.iter().zip(["nameless.json", "syntax.yaml", "types.yaml", "untyped.yaml"]) {
             assert_eq!(error.path(), Some(dir.path().join(file).as_path()));
-            assert!(error
-                .to_string()
-                .starts_with(&dir.path().join(file).display().to_string()));
+            assert!(error.to_string().starts_with(&dir.path().join(file).display().to_string()));
         }
-        assert!(
-            matches!(result.errors[0], ManifestError::Invalid { .. }),
-            "{}",
-            messages[0]
-        );
-        assert!(
-            matches!(result.errors[1], ManifestError::Yaml { .. }),
-            "{}",
-            messages[1]
-        );
-        assert!(
-            messages[2].contains("document 2: Service web"),
-            "{}",
-            messages[2]
-        );
-        assert!(
-            messages[2].contains("spec.ports[0].port: invalid type"),
-            "{}",
-            messages[2]
-        );
+        assert!(matches!(result.errors[0], ManifestError::Invalid { .. }), "{}", messages[0]);
+        assert!(matches!(result.errors[1], ManifestError::Yaml { .. }), "{}", messages[1]);
+        assert!(messages[2].contains("document 2: Service web"), "{}", messages[2]);
+        assert!(messages[2].contains("spec.ports[0].port: invalid type"), "{}", messages[2]);
         assert!(messages[2].contains("line "), "{}", messages[2]);
         assert!(messages[3].contains("apiVersion"), "{}", messages[3]);
         // The good file still counts; nothing of the bad ones (not even the
         // valid Node before the bad Service in types.yaml).
-        assert_eq!(
-            changes(ScanResult {
-                errors: vec![],
-                ..result
-            }),
-            ["applied Service default/web"]
-        );
+        assert_eq!(changes(ScanResult { errors: vec![], ..result }), ["applied Service default/web"]);
     }
 
     #[test]
@@ -1351,24 +1155,12 @@ items:
         let list = r#"{"apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": "oops"}}]}"#;
         write(&dir, "list.json", list);
-        write(
-            &dir,
-            "node.json",
-            r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": 5}}"#,
-        );
+        write(&dir, "node.json", r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": 5}}"#);
         let (_, result) = first_scan(&dir);
         let messages: Vec<String> = result.errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages.len(), 2, "{messages:#?}");
-        assert!(
-            messages[0].contains("document 1, items[0]: Node n: invalid type"),
-            "{}",
-            messages[0]
-        );
-        assert!(
-            messages[1].contains("document 1: Node without a name: invalid type"),
-            "{}",
-            messages[1]
-        );
+        assert!(messages[0].contains("document 1, items[0]: Node n: invalid type"), "{}", messages[0]);
+        assert!(messages[1].contains("document 1: Node without a name: invalid type"), "{}", messages[1]);
         assert!(messages[1].contains("line 1"), "{}", messages[1]);
     }
 
@@ -1385,10 +1177,7 @@ items:
         assert!(manifests.scan().errors.is_empty());
         // Fixed again without the slice: now the slice goes.
         write(&dir, "web.yaml", WEB_SERVICE);
-        assert_eq!(
-            changes(manifests.scan()),
-            ["deleted EndpointSlice default/web-abcde"]
-        );
+        assert_eq!(changes(manifests.scan()), ["deleted EndpointSlice default/web-abcde"]);
     }
 
     #[test]
@@ -1399,30 +1188,17 @@ items:
         let (mut manifests, _) = first_scan(&dir);
         fs::remove_file(dir.path().join("web.yaml")).unwrap();
         let result = manifests.scan();
-        assert_eq!(
-            summary(&result.events),
-            [
-                "deleted Service default/web",
-                "deleted EndpointSlice default/web-abcde"
-            ]
-        );
+        assert_eq!(summary(&result.events), ["deleted Service default/web", "deleted EndpointSlice default/web-abcde"]);
         let SourceEvent::Service(Change::Deleted(web)) = &result.events[0] else {
             panic!("not a deleted Service");
         };
-        assert_eq!(
-            web.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
-            Some("10.96.0.20")
-        );
+        assert_eq!(web.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()), Some("10.96.0.20"));
     }
 
     #[test]
     fn editing_one_object_emits_exactly_one_applied() {
         let dir = TempDir::new().unwrap();
-        let text = format!(
-            "{}---\n{}",
-            service("a", "10.96.0.1"),
-            service("b", "10.96.0.2")
-        );
+        let text = format!("{}---\n{}", service("a", "10.96.0.1"), service("b", "10.96.0.2"));
         write(&dir, "svc.yaml", &text);
         write(&dir, "node.yaml", NODE);
         let (mut manifests, _) = first_scan(&dir);
@@ -1440,11 +1216,7 @@ items:
         let result = manifests.scan();
         assert!(result.events.is_empty() && result.errors.is_empty());
         // Rewriting the same content, or reformatting it, changes no object.
-        write(
-            &dir,
-            "web.yaml",
-            &format!("# reformatted\n{WEB_SERVICE}---\n{WEB_SLICE}"),
-        );
+        write(&dir, "web.yaml", &format!("# reformatted\n{WEB_SERVICE}---\n{WEB_SLICE}"));
         let result = manifests.scan();
         assert!(result.events.is_empty() && result.errors.is_empty());
     }
@@ -1458,11 +1230,7 @@ items:
         let (_, result) = first_scan(&dir);
         assert_eq!(
             changes(result),
-            [
-                "applied Service default/web",
-                "applied EndpointSlice default/web-abcde",
-                "applied Node demo-node",
-            ]
+            ["applied Service default/web", "applied EndpointSlice default/web-abcde", "applied Node demo-node",]
         );
     }
 
@@ -1533,9 +1301,7 @@ items:
             (result.events.iter())
                 .filter(|e| match e {
                     SourceEvent::Service(Change::Applied(_)) => kind == ResourceKind::Service,
-                    SourceEvent::EndpointSlice(Change::Applied(_)) => {
-                        kind == ResourceKind::EndpointSlice
-                    }
+                    SourceEvent::EndpointSlice(Change::Applied(_)) => kind == ResourceKind::EndpointSlice,
                     SourceEvent::Node(Change::Applied(_)) => kind == ResourceKind::Node,
                     _ => false,
                 })
@@ -1574,17 +1340,10 @@ items:
         write(&dir, "node.yaml", NODE);
         let (sink, batches) = channel_sink();
         let watcher = start(dir.path().to_owned(), sink, backend).expect("watcher starts");
-        let first = batches
-            .try_recv()
-            .expect("first batch before spawn returns");
+        let first = batches.try_recv().expect("first batch before spawn returns");
         assert_eq!(
             summary(&first.0),
-            [
-                "applied Node demo-node",
-                "synced Service",
-                "synced EndpointSlice",
-                "synced Node"
-            ]
+            ["applied Node demo-node", "synced Service", "synced EndpointSlice", "synced Node"]
         );
         write(&dir, "web.yaml", WEB_SERVICE);
         wait_for(&batches, "applied Service default/web");
