@@ -2,6 +2,7 @@
 //! actors that each own one piece of kernel state.
 
 pub mod actors;
+pub mod config;
 pub mod fixtures;
 pub mod kernel;
 pub mod model;

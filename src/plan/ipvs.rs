@@ -38,6 +38,9 @@ pub struct Contribution {
     pub dests: Vec<((VsKey, DestKey), DestSpec)>,
     pub entries: Vec<((IpvsSet, SetEntry), ())>,
     pub addresses: Vec<(IpAddr, ())>,
+    /// LB (vip, protocol, port) whose source ranges exclude the node: the
+    /// node itself must not reach them (KUBE-IPVS-OUT-FILTER DROP).
+    pub lb_no_node_access: Vec<((IpAddr, Protocol, u16), ())>,
 }
 
 impl Contribution {
@@ -50,6 +53,8 @@ impl Contribution {
         self.entries.dedup();
         self.addresses.sort();
         self.addresses.dedup();
+        self.lb_no_node_access.sort();
+        self.lb_no_node_access.dedup();
         self
     }
 }
@@ -170,6 +175,8 @@ fn load_balancer(
         // locally, so allow it when the ranges include the node.
         if allow_from_node {
             c.entries.push(((IpvsSet::LoadBalancerSourceIp, SetEntry::IpPortIp(vip, proto, sp.port, vip)), ()));
+        } else {
+            c.lb_no_node_access.push(((vip, proto, sp.port), ()));
         }
     }
     bind_unless_node_address(c, ctx, vip);

@@ -6,6 +6,7 @@ pub mod conntrack;
 pub mod context;
 pub mod ipvs;
 pub mod render;
+pub mod rules_ipvs;
 pub mod sets;
 
 #[cfg(test)]
@@ -20,6 +21,7 @@ pub use sets::IpvsSet;
 
 use crate::model::{Model, ServicePortName};
 use crate::msgs::{DestKey, DestSpec, IpsetOp, IpvsOp, LinkOp, SetEntry, VsKey, VsSpec};
+use crate::net::Protocol;
 
 /// The ops one IPVS-mode sync sends, per actor.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -64,6 +66,7 @@ pub struct IpvsPlanner {
     entries: Claims<(IpvsSet, SetEntry), ()>,
     addresses: Claims<IpAddr, ()>,
     set_sizes: HashMap<IpvsSet, usize>,
+    no_node_access: Claims<(IpAddr, Protocol, u16), ()>,
 }
 
 impl IpvsPlanner {
@@ -78,6 +81,7 @@ impl IpvsPlanner {
             entries: Claims::default(),
             addresses: Claims::default(),
             set_sizes: HashMap::new(),
+            no_node_access: Claims::default(),
         }
     }
 
@@ -160,6 +164,7 @@ impl IpvsPlanner {
             };
             d.sets.entry(set).or_default().push(op);
         }
+        self.no_node_access.replace(owner, &old.lb_no_node_access, &new.lb_no_node_access);
         for (addr, m) in self.addresses.replace(owner, &old.addresses, &new.addresses) {
             d.link.push(match m {
                 Moved::Added(()) | Moved::Changed(()) => LinkOp::Bind(addr),
@@ -172,6 +177,18 @@ impl IpvsPlanner {
     /// rules only for non-empty sets).
     pub fn set_has_members(&self, set: IpvsSet) -> bool {
         self.set_sizes.get(&set).is_some_and(|n| *n > 0)
+    }
+
+    /// LB (vip, protocol, port) the node itself may not reach, sorted.
+    pub fn lb_no_node_access(&self) -> Vec<(IpAddr, Protocol, u16)> {
+        let mut v: Vec<_> = self.no_node_access.iter().map(|(k, ())| *k).collect();
+        v.sort();
+        v
+    }
+
+    /// The IPVS-mode iptables rules for the current plan.
+    pub fn rules(&self, cfg: &rules_ipvs::IpvsRulesConfig) -> String {
+        rules_ipvs::render(cfg, &|s| self.set_has_members(s), &self.lb_no_node_access())
     }
 
     /// The complete desired state.

@@ -36,8 +36,8 @@ use crate::schedule::{SyncKind, SyncScheduler};
 /// Reads the node's interface addresses (I/O, done by the caller's closure).
 pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr>>;
 
-/// Renders the iptables-restore input for IPVS mode from which sets have members.
-pub type RulesRenderer = Box<dyn Fn(&dyn Fn(IpvsSet) -> bool) -> String>;
+/// Renders the iptables-restore input for IPVS mode from the current plan.
+pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner) -> String>;
 
 /// Sync timing and planning settings.
 pub struct Settings {
@@ -227,8 +227,7 @@ impl Coordinator {
     }
 
     fn render_rules(&self) -> String {
-        let planner = &self.planner;
-        (self.rules)(&|set| planner.set_has_members(set))
+        (self.rules)(&self.planner)
     }
 
     /// Sends the stages, in order; returns every ack.

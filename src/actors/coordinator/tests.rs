@@ -67,9 +67,12 @@ fn start(min: Duration, max: Duration) -> Harness {
     };
     let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: "192.168.50.2".parse().unwrap() }]);
     // A stand-in renderer: the rules name the cluster-IP set once it has members.
-    let rules: RulesRenderer = Box::new(|has: &dyn Fn(IpvsSet) -> bool| {
-        let extra =
-            if has(IpvsSet::ClusterIp) { "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n" } else { "" };
+    let rules: RulesRenderer = Box::new(|p: &IpvsPlanner| {
+        let extra = if p.set_has_members(IpvsSet::ClusterIp) {
+            "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n"
+        } else {
+            ""
+        };
         format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
     });
     let coord = Coordinator::new(settings, targets, addrs, rules).start();
