@@ -3,6 +3,7 @@
 
 pub mod actors;
 pub mod config;
+pub mod daemon;
 pub mod fixtures;
 pub mod kernel;
 pub mod model;

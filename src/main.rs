@@ -1,1 +1,42 @@
-fn main() {}
+//! kube-proxy-rs: the binary. Flags and config, then one of: write the
+//! config, dry-run, clean up, or run the daemon.
+
+use std::process::ExitCode;
+
+use kube_proxy_rs::config::{self, Flags};
+use kube_proxy_rs::daemon::{self, StartError};
+
+fn main() -> ExitCode {
+    let flags = Flags::from_env();
+    let json = flags.logging_format.as_deref() == Some("json");
+    daemon::init_logging(flags.v.unwrap_or(0), json);
+    match run(&flags) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(flags: &Flags) -> Result<(), StartError> {
+    let cfg = config::load(flags)?;
+    if let Some(path) = &flags.write_config_to {
+        let yaml = config::to_yaml(&cfg)?;
+        std::fs::write(path, yaml).map_err(|e| StartError::Unsupported(format!("writing {}: {e}", path.display())))?;
+        tracing::info!(path = %path.display(), "wrote the effective configuration");
+        return Ok(());
+    }
+    if flags.dry_run {
+        let Some(dir) = &flags.manifests else {
+            return Err(StartError::Unsupported("--dry-run needs --manifests DIR".into()));
+        };
+        let out = daemon::dry_run(&cfg, dir)?;
+        print!("{out}");
+        return Ok(());
+    }
+    Err(StartError::Unsupported(format!(
+        "proxy mode {:?}: programming the kernel is not built yet; use --dry-run",
+        cfg.proxy_mode().as_str()
+    )))
+}

@@ -13,7 +13,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::stats::ActorStats;
-use crate::kernel::{KResult, Subsystem};
+use crate::kernel::{Applied, Subsystem};
 use crate::msgs::{Ack, Batch, SyncMode};
 
 pub struct KernelActor<S: Subsystem> {
@@ -26,7 +26,7 @@ impl<S: Subsystem> KernelActor<S> {
         KernelActor { kernel, stats }
     }
 
-    fn finish(&self, generation: u64, started: Instant, res: KResult<(Vec<S::Op>, Vec<KResult<()>>)>) -> Ack<S::Op> {
+    fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>) -> Ack<S::Op> {
         let actor = self.stats.name.as_str();
         let (applied, failed) = match res {
             Ok((ops, results)) => {

@@ -116,7 +116,7 @@ impl Subsystem for MemIpvs {
         Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
     }
 
-    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<(Vec<IpvsOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<Applied<IpvsOp>> {
         let me = self.clone();
         Box::pin(async move {
             let have = me.dump().await?;
@@ -174,7 +174,7 @@ impl Subsystem for MemIpset {
         Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
     }
 
-    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<KResult<(Vec<IpsetOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<Applied<IpsetOp>> {
         let me = self.clone();
         Box::pin(async move {
             me.ensure().await?;
@@ -248,7 +248,7 @@ impl Subsystem for MemLink {
         })
     }
 
-    fn reconcile(&self, desired: Vec<LinkOp>) -> KFuture<KResult<(Vec<LinkOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<LinkOp>) -> KFuture<Applied<LinkOp>> {
         let me = self.clone();
         Box::pin(async move {
             let have = me.addresses().await?;
@@ -298,7 +298,7 @@ impl Subsystem for MemIptables {
         })
     }
 
-    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<KResult<(Vec<IptablesOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<Applied<IptablesOp>> {
         let me = self.clone();
         Box::pin(async move {
             let results = me.apply(desired.clone()).await;
@@ -329,7 +329,7 @@ impl Subsystem for MemConntrack {
         Box::pin(async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() })
     }
 
-    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<KResult<(Vec<ConntrackOp>, Vec<KResult<()>>)>> {
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<Applied<ConntrackOp>> {
         let me = self.clone();
         Box::pin(async move {
             let results = me.apply(desired.clone()).await;

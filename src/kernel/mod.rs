@@ -6,6 +6,8 @@
 //! the future that does the I/O.
 
 pub mod addrs;
+pub mod iptables_probe;
+pub mod ipvs;
 pub mod mem;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +43,8 @@ impl KernelError {
 
 pub type KResult<T> = Result<T, KernelError>;
 pub type KFuture<T> = LocalBoxFuture<'static, T>;
+/// The ops a full resync applied, each with its result.
+pub type Applied<Op> = KResult<(Vec<Op>, Vec<KResult<()>>)>;
 
 /// A real server as dumped, with its connection counts (graceful termination).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +71,7 @@ pub trait Subsystem: Clone + Unpin + 'static {
     /// Full resync: read what the kernel has, and turn `desired` (all adds)
     /// into the ops that make the kernel match, removing what we own but
     /// don't want. Returns those ops, applied, with their results.
-    fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<KResult<(Vec<Self::Op>, Vec<KResult<()>>)>>;
+    fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<Applied<Self::Op>>;
 }
 
 /// IPVS: virtual and real servers.

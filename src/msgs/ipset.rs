@@ -120,6 +120,16 @@ impl fmt::Display for SetLine<'_> {
     }
 }
 
+impl fmt::Display for IpsetOp {
+    /// Without the set name (`add 10.96.0.10,udp:53`); see [`SetLine`] for the full line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpsetOp::Add(e) => write!(f, "add {e}"),
+            IpsetOp::Del(e) => write!(f, "del {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,15 +147,5 @@ mod tests {
             comment: "",
         };
         assert_eq!(s.create_line(), "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536");
-    }
-}
-
-impl fmt::Display for IpsetOp {
-    /// Without the set name (`add 10.96.0.10,udp:53`); see [`SetLine`] for the full line.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IpsetOp::Add(e) => write!(f, "add {e}"),
-            IpsetOp::Del(e) => write!(f, "del {e}"),
-        }
     }
 }

@@ -144,7 +144,7 @@ mod tests {
     fn op_order_puts_parents_first_on_add_and_last_on_delete() {
         let vs = VsKey { addr: "10.0.0.1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
         let d = DestKey { addr: "10.1.0.1".parse().unwrap(), port: 80 };
-        let mut ops = vec![
+        let mut ops = [
             IpvsOp::DelService(vs),
             IpvsOp::AddDest(vs, d, DestSpec::default()),
             IpvsOp::DelDest(vs, d),

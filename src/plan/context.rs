@@ -4,8 +4,6 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-
 use super::PlanContext;
 use crate::model::NodeInfo;
 use crate::msgs::link::DUMMY_LINK;
@@ -18,16 +16,7 @@ pub struct LocalAddr {
     pub ip: IpAddr,
 }
 
-/// Which node addresses NodePorts listen on (config nodePortAddresses).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortFilter {
-    /// Empty list: every address.
-    #[default]
-    All,
-    /// "primary": the node's primary IPs (from the Node object).
-    Primary,
-    Cidrs(Vec<IpNet>),
-}
+pub use crate::config::NodePortAddresses as NodePortFilter;
 
 /// What the coordinator knows that shapes the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -223,8 +223,7 @@ fn filter_rules(
     let hc = IpvsSet::HealthCheckNodePort;
     let _ = writeln!(
         out,
-        "-A KUBE-NODE-PORT -m comment --comment \"{}\" -m set --match-set {} dst -j ACCEPT",
-        "Kubernetes health check node port",
+        "-A KUBE-NODE-PORT -m comment --comment \"Kubernetes health check node port\" -m set --match-set {} dst -j ACCEPT",
         name(hc)
     );
     for (set, dirs) in [

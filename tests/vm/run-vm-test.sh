@@ -134,8 +134,14 @@ flock 9
 
 # ---------------------------------------------------------------- kernel ----
 if [ -z "${KERNEL_PKG:-}" ]; then
-  resolve() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}'; }
-  KERNEL_PKG=$(resolve)
+  resolve() { { apt-cache depends linux-image-cloud-amd64 2>/dev/null || true; } | awk '/Depends: linux-image-/ {print $2; exit}'; }
+  # apt-cache costs ~1 s: reuse the last answer while the apt lists are unchanged.
+  RESOLVED=$CACHE/kernel-pkg
+  if [ -s "$RESOLVED" ] && [ -z "$(find /var/lib/apt/lists -maxdepth 1 -newer "$RESOLVED" 2>/dev/null | head -1)" ]; then
+    KERNEL_PKG=$(cat "$RESOLVED")
+  else
+    KERNEL_PKG=$(resolve)
+  fi
   if [ -z "$KERNEL_PKG" ]; then
     [ "$(id -u)" = 0 ] || die "apt-cache does not know linux-image-cloud-amd64; run 'apt-get update' as root or set KERNEL_PKG"
     echo "run-vm-test: no apt lists, running apt-get update" >&2
@@ -143,6 +149,7 @@ if [ -z "${KERNEL_PKG:-}" ]; then
     KERNEL_PKG=$(resolve)
   fi
   [ -n "$KERNEL_PKG" ] || die "cannot resolve linux-image-cloud-amd64 (apt lists?); set KERNEL_PKG"
+  [ "$(cat "$RESOLVED" 2>/dev/null)" = "$KERNEL_PKG" ] || echo "$KERNEL_PKG" >"$RESOLVED"
 fi
 KVER=${KERNEL_PKG#linux-image-}
 KROOT=$CACHE/kernel/$KVER
@@ -289,7 +296,9 @@ build_base() {
   depmod -b "$R" "$KVER"
   rm -f "$sel" "$sel.all"
 
-  mkdir -p "$R/etc/vmtest"
+  mkdir -p "$R/etc/vmtest" "$R/etc/modprobe.d"
+  # No stray dummy0: tests create the dummy links they want (kube-ipvs0).
+  echo "options dummy numdummies=0" >"$R/etc/modprobe.d/vmtest.conf"
   # The modules kube-proxy's IPVS proxier checks for, plus dummy and veth.
   echo "ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack dummy veth" >"$R/etc/vmtest/modules"
   cat >"$R/init" <<'EOF'
@@ -326,7 +335,7 @@ if [ "$SHELL_MODE" = 1 ]; then
   echo "vmtest: interactive shell; leave with 'poweroff -f'"
   setsid cttyhack /bin/bash -l    # full path: a bare "sh" would be busybox ash
 else
-  ARGS=(); [ -f /etc/vmtest/args ] && mapfile -t ARGS </etc/vmtest/args
+  ARGS=(); [ -f /etc/vmtest/args ] && mapfile -d '' -t ARGS </etc/vmtest/args
   export VMTEST=1
   [ -f /etc/vmtest/env ] && . /etc/vmtest/env
   CWD=$(cat /etc/vmtest/cwd 2>/dev/null || echo /)
@@ -401,7 +410,7 @@ for b in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tab
 done
 echo "$EXTRA_MODULES" >"$R/etc/vmtest/modules-extra"
 echo "$GCWD" >"$R/etc/vmtest/cwd"
-[ ${#TEST_ARGS[@]} -eq 0 ] || printf '%s\n' "${TEST_ARGS[@]}" >"$R/etc/vmtest/args"  # one per line
+[ ${#TEST_ARGS[@]} -eq 0 ] || printf '%s\0' "${TEST_ARGS[@]}" >"$R/etc/vmtest/args"  # NUL-separated
 for v in RUST_BACKTRACE RUST_LOG RUST_TEST_THREADS RUST_TEST_NOCAPTURE RUST_MIN_STACK; do
   [ -z "${!v:-}" ] || ENVS=("$v=${!v}" "${ENVS[@]}")
 done

@@ -1,0 +1,32 @@
+//! Probes of the iptables binary that shape the rules we write.
+
+use std::process::Command;
+
+/// Whether `iptables` supports MASQUERADE `--random-fully` (iptables >= 1.6.2),
+/// as upstream's HasRandomFully decides from `iptables --version`.
+pub fn random_fully_supported(binary: &str) -> bool {
+    let Ok(out) = Command::new(binary).arg("--version").output() else { return false };
+    let text = String::from_utf8_lossy(&out.stdout);
+    version_at_least(&text, (1, 6, 2))
+}
+
+/// Parses "iptables v1.8.9 (legacy)" and compares with `min`.
+fn version_at_least(text: &str, min: (u32, u32, u32)) -> bool {
+    let Some(v) = text.split_whitespace().find_map(|w| w.strip_prefix('v')) else { return false };
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let got = (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    got >= min
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_iptables_versions() {
+        assert!(version_at_least("iptables v1.8.9 (legacy)", (1, 6, 2)));
+        assert!(version_at_least("iptables v1.6.2", (1, 6, 2)));
+        assert!(!version_at_least("iptables v1.6.1", (1, 6, 2)));
+        assert!(!version_at_least("garbage", (1, 6, 2)));
+    }
+}

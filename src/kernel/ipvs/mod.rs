@@ -1,0 +1,2 @@
+pub mod codec;
+pub mod netlink;

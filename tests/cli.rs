@@ -1,0 +1,133 @@
+//! The binary's command line: --dry-run on the demo cluster (inside a
+//! network namespace this test creates, so node addresses are known, and
+//! unprivileged), --write-config-to, and the one-line errors for bad input.
+
+mod common;
+
+use std::process::Command;
+
+use common::{bin, Netns};
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin()).args(args).output().expect("run kube-proxy-rs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn demo(path: &str) -> String {
+    format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn dry_run_prints_the_demo_plan_for_the_namespaces_addresses() {
+    let mut ns = Netns::new("kpr-dry");
+    ns.veth_to_host("192.168.50.2/24", "192.168.50.1/24");
+    let golden = std::fs::read_to_string(demo("../tests/golden/demo-ipvs.txt")).expect("golden file");
+    // As nobody: --dry-run needs no privilege and touches nothing.
+    let out = ns.exec_as_nobody(&[&bin(), "--config", &demo("demo.yaml"), "--manifests", &demo("demo"), "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let got = String::from_utf8_lossy(&out.stdout);
+    if got != golden {
+        let path = std::env::temp_dir().join("demo-ipvs.got.txt");
+        let _ = std::fs::write(&path, got.as_bytes());
+        panic!("dry-run output differs from tests/golden/demo-ipvs.txt; got {}", path.display());
+    }
+    // Sections in order, each line of the ipvs section sorted.
+    let heads: Vec<&str> = golden.lines().filter(|l| l.starts_with("# ")).collect();
+    assert_eq!(heads, ["# ipvs", "# ipset", "# addresses kube-ipvs0", "# iptables"]);
+    let ipvs: Vec<&str> = golden.lines().skip(1).take_while(|l| !l.starts_with('#')).collect();
+    let mut sorted = ipvs.clone();
+    sorted.sort();
+    assert_eq!(ipvs, sorted);
+    // NodePorts are on the namespace's address, never on loopback.
+    assert!(golden.contains("-A -t 192.168.50.2:30080 -s rr"));
+    assert!(!golden.contains("127.0.0.1:30080"));
+}
+
+#[test]
+fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
+    let (code, out, err) = run(&[
+        "--manifests",
+        &demo("demo"),
+        "--dry-run",
+        "--proxy-mode",
+        "iptables",
+        "--hostname-override",
+        "demo-node",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("# iptables\n"), "{out}");
+    assert!(!out.contains("# ipvs"));
+}
+
+#[test]
+fn a_malformed_manifest_is_named_and_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: x\n").unwrap();
+    for f in ["web.yaml", "node.yaml"] {
+        std::fs::copy(demo(&format!("demo/{f}")), dir.path().join(f)).unwrap();
+    }
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = run(&["--config", &demo("demo.yaml"), "--manifests", d, "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("bad.yaml"), "the bad file is named: {err}");
+    assert!(out.contains("-A -t 10.96.0.20:80 -s rr"), "the good files still count: {out}");
+}
+
+fn config_file(body: &str) -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let text = format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}");
+    std::fs::write(f.path(), text).unwrap();
+    f
+}
+
+/// Bad config: exit code 1, one error line naming the field and the value, nothing printed on stdout.
+fn assert_config_error(body: &str, field: &str, value: &str) {
+    let f = config_file(body);
+    let (code, out, err) = run(&["--config", f.path().to_str().unwrap(), "--manifests", &demo("demo"), "--dry-run"]);
+    assert_eq!(code, 1, "{body}: {err}");
+    assert!(out.is_empty(), "nothing planned or printed: {out}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(lines[0].contains(field) && lines[0].contains(value), "{body}: {err}");
+}
+
+#[test]
+fn bad_config_files_fail_with_one_line_naming_field_and_value() {
+    assert_config_error("mode: bogus\n", "mode", "bogus");
+    assert_config_error("modez: ipvs\n", "modez", "modez");
+    assert_config_error("ipvs:\n  syncPeriod: 30x\n", "syncPeriod", "30x");
+    assert_config_error("clusterCIDR: 10.244.0.0/33\n", "clusterCIDR", "10.244.0.0/33");
+}
+
+#[test]
+fn bad_flags_fail_with_exit_code_1() {
+    let (code, _, err) = run(&["--proxy-mode", "bogus", "--dry-run", "--manifests", &demo("demo")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("bogus"), "{err}");
+    let (code, _, err) = run(&["--ipvs-sync-period", "soon"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("soon"), "{err}");
+}
+
+#[test]
+fn write_config_to_writes_the_effective_config_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let (code, _, err) = run(&["--config", &demo("demo.yaml"), "--write-config-to", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    for want in
+        ["mode: ipvs", "metricsBindAddress: 127.0.0.1:10249", "healthzBindAddress: 0.0.0.0:10256", "syncPeriod: 30s"]
+    {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    // The written file is itself a valid config.
+    let again = dir.path().join("again.yaml");
+    let (code, _, err) = run(&["--config", out.to_str().unwrap(), "--write-config-to", again.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), text);
+}

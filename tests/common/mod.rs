@@ -1,0 +1,65 @@
+//! Helpers shared by the integration tests: the binary's path and network
+//! namespaces that clean up after themselves.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+pub fn bin() -> String {
+    env!("CARGO_BIN_EXE_kube-proxy-rs").to_string()
+}
+
+fn sh(args: &[&str]) -> Output {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// A network namespace, deleted on drop. Needs root (CI runs as root).
+pub struct Netns {
+    pub name: String,
+    host_if: Option<String>,
+}
+
+impl Netns {
+    pub fn new(prefix: &str) -> Netns {
+        let name = format!("{prefix}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        sh(&["ip", "netns", "add", &name]);
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        Netns { name, host_if: None }
+    }
+
+    /// A veth pair between the host and this namespace; `inner` goes inside.
+    pub fn veth_to_host(&mut self, inner: &str, outer: &str) -> &mut Self {
+        let host_if = format!("vh{}", std::process::id() % 100_000);
+        let _ = Command::new("ip").args(["link", "del", &host_if]).output();
+        sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &self.name]);
+        sh(&["ip", "addr", "add", outer, "dev", &host_if]);
+        sh(&["ip", "link", "set", &host_if, "up"]);
+        sh(&["ip", "-n", &self.name, "addr", "add", inner, "dev", "eth0"]);
+        sh(&["ip", "-n", &self.name, "link", "set", "eth0", "up"]);
+        self.host_if = Some(host_if);
+        self
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Output {
+        Command::new("ip").args(["netns", "exec", &self.name]).args(args).output().expect("ip netns exec")
+    }
+
+    /// Runs unprivileged (uid/gid 65534) inside the namespace.
+    pub fn exec_as_nobody(&self, args: &[&str]) -> Output {
+        let mut cmd = vec!["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+        cmd.extend_from_slice(args);
+        self.exec(&cmd)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Some(h) = &self.host_if {
+            let _ = Command::new("ip").args(["link", "del", h]).output();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
