@@ -52,6 +52,15 @@ impl<S: Subsystem> KernelActor<S> {
 
 impl<S: Subsystem> Actor for KernelActor<S> {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(every) = self.kernel.periodic() {
+            ctx.run_interval(every, |act, ctx| {
+                // `wait`: no batch is handled while housekeeping runs.
+                ctx.wait(act.kernel.run_periodic().into_actor(act));
+            });
+        }
+    }
 }
 
 impl<S: Subsystem> Handler<Batch<S::Op>> for KernelActor<S> {

@@ -72,6 +72,16 @@ pub trait Subsystem: Clone + Unpin + 'static {
     /// into the ops that make the kernel match, removing what we own but
     /// don't want. Returns those ops, applied, with their results.
     fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<Applied<Self::Op>>;
+
+    /// Periodic housekeeping the actor runs between batches (graceful
+    /// termination of IPVS real servers), and its interval.
+    fn periodic(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    fn run_periodic(&self) -> KFuture<()> {
+        Box::pin(async {})
+    }
 }
 
 /// IPVS: virtual and real servers.

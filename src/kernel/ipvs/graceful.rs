@@ -1,0 +1,393 @@
+//! The IPVS kernel handle the actor uses: a backend (netlink, or the
+//! in-memory table in tests) plus upstream's graceful termination
+//! (pkg/proxy/ipvs/graceful_termination.go):
+//!
+//! - a removed TCP real server with connections gets weight 0 and stays
+//!   until it has no active and no inactive connections, checked every
+//!   minute (`rsCheckDeleteInterval`); UDP and SCTP real servers are
+//!   deleted at once;
+//! - a real server that comes back while terminating is deleted and added
+//!   again, as upstream's syncEndpoint does;
+//! - a full resync never deletes virtual servers we don't own (another
+//!   family, `--ipvs-exclude-cidrs`) and treats extra real servers like
+//!   removed ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::kernel::{ipvs_diff, Applied, DestState, IpvsKernel, IpvsTable, KFuture, KResult, KernelError, Subsystem};
+use crate::msgs::{DestKey, DestSpec, IpvsOp, VsKey, VsSpec};
+use crate::net::{IpFamily, Protocol};
+
+/// How often terminating real servers are checked (upstream: 1 minute).
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The raw IPVS operations graceful termination is built on.
+pub trait IpvsBackend: Clone + Unpin + 'static {
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>>;
+    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>>;
+    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>>;
+}
+
+/// Which virtual servers a full resync may delete.
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    pub family: IpFamily,
+    pub exclude: Vec<IpNet>,
+}
+
+impl Ownership {
+    pub fn owns(&self, vs: &VsKey) -> bool {
+        self.family.matches(&vs.addr) && !self.exclude.iter().any(|n| n.contains(&vs.addr))
+    }
+}
+
+/// Graceful termination over a backend.
+#[derive(Clone)]
+pub struct GracefulIpvs<B: IpvsBackend> {
+    backend: B,
+    owned: Arc<Ownership>,
+    terminating: Arc<Mutex<BTreeSet<(VsKey, DestKey)>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn needs_graceful(p: Protocol) -> bool {
+    p == Protocol::Tcp
+}
+
+impl<B: IpvsBackend> GracefulIpvs<B> {
+    pub fn new(backend: B, owned: Ownership) -> Self {
+        GracefulIpvs { backend, owned: Arc::new(owned), terminating: Arc::default() }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Real servers waiting for their connections to end.
+    pub fn terminating(&self) -> BTreeSet<(VsKey, DestKey)> {
+        lock(&self.terminating).clone()
+    }
+
+    /// Turns the coordinator's ops into kernel ops; returns, for each kernel
+    /// op, the index of the coordinator op it answers for.
+    async fn translate(&self, ops: &[IpvsOp]) -> (Vec<IpvsOp>, Vec<usize>) {
+        let mut conns: BTreeMap<VsKey, BTreeMap<DestKey, DestState>> = BTreeMap::new();
+        let mut out = Vec::with_capacity(ops.len());
+        let mut owner = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                IpvsOp::DelDest(vs, d) if needs_graceful(vs.protocol) => {
+                    if !conns.contains_key(vs) {
+                        let dump = self.backend.dests(*vs).await.unwrap_or_default();
+                        conns.insert(*vs, dump.into_iter().collect());
+                    }
+                    match conns.get(vs).and_then(|m| m.get(d)) {
+                        Some(st) if st.active + st.inactive > 0 => {
+                            lock(&self.terminating).insert((*vs, *d));
+                            out.push(IpvsOp::EditDest(*vs, *d, DestSpec { weight: 0 }));
+                        }
+                        _ => {
+                            lock(&self.terminating).remove(&(*vs, *d));
+                            out.push(op.clone());
+                        }
+                    }
+                    owner.push(i);
+                }
+                IpvsOp::AddDest(vs, d, _) | IpvsOp::EditDest(vs, d, _)
+                    if lock(&self.terminating).remove(&(*vs, *d)) =>
+                {
+                    // Back while terminating: upstream deletes it and adds it afresh.
+                    out.push(IpvsOp::DelDest(*vs, *d));
+                    owner.push(i);
+                    out.push(IpvsOp::AddDest(*vs, *d, DestSpec::default()));
+                    owner.push(i);
+                }
+                IpvsOp::DelService(vs) => {
+                    lock(&self.terminating).retain(|(v, _)| v != vs);
+                    out.push(op.clone());
+                    owner.push(i);
+                }
+                _ => {
+                    out.push(op.clone());
+                    owner.push(i);
+                }
+            }
+        }
+        (out, owner)
+    }
+
+    async fn apply_ops(&self, ops: Vec<IpvsOp>) -> Vec<KResult<()>> {
+        let (kernel_ops, owner) = self.translate(&ops).await;
+        let results = self.backend.apply_raw(kernel_ops).await;
+        let mut out: Vec<KResult<()>> = vec![Ok(()); ops.len()];
+        for (i, r) in owner.into_iter().zip(results) {
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+        out
+    }
+
+    async fn dump_table(&self) -> KResult<IpvsTable> {
+        let mut table = IpvsTable::default();
+        for (vs, spec) in self.backend.services().await? {
+            for (d, st) in self.backend.dests(vs).await? {
+                table.dests.insert((vs, d), st);
+            }
+            table.services.insert(vs, spec);
+        }
+        Ok(table)
+    }
+
+    /// Deletes terminating real servers whose connections are gone.
+    pub async fn check_terminating(&self) -> Vec<KResult<()>> {
+        let pending = self.terminating();
+        let mut by_vs: BTreeMap<VsKey, Vec<DestKey>> = BTreeMap::new();
+        for (vs, d) in pending {
+            by_vs.entry(vs).or_default().push(d);
+        }
+        let mut dels = Vec::new();
+        for (vs, ds) in by_vs {
+            let Ok(dump) = self.backend.dests(vs).await else { continue };
+            let live: BTreeMap<DestKey, DestState> = dump.into_iter().collect();
+            for d in ds {
+                if live.get(&d).is_none_or(|st| st.active + st.inactive == 0) {
+                    dels.push((vs, d));
+                }
+            }
+        }
+        if dels.is_empty() {
+            return Vec::new();
+        }
+        let ops: Vec<IpvsOp> = dels.iter().map(|(vs, d)| IpvsOp::DelDest(*vs, *d)).collect();
+        let results = self.backend.apply_raw(ops).await;
+        let mut t = lock(&self.terminating);
+        for ((vs, d), r) in dels.iter().zip(&results) {
+            if r.is_ok() {
+                t.remove(&(*vs, *d));
+                tracing::debug!(vs = %vs, dest = %d, "terminated real server deleted");
+            }
+        }
+        results
+    }
+}
+
+impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
+    type Op = IpvsOp;
+
+    fn apply(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move { me.apply_ops(ops).await })
+    }
+
+    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<Applied<IpvsOp>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let have = me.dump_table().await?;
+            let owned = me.owned.clone();
+            let ops = ipvs_diff(&desired, &have, |vs| owned.owns(vs));
+            let results = me.apply_ops(ops.clone()).await;
+            Ok((ops, results))
+        })
+    }
+
+    fn periodic(&self) -> Option<Duration> {
+        Some(CHECK_INTERVAL)
+    }
+
+    fn run_periodic(&self) -> KFuture<()> {
+        let me = self.clone();
+        Box::pin(async move {
+            for r in me.check_terminating().await {
+                if let Err(e) = r {
+                    tracing::warn!(actor = "ipvs", error = %e, "deleting a terminated real server failed");
+                }
+            }
+        })
+    }
+}
+
+impl<B: IpvsBackend> IpvsKernel for GracefulIpvs<B> {
+    fn dump(&self) -> KFuture<KResult<IpvsTable>> {
+        let me = self.clone();
+        Box::pin(async move { me.dump_table().await })
+    }
+}
+
+impl IpvsBackend for crate::kernel::mem::MemIpvs {
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+        Subsystem::apply(self, ops)
+    }
+
+    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+        let t = self.snapshot();
+        Box::pin(async move { Ok(t.services.into_iter().collect()) })
+    }
+
+    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
+        let t = self.snapshot();
+        Box::pin(async move {
+            if !t.services.contains_key(&vs) {
+                return Err(KernelError::errno(format!("-L -n {vs}"), 3));
+            }
+            Ok(t.dests.into_iter().filter(|((v, _), _)| *v == vs).map(|((_, d), st)| (d, st)).collect())
+        })
+    }
+}
+
+impl IpvsBackend for super::netlink::NetlinkIpvs {
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let shown: Vec<String> = ops.iter().map(|o| format!("ipvsadm {o}")).collect();
+            let results = me.apply(ops).await;
+            results.into_iter().zip(shown).map(|(r, op)| r.map_err(|e| kernel_error(op, &e))).collect()
+        })
+    }
+
+    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+        let me = self.clone();
+        Box::pin(async move { me.services().await.map_err(|e| kernel_error("ipvsadm -L -n", &e)) })
+    }
+
+    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let dump = me.dests(&vs).await.map_err(|e| kernel_error(format!("ipvsadm -L -n {vs}"), &e))?;
+            Ok(dump.into_iter().map(|(d, spec, active, inactive)| (d, DestState { spec, active, inactive })).collect())
+        })
+    }
+}
+
+fn kernel_error(op: impl std::fmt::Display, e: &super::netlink::IpvsError) -> KernelError {
+    KernelError { op: op.to_string(), errno: e.errno().map(|n| n.0), message: e.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::mem::{Journal, MemIpvs};
+
+    fn vs(p: Protocol) -> VsKey {
+        VsKey { addr: "10.96.0.1".parse().unwrap(), protocol: p, port: 80 }
+    }
+
+    fn dest(n: u8) -> DestKey {
+        DestKey { addr: format!("10.244.0.{n}").parse().unwrap(), port: 8080 }
+    }
+
+    fn spec() -> VsSpec {
+        VsSpec { scheduler: "rr".into(), flags: 0, timeout: 0 }
+    }
+
+    async fn setup(p: Protocol) -> (GracefulIpvs<MemIpvs>, MemIpvs) {
+        let mem = MemIpvs::new(&Journal::default());
+        let g = GracefulIpvs::new(mem.clone(), Ownership { family: IpFamily::V4, exclude: vec![] });
+        let ops = vec![
+            IpvsOp::AddService(vs(p), spec()),
+            IpvsOp::AddDest(vs(p), dest(1), DestSpec::default()),
+            IpvsOp::AddDest(vs(p), dest(2), DestSpec::default()),
+        ];
+        assert!(g.apply(ops).await.iter().all(|r| r.is_ok()));
+        (g, mem)
+    }
+
+    fn set_conns(mem: &MemIpvs, p: Protocol, d: DestKey, active: u32, inactive: u32) {
+        let mut t = mem.table.lock().unwrap();
+        let st = t.dests.get_mut(&(vs(p), d)).expect("dest exists");
+        st.active = active;
+        st.inactive = inactive;
+    }
+
+    fn weight(mem: &MemIpvs, p: Protocol, d: DestKey) -> Option<i32> {
+        mem.snapshot().dests.get(&(vs(p), d)).map(|s| s.spec.weight)
+    }
+
+    #[tokio::test]
+    async fn tcp_real_server_with_connections_gets_weight_0_until_they_end() {
+        let (g, mem) = setup(Protocol::Tcp).await;
+        set_conns(&mem, Protocol::Tcp, dest(1), 1, 0);
+        let r = g
+            .apply(vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(1)), IpvsOp::DelDest(vs(Protocol::Tcp), dest(2))])
+            .await;
+        assert!(r.iter().all(|r| r.is_ok()));
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(0), "kept with weight 0");
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(2)), None, "no connections: deleted at once");
+        assert!(g.check_terminating().await.is_empty(), "still has a connection");
+        set_conns(&mem, Protocol::Tcp, dest(1), 0, 1);
+        g.check_terminating().await;
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(0), "inactive connections count too");
+        set_conns(&mem, Protocol::Tcp, dest(1), 0, 0);
+        assert_eq!(g.check_terminating().await.len(), 1);
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), None);
+        assert!(g.terminating().is_empty());
+    }
+
+    #[tokio::test]
+    async fn udp_and_sctp_real_servers_are_deleted_at_once() {
+        for p in [Protocol::Udp, Protocol::Sctp] {
+            let (g, mem) = setup(p).await;
+            set_conns(&mem, p, dest(1), 3, 3);
+            g.apply(vec![IpvsOp::DelDest(vs(p), dest(1))]).await;
+            assert_eq!(weight(&mem, p, dest(1)), None, "{p}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_terminating_real_server_that_comes_back_is_re_added_with_weight_1() {
+        let (g, mem) = setup(Protocol::Tcp).await;
+        set_conns(&mem, Protocol::Tcp, dest(1), 1, 0);
+        g.apply(vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(1))]).await;
+        let r = g.apply(vec![IpvsOp::AddDest(vs(Protocol::Tcp), dest(1), DestSpec::default())]).await;
+        assert_eq!(r.len(), 1);
+        assert!(r[0].is_ok());
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(1));
+        assert!(g.terminating().is_empty());
+    }
+
+    #[tokio::test]
+    async fn full_resync_keeps_virtual_servers_it_does_not_own() {
+        let mem = MemIpvs::new(&Journal::default());
+        let g = GracefulIpvs::new(
+            mem.clone(),
+            Ownership { family: IpFamily::V4, exclude: vec!["172.16.0.0/12".parse().unwrap()] },
+        );
+        let foreign = VsKey { addr: "172.16.0.1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        let v6 = VsKey { addr: "fd00::1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        let stale = VsKey { addr: "10.96.9.9".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        g.apply(vec![
+            IpvsOp::AddService(foreign, spec()),
+            IpvsOp::AddService(v6, spec()),
+            IpvsOp::AddService(stale, spec()),
+        ])
+        .await;
+        let (ops, results) = g.reconcile(vec![IpvsOp::AddService(vs(Protocol::Tcp), spec())]).await.unwrap();
+        assert!(results.iter().all(|r| r.is_ok()));
+        assert_eq!(ops, vec![IpvsOp::AddService(vs(Protocol::Tcp), spec()), IpvsOp::DelService(stale)]);
+        let have = mem.snapshot();
+        assert!(have.services.contains_key(&foreign) && have.services.contains_key(&v6));
+    }
+
+    #[tokio::test]
+    async fn full_resync_terminates_extra_real_servers_gracefully() {
+        let (g, mem) = setup(Protocol::Tcp).await;
+        set_conns(&mem, Protocol::Tcp, dest(2), 2, 0);
+        let desired = vec![
+            IpvsOp::AddService(vs(Protocol::Tcp), spec()),
+            IpvsOp::AddDest(vs(Protocol::Tcp), dest(1), DestSpec::default()),
+        ];
+        g.reconcile(desired.clone()).await.unwrap();
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(2)), Some(0));
+        // The next full resync leaves it alone while it drains.
+        let (ops, _) = g.reconcile(desired).await.unwrap();
+        assert_eq!(ops, vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(2))]);
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(2)), Some(0));
+    }
+}
