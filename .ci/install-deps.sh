@@ -21,7 +21,8 @@ _kprs_install_deps() (
     ipvsadm ipset conntrack nftables iptables socat
     kmod                # depmod / modprobe --show-depends against the guest kernel tree
     cpio lz4 xz-utils zstd gzip   # initramfs + extracting vmlinux from the bzImage
-    coreutils util-linux tar grep gawk libc-bin dpkg apt   # timeout, flock, ldd, dpkg -x ...
+    coreutils util-linux tar grep libc-bin dpkg apt   # timeout, flock, ldd, dpkg -x ...
+    binutils            # strip --strip-debug for binaries copied into the guest
   )
   missing=()
   for p in "${pkgs[@]}"; do

@@ -10,4 +10,5 @@ pub mod model;
 pub mod msgs;
 pub mod net;
 pub mod plan;
+pub mod runtime;
 pub mod schedule;

@@ -3,8 +3,9 @@
 
 use std::process::ExitCode;
 
-use kube_proxy_rs::config::{self, Flags};
+use kube_proxy_rs::config::{self, Flags, ProxyMode};
 use kube_proxy_rs::daemon::{self, StartError};
+use kube_proxy_rs::runtime;
 
 fn main() -> ExitCode {
     let flags = Flags::from_env();
@@ -35,8 +36,14 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         print!("{out}");
         return Ok(());
     }
-    Err(StartError::Unsupported(format!(
-        "proxy mode {:?}: programming the kernel is not built yet; use --dry-run",
-        cfg.proxy_mode().as_str()
-    )))
+    if flags.cleanup {
+        return runtime::cleanup();
+    }
+    match cfg.proxy_mode() {
+        ProxyMode::Ipvs => runtime::run_ipvs(cfg, flags.manifests.clone()),
+        mode => Err(StartError::Unsupported(format!(
+            "proxy mode {:?} is not built yet (issue 5); use --proxy-mode=ipvs or --dry-run",
+            mode.as_str()
+        ))),
+    }
 }

@@ -14,16 +14,23 @@ use actix::prelude::*;
 
 use super::stats::ActorStats;
 use crate::kernel::{Applied, Subsystem};
-use crate::msgs::{Ack, Batch, SyncMode};
+use crate::msgs::{Ack, Batch, DriftDetected, SyncMode};
 
 pub struct KernelActor<S: Subsystem> {
     kernel: S,
     stats: Arc<ActorStats>,
+    drift: Option<Recipient<DriftDetected>>,
 }
 
 impl<S: Subsystem> KernelActor<S> {
     pub fn new(kernel: S, stats: Arc<ActorStats>) -> Self {
-        KernelActor { kernel, stats }
+        KernelActor { kernel, stats, drift: None }
+    }
+
+    /// Where to report drift found by the handle's periodic check.
+    pub fn with_drift_sink(mut self, sink: Recipient<DriftDetected>) -> Self {
+        self.drift = Some(sink);
+        self
     }
 
     fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>) -> Ack<S::Op> {
@@ -57,7 +64,12 @@ impl<S: Subsystem> Actor for KernelActor<S> {
         if let Some(every) = self.kernel.periodic() {
             ctx.run_interval(every, |act, ctx| {
                 // `wait`: no batch is handled while housekeeping runs.
-                ctx.wait(act.kernel.run_periodic().into_actor(act));
+                ctx.wait(act.kernel.run_periodic().into_actor(act).map(|drifted, act, _| {
+                    if let (true, Some(sink)) = (drifted, &act.drift) {
+                        tracing::warn!(actor = %act.stats.name, "kernel state changed behind our back; full resync");
+                        sink.do_send(DriftDetected { actor: act.stats.name.clone() });
+                    }
+                }));
             });
         }
     }

@@ -6,9 +6,15 @@
 //! the future that does the I/O.
 
 pub mod addrs;
+pub mod conntrack;
+pub mod ipset;
+pub mod iptables;
 pub mod iptables_probe;
 pub mod ipvs;
+pub mod link;
 pub mod mem;
+pub mod sysctl;
+pub mod tool;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -74,13 +80,15 @@ pub trait Subsystem: Clone + Unpin + 'static {
     fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<Applied<Self::Op>>;
 
     /// Periodic housekeeping the actor runs between batches (graceful
-    /// termination of IPVS real servers), and its interval.
+    /// termination of IPVS real servers, the iptables canary), and its interval.
     fn periodic(&self) -> Option<std::time::Duration> {
         None
     }
 
-    fn run_periodic(&self) -> KFuture<()> {
-        Box::pin(async {})
+    /// Runs the housekeeping; `true` means the kernel drifted from what we
+    /// programmed (e.g. our canary chain vanished) and needs a full resync.
+    fn run_periodic(&self) -> KFuture<bool> {
+        Box::pin(async { false })
     }
 }
 

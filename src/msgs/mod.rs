@@ -56,6 +56,14 @@ impl<Op> Ack<Op> {
     }
 }
 
+/// An actor found the kernel changed behind our back: the coordinator
+/// schedules a full resync.
+#[derive(Debug, Clone, actix::Message)]
+#[rtype(result = "()")]
+pub struct DriftDetected {
+    pub actor: String,
+}
+
 impl<Op: 'static> actix::Message for Batch<Op> {
     type Result = Ack<Op>;
 }

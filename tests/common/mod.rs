@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::process::{Command, Output};
 
 pub fn bin() -> String {
@@ -52,6 +54,42 @@ impl Netns {
         let mut cmd = vec!["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
         cmd.extend_from_slice(args);
         self.exec(&cmd)
+    }
+}
+
+impl Netns {
+    /// Runs `f` on a thread that entered this namespace with setns(2): the
+    /// sockets it opens and the processes it starts (ipset, iptables) live
+    /// here, while the test's own thread and the host stay untouched. A
+    /// panic in `f` fails the test.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            let inner = s.spawn(|| {
+                let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+                f()
+            });
+            inner.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// [`Netns::run`] with a current-thread Tokio runtime on that thread;
+    /// `f` builds the future there (kernel handles' futures are not Send).
+    pub fn block_on<T: Send, F: std::future::Future<Output = T>>(&self, f: impl FnOnce() -> F + Send) -> T {
+        self.run(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            rt.block_on(f())
+        })
+    }
+
+    /// Runs a command inside the namespace; panics unless it succeeds.
+    /// Returns its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.exec(args);
+        assert!(out.status.success(), "{args:?} in {} failed: {}", self.name, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 

@@ -149,7 +149,7 @@ if [ -z "${KERNEL_PKG:-}" ]; then
     KERNEL_PKG=$(resolve)
   fi
   [ -n "$KERNEL_PKG" ] || die "cannot resolve linux-image-cloud-amd64 (apt lists?); set KERNEL_PKG"
-  [ "$(cat "$RESOLVED" 2>/dev/null)" = "$KERNEL_PKG" ] || echo "$KERNEL_PKG" >"$RESOLVED"
+  echo "$KERNEL_PKG" >"$RESOLVED"
 fi
 KVER=${KERNEL_PKG#linux-image-}
 KROOT=$CACHE/kernel/$KVER

@@ -27,7 +27,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::stats::ActorStats;
-use crate::model::{Model, ModelChanges};
+use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
 use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
@@ -36,8 +36,9 @@ use crate::schedule::{SyncKind, SyncScheduler};
 /// Reads the node's interface addresses (I/O, done by the caller's closure).
 pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr>>;
 
-/// Renders the iptables-restore input for IPVS mode from the current plan.
-pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner) -> String>;
+/// Renders the iptables-restore input for IPVS mode from the current plan
+/// and the Node (its pod CIDR for detect-local NodeCIDR).
+pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner, &NodeInfo) -> String>;
 
 /// Sync timing and planning settings.
 pub struct Settings {
@@ -184,6 +185,7 @@ impl Coordinator {
         let desired = self.planner.desired();
         let mut stage = Stage::full(generation, &desired);
         stage.rules = Some(self.render_rules());
+        stage.rules_full = true;
         stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
         stage
     }
@@ -215,7 +217,8 @@ impl Coordinator {
             }
         }
         let rules = self.render_rules();
-        if self.needs_full.contains(&ActorId::Iptables) || self.last_rules.as_ref() != Some(&rules) {
+        stage.rules_full = self.needs_full.contains(&ActorId::Iptables);
+        if stage.rules_full || self.last_rules.as_ref() != Some(&rules) {
             stage.rules = Some(rules);
         }
         stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
@@ -227,7 +230,7 @@ impl Coordinator {
     }
 
     fn render_rules(&self) -> String {
-        (self.rules)(&self.planner)
+        (self.rules)(&self.planner, self.model.node())
     }
 
     /// Sends the stages, in order; returns every ack.
@@ -241,6 +244,7 @@ impl Coordinator {
         let conntrack_addr = (t.conntrack.addr.clone(), t.conntrack.stats.clone());
         let link_addr = (t.link.addr.clone(), t.link.stats.clone());
         let (generation, rules, conntrack, unbinds) = (stage.generation, stage.rules, stage.conntrack, stage.unbinds);
+        let rules_full = stage.rules_full;
         async move {
             let mut out = Outcome::default();
             if let Some(f) = ipvs {
@@ -255,11 +259,9 @@ impl Coordinator {
             }
             if let Some(text) = rules {
                 let tg = Target { addr: iptables_addr.0, stats: iptables_addr.1 };
-                let b = batch(
-                    generation,
-                    SyncMode::Incremental,
-                    vec![IptablesOp::Restore(RestoreInput { text: text.clone() })],
-                );
+                // A full batch makes the handle check the jumps from the built-in chains too.
+                let mode = if rules_full { SyncMode::Full } else { SyncMode::Incremental };
+                let b = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text: text.clone() })]);
                 out.iptables = Some((text, tg.send(b).await));
             }
             let ipvs_ok = out.ipvs.as_ref().is_none_or(|a| a.as_ref().is_some_and(|a| a.is_ok()));
@@ -347,6 +349,8 @@ struct Stage {
     sets: BTreeMap<IpvsSet, Batch<IpsetOp>>,
     binds: Option<Batch<LinkOp>>,
     rules: Option<String>,
+    /// Send the rules as a full batch (first sync, resyncs, after a failure).
+    rules_full: bool,
     conntrack: Vec<ConntrackOp>,
     unbinds: Option<Batch<LinkOp>>,
 }
@@ -359,6 +363,7 @@ impl Stage {
             sets: BTreeMap::new(),
             binds: None,
             rules: None,
+            rules_full: false,
             conntrack: Vec::new(),
             unbinds: None,
         }
@@ -406,6 +411,18 @@ impl Handler<SourceBatch> for Coordinator {
         if self.model.has_pending() {
             self.sched.request();
         }
+        if !self.sched.is_running() {
+            self.arm(ctx);
+        }
+    }
+}
+
+impl Handler<DriftDetected> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: DriftDetected, ctx: &mut Context<Self>) {
+        tracing::info!(actor = %msg.actor, "drift detected: scheduling a full resync");
+        self.sched.request_full();
         if !self.sched.is_running() {
             self.arm(ctx);
         }

@@ -67,7 +67,7 @@ fn start(min: Duration, max: Duration) -> Harness {
     };
     let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: "192.168.50.2".parse().unwrap() }]);
     // A stand-in renderer: the rules name the cluster-IP set once it has members.
-    let rules: RulesRenderer = Box::new(|p: &IpvsPlanner| {
+    let rules: RulesRenderer = Box::new(|p: &IpvsPlanner, _: &crate::model::NodeInfo| {
         let extra = if p.set_has_members(IpvsSet::ClusterIp) {
             "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst\n"
         } else {
@@ -269,5 +269,21 @@ fn one_endpoint_change_among_many_services_is_one_kernel_op() {
         h.send(vec![web_slice("svc-1234", &["10.244.4.210", "10.250.0.1"])]).await;
         sleep(MS).await;
         assert_eq!(h.k.journal.lines(), vec!["ipvs -a -t 10.96.4.210:80 -r 10.250.0.1:8080 -m -w 1"]);
+    });
+}
+
+#[test]
+fn drift_reported_by_an_actor_triggers_an_immediate_full_resync() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(Duration::from_secs(5)).await;
+        *h.k.ipvs.table.lock().unwrap() = Default::default();
+        h.coord.send(DriftDetected { actor: "iptables".into() }).await.unwrap();
+        sleep(MS).await;
+        assert_eq!(h.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::ZERO, Duration::from_secs(5)]);
+        assert!(h.syncs().await.last().unwrap().full);
     });
 }

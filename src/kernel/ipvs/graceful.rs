@@ -50,6 +50,7 @@ impl Ownership {
 pub struct GracefulIpvs<B: IpvsBackend> {
     backend: B,
     owned: Arc<Ownership>,
+    check_interval: Duration,
     terminating: Arc<Mutex<BTreeSet<(VsKey, DestKey)>>>,
 }
 
@@ -63,7 +64,13 @@ fn needs_graceful(p: Protocol) -> bool {
 
 impl<B: IpvsBackend> GracefulIpvs<B> {
     pub fn new(backend: B, owned: Ownership) -> Self {
-        GracefulIpvs { backend, owned: Arc::new(owned), terminating: Arc::default() }
+        GracefulIpvs { backend, owned: Arc::new(owned), check_interval: CHECK_INTERVAL, terminating: Arc::default() }
+    }
+
+    /// Checks terminating real servers at another interval than upstream's minute.
+    pub fn with_check_interval(mut self, every: Duration) -> Self {
+        self.check_interval = every;
+        self
     }
 
     pub fn backend(&self) -> &B {
@@ -199,10 +206,10 @@ impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
     }
 
     fn periodic(&self) -> Option<Duration> {
-        Some(CHECK_INTERVAL)
+        Some(self.check_interval)
     }
 
-    fn run_periodic(&self) -> KFuture<()> {
+    fn run_periodic(&self) -> KFuture<bool> {
         let me = self.clone();
         Box::pin(async move {
             for r in me.check_terminating().await {
@@ -210,6 +217,7 @@ impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
                     tracing::warn!(actor = "ipvs", error = %e, "deleting a terminated real server failed");
                 }
             }
+            false
         })
     }
 }

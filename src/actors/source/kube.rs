@@ -1,0 +1,651 @@
+//! The Kubernetes API source: Services, EndpointSlices and this node's Node
+//! from the API server, through kube-rs watchers.
+//!
+//! It emits exactly the [`SourceEvent`]s the manifest source emits, so
+//! nothing downstream knows which source is in use.
+//!
+//! # What is watched
+//!
+//! As upstream's `cmd/kube-proxy/app/server.go`:
+//!
+//! - Services without the `service.kubernetes.io/service-proxy-name` label
+//!   (those belong to another proxy), and not headless: label selector
+//!   [`SERVICE_LABEL_SELECTOR`], field selector [`SERVICE_FIELD_SELECTOR`].
+//! - EndpointSlices not labelled `service.kubernetes.io/headless`
+//!   ([`ENDPOINT_SLICE_LABEL_SELECTOR`]).
+//! - The Node named `node_name` (field selector `metadata.name=<node_name>`).
+//!
+//! # Events
+//!
+//! kube-rs's watcher lists, then watches from the list's resourceVersion;
+//! when a watch expires (410 Gone) it lists again. A (re)list arrives as
+//! `Init`, `InitApply`…, `InitDone`. [`RelistState`] buffers the listed
+//! objects and on `InitDone` swaps them in: `Applied` for every object that
+//! is new or changed (another resourceVersion), `Deleted` for every object no
+//! longer listed, and after the first list `Synced(kind)`. A relist that
+//! finds what was already known emits nothing, so a 410 does not make the
+//! kernel flap. Watch events (`Apply`, `Delete`) pass through, minus exact
+//! repeats of what is known.
+//!
+//! Each watcher event becomes at most one [`SourceBatch`]; a relist is one
+//! batch. Watcher errors (API server unreachable, RBAC, expired watch) are
+//! logged and retried with kube-runtime's default backoff (0.8 s doubling to
+//! 30 s, with jitter, as client-go's reflector); meanwhile the consumer keeps
+//! the last state it was told.
+//!
+//! # Client configuration
+//!
+//! [`client_config`] follows upstream's `createClient`: the in-cluster
+//! service account when neither `--kubeconfig` nor `--master` is given,
+//! otherwise the kubeconfig file (its current context), with `--master`
+//! replacing the cluster URL. kube-rs has no client-side rate limiter and
+//! speaks only JSON, so `clientConnection.qps`, `burst`, `contentType` and
+//! `acceptContentTypes` are read but not applied (logged at debug).
+
+use std::collections::BTreeMap;
+use std::error::Error as StdError;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Config, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::{debug, info, warn};
+
+use crate::config::ClientConnectionConfiguration;
+use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
+
+/// Services the proxy handles: not claimed by another proxy (upstream's
+/// `noProxyName`). Services never carry the headless label; upstream
+/// selected on it too until kubernetes/kubernetes#134623 and it costs nothing.
+pub const SERVICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
+/// Headless Services have no cluster IP to program (upstream since
+/// kubernetes/kubernetes#126769; the API server supports this field since
+/// kubernetes/kubernetes#123905).
+pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
+/// EndpointSlices of headless Services are labelled so by the
+/// EndpointSlice controller (upstream's `noHeadlessEndpoints`).
+pub const ENDPOINT_SLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
+
+/// Why no API client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    /// Neither `--kubeconfig` nor `--master`, and not running in a pod.
+    #[error("no --kubeconfig or --master given, and no in-cluster configuration: {0}")]
+    InCluster(#[source] InClusterError),
+    /// The kubeconfig file cannot be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: KubeconfigError,
+    },
+    /// `--master` is not a URL.
+    #[error("--master {url:?} is not a valid URL: {source}")]
+    Master {
+        url: String,
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+    /// The HTTP client could not be built (TLS settings, proxy).
+    #[error("building the API client for {url}: {source}")]
+    Client {
+        url: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The node object could not be read in time.
+    #[error("reading node {name:?}: {source}")]
+    Node {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The client configuration upstream's `createClient` would build from
+/// `clientConnection` and `--master` (`master`: empty or `None` when unset).
+pub async fn client_config(
+    connection: &ClientConnectionConfiguration,
+    master: Option<&str>,
+) -> Result<Config, KubeSourceError> {
+    let master = master.filter(|m| !m.is_empty());
+    let kubeconfig = connection.kubeconfig.as_str();
+    let mut config = match kubeconfig {
+        "" if master.is_none() => {
+            info!("neither kubeconfig file nor master URL was specified, falling back to in-cluster config");
+            Config::incluster().map_err(KubeSourceError::InCluster)?
+        }
+        "" => Config::new(Default::default()),
+        path => load_kubeconfig(path).await?,
+    };
+    if let Some(master) = master {
+        set_master(&mut config, master)?;
+    }
+    log_unsupported_settings(connection);
+    Ok(config)
+}
+
+/// A client for `config`.
+pub fn client(config: Config) -> Result<Client, KubeSourceError> {
+    let url = config.cluster_url.to_string();
+    Client::try_from(config).map_err(|source| KubeSourceError::Client { url, source })
+}
+
+async fn load_kubeconfig(path: &str) -> Result<Config, KubeSourceError> {
+    let error = |source| KubeSourceError::Kubeconfig { path: path.to_owned(), source };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(error)?;
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.map_err(error)
+}
+
+/// Points `config` at `--master`. Without a scheme: `https` if the
+/// kubeconfig configures TLS, `http` otherwise (as client-go's `DefaultServerURL`).
+fn set_master(config: &mut Config, master: &str) -> Result<(), KubeSourceError> {
+    let url = match (master.contains("://"), uses_tls(config)) {
+        (true, _) => master.to_owned(),
+        (false, true) => format!("https://{master}"),
+        (false, false) => format!("http://{master}"),
+    };
+    config.cluster_url =
+        url.parse().map_err(|source| KubeSourceError::Master { url: master.to_owned(), source: Box::new(source) })?;
+    Ok(())
+}
+
+fn uses_tls(config: &Config) -> bool {
+    config.root_cert.is_some() || config.accept_invalid_certs || config.cluster_url.scheme_str() == Some("https")
+}
+
+fn log_unsupported_settings(connection: &ClientConnectionConfiguration) {
+    debug!(
+        qps = connection.qps,
+        burst = connection.burst,
+        content_type = %connection.content_type,
+        accept_content_types = %connection.accept_content_types,
+        "clientConnection rate limits and content types are not applied: kube-rs has no client-side \
+         rate limiter and speaks JSON only"
+    );
+}
+
+/// Reads the Node `name`, retrying every second for up to `timeout` while
+/// it is missing or the API server is unreachable (upstream's NodeManager
+/// waits the same way). `None` if it does not exist by then.
+pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Result<Option<Node>, KubeSourceError> {
+    let nodes: Api<Node> = Api::all(client);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let result = nodes.get_opt(name).await;
+        let expired = tokio::time::Instant::now() >= deadline;
+        match result {
+            Ok(Some(node)) => return Ok(Some(node)),
+            Ok(None) if expired => return Ok(None),
+            Err(source) if expired => return Err(KubeSourceError::Node { name: name.to_owned(), source }),
+            Ok(None) => debug!(node = name, "node not registered yet"),
+            Err(error) => warn!(node = name, %error, "reading the node; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Watches Services, EndpointSlices and the Node `node_name` and feeds
+/// `sink` one [`SourceBatch`] per change (a whole relist is one batch).
+/// Runs until the future is dropped; API errors are logged and retried.
+pub async fn run(client: Client, node_name: String, sink: impl Fn(SourceBatch) + Send + 'static) {
+    let node_selector = format!("metadata.name={node_name}");
+    let services = watcher::Config::default().labels(SERVICE_LABEL_SELECTOR).fields(SERVICE_FIELD_SELECTOR);
+    let slices = watcher::Config::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
+    let nodes = watcher::Config::default().fields(&node_selector);
+    let mut batches = stream::select_all([
+        batches::<Service>(Api::all(client.clone()), services),
+        batches::<EndpointSlice>(Api::all(client.clone()), slices),
+        batches::<Node>(Api::all(client), nodes),
+    ]);
+    info!(node = %node_name, "watching the API server");
+    while let Some(batch) = batches.next().await {
+        sink(batch);
+    }
+}
+
+/// One kind's watcher, turned into batches for the coordinator.
+fn batches<K: Watched>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, SourceBatch> {
+    let mut state = RelistState::<K>::new();
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            let events = match event {
+                Ok(event) => state.handle(event),
+                Err(error) => {
+                    log_watch_error(K::KIND, &error);
+                    Vec::new()
+                }
+            };
+            futures::future::ready((!events.is_empty()).then_some(SourceBatch(events)))
+        })
+        .boxed()
+}
+
+fn log_watch_error(kind: ResourceKind, error: &watcher::Error) {
+    match error {
+        watcher::Error::WatchError(status) if status.code == 410 => {
+            info!(%kind, message = %status.message, "watch expired; relisting")
+        }
+        _ => warn!(%kind, %error, "watching the API server failed; retrying with backoff"),
+    }
+}
+
+/// A kind the source watches.
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + PartialEq + Send + Sync + 'static
+{
+    const KIND: ResourceKind;
+    /// The event carrying `change`.
+    fn event(change: Change<Self>) -> SourceEvent;
+}
+
+impl Watched for Service {
+    const KIND: ResourceKind = ResourceKind::Service;
+    fn event(change: Change<Self>) -> SourceEvent {
+        SourceEvent::Service(change)
+    }
+}
+
+impl Watched for EndpointSlice {
+    const KIND: ResourceKind = ResourceKind::EndpointSlice;
+    fn event(change: Change<Self>) -> SourceEvent {
+        SourceEvent::EndpointSlice(change)
+    }
+}
+
+impl Watched for Node {
+    const KIND: ResourceKind = ResourceKind::Node;
+    fn event(change: Change<Self>) -> SourceEvent {
+        SourceEvent::Node(change)
+    }
+}
+
+/// Namespace (empty for cluster-scoped objects) and name.
+type ObjectKey = (String, String);
+
+fn key_of<K: Resource>(object: &K) -> ObjectKey {
+    (object.namespace().unwrap_or_default(), object.name_any())
+}
+
+/// The same version of an object: equal resourceVersions, or equal
+/// objects when either has none.
+fn same_version<K: Watched>(a: &K, b: &K) -> bool {
+    match (a.resource_version(), b.resource_version()) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// What one kind's consumer has been told, and the relist in progress: the
+/// pure core of the source. Feed it watcher events; it returns the source
+/// events to send.
+#[derive(Debug)]
+pub struct RelistState<K> {
+    /// The objects as last sent.
+    known: BTreeMap<ObjectKey, Arc<K>>,
+    /// Objects listed since `Init`, until `InitDone`.
+    relisting: Option<BTreeMap<ObjectKey, Arc<K>>>,
+    synced: bool,
+}
+
+impl<K: Watched> Default for RelistState<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Watched> RelistState<K> {
+    /// Nothing known, nothing listed yet.
+    pub fn new() -> Self {
+        Self { known: BTreeMap::new(), relisting: None, synced: false }
+    }
+
+    /// The first list has completed.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// How many objects the consumer knows.
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// The consumer knows no object.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// The source events `event` implies, in order.
+    pub fn handle(&mut self, event: Event<K>) -> Vec<SourceEvent> {
+        match event {
+            Event::Init => {
+                self.relisting = Some(BTreeMap::new());
+                Vec::new()
+            }
+            Event::InitApply(object) => {
+                let listed = self.relisting.get_or_insert_default();
+                listed.insert(key_of(&object), Arc::new(object));
+                Vec::new()
+            }
+            Event::InitDone => self.swap(),
+            Event::Apply(object) => self.apply(object).into_iter().collect(),
+            Event::Delete(object) => self.delete(object).into_iter().collect(),
+        }
+    }
+
+    /// Replaces what is known by the completed list; the differences.
+    fn swap(&mut self) -> Vec<SourceEvent> {
+        let listed = self.relisting.take().unwrap_or_default();
+        let gone = (self.known.iter()).filter(|(key, _)| !listed.contains_key(*key));
+        let mut events: Vec<SourceEvent> = gone.map(|(_, old)| K::event(Change::Deleted(old.clone()))).collect();
+        let deleted = events.len();
+        let changed = listed.iter().filter(|(key, new)| true);
+        events.extend(changed.map(|(_, new)| K::event(Change::Applied(new.clone()))));
+        let first = !self.synced;
+        info!(
+            kind = %K::KIND,
+            objects = listed.len(),
+            applied = events.len() - deleted,
+            deleted,
+            first,
+            "list complete"
+        );
+        self.known = listed;
+        if first {
+            self.synced = true;
+            events.push(SourceEvent::Synced(K::KIND));
+        }
+        events
+    }
+
+    fn apply(&mut self, object: K) -> Option<SourceEvent> {
+        let key = key_of(&object);
+        if self.known.get(&key).is_some_and(|old| same_version(old.as_ref(), &object)) {
+            debug!(kind = %K::KIND, object = ?key, "repeated watch event ignored");
+            return None;
+        }
+        let object = Arc::new(object);
+        self.known.insert(key, object.clone());
+        Some(K::event(Change::Applied(object)))
+    }
+
+    fn delete(&mut self, object: K) -> Option<SourceEvent> {
+        let key = key_of(&object);
+        if let Some(listed) = &mut self.relisting {
+            listed.remove(&key);
+        }
+        if self.known.remove(&key).is_none() {
+            debug!(kind = %K::KIND, object = ?key, "deletion of an unknown object ignored");
+            return None;
+        }
+        Some(K::event(Change::Deleted(Arc::new(object))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ServiceSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn service(name: &str, version: &str, cluster_ip: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec { cluster_ip: Some(cluster_ip.into()), ..ServiceSpec::default() }),
+            ..Service::default()
+        }
+    }
+
+    fn node(name: &str, version: Option<&str>) -> Node {
+        let metadata =
+            ObjectMeta { name: Some(name.into()), resource_version: version.map(Into::into), ..ObjectMeta::default() };
+        Node { metadata, ..Node::default() }
+    }
+
+    /// `applied Service default/a@3`, `deleted Node n@1`, `synced Service`.
+    fn summary(events: &[SourceEvent]) -> Vec<String> {
+        fn line<K: Resource>(verb: &str, kind: &str, object: &K) -> String {
+            let name = match object.namespace() {
+                Some(ns) => format!("{ns}/{}", object.name_any()),
+                None => object.name_any(),
+            };
+            format!("{verb} {kind} {name}@{}", object.resource_version().unwrap_or_default())
+        }
+        fn change<K: Resource>(kind: &str, change: &Change<K>) -> String {
+            match change {
+                Change::Applied(o) => line("applied", kind, o.as_ref()),
+                Change::Deleted(o) => line("deleted", kind, o.as_ref()),
+            }
+        }
+        (events.iter())
+            .map(|event| match event {
+                SourceEvent::Service(c) => change("Service", c),
+                SourceEvent::EndpointSlice(c) => change("EndpointSlice", c),
+                SourceEvent::Node(c) => change("Node", c),
+                SourceEvent::Synced(kind) => format!("synced {kind}"),
+            })
+            .collect()
+    }
+
+    /// Feeds a whole list (`Init`, `InitApply`…, `InitDone`).
+    fn list<K: Watched>(state: &mut RelistState<K>, objects: Vec<K>) -> Vec<String> {
+        let mut events = state.handle(Event::Init);
+        for object in objects {
+            events.extend(state.handle(Event::InitApply(object)));
+        }
+        events.extend(state.handle(Event::InitDone));
+        summary(&events)
+    }
+
+    fn listed_state(objects: Vec<Service>) -> RelistState<Service> {
+        let mut state = RelistState::new();
+        list(&mut state, objects);
+        state
+    }
+
+    #[test]
+    fn the_first_list_applies_every_object_then_syncs() {
+        let mut state = RelistState::new();
+        let events = list(&mut state, vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")]);
+        assert_eq!(events, ["applied Service default/a@3", "applied Service default/b@4", "synced Service"]);
+        assert!(state.is_synced());
+        assert_eq!(state.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_first_list_only_syncs() {
+        let mut state = RelistState::<Node>::new();
+        assert_eq!(list(&mut state, vec![]), ["synced Node"]);
+        assert!(state.is_empty());
+    }
+
+    #[test]
+    fn nothing_is_emitted_before_init_done() {
+        let mut state = RelistState::new();
+        assert!(state.handle(Event::Init).is_empty());
+        assert!(state.handle(Event::InitApply(service("a", "3", "10.96.0.1"))).is_empty());
+        assert!(!state.is_synced());
+        assert!(state.is_empty());
+    }
+
+    #[test]
+    fn a_relist_of_the_same_objects_emits_nothing() {
+        let objects = vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")];
+        let mut state = listed_state(objects.clone());
+        assert!(list(&mut state, objects).is_empty());
+        assert_eq!(state.len(), 2);
+    }
+
+    #[test]
+    fn a_relist_emits_exactly_the_deleted_object() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")]);
+        assert_eq!(list(&mut state, vec![service("a", "3", "10.96.0.1")]), ["deleted Service default/b@4"]);
+        assert_eq!(state.len(), 1);
+    }
+
+    #[test]
+    fn a_relist_emits_new_and_changed_objects() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")]);
+        let relisted =
+            vec![service("a", "7", "10.96.0.9"), service("b", "4", "10.96.0.2"), service("c", "8", "10.96.0.3")];
+        assert_eq!(list(&mut state, relisted), ["applied Service default/a@7", "applied Service default/c@8"]);
+    }
+
+    #[test]
+    fn a_relist_deletes_before_it_applies() {
+        let mut state = listed_state(vec![service("b", "4", "10.96.0.2")]);
+        let events = list(&mut state, vec![service("a", "9", "10.96.0.2")]);
+        assert_eq!(events, ["deleted Service default/b@4", "applied Service default/a@9"]);
+    }
+
+    #[test]
+    fn a_deleted_object_is_sent_as_last_known() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        let events = state.handle(Event::Init);
+        assert!(events.is_empty());
+        let events = state.handle(Event::InitDone);
+        let [SourceEvent::Service(Change::Deleted(gone))] = &events[..] else {
+            panic!("{:?}", summary(&events));
+        };
+        assert_eq!(gone.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()), Some("10.96.0.1"));
+    }
+
+    #[test]
+    fn an_interrupted_relist_starts_over_at_the_next_init() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        state.handle(Event::Init);
+        state.handle(Event::InitApply(service("b", "5", "10.96.0.2")));
+        // The list failed half-way; the watcher starts again.
+        let events = list(&mut state, vec![service("a", "3", "10.96.0.1")]);
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn watch_events_pass_through() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        let events = state.handle(Event::Apply(service("b", "5", "10.96.0.2")));
+        assert_eq!(summary(&events), ["applied Service default/b@5"]);
+        let events = state.handle(Event::Apply(service("a", "6", "10.96.0.3")));
+        assert_eq!(summary(&events), ["applied Service default/a@6"]);
+        let events = state.handle(Event::Delete(service("b", "7", "10.96.0.2")));
+        assert_eq!(summary(&events), ["deleted Service default/b@7"]);
+        assert_eq!(state.len(), 1);
+    }
+
+    #[test]
+    fn a_repeated_watch_event_is_dropped() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        assert!(state.handle(Event::Apply(service("a", "3", "10.96.0.1"))).is_empty());
+        assert!(state.handle(Event::Delete(service("z", "9", "10.96.0.9"))).is_empty());
+    }
+
+    #[test]
+    fn watch_changes_are_the_baseline_of_the_next_relist() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        state.handle(Event::Apply(service("a", "6", "10.96.0.3")));
+        state.handle(Event::Apply(service("b", "7", "10.96.0.4")));
+        let relisted = vec![service("a", "6", "10.96.0.3"), service("b", "7", "10.96.0.4")];
+        assert!(list(&mut state, relisted).is_empty());
+    }
+
+    #[test]
+    fn synced_is_sent_only_after_the_first_list() {
+        let mut state = listed_state(vec![]);
+        assert!(list(&mut state, vec![]).is_empty());
+        let events = list(&mut state, vec![service("a", "3", "10.96.0.1")]);
+        assert_eq!(events, ["applied Service default/a@3"]);
+    }
+
+    #[test]
+    fn objects_without_resource_version_are_compared_whole() {
+        let mut state = RelistState::new();
+        list(&mut state, vec![node("n", None)]);
+        assert!(list(&mut state, vec![node("n", None)]).is_empty());
+        let mut labelled = node("n", None);
+        labelled.metadata.labels = Some([("zone".to_owned(), "a".to_owned())].into());
+        assert_eq!(list(&mut state, vec![labelled]), ["applied Node n@"]);
+    }
+
+    #[test]
+    fn the_same_name_in_two_namespaces_is_two_objects() {
+        let mut other = service("a", "5", "10.96.0.2");
+        other.metadata.namespace = Some("other".into());
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1"), other]);
+        assert_eq!(state.len(), 2);
+        let events = state.handle(Event::Delete(service("a", "6", "10.96.0.1")));
+        assert_eq!(summary(&events), ["deleted Service default/a@6"]);
+        assert_eq!(state.len(), 1);
+    }
+
+    #[test]
+    fn master_without_scheme_gets_one() {
+        let url = |master, base: &str| {
+            let mut config = Config::new(base.parse().expect("base url"));
+            set_master(&mut config, master).map(|()| config.cluster_url.to_string()).ok()
+        };
+        assert_eq!(url("10.0.0.1:6443", "https://x").as_deref(), Some("https://10.0.0.1:6443/"));
+        assert_eq!(url("127.0.0.1:8080", "http://x").as_deref(), Some("http://127.0.0.1:8080/"));
+        assert_eq!(url("https://api.example:6443", "http://x").as_deref(), Some("https://api.example:6443/"));
+        let mut config = Config::new(Default::default());
+        assert!(matches!(set_master(&mut config, "http://bad host"), Err(KubeSourceError::Master { .. })));
+    }
+
+    #[tokio::test]
+    async fn master_alone_needs_no_kubeconfig() {
+        let connection = ClientConnectionConfiguration::default();
+        let config = client_config(&connection, Some("http://127.0.0.1:8080")).await.expect("config");
+        assert_eq!(config.cluster_url.to_string(), "http://127.0.0.1:8080/");
+    }
+
+    #[tokio::test]
+    async fn master_overrides_the_kubeconfig_server() {
+        let dir = tempfile::TempDir::new().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, KUBECONFIG).expect("write kubeconfig");
+        let connection = ClientConnectionConfiguration { kubeconfig: path.display().to_string(), ..Default::default() };
+        let config = client_config(&connection, None).await.expect("config");
+        assert_eq!(config.cluster_url.to_string(), "http://10.0.0.1:8080/");
+        let config = client_config(&connection, Some("127.0.0.1:9")).await.expect("config");
+        assert_eq!(config.cluster_url.to_string(), "http://127.0.0.1:9/");
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_is_named_in_the_error() {
+        let connection =
+            ClientConnectionConfiguration { kubeconfig: "/nonexistent/kubeconfig".into(), ..Default::default() };
+        let error = client_config(&connection, None).await.expect_err("no such file");
+        assert!(error.to_string().starts_with("kubeconfig /nonexistent/kubeconfig: "), "{error}");
+    }
+
+    const KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+current-context: test
+clusters:
+- name: test
+  cluster:
+    server: http://10.0.0.1:8080
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: test
+users:
+- name: test
+  user:
+    token: secret
+";
+}

@@ -1,0 +1,661 @@
+//! `NetlinkConntrack`: the conntrack actor's kernel handle. It deletes stale
+//! conntrack entries over ctnetlink (`NETLINK_NETFILTER`, subsystem
+//! `NFNL_SUBSYS_CTNETLINK`), as upstream's netlink-based
+//! `conntrack.ClearEntriesFor*` helpers do: list, filter, delete.
+//!
+//! - [`NetlinkConntrack::flush`] handles a batch of [`ConntrackOp`]s with
+//!   one dump per IP family the batch touches (`IPCTNL_MSG_CT_GET` +
+//!   `NLM_F_DUMP`), matches every entry against all ops at once
+//!   ([`filter::Matcher`]), then deletes the matches, pipelined:
+//!   [`MAX_BATCH`] `IPCTNL_MSG_CT_DELETE` requests per datagram, one ack
+//!   each. An entry that is already gone (ENOENT) counts as deleted.
+//! - Each delete names the entry's original tuple, zone and id, so only that
+//!   entry goes (never a table flush, never a newer reuse of the tuple).
+//! - One result per op: an op fails if its family's dump failed or if
+//!   deleting one of its entries did, with the errno kept.
+//! - Every netlink message sent is counted ([`NetlinkConntrack::messages_sent`]):
+//!   a batch costs one dump per family plus one message per deleted entry.
+//!
+//! The connection carries replies as raw bytes ([`RawNfnl`]) and parsing
+//! happens here: netlink-proto drops a message its payload type cannot parse
+//! with only a log line, which would silently leave a stale entry behind.
+
+pub mod codec;
+pub mod filter;
+
+use std::convert::Infallible;
+use std::fmt;
+use std::io;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use netlink_packet_core::{
+    DecodeError, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
+};
+use netlink_proto::sys::{protocols::NETLINK_NETFILTER, SocketAddr};
+use netlink_proto::{ConnectionHandle, NetlinkProtoError};
+use tracing::{debug, trace};
+
+use self::codec::{CtMessage, Entry, ReplyError, Tuple};
+use self::filter::Matcher;
+use super::{Applied, ConntrackKernel, KFuture, KResult, KernelError, Subsystem};
+use crate::msgs::ConntrackOp;
+use crate::net::{IpFamily, Protocol};
+
+/// Most delete requests sent in one datagram before waiting for their acks.
+/// The kernel queues every ack of a datagram on our socket before we read
+/// any; an ENOENT answer echoes the request (~170 bytes), so 64 stay far
+/// below the default 208 KiB receive buffer.
+pub const MAX_BATCH: usize = 64;
+
+/// How long to wait for the next reply before calling the outcome unknown.
+pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An errno from the kernel (positive, e.g. 2 for ENOENT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    pub const ENOENT: Errno = Errno(2);
+
+    /// From a netlink error code (a negated errno).
+    fn from_code(code: i32) -> Errno {
+        Errno(code.saturating_neg())
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        io::Error::from_raw_os_error(self.0).fmt(f)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// What was asked of the kernel, printed as `conntrack` arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// List one family's table.
+    Dump(IpFamily),
+    /// Delete the entry with this original tuple.
+    Delete(Tuple),
+}
+
+fn family_name(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ipv4",
+        IpFamily::V6 => "ipv6",
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Dump(family) => write!(f, "-L -f {}", family_name(*family)),
+            Request::Delete(t) => {
+                let proto =
+                    Protocol::from_number(t.protocol).map_or_else(|| t.protocol.to_string(), |p| p.lower().into());
+                write!(f, "-D -f {} -p {proto} -s {} -d {}", family_name(t.family()), t.src, t.dst)?;
+                if let (Some(sport), Some(dport)) = (t.src_port, t.dst_port) {
+                    write!(f, " --sport {sport} --dport {dport}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Errors of the ctnetlink client. Each names the request (`conntrack`
+/// style) and keeps the cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConntrackError {
+    #[error("conntrack {request}: {errno}")]
+    Kernel {
+        request: Request,
+        #[source]
+        errno: Errno,
+    },
+    /// No reply in time, or the connection ended mid-answer: the request
+    /// may or may not have been carried out.
+    #[error("conntrack {request}: no reply from the kernel, outcome unknown")]
+    NoReply { request: Request },
+    #[error("conntrack {request}: netlink connection closed: {source}")]
+    ConnectionClosed {
+        request: Request,
+        #[source]
+        source: Arc<NetlinkProtoError>,
+    },
+    /// The socket's receive buffer overflowed: replies were lost.
+    #[error("conntrack {request}: netlink receive buffer overrun, replies lost")]
+    Overrun { request: Request },
+    #[error("conntrack {request}: malformed reply: {source}")]
+    Decode {
+        request: Request,
+        #[source]
+        source: Arc<DecodeError>,
+    },
+    #[error("conntrack {request}: unusable reply: {source}")]
+    Reply {
+        request: Request,
+        #[source]
+        source: ReplyError,
+    },
+    #[error("cannot open a netfilter netlink socket: {0}")]
+    Socket(#[source] Arc<io::Error>),
+}
+
+impl ConntrackError {
+    /// The kernel's errno, if the kernel refused the request.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            ConntrackError::Kernel { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// True when entries may have been deleted anyway.
+    pub fn is_unknown_outcome(&self) -> bool {
+        matches!(self, ConntrackError::NoReply { .. } | ConntrackError::ConnectionClosed { .. })
+    }
+
+    /// As the [`Subsystem`] reports it: `op` is the [`ConntrackOp`] that failed.
+    pub fn for_op(&self, op: &ConntrackOp) -> KernelError {
+        KernelError { op: op.to_string(), errno: self.errno().map(|e| e.0), message: self.to_string() }
+    }
+}
+
+/// A nfnetlink payload kept as bytes, so the connection never parses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawNfnl {
+    message_type: u16,
+    payload: Vec<u8>,
+}
+
+impl RawNfnl {
+    /// Emits a typed message.
+    pub fn from_message(msg: &CtMessage) -> RawNfnl {
+        let mut payload = vec![0; Emitable::buffer_len(msg)];
+        msg.emit(&mut payload);
+        RawNfnl { message_type: msg.message_type(), payload }
+    }
+
+    /// Parses the bytes as a ctnetlink message.
+    pub fn parse(&self) -> Result<CtMessage, DecodeError> {
+        CtMessage::parse(self.message_type, &self.payload)
+    }
+}
+
+impl NetlinkSerializable for RawNfnl {
+    fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    fn serialize(&self, buf: &mut [u8]) {
+        buf[..self.payload.len()].copy_from_slice(&self.payload);
+    }
+}
+
+impl NetlinkDeserializable for RawNfnl {
+    type Error = Infallible;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<RawNfnl, Infallible> {
+        Ok(RawNfnl { message_type: header.message_type, payload: payload.to_vec() })
+    }
+}
+
+type Msg = NetlinkMessage<RawNfnl>;
+
+/// The same bytes as [`codec::netlink_request`], in the connection's type.
+fn raw_request(msg: &CtMessage) -> Msg {
+    let mut nl =
+        NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::from_message(msg)));
+    nl.header.flags = codec::request_flags(msg);
+    nl.finalize();
+    nl
+}
+
+/// The ctnetlink client: a cheap `Clone` handle (clones share the socket and
+/// the counters); `&self` methods may run concurrently. The connection task
+/// ends when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct NetlinkConntrack {
+    handle: ConnectionHandle<RawNfnl>,
+    shared: Arc<Shared>,
+    family: IpFamily,
+    reply_timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    messages_sent: AtomicU64,
+    datagrams_sent: AtomicU64,
+    entries_deleted: AtomicU64,
+}
+
+impl NetlinkConntrack {
+    /// Opens the netlink socket (in the calling thread's network namespace)
+    /// and spawns its connection task: must run inside a Tokio runtime with
+    /// I/O and time enabled. `family` is the table port-only ops
+    /// (`FlushNodePort`) clean: the family this proxy programs.
+    pub fn new(family: IpFamily) -> Result<NetlinkConntrack, ConntrackError> {
+        let (mut conn, handle, _unsolicited) = netlink_proto::new_connection::<RawNfnl>(NETLINK_NETFILTER)
+            .map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
+        // One ack or error per delete, and a dump's final status.
+        conn.set_forward_ack(true);
+        conn.set_forward_done(true);
+        tokio::spawn(conn);
+        Ok(NetlinkConntrack { handle, shared: Arc::default(), family, reply_timeout: DEFAULT_REPLY_TIMEOUT })
+    }
+
+    /// Sets how long to wait for each reply (default 10 s).
+    pub fn with_reply_timeout(mut self, timeout: Duration) -> NetlinkConntrack {
+        self.reply_timeout = timeout;
+        self
+    }
+
+    /// The family port-only ops apply to.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// Netlink messages sent so far (dumps and deletes).
+    pub fn messages_sent(&self) -> u64 {
+        self.shared.messages_sent.load(Ordering::Relaxed)
+    }
+
+    /// Datagrams (sendmsg calls) sent so far; a delete batch is one datagram.
+    pub fn datagrams_sent(&self) -> u64 {
+        self.shared.datagrams_sent.load(Ordering::Relaxed)
+    }
+
+    /// Entries this handle deleted (not counting ones already gone).
+    pub fn entries_deleted(&self) -> u64 {
+        self.shared.entries_deleted.load(Ordering::Relaxed)
+    }
+
+    /// Deletes every entry each op matches (see [`filter`]); one result per
+    /// op, in order. An op that matches nothing succeeds.
+    pub async fn flush(&self, ops: &[ConntrackOp]) -> Vec<Result<(), ConntrackError>> {
+        let matcher = Matcher::new(ops, self.family);
+        let mut results = vec![Ok(()); ops.len()];
+        for (family, indices) in matcher.families() {
+            if let Err(e) = self.flush_family(&matcher, family, &mut results).await {
+                for &i in indices {
+                    results[i] = Err(e.clone());
+                }
+            }
+        }
+        results
+    }
+
+    /// Every entry of `family`'s table.
+    pub async fn entries(&self, family: IpFamily) -> Result<Vec<Entry>, ConntrackError> {
+        let mut out = Vec::new();
+        self.dump(family, |entry| out.push(entry)).await?;
+        Ok(out)
+    }
+
+    /// Deletes `entries` (as dumped), one result per entry, in order.
+    /// An entry that is already gone counts as deleted.
+    pub async fn delete(&self, entries: &[Entry]) -> Vec<Result<(), ConntrackError>> {
+        let mut out = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(MAX_BATCH) {
+            let msgs = chunk.iter().map(|e| raw_request(&codec::delete_request(e))).collect();
+            match self.send_batch(msgs).await {
+                Ok(codes) => out.extend(chunk.iter().zip(codes).map(|(e, code)| self.delete_outcome(e, code))),
+                Err(failure) => out.extend(chunk.iter().map(|e| Err(failure.error(Request::Delete(e.orig))))),
+            }
+        }
+        out
+    }
+
+    // ------------------------------------------------------------ internals
+
+    /// One family's part of [`NetlinkConntrack::flush`]: dump, match, delete,
+    /// and record delete failures on the ops that wanted the entry gone.
+    /// An `Err` is the dump's: it fails every op of the family.
+    async fn flush_family(
+        &self,
+        matcher: &Matcher,
+        family: IpFamily,
+        results: &mut [Result<(), ConntrackError>],
+    ) -> Result<(), ConntrackError> {
+        let mut doomed: Vec<(Entry, Vec<usize>)> = Vec::new();
+        self.dump(family, |entry| {
+            let ops = matcher.matches(&entry);
+            if !ops.is_empty() {
+                doomed.push((entry, ops));
+            }
+        })
+        .await?;
+        debug!(family = family_name(family), entries = doomed.len(), "conntrack: deleting matching entries");
+        let entries: Vec<Entry> = doomed.iter().map(|(e, _)| *e).collect();
+        for ((_, ops), outcome) in doomed.iter().zip(self.delete(&entries).await) {
+            let Err(e) = outcome else { continue };
+            for &i in ops {
+                if results[i].is_ok() {
+                    results[i] = Err(e.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, messages: usize) {
+        self.shared.messages_sent.fetch_add(messages as u64, Ordering::Relaxed);
+        self.shared.datagrams_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Dumps `family`'s table, handing each entry to `visit` as it arrives
+    /// (nothing but the matches is kept, whatever the table size). A reply
+    /// that cannot be read fails the dump, after it is drained.
+    async fn dump(&self, family: IpFamily, mut visit: impl FnMut(Entry)) -> Result<(), ConntrackError> {
+        let request = Request::Dump(family);
+        self.count(1);
+        let msg = raw_request(&codec::dump_request(family));
+        let replies = self.handle.request(msg, SocketAddr::new(0, 0)).map_err(|e| closed(&request, e))?;
+        let mut replies = pin!(replies);
+        let mut outcome: Option<Result<(), ConntrackError>> = None;
+        while let Some(reply) = self.next_reply(&mut replies, &request).await? {
+            if outcome.as_ref().is_some_and(Result::is_err) {
+                continue; // drain what is left of a failed dump
+            }
+            match dump_reply(reply, &request) {
+                Ok(DumpReply::Entry(entry)) => visit(entry),
+                Ok(DumpReply::Skip) => {}
+                Ok(DumpReply::End) => outcome = Some(Ok(())),
+                Err(e) => outcome = Some(Err(e)),
+            }
+        }
+        // The stream ended without NLMSG_DONE: the connection went away.
+        outcome.unwrap_or(Err(ConntrackError::NoReply { request }))
+    }
+
+    /// The next reply, `None` at the end of the stream; an error if overdue.
+    async fn next_reply(
+        &self,
+        replies: &mut (impl Stream<Item = Msg> + Unpin),
+        request: &Request,
+    ) -> Result<Option<Msg>, ConntrackError> {
+        tokio::time::timeout(self.reply_timeout, replies.next())
+            .await
+            .map_err(|_elapsed| ConntrackError::NoReply { request: request.clone() })
+    }
+
+    /// Sends `msgs` in one datagram; returns each request's error code
+    /// (0 for an ack), in request order.
+    async fn send_batch(&self, msgs: Vec<Msg>) -> Result<Vec<i32>, BatchFailure> {
+        let n = msgs.len();
+        self.count(n);
+        trace!(messages = n, "conntrack: sending delete batch");
+        let replies =
+            self.handle.request_batch(msgs, SocketAddr::new(0, 0)).map_err(|e| BatchFailure::Closed(Arc::new(e)))?;
+        let mut replies = pin!(replies);
+        let mut acks = Vec::with_capacity(n);
+        loop {
+            match tokio::time::timeout(self.reply_timeout, replies.next()).await {
+                Ok(Some(reply)) => acks.push(reply),
+                Ok(None) => break,
+                Err(_elapsed) => return Err(BatchFailure::NoReply),
+            }
+        }
+        codes_in_order(&acks, n).ok_or(BatchFailure::NoReply)
+    }
+
+    /// A delete's result from its netlink error code: deleting what is
+    /// already gone (ENOENT) succeeds.
+    fn delete_outcome(&self, entry: &Entry, code: i32) -> Result<(), ConntrackError> {
+        match code {
+            0 => {
+                self.shared.entries_deleted.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            code if Errno::from_code(code) == Errno::ENOENT => Ok(()),
+            code => Err(ConntrackError::Kernel { request: Request::Delete(entry.orig), errno: Errno::from_code(code) }),
+        }
+    }
+}
+
+/// What one dump reply means.
+#[derive(Debug, PartialEq)]
+enum DumpReply {
+    Entry(Entry),
+    /// Not an entry (e.g. a bare ack): nothing to do.
+    Skip,
+    /// `NLMSG_DONE`: the dump is complete.
+    End,
+}
+
+/// Reads one dump reply: an entry, the end, or the kernel's error.
+fn dump_reply(reply: Msg, request: &Request) -> Result<DumpReply, ConntrackError> {
+    let kernel = |code: i32| ConntrackError::Kernel { request: request.clone(), errno: Errno::from_code(code) };
+    match reply.payload {
+        NetlinkPayload::InnerMessage(raw) => {
+            let msg =
+                raw.parse().map_err(|e| ConntrackError::Decode { request: request.clone(), source: Arc::new(e) })?;
+            let entry = Entry::from_message(&msg)
+                .map_err(|source| ConntrackError::Reply { request: request.clone(), source })?;
+            Ok(DumpReply::Entry(entry))
+        }
+        NetlinkPayload::Error(e) if e.code.is_some() => Err(kernel(e.raw_code())),
+        NetlinkPayload::Done(done) if done.code != 0 => Err(kernel(done.code)),
+        NetlinkPayload::Done(_) => Ok(DumpReply::End),
+        NetlinkPayload::Overrun(_) => Err(ConntrackError::Overrun { request: request.clone() }),
+        _ => Ok(DumpReply::Skip),
+    }
+}
+
+/// Why a whole batch has no per-request answer.
+enum BatchFailure {
+    Closed(Arc<NetlinkProtoError>),
+    NoReply,
+}
+
+impl BatchFailure {
+    fn error(&self, request: Request) -> ConntrackError {
+        match self {
+            BatchFailure::Closed(source) => ConntrackError::ConnectionClosed { request, source: source.clone() },
+            BatchFailure::NoReply => ConntrackError::NoReply { request },
+        }
+    }
+}
+
+fn closed(request: &Request, e: NetlinkProtoError) -> ConntrackError {
+    ConntrackError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
+}
+
+/// Maps a batch's acks back to its requests. The requests of one batch get
+/// consecutive sequence numbers and the kernel answers them in order, so the
+/// first answer is request 0. Anything but exactly one answer per request
+/// (lost acks, an overrun) means every outcome is unknown: `None`.
+fn codes_in_order(replies: &[Msg], n: usize) -> Option<Vec<i32>> {
+    let mut acks = Vec::with_capacity(replies.len());
+    for m in replies {
+        match &m.payload {
+            NetlinkPayload::Error(e) => acks.push((m.header.sequence_number, e.raw_code())),
+            NetlinkPayload::Overrun(_) => return None,
+            _ => {}
+        }
+    }
+    let base = acks.first()?.0;
+    let mut codes = vec![None; n];
+    for (seq, code) in &acks {
+        let slot = codes.get_mut(usize::try_from(seq.wrapping_sub(base)).ok()?)?;
+        if slot.replace(*code).is_some() {
+            return None;
+        }
+    }
+    codes.into_iter().collect()
+}
+
+impl Subsystem for NetlinkConntrack {
+    type Op = ConntrackOp;
+
+    fn apply(&self, ops: Vec<ConntrackOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let results = me.flush(&ops).await;
+            ops.iter().zip(results).map(|(op, r)| r.map_err(|e| e.for_op(op))).collect()
+        })
+    }
+
+    /// Conntrack has no desired state to converge to: a resync applies the
+    /// flushes it is given.
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<Applied<ConntrackOp>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let results = me.apply(desired.clone()).await;
+            Ok((desired, results))
+        })
+    }
+}
+
+impl ConntrackKernel for NetlinkConntrack {}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroI32;
+
+    use netlink_packet_core::{DoneMessage, ErrorMessage, NLM_F_MULTIPART};
+
+    use super::*;
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn entry() -> Entry {
+        let t = |src: &str, dst: &str, sport, dport| Tuple {
+            src: ip(src),
+            dst: ip(dst),
+            protocol: 17,
+            src_port: Some(sport),
+            dst_port: Some(dport),
+        };
+        Entry {
+            orig: t("10.0.0.1", "10.96.0.10", 40001, 53),
+            reply: t("10.244.1.1", "10.0.0.1", 5353, 40001),
+            zone: None,
+            id: Some(42),
+        }
+    }
+
+    fn msg(seq: u32, flags: u16, payload: NetlinkPayload<RawNfnl>) -> Msg {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        NetlinkMessage::new(header, payload)
+    }
+
+    fn ack(seq: u32, code: i32) -> Msg {
+        let mut e = ErrorMessage::default();
+        e.code = NonZeroI32::new(code);
+        msg(seq, 0, NetlinkPayload::Error(e))
+    }
+
+    fn done(code: i32) -> Msg {
+        let mut d = DoneMessage::default();
+        d.code = code;
+        msg(9, NLM_F_MULTIPART, NetlinkPayload::Done(d))
+    }
+
+    fn dumped(e: &Entry) -> Msg {
+        let mut m = codec::delete_request(e);
+        m.cmd = codec::CtCmd::New;
+        m.attrs.insert(1, codec::CtAttr::TupleReply(e.reply.attrs()));
+        msg(9, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(RawNfnl::from_message(&m)))
+    }
+
+    #[test]
+    fn raw_requests_have_the_codec_bytes() {
+        let m = codec::delete_request(&entry());
+        let typed = codec::netlink_request(m.clone());
+        let raw = raw_request(&m);
+        let (mut a, mut b) = (vec![0; typed.buffer_len()], vec![0; raw.buffer_len()]);
+        typed.serialize(&mut a);
+        raw.serialize(&mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn dump_replies_yield_entries_the_end_and_kernel_errors() {
+        let request = Request::Dump(IpFamily::V4);
+        assert_eq!(dump_reply(dumped(&entry()), &request).ok(), Some(DumpReply::Entry(entry())));
+        assert_eq!(dump_reply(done(0), &request).ok(), Some(DumpReply::End));
+        let err = dump_reply(done(-1), &request).expect_err("EPERM");
+        assert_eq!(err.errno(), Some(Errno(1)));
+        assert_eq!(err.to_string(), "conntrack -L -f ipv4: Operation not permitted (os error 1)");
+        let err = dump_reply(ack(9, -22), &request).expect_err("EINVAL");
+        assert_eq!(err.errno(), Some(Errno(22)));
+        let overrun = dump_reply(msg(0, 0, NetlinkPayload::Overrun(Vec::new())), &request);
+        assert!(matches!(overrun, Err(ConntrackError::Overrun { .. })));
+    }
+
+    #[test]
+    fn unreadable_dump_entries_are_errors_not_skipped() {
+        let request = Request::Dump(IpFamily::V6);
+        let garbage = RawNfnl { message_type: 0x0100, payload: vec![0x0a, 0, 0, 0, 0x08, 0x00, 0x0c, 0x00, 1] };
+        let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(garbage)), &request).expect_err("decode");
+        assert!(matches!(err, ConntrackError::Decode { .. }), "{err:?}");
+        let mut no_reply = codec::delete_request(&entry());
+        no_reply.cmd = codec::CtCmd::New;
+        let raw = RawNfnl::from_message(&no_reply);
+        let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(raw)), &request).expect_err("no reply tuple");
+        assert_eq!(err.to_string(), "conntrack -L -f ipv6: unusable reply: reply lacks attribute CTA_TUPLE_REPLY");
+    }
+
+    #[test]
+    fn acks_map_back_to_requests_by_sequence() {
+        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, -2), ack(7, -1)], 3), Some(vec![0, -2, -1]));
+        assert_eq!(codes_in_order(&[ack(u32::MAX, 0), ack(0, -2)], 2), Some(vec![0, -2]));
+    }
+
+    #[test]
+    fn missing_stray_or_overrun_acks_make_the_whole_batch_unknown() {
+        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
+        assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
+        assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
+        assert_eq!(codes_in_order(&[], 1), None);
+        let overrun = msg(0, 0, NetlinkPayload::Overrun(Vec::new()));
+        assert_eq!(codes_in_order(&[ack(5, 0), overrun], 1), None);
+    }
+
+    #[tokio::test]
+    async fn deleting_what_is_gone_succeeds_and_other_errors_keep_errno() {
+        let ct = NetlinkConntrack::new(IpFamily::V4).expect("netfilter netlink socket");
+        assert!(ct.delete_outcome(&entry(), 0).is_ok());
+        assert!(ct.delete_outcome(&entry(), -2).is_ok()); // ENOENT: already gone
+        assert_eq!(ct.entries_deleted(), 1);
+        let err = ct.delete_outcome(&entry(), -1).expect_err("EPERM");
+        assert_eq!(err.errno(), Some(Errno(1)));
+        assert_eq!(
+            err.to_string(),
+            "conntrack -D -f ipv4 -p udp -s 10.0.0.1 -d 10.96.0.10 --sport 40001 --dport 53: \
+             Operation not permitted (os error 1)"
+        );
+        assert!(!err.is_unknown_outcome());
+        assert_eq!(ct.messages_sent(), 0);
+    }
+
+    #[test]
+    fn subsystem_errors_name_the_op_and_keep_the_errno() {
+        let op = ConntrackOp::FlushServiceIp { ip: ip("10.96.0.10"), protocol: Protocol::Udp };
+        let err = ConntrackError::Kernel { request: Request::Dump(IpFamily::V4), errno: Errno(1) };
+        let k = err.for_op(&op);
+        assert_eq!(k.op, "conntrack -D -p udp --orig-dst 10.96.0.10");
+        assert_eq!(k.errno, Some(1));
+        assert_eq!(k.message, "conntrack -L -f ipv4: Operation not permitted (os error 1)");
+        let unknown = ConntrackError::NoReply { request: Request::Delete(entry().orig) };
+        assert!(unknown.is_unknown_outcome());
+        assert_eq!(unknown.for_op(&op).errno, None);
+    }
+}

@@ -1,0 +1,491 @@
+//! [`IptablesHandle`]: iptables of one family, through `iptables-restore`,
+//! as upstream's IPVS proxier drives it (docs/upstream/ipvs.md d.2, d.3, e.5).
+//!
+//! - A `Restore` op is one `iptables-restore -w 5 -W 100000 --noflush
+//!   --counters` with the text on stdin (the wait flags only where the
+//!   installed iptables has them: >= 1.6.2, as upstream decides).
+//! - Before the first restore, and on every full resync, the jumps from the
+//!   built-in chains to ours ([`JUMPS`]) are checked with one
+//!   `iptables-save` of nat and one of filter; each missing jump is inserted
+//!   at position 1 (`-I CHAIN 1 ...`) by lines added to that same restore, so
+//!   jumps exist exactly once and never point at a missing chain.
+//! - [`IptablesHandle::canary_present`] tells whether `KUBE-PROXY-CANARY`
+//!   still exists in mangle, nat and filter (an external flush removes it).
+//! - [`IptablesHandle::cleanup`] removes our jumps and chains (`--cleanup`).
+//! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+use tracing::{debug, info, warn};
+
+use super::tool::{self, ToolOutput};
+use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
+use crate::kernel::iptables_probe;
+use crate::msgs::IptablesOp;
+use crate::net::IpFamily;
+use crate::plan::rules_ipvs::{jump_spec, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS};
+
+/// The three tools of one iptables flavour and family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IptablesBinaries {
+    pub iptables: String,
+    pub save: String,
+    pub restore: String,
+}
+
+impl IptablesBinaries {
+    /// `iptables`, `iptables-save`, `iptables-restore` (or the `ip6tables` ones).
+    pub fn for_family(family: IpFamily) -> IptablesBinaries {
+        IptablesBinaries::named(family, "")
+    }
+
+    /// One flavour: `variant` "legacy" gives `iptables-legacy`,
+    /// `iptables-legacy-save`, `iptables-legacy-restore`; "nft" the nft ones.
+    pub fn variant(family: IpFamily, variant: &str) -> IptablesBinaries {
+        IptablesBinaries::named(family, &format!("-{variant}"))
+    }
+
+    fn named(family: IpFamily, suffix: &str) -> IptablesBinaries {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        IptablesBinaries {
+            iptables: format!("{base}{suffix}"),
+            save: format!("{base}{suffix}-save"),
+            restore: format!("{base}{suffix}-restore"),
+        }
+    }
+}
+
+/// The wait flags the installed iptables understands (upstream's
+/// getIPTablesWaitFlag and getIPTablesRestoreWaitFlag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WaitFlags {
+    iptables: Vec<&'static str>,
+    restore: Vec<&'static str>,
+}
+
+/// iptables of one family. Cheap to clone; clones share state and counters.
+#[derive(Debug, Clone)]
+pub struct IptablesHandle {
+    bins: Arc<IptablesBinaries>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The jumps were checked (and the missing ones inserted) by a restore
+    /// that succeeded; cleared by every full resync.
+    jumps_checked: AtomicBool,
+    lines_written: AtomicU64,
+    wait: OnceCell<WaitFlags>,
+}
+
+impl IptablesHandle {
+    /// The plain tools for `family` (`iptables*` or `ip6tables*` on `PATH`).
+    pub fn new(family: IpFamily) -> IptablesHandle {
+        IptablesHandle::with_binaries(IptablesBinaries::for_family(family))
+    }
+
+    /// Other tools: a flavour ([`IptablesBinaries::variant`]) or paths.
+    pub fn with_binaries(bins: IptablesBinaries) -> IptablesHandle {
+        IptablesHandle { bins: Arc::new(bins), shared: Arc::default() }
+    }
+
+    pub fn binaries(&self) -> &IptablesBinaries {
+        &self.bins
+    }
+
+    /// Lines written to `iptables-restore` so far (jumps and cleanup included).
+    pub fn lines_written(&self) -> u64 {
+        self.shared.lines_written.load(Ordering::Relaxed)
+    }
+
+    /// Whether MASQUERADE `--random-fully` is supported (runs `iptables --version`).
+    pub fn random_fully(&self) -> bool {
+        iptables_probe::random_fully_supported(&self.bins.iptables)
+    }
+
+    async fn wait_flags(&self) -> &WaitFlags {
+        self.shared
+            .wait
+            .get_or_init(|| async {
+                let op = format!("{} --version", self.bins.iptables);
+                match tool::run(&op, &self.bins.iptables, &["--version"], None).await {
+                    Ok(out) => wait_flags(&out.stdout),
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the iptables version; using no wait flags");
+                        wait_flags("")
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Applies one restore input, first adding the missing jumps if they
+    /// have not been checked since the last full resync.
+    async fn apply_restore(&self, text: &str) -> KResult<()> {
+        let check = !self.shared.jumps_checked.load(Ordering::Acquire);
+        let text = if check { Cow::Owned(self.with_missing_jumps(text).await?) } else { Cow::Borrowed(text) };
+        if !text.is_empty() {
+            self.restore(&text).await?;
+        }
+        if check {
+            self.shared.jumps_checked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// `text` plus `-I CHAIN 1 ...` lines for the jumps `iptables-save` lacks.
+    async fn with_missing_jumps(&self, text: &str) -> KResult<String> {
+        let (nat, filter) = tokio::join!(self.save("nat"), self.save("filter"));
+        let (nat, filter) = (nat?, filter?);
+        let missing = missing_jumps(&nat, &filter);
+        if !missing.is_empty() {
+            info!(binary = %self.bins.restore, jumps = missing.len(), "inserting missing jumps to our chains");
+        }
+        Ok(insert_jumps(text, &missing, &nat, &filter))
+    }
+
+    /// One `iptables-save -t TABLE`, parsed.
+    async fn save(&self, table: &str) -> KResult<SavedTable> {
+        let op = format!("{} -t {table}", self.bins.save);
+        let out = tool::run(&op, &self.bins.save, &["-t", table], None).await?;
+        if !out.success() {
+            return Err(KernelError::new(op, out.message()));
+        }
+        Ok(SavedTable::parse(&out.stdout))
+    }
+
+    /// One `iptables-restore --noflush --counters`.
+    async fn restore(&self, text: &str) -> KResult<()> {
+        let lines = text.lines().count();
+        self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
+        let mut args: Vec<&str> = self.wait_flags().await.restore.clone();
+        args.extend(["--noflush", "--counters"]);
+        let op = format!("{} {} ({lines} lines)", self.bins.restore, args.join(" "));
+        debug!(%op, "restoring");
+        let out = tool::run(&op, &self.bins.restore, &args, Some(text.as_bytes())).await?;
+        if out.success() {
+            return Ok(());
+        }
+        Err(KernelError::new(op, restore_message(&out, text)))
+    }
+
+    async fn apply_ops(&self, ops: &[IptablesOp]) -> Vec<KResult<()>> {
+        let mut results = Vec::with_capacity(ops.len());
+        for IptablesOp::Restore(r) in ops {
+            results.push(self.apply_restore(&r.text).await);
+        }
+        results
+    }
+
+    async fn reconcile_ops(&self, desired: Vec<IptablesOp>) -> Applied<IptablesOp> {
+        self.shared.jumps_checked.store(false, Ordering::Release);
+        if desired.is_empty() {
+            self.apply_restore("").await?;
+        }
+        let results = self.apply_ops(&desired).await;
+        Ok((desired, results))
+    }
+
+    /// Whether `KUBE-PROXY-CANARY` exists in mangle, nat and filter (three
+    /// `iptables -S` runs). False means someone flushed our rules.
+    pub fn canary_present(&self) -> KFuture<KResult<bool>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let (m, n, f) = tokio::join!(
+                me.chain_exists("mangle", CANARY),
+                me.chain_exists("nat", CANARY),
+                me.chain_exists("filter", CANARY)
+            );
+            Ok(m? && n? && f?)
+        })
+    }
+
+    async fn chain_exists(&self, table: &str, chain: &str) -> KResult<bool> {
+        let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
+        args.extend(["-t", table, "-S", chain]);
+        let op = format!("{} {}", self.bins.iptables, args.join(" "));
+        let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
+        match out.code() {
+            Some(0) => Ok(true),
+            // "No chain/target/match by that name" (iptables-nft 1.8 says
+            // "chain ... is incompatible" for a missing chain; same exit code).
+            Some(1) => Ok(false),
+            _ => Err(KernelError::new(op, out.message())),
+        }
+    }
+
+    /// Removes what this proxy installed (for `--cleanup`): the jumps from
+    /// the built-in chains, our chains in nat and filter, and the canary in
+    /// mangle, nat and filter. What is not there is skipped; nothing else is
+    /// touched. One `iptables-save` per table and one restore.
+    pub async fn cleanup(&self) -> KResult<()> {
+        let (mangle, nat, filter) = tokio::join!(self.save("mangle"), self.save("nat"), self.save("filter"));
+        let text = cleanup_input(&mangle?, &nat?, &filter?);
+        self.shared.jumps_checked.store(false, Ordering::Release);
+        if text.is_empty() {
+            return Ok(());
+        }
+        info!(binary = %self.bins.restore, "removing our iptables chains and jumps");
+        self.restore(&text).await
+    }
+}
+
+impl Subsystem for IptablesHandle {
+    type Op = IptablesOp;
+
+    fn apply(&self, ops: Vec<IptablesOp>) -> KFuture<Vec<KResult<()>>> {
+        let me = self.clone();
+        Box::pin(async move { me.apply_ops(&ops).await })
+    }
+
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<Applied<IptablesOp>> {
+        let me = self.clone();
+        Box::pin(async move { me.reconcile_ops(desired).await })
+    }
+}
+
+impl IptablesKernel for IptablesHandle {}
+
+/// One table as `iptables-save -t TABLE` printed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedTable {
+    /// Every chain, built-in or not.
+    pub chains: BTreeSet<String>,
+    /// The `-A ...` lines, in order.
+    pub rules: Vec<String>,
+}
+
+impl SavedTable {
+    pub fn parse(text: &str) -> SavedTable {
+        let mut t = SavedTable::default();
+        for line in text.lines().map(str::trim_end) {
+            if let Some(decl) = line.strip_prefix(':') {
+                if let Some(name) = decl.split_whitespace().next() {
+                    t.chains.insert(name.to_string());
+                }
+            } else if line.starts_with("-A ") {
+                t.rules.push(line.to_string());
+            }
+        }
+        t
+    }
+
+    /// How many times `rule` (an `-A ...` line) appears.
+    pub fn count(&self, rule: &str) -> usize {
+        self.rules.iter().filter(|r| *r == rule).count()
+    }
+}
+
+/// A jump of [`JUMPS`]: (table, from, comment, to).
+type Jump = (&'static str, &'static str, &'static str, &'static str);
+
+fn jump_rule(verb: &str, (_, from, comment, to): Jump) -> String {
+    format!("{verb} {from} {}", jump_spec(comment, to))
+}
+
+/// The jumps of [`JUMPS`] that the saved tables lack, in [`JUMPS`] order.
+fn missing_jumps(nat: &SavedTable, filter: &SavedTable) -> Vec<Jump> {
+    JUMPS
+        .into_iter()
+        .filter(|j| {
+            let saved = if j.0 == "nat" { nat } else { filter };
+            saved.count(&jump_rule("-A", *j)) == 0
+        })
+        .collect()
+}
+
+/// Adds `-I FROM 1 ...` for each missing jump before the `COMMIT` of its
+/// table's section in `text`; a table `text` lacks gets a section of its
+/// own, declaring the target chains that don't exist yet.
+fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    for (table, saved) in [("nat", nat), ("filter", filter)] {
+        let jumps: Vec<Jump> = missing.iter().copied().filter(|j| j.0 == table).collect();
+        if jumps.is_empty() {
+            continue;
+        }
+        let inserts: Vec<String> =
+            jumps.iter().map(|&(_, from, comment, to)| format!("-I {from} 1 {}", jump_spec(comment, to))).collect();
+        match section_commit(&lines, table) {
+            Some(at) => {
+                lines.splice(at..at, inserts);
+            }
+            None => {
+                lines.push(format!("*{table}"));
+                let targets: BTreeSet<&str> =
+                    jumps.iter().map(|j| j.3).filter(|c| !saved.chains.contains(*c)).collect();
+                lines.extend(targets.iter().map(|c| format!(":{c} - [0:0]")));
+                lines.extend(inserts);
+                lines.push("COMMIT".to_string());
+            }
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+/// Index of the `COMMIT` line ending the `*table` section.
+fn section_commit(lines: &[String], table: &str) -> Option<usize> {
+    let start = lines.iter().position(|l| l.trim() == format!("*{table}"))?;
+    lines[start..].iter().position(|l| l.trim() == "COMMIT").map(|i| start + i)
+}
+
+/// The restore input that removes our jumps, chains and canaries from the
+/// saved tables; empty if there is nothing of ours.
+fn cleanup_input(mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
+    let mut out = String::new();
+    let tables: [(&str, &SavedTable, &[&str]); 3] =
+        [("mangle", mangle, &[]), ("nat", nat, &NAT_CHAINS), ("filter", filter, &FILTER_CHAINS)];
+    for (table, saved, chains) in tables {
+        let ours: Vec<&str> = chains.iter().copied().chain([CANARY]).filter(|c| saved.chains.contains(*c)).collect();
+        let mut deletes = Vec::new();
+        for j in JUMPS.into_iter().filter(|j| j.0 == table) {
+            let n = saved.count(&jump_rule("-A", j));
+            deletes.extend(std::iter::repeat_n(jump_rule("-D", j), n));
+        }
+        if ours.is_empty() && deletes.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{table}\n"));
+        ours.iter().for_each(|c| out.push_str(&format!(":{c} - [0:0]\n")));
+        deletes.iter().for_each(|d| out.push_str(&format!("{d}\n")));
+        ours.iter().for_each(|c| out.push_str(&format!("-X {c}\n")));
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Parses `iptables vX.Y.Z ...` into (X, Y, Z).
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut parts = v.split('.').map(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>());
+    Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next().and_then(Result::ok).unwrap_or(0)))
+}
+
+/// Upstream's wait flags for an `iptables --version` output.
+fn wait_flags(version_text: &str) -> WaitFlags {
+    let v = parse_version(version_text).unwrap_or((0, 0, 0));
+    let iptables = if v >= (1, 6, 0) {
+        vec!["-w", "5", "-W", "100000"]
+    } else if v >= (1, 4, 22) {
+        vec!["-w", "5"]
+    } else if v >= (1, 4, 20) {
+        vec!["-w"]
+    } else {
+        vec![]
+    };
+    let restore = if v >= (1, 6, 2) { vec!["-w", "5", "-W", "100000"] } else { vec![] };
+    WaitFlags { iptables, restore }
+}
+
+/// The tool's message, plus the input line it names ("Error occurred at
+/// line: N" or "line N failed").
+fn restore_message(out: &ToolOutput, input: &str) -> String {
+    let message = out.message();
+    let n = out
+        .stderr
+        .split("Error occurred at line: ")
+        .nth(1)
+        .or_else(|| out.stderr.split("line ").nth(1))
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|d| d.parse::<usize>().ok());
+    match n.and_then(|n| Some((n, input.lines().nth(n.checked_sub(1)?)?))) {
+        Some((n, line)) => format!("{message} [line {n}: {line}]"),
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FRESH_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                             :POSTROUTING ACCEPT [0:0]\nCOMMIT\n";
+
+    fn saved(text: &str) -> SavedTable {
+        SavedTable::parse(text)
+    }
+
+    #[test]
+    fn every_jump_is_missing_from_fresh_tables_and_none_once_present() {
+        let nat = saved(FRESH_NAT);
+        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        assert_eq!(missing_jumps(&nat, &filter).len(), JUMPS.len());
+        let all: String = JUMPS.iter().map(|j| format!("{}\n", jump_rule("-A", *j))).collect();
+        let t = saved(&all);
+        assert!(missing_jumps(&t, &t).is_empty());
+    }
+
+    #[test]
+    fn missing_jumps_go_before_the_commit_of_their_table() {
+        let nat = saved(FRESH_NAT);
+        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\nCOMMIT\n");
+        let missing: Vec<Jump> = JUMPS.into_iter().filter(|j| j.1 == "OUTPUT" || j.3 == "KUBE-FORWARD").collect();
+        let text = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n";
+        let got = insert_jumps(text, &missing, &nat, &filter);
+        let want = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n\
+                    -I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n\
+                    *filter\n:KUBE-IPVS-OUT-FILTER - [0:0]\n\
+                    -I FORWARD 1 -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+                    -I OUTPUT 1 -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\nCOMMIT\n";
+        assert_eq!(got, want);
+        assert_eq!(insert_jumps(text, &[], &nat, &filter), text);
+        assert_eq!(insert_jumps("", &[], &nat, &filter), "");
+    }
+
+    #[test]
+    fn cleanup_deletes_only_what_is_ours_and_there() {
+        let nat = saved(
+            "*nat\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n:FOREIGN - [0:0]\n\
+             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
+        );
+        let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        let got = cleanup_input(&empty, &nat, &empty);
+        let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
+        let want = format!(
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
+        );
+        assert_eq!(got, want);
+        assert_eq!(cleanup_input(&empty, &empty, &empty), "");
+    }
+
+    #[test]
+    fn wait_flags_follow_the_iptables_version() {
+        let full = vec!["-w", "5", "-W", "100000"];
+        assert_eq!(
+            wait_flags("iptables v1.8.9 (nf_tables)"),
+            WaitFlags { iptables: full.clone(), restore: full.clone() }
+        );
+        assert_eq!(wait_flags("iptables v1.6.1"), WaitFlags { iptables: full, restore: vec![] });
+        assert_eq!(wait_flags("iptables v1.4.21"), WaitFlags { iptables: vec!["-w"], restore: vec![] });
+        assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![] });
+        assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
+    }
+
+    #[test]
+    fn restore_errors_name_the_failing_input_line() {
+        let out = ToolOutput {
+            status: std::os::unix::process::ExitStatusExt::from_raw(2 << 8),
+            stdout: String::new(),
+            stderr: "iptables-restore v1.8.9 (legacy): Couldn't load target `NOPE':No such file or directory\n\n\
+                     Error occurred at line: 2\nTry `iptables-restore -h' for more information.\n"
+                .into(),
+        };
+        let msg = restore_message(&out, "*nat\n-A X -j NOPE\nCOMMIT\n");
+        assert!(msg.ends_with("[line 2: -A X -j NOPE]"), "{msg}");
+        assert!(msg.starts_with("iptables-restore v1.8.9 (legacy): Couldn't load target"), "{msg}");
+    }
+}

@@ -1,0 +1,202 @@
+//! The running daemon in IPVS mode: checks the kernel, sets upstream's
+//! sysctls, builds the kernel handles, starts one actor per subsystem and the
+//! coordinator, connects the source, and runs until SIGTERM/SIGINT, leaving
+//! the kernel state in place (as upstream, so traffic keeps flowing during a
+//! rolling update). Also `--cleanup`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
+use crate::actors::source::manifests;
+use crate::actors::stats::StatsRegistry;
+use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
+use crate::config::KubeProxyConfiguration;
+use crate::daemon::{self, StartError};
+use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::ipset::IpsetHandle;
+use crate::kernel::iptables::IptablesHandle;
+use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
+use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
+use crate::kernel::link::DummyLink;
+use crate::kernel::{addrs, iptables_probe, sysctl};
+use crate::model::NodeInfo;
+use crate::msgs::SourceBatch;
+use crate::net::IpFamily;
+use crate::plan::{IpvsPlanner, IpvsSet};
+
+/// Test knob: how often terminating real servers are checked (default: upstream's minute).
+const ENV_RS_CHECK_INTERVAL: &str = "KUBE_PROXY_RS_RS_CHECK_INTERVAL";
+
+/// Connects to IPVS, or says in one line why it can't.
+async fn connect_ipvs() -> Result<NetlinkIpvs, StartError> {
+    NetlinkIpvs::connect().await.map_err(|e| match e {
+        IpvsError::NotAvailable => StartError::Unsupported(e.to_string()),
+        other => StartError::Unsupported(format!("connecting to IPVS: {other}")),
+    })
+}
+
+fn kernel_release() -> String {
+    nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Upstream's IPVS sysctls; a failure to set one is fatal for
+/// net/ipv4/vs/conntrack (as upstream), logged for the others.
+fn set_sysctls(cfg: &KubeProxyConfiguration) -> Result<(), StartError> {
+    for (path, value) in sysctl::ipvs_sysctls(cfg.ipvs.strict_arp, &kernel_release()) {
+        match sysctl::ensure_sysctl(path, value) {
+            Ok(changed) => tracing::debug!(sysctl = path, value, changed, "sysctl"),
+            Err(e) if path == "net/ipv4/vs/conntrack" => return Err(StartError::Unsupported(e.to_string())),
+            Err(e) => tracing::warn!(sysctl = path, value, error = %e, "could not set sysctl"),
+        }
+    }
+    Ok(())
+}
+
+async fn set_ipvs_timeouts(ipvs: &NetlinkIpvs, cfg: &KubeProxyConfiguration) {
+    let secs = |d: &crate::config::GoDuration| d.get().as_secs() as u32;
+    let (tcp, fin, udp) = (secs(&cfg.ipvs.tcp_timeout), secs(&cfg.ipvs.tcp_fin_timeout), secs(&cfg.ipvs.udp_timeout));
+    if tcp + fin + udp == 0 {
+        return;
+    }
+    if let Err(e) = ipvs.set_timeouts(tcp, fin, udp).await {
+        tracing::warn!(error = %e, "could not set IPVS timeouts");
+    }
+}
+
+fn check_interval() -> Option<Duration> {
+    let text = std::env::var(ENV_RS_CHECK_INTERVAL).ok()?;
+    text.parse::<crate::config::GoDuration>().ok().map(|d| d.get())
+}
+
+/// Runs IPVS mode until SIGTERM or SIGINT.
+pub fn run_ipvs(cfg: KubeProxyConfiguration, manifests_dir: Option<PathBuf>) -> Result<(), StartError> {
+    let Some(dir) = manifests_dir else {
+        return Err(StartError::Unsupported(
+            "the Kubernetes API source is not built yet (issue 4): use --manifests DIR".into(),
+        ));
+    };
+    let system = actix_rt::System::new();
+    system.block_on(async move { run_ipvs_async(cfg, dir).await })
+}
+
+async fn run_ipvs_async(cfg: KubeProxyConfiguration, dir: PathBuf) -> Result<(), StartError> {
+    let ipvs = connect_ipvs().await?;
+    set_sysctls(&cfg)?;
+    set_ipvs_timeouts(&ipvs, &cfg).await;
+    let node_name = cfg.hostname()?;
+    let first = manifests::ManifestDir::new(&dir).scan();
+    let node = first.events.iter().find_map(|e| match e {
+        crate::msgs::SourceEvent::Node(crate::msgs::Change::Applied(n))
+            if n.metadata.name.as_deref() == Some(node_name.as_str()) =>
+        {
+            Some(NodeInfo::from_node(n))
+        }
+        _ => None,
+    });
+    let family = daemon::primary_family(&cfg, node.as_ref());
+    let registry = StatsRegistry::default();
+    let coordinator = start_coordinator(&cfg, family, &node_name, ipvs, &registry)?;
+    let sink = coordinator.clone();
+    let _watcher = manifests::spawn(dir, move |batch: SourceBatch| sink.do_send(batch))?;
+    tracing::info!(mode = "ipvs", node = %node_name, ?family, "kube-proxy-rs started");
+    wait_for_signal().await;
+    tracing::info!("shutting down; kernel state left in place");
+    System::current().stop();
+    Ok(())
+}
+
+fn start_coordinator(
+    cfg: &KubeProxyConfiguration,
+    family: IpFamily,
+    node_name: &str,
+    ipvs: NetlinkIpvs,
+    registry: &StatsRegistry,
+) -> Result<Addr<Coordinator>, StartError> {
+    let owned = Ownership { family, exclude: cfg.ipvs_exclude_cidrs() };
+    let mut graceful = GracefulIpvs::new(ipvs, owned);
+    if let Some(every) = check_interval() {
+        graceful = graceful.with_check_interval(every);
+    }
+    let sets: BTreeMap<IpvsSet, IpsetHandle> =
+        IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(s.spec(family)))).collect();
+    let conntrack = NetlinkConntrack::new(family).map_err(|e| StartError::Unsupported(format!("conntrack: {e}")))?;
+    let iptables = IptablesHandle::new(family);
+    let link = DummyLink::new().map_err(|e| StartError::Unsupported(format!("rtnetlink: {e}")))?.with_family(family);
+    let targets = start_ipvs_actors(IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack }, registry);
+    let settings = Settings {
+        plan: daemon::plan_settings(cfg, family, node_name),
+        min_sync: cfg.min_sync_period(),
+        max_sync: cfg.sync_period(),
+        burst: 2,
+    };
+    let addrs: AddrSource = Box::new(|| {
+        addrs::local_addrs().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "reading the node's addresses");
+            Vec::new()
+        })
+    });
+    let random_fully = iptables_probe::random_fully_supported(daemon::iptables_binary(family));
+    let rules_cfg = cfg.clone();
+    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
+        p.rules(&daemon::rules_config(&rules_cfg, family, node, random_fully))
+    });
+    Ok(Coordinator::new(settings, targets, addrs, rules).start())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; running until killed");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+/// `--cleanup`: removes every virtual server, set, rule and address of ours.
+pub fn cleanup() -> Result<(), StartError> {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let mut errors = Vec::new();
+        match NetlinkIpvs::connect().await {
+            Ok(ipvs) => {
+                if let Err(e) = ipvs.flush().await {
+                    errors.push(format!("flushing IPVS: {e}"));
+                }
+            }
+            Err(IpvsError::NotAvailable) => tracing::info!("no IPVS in this kernel: nothing to flush"),
+            Err(e) => errors.push(format!("IPVS: {e}")),
+        }
+        for family in [IpFamily::V4, IpFamily::V6] {
+            if let Err(e) = IptablesHandle::new(family).cleanup().await {
+                errors.push(format!("iptables ({family:?}): {e}"));
+            }
+            for set in IpvsSet::ALL {
+                if let Err(e) = IpsetHandle::destroy(&set.name(family)).await {
+                    errors.push(format!("ipset {}: {e}", set.name(family)));
+                }
+            }
+        }
+        match DummyLink::new() {
+            Ok(link) => {
+                if let Err(e) = link.delete_link().await {
+                    errors.push(format!("kube-ipvs0: {e}"));
+                }
+            }
+            Err(e) => errors.push(format!("rtnetlink: {e}")),
+        }
+        if errors.is_empty() {
+            tracing::info!("cleanup done");
+            Ok(())
+        } else {
+            Err(StartError::Unsupported(format!("cleanup incomplete: {}", errors.join("; "))))
+        }
+    })
+}

@@ -1,0 +1,236 @@
+//! `IptablesHandle` against the real kernel with both flavours of the tools
+//! (iptables-legacy and iptables-nft), applying the IPVS-mode rules the
+//! planner renders, in a network namespace each test creates (iptables
+//! rules and ipsets are per namespace: the host's are never touched).
+//!
+//! How a test runs in its namespace: the handle's calls run on a thread that
+//! entered the namespace with setns(2) (`Netns::block_on`), so the
+//! iptables processes it starts are in the namespace too; checks use `ip
+//! netns exec NS iptables-*-save`. Needs root, ipset, iptables-legacy and
+//! iptables-nft: without them the tests fail, they are never skipped.
+//!
+//! Not covered here: `-m ipvs` rules (KUBE-IPVS-OUT-FILTER with LB source
+//! ranges that exclude the node) need the ip_vs module, which this host's
+//! kernel lacks; the VM tests cover IPVS.
+
+mod common;
+
+use common::Netns;
+use kube_proxy_rs::kernel::ipset::IpsetHandle;
+use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle};
+use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
+use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
+use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::plan::rules_ipvs::{
+    jump_spec, render, IpvsRulesConfig, LocalDetector, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS,
+};
+use kube_proxy_rs::plan::IpvsSet;
+
+/// The rules of a cluster with ClusterIPs, LoadBalancers with source
+/// ranges, NodePorts and hairpin endpoints.
+fn rules(family: IpFamily, random_fully: bool) -> String {
+    let pods = match family {
+        IpFamily::V4 => "10.244.0.0/16",
+        IpFamily::V6 => "fd00:10:244::/56",
+    };
+    let cfg = IpvsRulesConfig {
+        family,
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: LocalDetector::Cidr(pods.parse().expect("cidr")),
+        random_fully,
+    };
+    let non_empty = [
+        IpvsSet::LoopBack,
+        IpvsSet::ClusterIp,
+        IpvsSet::ExternalIp,
+        IpvsSet::LoadBalancer,
+        IpvsSet::LoadBalancerLocal,
+        IpvsSet::LoadBalancerFw,
+        IpvsSet::LoadBalancerSourceCidr,
+        IpvsSet::NodePortTcp,
+        IpvsSet::NodePortUdp,
+        IpvsSet::NodePortSctp,
+        IpvsSet::HealthCheckNodePort,
+        IpvsSet::IpvsIps,
+    ];
+    render(&cfg, &|s| non_empty.contains(&s), &[])
+}
+
+fn restore(text: String) -> IptablesOp {
+    IptablesOp::Restore(RestoreInput { text })
+}
+
+// Every iptables command below waits for the xtables lock (`-w`): the
+// legacy tools share one lock file across namespaces, and tests run in
+// parallel.
+
+/// `<flavour>-save` in the namespace (all tables).
+fn save(ns: &Netns, bins: &IptablesBinaries) -> String {
+    ns.ok(&[&bins.save])
+}
+
+fn count(haystack: &str, line: &str) -> usize {
+    haystack.lines().filter(|l| *l == line).count()
+}
+
+/// The built-in chain's rules, in order, as `-S CHAIN` prints them.
+fn chain(ns: &Netns, bins: &IptablesBinaries, table: &str, name: &str) -> Vec<String> {
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", table, "-S", name]).lines().skip(1).map(str::to_string).collect()
+}
+
+fn assert_each_jump_once(saved: &str) {
+    for (_, from, comment, to) in JUMPS {
+        let rule = format!("-A {from} {}", jump_spec(comment, to));
+        assert_eq!(count(saved, &rule), 1, "{rule} in\n{saved}");
+    }
+}
+
+/// Creates upstream's 17 sets of `family` (the rules name them).
+fn create_sets(ns: &Netns, family: IpFamily) {
+    ns.block_on(|| async {
+        for set in IpvsSet::ALL {
+            IpsetHandle::new(set.spec(family)).ensure().await.unwrap_or_else(|e| panic!("{e}"));
+        }
+    });
+}
+
+fn rules_apply_reconcile_detect_flush_and_clean_up(family: IpFamily, flavour: &str) {
+    let ns = Netns::new(&format!("kpr-ipt-{flavour}-{}", family.ipset_family()));
+    let bins = IptablesBinaries::variant(family, flavour);
+    create_sets(&ns, family);
+    let (foreign_src, foreign_rule) = match family {
+        IpFamily::V4 => ("192.0.2.1", "-A INPUT -s 192.0.2.1/32 -j DROP"),
+        IpFamily::V6 => ("2001:db8::1", "-A INPUT -s 2001:db8::1/128 -j DROP"),
+    };
+    // Something of someone else's, which must survive everything below.
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "filter", "-A", "INPUT", "-s", foreign_src, "-j", "DROP"]);
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-N", "FOREIGN"]);
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-A", "OUTPUT", "-j", "FOREIGN"]);
+
+    let h = IptablesHandle::with_binaries(bins.clone());
+    let text = rules(family, h.random_fully());
+    let (first, second, third, canary_before) = ns.block_on(|| async {
+        let first = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
+        let second = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile again");
+        let third = h.apply(vec![restore(text.clone())]).await;
+        (first, second, third, h.canary_present().await.expect("canary check"))
+    });
+    assert_eq!(first.1, [Ok(())]);
+    assert_eq!(second.1, [Ok(())]);
+    assert_eq!(third, [Ok(())]);
+    assert!(canary_before, "canary present after a restore");
+
+    let saved = save(&ns, &bins);
+    assert_each_jump_once(&saved);
+    for c in NAT_CHAINS.iter().chain(&FILTER_CHAINS) {
+        assert!(saved.contains(&format!(":{c} - [0:0]")), "{c} in\n{saved}");
+    }
+    assert_eq!(count(&saved, ":KUBE-PROXY-CANARY - [0:0]"), 3, "canary in mangle, nat and filter");
+    assert!(saved.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"), "{saved}");
+    let sctp = format!("--match-set {} dst,dst -j KUBE-MARK-MASQ", IpvsSet::NodePortSctp.name(family));
+    assert!(saved.contains(&sctp), "{saved}");
+    // Jumps were prepended in upstream's order; ours come before the foreign rule.
+    let input = chain(&ns, &bins, "filter", "INPUT");
+    assert!(input[0].ends_with("-j KUBE-IPVS-FILTER"), "{input:?}");
+    assert!(input[1].ends_with("-j KUBE-PROXY-FIREWALL"), "{input:?}");
+    assert!(input[2].ends_with("-j KUBE-NODE-PORT"), "{input:?}");
+    assert_eq!(input[3], foreign_rule);
+    assert!(h.lines_written() >= 3 * text.lines().count() as u64);
+
+    // Someone flushes and deletes the canary: detected.
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-F", CANARY]);
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-X", CANARY]);
+    let canary_after = ns.block_on(|| async { h.canary_present().await.expect("canary check") });
+    assert!(!canary_after, "canary gone from nat");
+
+    // --cleanup: everything of ours goes, the foreign rules stay; twice is fine.
+    ns.block_on(|| async {
+        h.cleanup().await.expect("cleanup");
+        h.cleanup().await.expect("cleanup again");
+    });
+    let saved = save(&ns, &bins);
+    assert!(!saved.contains("KUBE-"), "left over:\n{saved}");
+    assert_eq!(count(&saved, foreign_rule), 1, "{saved}");
+    assert_eq!(count(&saved, "-A OUTPUT -j FOREIGN"), 1, "{saved}");
+    // And the sets are free to go: no rule references them any more.
+    ns.block_on(|| async {
+        for set in IpvsSet::ALL {
+            IpsetHandle::destroy(&set.name(family)).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+    });
+}
+
+#[test]
+fn ipvs_rules_with_iptables_legacy() {
+    rules_apply_reconcile_detect_flush_and_clean_up(IpFamily::V4, "legacy");
+}
+
+#[test]
+fn ipvs_rules_with_iptables_nft() {
+    rules_apply_reconcile_detect_flush_and_clean_up(IpFamily::V4, "nft");
+}
+
+#[test]
+fn ipv6_rules_with_ip6tables_legacy() {
+    rules_apply_reconcile_detect_flush_and_clean_up(IpFamily::V6, "legacy");
+}
+
+#[test]
+fn ipv6_rules_with_ip6tables_nft() {
+    rules_apply_reconcile_detect_flush_and_clean_up(IpFamily::V6, "nft");
+}
+
+#[test]
+fn a_jump_deleted_by_someone_comes_back_at_the_next_full_resync_only() {
+    let ns = Netns::new("kpr-ipt-jumps");
+    let bins = IptablesBinaries::variant(IpFamily::V4, "legacy");
+    create_sets(&ns, IpFamily::V4);
+    let h = IptablesHandle::with_binaries(bins.clone());
+    let text = rules(IpFamily::V4, true);
+    ns.block_on(|| async { h.apply(vec![restore(text.clone())]).await });
+    assert_each_jump_once(&save(&ns, &bins));
+    let portals = jump_spec("kubernetes service portals", "KUBE-SERVICES");
+    let args = [
+        bins.iptables.as_str(),
+        "-w",
+        "5",
+        "-t",
+        "nat",
+        "-D",
+        "PREROUTING",
+        "-m",
+        "comment",
+        "--comment",
+        "kubernetes service portals",
+        "-j",
+        "KUBE-SERVICES",
+    ];
+    ns.ok(&args);
+    // An incremental apply trusts the jumps it checked before.
+    let results = ns.block_on(|| async { h.apply(vec![restore(text.clone())]).await });
+    assert_eq!(results, [Ok(())]);
+    let rule = format!("-A PREROUTING {portals}");
+    assert_eq!(count(&save(&ns, &bins), &rule), 0);
+    // A full resync checks again.
+    let (_, results) = ns.block_on(|| async { h.reconcile(vec![restore(text.clone())]).await }).expect("reconcile");
+    assert_eq!(results, [Ok(())]);
+    assert_each_jump_once(&save(&ns, &bins));
+    // A full resync with nothing to restore still puts the jumps back.
+    ns.ok(&args);
+    ns.block_on(|| async { h.reconcile(Vec::new()).await }).expect("reconcile without rules");
+    assert_each_jump_once(&save(&ns, &bins));
+}
+
+#[test]
+fn a_failing_restore_names_the_line_and_changes_nothing() {
+    let ns = Netns::new("kpr-ipt-fail");
+    let bins = IptablesBinaries::variant(IpFamily::V4, "legacy");
+    let h = IptablesHandle::with_binaries(bins.clone());
+    let bad = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n-A KUBE-SERVICES -j NO-SUCH-CHAIN\nCOMMIT\n";
+    let results = ns.block_on(|| async { h.apply(vec![restore(bad.to_string())]).await });
+    let err = results[0].as_ref().expect_err("bad rule");
+    assert!(err.op.starts_with("iptables-legacy-restore -w 5 -W 100000 --noflush --counters"), "{err}");
+    assert!(err.message.contains("-A KUBE-SERVICES -j NO-SUCH-CHAIN"), "{err}");
+    assert!(!save(&ns, &bins).contains("KUBE-SERVICES"), "nothing committed");
+}

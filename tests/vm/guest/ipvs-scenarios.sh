@@ -1,0 +1,329 @@
+#!/bin/bash
+# IPVS-mode scenarios on a real kernel, run inside the VM as /test.sh.
+#
+# The VM's root netns is node "node-a", where the daemon runs. Around it:
+#   client   192.168.50.10  external client on the node's LAN (in the LB source range)
+#   outsider 192.168.52.10  external client outside the source range
+#   cpod     10.244.0.50    a pod on node-a, used as an in-cluster client
+#   pod1     10.244.0.11    local backend          pod2 10.244.0.12  local backend
+#   nodeb    10.244.1.21/22 two "pods" on another node, reached through nodeb
+#            (172.30.0.2); nodeb answers the client directly over its own link
+#            (192.168.51.0/24), as a remote node would: replies that were not
+#            masqueraded never come back through node-a.
+# Every backend answers HTTP on :8080 and UDP on :5000 with its own name, and
+# echoes TCP on :7000.
+#
+# Each scenario prints "SCENARIO <name>: PASS" or "SCENARIO <name>: FAIL: <what it saw>".
+# Exit status 1 if any failed.
+set -u
+BIN=${KPR_BIN:-/usr/local/bin/kube-proxy-rs}
+M=/tmp/manifests
+SRC=${KPR_MANIFESTS:-/scenarios/manifests}
+LOG=/tmp/daemon.log
+SYNC_PERIOD=5
+FAILED=()
+T0=$(cut -d' ' -f1 /proc/uptime)
+
+say() { echo "---- [$(awk -v t0="$T0" '{printf "%.1f", $1 - t0}' /proc/uptime)s] $*"; }
+in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# ------------------------------------------------------------- topology ----
+veth() { # veth HOST_IF NS NS_IF
+  ip link add "$1" type veth peer name "$3" netns "$2"
+  ip link set "$1" up
+  in_ns "$2" ip link set "$3" up
+}
+
+pod_on_node() { # pod_on_node NAME IP
+  local ns=$1 ip=$2 hif="v$1"
+  ip netns add "$ns"; in_ns "$ns" ip link set lo up
+  veth "$hif" "$ns" eth0
+  ip addr add 10.244.0.1/32 dev "$hif"
+  ip route add "$ip/32" dev "$hif"
+  in_ns "$ns" ip addr add "$ip/32" dev eth0
+  in_ns "$ns" ip route add 10.244.0.1/32 dev eth0
+  in_ns "$ns" ip route add default via 10.244.0.1
+}
+
+serve() { # serve NS IP NAME: HTTP :8080, UDP :5000 and TCP echo :7000 answering as NAME
+  local ns=$1 ip=$2 name=$3
+  mkdir -p "/srv/$name"; echo "$name" >"/srv/$name/index.html"
+  in_ns "$ns" busybox httpd -p "$ip:8080" -h "/srv/$name"
+  in_ns "$ns" socat -T2 "UDP4-RECVFROM:5000,bind=$ip,reuseaddr,fork" "SYSTEM:echo $name" &
+  in_ns "$ns" socat "TCP4-LISTEN:7000,bind=$ip,reuseaddr,fork" PIPE &
+}
+
+topology() {
+  sysctl -qw net.ipv4.ip_forward=1
+  ip netns add client; ip netns add outsider; ip netns add nodeb
+  for ns in client outsider nodeb; do in_ns $ns ip link set lo up; done
+  # LAN: node-a <-> client
+  veth lan0 client eth0
+  ip addr add 192.168.50.2/24 dev lan0
+  in_ns client ip addr add 192.168.50.10/24 dev eth0
+  in_ns client ip route add default via 192.168.50.2
+  in_ns client sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+  # another LAN: node-a <-> outsider
+  veth lan1 outsider eth0
+  ip addr add 192.168.52.2/24 dev lan1
+  in_ns outsider ip addr add 192.168.52.10/24 dev eth0
+  in_ns outsider ip route add default via 192.168.52.2
+  # node-a <-> node-b, and node-b's own link to the client
+  veth tonodeb nodeb eth0
+  ip addr add 172.30.0.1/30 dev tonodeb
+  in_ns nodeb ip addr add 172.30.0.2/30 dev eth0
+  in_ns nodeb ip route add default via 172.30.0.1
+  in_ns nodeb ip addr add 10.244.1.21/32 dev lo
+  in_ns nodeb ip addr add 10.244.1.22/32 dev lo
+  ip route add 10.244.1.0/24 via 172.30.0.2
+  ip link add nbcl type veth peer name eth1 netns client
+  ip link set nbcl netns nodeb
+  in_ns nodeb ip link set nbcl up; in_ns client ip link set eth1 up
+  in_ns nodeb ip addr add 192.168.51.2/24 dev nbcl
+  in_ns client ip addr add 192.168.51.10/24 dev eth1
+  in_ns nodeb ip route add 192.168.50.0/24 via 192.168.51.10
+  in_ns client sysctl -qw net.ipv4.conf.eth1.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0
+  # pods on node-a
+  pod_on_node pod1 10.244.0.11
+  pod_on_node pod2 10.244.0.12
+  pod_on_node cpod 10.244.0.50
+  serve pod1 10.244.0.11 pod1
+  serve pod2 10.244.0.12 pod2
+  serve nodeb 10.244.1.21 remote1
+  serve nodeb 10.244.1.22 remote2
+}
+
+# -------------------------------------------------------------- helpers ----
+http() { # http NS IP PORT -> body (empty on failure)
+  in_ns "$1" timeout 3 wget -q -O - "http://$2:$3/" 2>/dev/null | tr -d '\r'
+}
+udp() { # udp NS IP PORT [SRCPORT] -> reply
+  local sp=${4:+,sourceport=$4}
+  echo x | in_ns "$1" timeout 3 socat -T1 - "UDP4:$2:$3$sp" 2>/dev/null | tr -d '\r'
+}
+distinct() { # distinct N CMD... -> sorted distinct outputs of N runs
+  local n=$1; shift; local i
+  for ((i = 0; i < n; i++)); do "$@"; echo; done | grep -v '^$' | sort -u | tr '\n' ' '
+}
+wait_for() { # wait_for SECONDS CMD... : poll until CMD succeeds
+  local deadline=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+ipvs_has() { ipvsadm -S -n | grep -qF -- "$1"; }
+ipvs_lacks() { ! ipvsadm -S -n | grep -qF -- "$1"; }
+
+run() { # run NAME FUNCTION (in this shell: scenarios may restart the daemon)
+  local name=$1 out=/tmp/scenario.out
+  say "scenario $name"
+  if "$2" >"$out" 2>&1; then
+    echo "SCENARIO $name: PASS"
+  else
+    echo "SCENARIO $name: FAIL: $(tail -5 "$out" | tr '\n' ' ')"
+    FAILED+=("$name")
+  fi
+}
+expect() { # expect DESC GOT WANT
+  if [ "$2" != "$3" ]; then echo "$1: got '$2', want '$3'"; return 1; fi
+}
+
+start_daemon() {
+  export KUBE_PROXY_RS_RS_CHECK_INTERVAL=2s
+  "$BIN" --proxy-mode ipvs --manifests "$M" --hostname-override node-a \
+    --cluster-cidr 10.244.0.0/16 --ipvs-sync-period ${SYNC_PERIOD}s --ipvs-min-sync-period 0s \
+    --ipvs-exclude-cidrs 10.99.0.0/16 --v 2 >>"$LOG" 2>&1 &
+  DAEMON=$!
+}
+
+# ------------------------------------------------------------ scenarios ----
+s_takeover_start() {
+  # What an earlier run (or upstream kube-proxy) may have left: stale state to
+  # remove, and a virtual server in --ipvs-exclude-cidrs to keep.
+  ip link add kube-ipvs0 type dummy
+  ip addr add 10.96.9.9/32 dev kube-ipvs0
+  ipvsadm -A -t 10.96.9.9:80 -s rr
+  ipvsadm -A -t 10.99.0.1:80 -s rr
+  ipset create KUBE-CLUSTER-IP hash:ip,port
+  ipset add KUBE-CLUSTER-IP 10.96.9.9,tcp:80
+  start_daemon
+  wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "no sync: $(tail -5 $LOG)"; return 1; }
+  wait_for 10 ipvs_lacks "10.96.9.9" || { echo "stale VS kept"; return 1; }
+  ipvs_has "-A -t 10.99.0.1:80" || { echo "excluded VS deleted"; return 1; }
+  ! ipset list KUBE-CLUSTER-IP | grep -q 10.96.9.9 || { echo "stale set entry kept"; return 1; }
+  ! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9 || { echo "stale address kept"; return 1; }
+  ip -d link show kube-ipvs0 | grep -q 'state DOWN' || { echo "kube-ipvs0 is up"; return 1; }
+  expect "vs/conntrack" "$(cat /proc/sys/net/ipv4/vs/conntrack)" 1
+  expect "expire_nodest_conn" "$(cat /proc/sys/net/ipv4/vs/expire_nodest_conn)" 1
+}
+
+s_clusterip_tcp() {
+  local got; got=$(distinct 30 http cpod 10.96.0.20 80)
+  expect "backends reached" "$got" "pod1 pod2 remote1 "
+}
+
+s_clusterip_udp() {
+  local got; got=$(distinct 15 udp cpod 10.96.0.30 5000)
+  expect "backends reached" "$got" "pod1 pod2 remote1 "
+}
+
+s_hairpin() {
+  local got; got=$(distinct 12 http pod1 10.96.0.20 80)
+  case "$got" in *pod1*) ;; *) echo "pod1 never reached itself through the service: $got"; return 1 ;; esac
+}
+
+s_nodeport() {
+  local got; got=$(distinct 20 http client 192.168.50.2 30080)
+  expect "backends via NodePort" "$got" "pod1 pod2 remote1 "
+}
+
+s_load_balancer() {
+  local got; got=$(distinct 20 http client 192.168.60.10 80)
+  expect "backends via LB VIP" "$got" "pod1 pod2 remote1 "
+}
+
+s_source_ranges() {
+  [ -n "$(http client 192.168.60.10 80)" ] || { echo "client in range refused"; return 1; }
+  local got; got=$(http outsider 192.168.60.10 80)
+  expect "client outside loadBalancerSourceRanges" "$got" ""
+}
+
+s_external_ip() {
+  local got; got=$(distinct 20 http client 192.168.60.20 80)
+  expect "backends via externalIP" "$got" "pod1 pod2 remote1 "
+}
+
+s_affinity() {
+  local got; got=$(distinct 15 http cpod 10.96.0.60 80)
+  [ "$(echo "$got" | wc -w)" = 1 ] || { echo "ClientIP affinity spread over: $got"; return 1; }
+}
+
+s_local_policy_without_local_endpoint() {
+  # Only endpoint remote, externalTrafficPolicy Local: not masqueraded, so the
+  # reply leaves node-b straight to the client, which drops it (upstream).
+  local got; got=$(http client 192.168.60.11 80)
+  expect "external client through Local LB with no local endpoint" "$got" ""
+  got=$(http cpod 10.96.0.41 80)
+  expect "in-cluster client via its cluster IP (policy Cluster)" "$got" "remote2"
+}
+
+s_no_endpoints() {
+  local t0 t1; t0=$(date +%s)
+  local got; got=$(http cpod 10.96.0.70 80)
+  t1=$(date +%s)
+  expect "service without endpoints" "$got" ""
+  [ $((t1 - t0)) -lt 3 ] || { echo "not refused, timed out"; return 1; }
+}
+
+s_udp_flow_moves() {
+  local first second
+  first=$(udp cpod 10.96.0.30 5000 40000)
+  [ -n "$first" ] || { echo "no UDP reply"; return 1; }
+  [ "$(udp cpod 10.96.0.30 5000 40000)" = "$first" ] || { echo "flow not sticky before the change"; return 1; }
+  local ip; case $first in pod1) ip=10.244.0.11 ;; pod2) ip=10.244.0.12 ;; remote1) ip=10.244.1.21 ;; esac
+  sed -i "/- addresses: \[\"$ip\"\]/,+2d" "$M/echo.yaml"
+  wait_for 10 ipvs_lacks "-r $ip:5000" || { echo "real server $ip kept"; return 1; }
+  second=$(udp cpod 10.96.0.30 5000 40000)
+  [ -n "$second" ] && [ "$second" != "$first" ] || { echo "flow stayed on '$first' (now '$second')"; return 1; }
+}
+
+s_service_deleted() {
+  rm "$M/sticky.yaml"
+  wait_for 10 ipvs_lacks "10.96.0.60" || { echo "VS left behind"; return 1; }
+  sleep 0.5
+  ! ipset list | grep -q "10.96.0.60" || { echo "set entry left behind"; return 1; }
+  ! ip addr show dev kube-ipvs0 | grep -q "10.96.0.60" || { echo "address left behind"; return 1; }
+}
+
+s_graceful_termination() {
+  coproc CONN { in_ns cpod socat - TCP4:10.96.0.90:7000; }
+  echo hello >&"${CONN[1]}"
+  local line; read -r -t 3 line <&"${CONN[0]}"
+  expect "echo before" "$line" hello || return 1
+  local busy; busy=$(ipvsadm -L -n -t 10.96.0.90:7000 | awk '/->.*Masq/ && $5 + 0 > 0 {print $2}' | head -1)
+  [ -n "$busy" ] || { echo "no active connection seen: $(ipvsadm -L -n -t 10.96.0.90:7000)"; return 1; }
+  local ip=${busy%:*}
+  sed -i "/- addresses: \[\"$ip\"\]/,+2d" "$M/drain.yaml"
+  wait_for 10 sh -c "ipvsadm -L -n -t 10.96.0.90:7000 | grep -q '$busy *Masq *0 '" \
+    || { echo "not weight 0: $(ipvsadm -L -n -t 10.96.0.90:7000)"; return 1; }
+  echo again >&"${CONN[1]}"
+  read -r -t 3 line <&"${CONN[0]}"
+  expect "open connection still works while draining" "$line" again || return 1
+  exec {CONN[1]}>&-
+  kill "$CONN_PID" 2>/dev/null; wait "$CONN_PID" 2>/dev/null
+  # It stays (weight 0) until IPVS forgets the closed connection: InActConn
+  # covers TIME_WAIT, 2 minutes in IPVS. Upstream waits for that as well.
+  ipvsadm -L -n -t 10.96.0.90:7000 | grep -q "$busy" || { echo "deleted while connections remained"; return 1; }
+  wait_for 150 sh -c "! ipvsadm -L -n -t 10.96.0.90:7000 | grep -q '$busy'" \
+    || { echo "drained real server not deleted: $(ipvsadm -L -n -t 10.96.0.90:7000)"; return 1; }
+}
+
+s_drift_repaired() {
+  ipvsadm -C
+  ipset flush KUBE-CLUSTER-IP
+  iptables -t nat -F
+  wait_for $((SYNC_PERIOD + 5)) ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS not repaired"; return 1; }
+  wait_for 5 sh -c "ipset list KUBE-CLUSTER-IP | grep -q 10.96.0.20,tcp:80" || { echo "ipset not repaired"; return 1; }
+  wait_for 5 sh -c "iptables -t nat -S KUBE-SERVICES | grep -q KUBE-CLUSTER-IP" || { echo "nat rules not repaired"; return 1; }
+  wait_for 5 sh -c "iptables -t nat -S PREROUTING | grep -q KUBE-SERVICES" || { echo "jump not repaired"; return 1; }
+  [ -n "$(http client 192.168.50.2 30080)" ] || { echo "NodePort broken after repair"; return 1; }
+}
+
+s_restart_keeps_connections() {
+  coproc KEEP { in_ns cpod socat - TCP4:10.96.0.20:7000; }
+  echo one >&"${KEEP[1]}"
+  local line; read -r -t 3 line <&"${KEEP[0]}"
+  expect "echo before restart" "$line" one || return 1
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  start_daemon
+  sleep 2
+  wait_for 20 ipvs_has "-A -t 10.96.0.20:80 -s rr" || return 1
+  echo two >&"${KEEP[1]}"
+  read -r -t 3 line <&"${KEEP[0]}"
+  expect "echo after restart" "$line" two || return 1
+  exec {KEEP[1]}>&-
+  kill "$KEEP_PID" 2>/dev/null; wait "$KEEP_PID" 2>/dev/null
+  return 0
+}
+
+s_cleanup() {
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  "$BIN" --cleanup --proxy-mode ipvs >>"$LOG" 2>&1 || { echo "--cleanup failed: $(tail -3 $LOG)"; return 1; }
+  local left; left=$(ipvsadm -S -n | grep -v 10.99.0.1)
+  expect "virtual servers left" "$left" "" || return 1
+  ! ip link show kube-ipvs0 >/dev/null 2>&1 || { echo "kube-ipvs0 left"; return 1; }
+  ! ipset list -n | grep -q '^KUBE-' || { echo "sets left: $(ipset list -n | tr '\n' ' ')"; return 1; }
+  ! iptables-save | grep -q 'KUBE-' || { echo "rules left: $(iptables-save | grep KUBE- | head -3)"; return 1; }
+}
+
+# ----------------------------------------------------------------- main ----
+say "kernel $(uname -r)"
+mkdir -p "$M" && cp "$SRC"/*.yaml "$M"/
+topology
+run takeover-start s_takeover_start
+if [ ${#FAILED[@]} -eq 0 ]; then
+  run clusterip-tcp-every-backend s_clusterip_tcp
+  run clusterip-udp-every-backend s_clusterip_udp
+  run hairpin s_hairpin
+  run nodeport-on-node-ip s_nodeport
+  run lb-ingress-ip s_load_balancer
+  run lb-source-ranges s_source_ranges
+  run external-ip s_external_ip
+  run client-ip-affinity s_affinity
+  run local-policy-no-local-endpoint-drops s_local_policy_without_local_endpoint
+  run no-endpoints-refused s_no_endpoints
+  run udp-flow-moves-after-endpoint-removal s_udp_flow_moves
+  run service-deleted-leaves-nothing s_service_deleted
+  run graceful-termination s_graceful_termination
+  run drift-repaired-within-sync-period s_drift_repaired
+  run restart-keeps-established-tcp s_restart_keeps_connections
+  run cleanup-removes-everything s_cleanup
+fi
+say "daemon log (last 30 lines):"
+tail -30 "$LOG"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED SCENARIOS: ${FAILED[*]}"
+  exit 1
+fi
+echo "ALL SCENARIOS PASSED"
