@@ -26,6 +26,8 @@ pub enum StartError {
     Manifests(#[from] crate::actors::source::manifests::ManifestError),
     #[error("reading the node's addresses: {0}")]
     Addresses(#[source] std::io::Error),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] crate::actors::source::kube::KubeSourceError),
     #[error("{0}")]
     Unsupported(String),
 }

@@ -40,7 +40,13 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         return runtime::cleanup();
     }
     match cfg.proxy_mode() {
-        ProxyMode::Ipvs => runtime::run_ipvs(cfg, flags.manifests.clone()),
+        ProxyMode::Ipvs => {
+            let source = match &flags.manifests {
+                Some(dir) => runtime::Source::Manifests(dir.clone()),
+                None => runtime::Source::Api { master: flags.master.clone() },
+            };
+            runtime::run_ipvs(cfg, source)
+        }
         mode => Err(StartError::Unsupported(format!(
             "proxy mode {:?} is not built yet (issue 5); use --proxy-mode=ipvs or --dry-run",
             mode.as_str()

@@ -11,6 +11,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
+use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::stats::StatsRegistry;
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
@@ -24,7 +25,7 @@ use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
 use crate::kernel::{addrs, iptables_probe, sysctl};
 use crate::model::NodeInfo;
-use crate::msgs::SourceBatch;
+use crate::msgs::{Change, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::{IpvsPlanner, IpvsSet};
 
@@ -72,39 +73,75 @@ fn check_interval() -> Option<Duration> {
     text.parse::<crate::config::GoDuration>().ok().map(|d| d.get())
 }
 
-/// Runs IPVS mode until SIGTERM or SIGINT.
-pub fn run_ipvs(cfg: KubeProxyConfiguration, manifests_dir: Option<PathBuf>) -> Result<(), StartError> {
-    let Some(dir) = manifests_dir else {
-        return Err(StartError::Unsupported(
-            "the Kubernetes API source is not built yet (issue 4): use --manifests DIR".into(),
-        ));
-    };
-    let system = actix_rt::System::new();
-    system.block_on(async move { run_ipvs_async(cfg, dir).await })
+/// Where Services, EndpointSlices and the Node come from.
+pub enum Source {
+    Manifests(PathBuf),
+    /// The Kubernetes API, with `--master` if given.
+    Api {
+        master: Option<String>,
+    },
 }
 
-async fn run_ipvs_async(cfg: KubeProxyConfiguration, dir: PathBuf) -> Result<(), StartError> {
+/// Runs IPVS mode until SIGTERM or SIGINT.
+pub fn run_ipvs(cfg: KubeProxyConfiguration, source: Source) -> Result<(), StartError> {
+    let system = actix_rt::System::new();
+    system.block_on(async move { run_ipvs_async(cfg, source).await })
+}
+
+/// The Node object as the manifest directory holds it.
+fn node_from_manifests(dir: &std::path::Path, node_name: &str) -> Option<NodeInfo> {
+    manifests::ManifestDir::new(dir).scan().events.iter().find_map(|e| match e {
+        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
+            Some(NodeInfo::from_node(n))
+        }
+        _ => None,
+    })
+}
+
+/// A source ready to start.
+enum Ready {
+    Manifests(PathBuf),
+    Api(kube::Client),
+}
+
+/// How long to wait for our Node object at start (its IPs decide the family).
+const NODE_WAIT: Duration = Duration::from_secs(30);
+
+/// A running source; dropping it stops it.
+enum Running {
+    Manifests(manifests::ManifestWatcher),
+    Api(actix_rt::task::JoinHandle<()>),
+}
+
+async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source) -> Result<(), StartError> {
     let ipvs = connect_ipvs().await?;
     set_sysctls(&cfg)?;
     set_ipvs_timeouts(&ipvs, &cfg).await;
     let node_name = cfg.hostname()?;
-    let first = manifests::ManifestDir::new(&dir).scan();
-    let node = first.events.iter().find_map(|e| match e {
-        crate::msgs::SourceEvent::Node(crate::msgs::Change::Applied(n))
-            if n.metadata.name.as_deref() == Some(node_name.as_str()) =>
-        {
-            Some(NodeInfo::from_node(n))
+    let (node, ready) = match source {
+        Source::Manifests(dir) => (node_from_manifests(&dir, &node_name), Ready::Manifests(dir)),
+        Source::Api { master } => {
+            let config = api::client_config(&cfg.client_connection, master.as_deref()).await?;
+            let client = api::client(config)?;
+            let node = api::wait_for_node(client.clone(), &node_name, NODE_WAIT).await?;
+            (node.map(|n| NodeInfo::from_node(&n)), Ready::Api(client))
         }
-        _ => None,
-    });
+    };
     let family = daemon::primary_family(&cfg, node.as_ref());
     let registry = StatsRegistry::default();
     let coordinator = start_coordinator(&cfg, family, &node_name, ipvs, &registry)?;
-    let sink = coordinator.clone();
-    let _watcher = manifests::spawn(dir, move |batch: SourceBatch| sink.do_send(batch))?;
+    let sink = move |b: SourceBatch| coordinator.do_send(b);
+    let running = match ready {
+        Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
+        Ready::Manifests(dir) => Running::Manifests(manifests::spawn(dir, sink)?),
+    };
     tracing::info!(mode = "ipvs", node = %node_name, ?family, "kube-proxy-rs started");
     wait_for_signal().await;
     tracing::info!("shutting down; kernel state left in place");
+    match running {
+        Running::Api(task) => task.abort(),
+        Running::Manifests(watcher) => watcher.stop(),
+    }
     System::current().stop();
     Ok(())
 }

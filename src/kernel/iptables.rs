@@ -250,7 +250,32 @@ impl Subsystem for IptablesHandle {
         let me = self.clone();
         Box::pin(async move { me.reconcile_ops(desired).await })
     }
+
+    fn periodic(&self) -> Option<std::time::Duration> {
+        Some(CANARY_INTERVAL)
+    }
+
+    /// Drift when our canary chain vanished after we had written it
+    /// (firewalld-style `-F`/`-X` of whole tables).
+    fn run_periodic(&self) -> KFuture<bool> {
+        let me = self.clone();
+        Box::pin(async move {
+            if !me.shared.jumps_checked.load(Ordering::Acquire) {
+                return false;
+            }
+            match me.canary_present().await {
+                Ok(present) => !present,
+                Err(e) => {
+                    tracing::warn!(actor = "iptables", error = %e, "checking the canary chain failed");
+                    false
+                }
+            }
+        })
+    }
 }
+
+/// How often the canary chains are checked.
+pub const CANARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl IptablesKernel for IptablesHandle {}
 

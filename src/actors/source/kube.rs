@@ -348,7 +348,9 @@ impl<K: Watched> RelistState<K> {
         let gone = (self.known.iter()).filter(|(key, _)| !listed.contains_key(*key));
         let mut events: Vec<SourceEvent> = gone.map(|(_, old)| K::event(Change::Deleted(old.clone()))).collect();
         let deleted = events.len();
-        let changed = listed.iter().filter(|(key, new)| true);
+        let changed = listed
+            .iter()
+            .filter(|(key, new)| self.known.get(*key).is_none_or(|old| !same_version(old.as_ref(), new.as_ref())));
         events.extend(changed.map(|(_, new)| K::event(Change::Applied(new.clone()))));
         let first = !self.synced;
         info!(
