@@ -10,6 +10,54 @@ use std::time::Duration;
 /// How many recent apply latencies each actor keeps for percentiles.
 const LATENCY_WINDOW: usize = 512;
 
+/// Upper bounds, in seconds, of the apply-duration histogram buckets
+/// (`kube_proxy_rs_actor_apply_duration_seconds`): 100 µs doubling to ~13 s.
+pub const APPLY_BUCKETS: [f64; 18] = [
+    0.0001, 0.0002, 0.0004, 0.0008, 0.0016, 0.0032, 0.0064, 0.0128, 0.0256, 0.0512, 0.1024, 0.2048, 0.4096, 0.8192,
+    1.6384, 3.2768, 6.5536, 13.1072,
+];
+
+/// Every batch's apply duration, bucketed (lock-free; read at scrape time).
+#[derive(Debug, Default)]
+struct ApplyHistogram {
+    /// Per-bucket counts; the last one is `+Inf`.
+    buckets: [AtomicU64; APPLY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+impl ApplyHistogram {
+    fn observe(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let i = APPLY_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(APPLY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        let bounds = APPLY_BUCKETS.iter().copied().chain(std::iter::once(f64::INFINITY));
+        let buckets = bounds.zip(self.buckets.iter()).map(|(b, n)| (b, n.load(Ordering::Relaxed))).collect();
+        HistogramSnapshot {
+            buckets,
+            sum: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            count: self.count.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of a histogram.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    /// `(upper bound, observations in this bucket)`, not cumulative; the last
+    /// bound is `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
+    /// Sum of the observations, in seconds.
+    pub sum: f64,
+    pub count: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct ActorStats {
     pub name: String,
@@ -19,6 +67,7 @@ pub struct ActorStats {
     errors: AtomicU64,
     last_generation: AtomicU64,
     latencies: Mutex<VecDeque<Duration>>,
+    apply: ApplyHistogram,
 }
 
 /// A point-in-time copy of an actor's stats.
@@ -55,11 +104,17 @@ impl ActorStats {
         self.ops.fetch_add(ops as u64, Ordering::Relaxed);
         self.errors.fetch_add(errors as u64, Ordering::Relaxed);
         self.last_generation.fetch_max(generation, Ordering::Relaxed);
+        self.apply.observe(took);
         let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
         if l.len() == LATENCY_WINDOW {
             l.pop_front();
         }
         l.push_back(took);
+    }
+
+    /// Every apply duration so far, in [`APPLY_BUCKETS`].
+    pub fn apply_histogram(&self) -> HistogramSnapshot {
+        self.apply.snapshot()
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -100,5 +155,42 @@ impl StatsRegistry {
 
     pub fn snapshot(&self) -> Vec<StatsSnapshot> {
         self.actors.lock().unwrap_or_else(|e| e.into_inner()).values().map(|s| s.snapshot()).collect()
+    }
+
+    /// Every actor's live stats, by name (for the metrics collector).
+    pub fn actors(&self) -> Vec<Arc<ActorStats>> {
+        self.actors.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_durations_land_in_their_buckets() {
+        let s = ActorStats::new("ipvs");
+        s.applied(3, 5, 1, Duration::from_micros(50));
+        s.applied(4, 1, 0, Duration::from_millis(1));
+        s.applied(2, 1, 0, Duration::from_secs(60));
+        let h = s.apply_histogram();
+        assert_eq!(h.count, 3);
+        assert_eq!(h.buckets.len(), APPLY_BUCKETS.len() + 1);
+        assert_eq!(h.buckets[0], (0.0001, 1));
+        assert_eq!(h.buckets[4], (0.0016, 1), "1 ms falls in the 1.6 ms bucket");
+        assert_eq!(h.buckets.last(), Some(&(f64::INFINITY, 1)));
+        assert!((h.sum - 60.00105).abs() < 1e-9, "{}", h.sum);
+        let snap = s.snapshot();
+        assert_eq!((snap.ops, snap.errors, snap.last_generation), (7, 1, 4));
+    }
+
+    #[test]
+    fn the_registry_lists_live_stats() {
+        let reg = StatsRegistry::default();
+        let a = reg.register("ipvs");
+        a.enqueued();
+        let live = reg.actors();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].snapshot().mailbox_depth, 1);
     }
 }

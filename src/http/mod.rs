@@ -1,0 +1,202 @@
+//! The HTTP servers, on hyper inside the daemon's tokio runtime (the actix
+//! System's): the metrics server (`/metrics`, `/healthz`, `/proxyMode`,
+//! `/configz`, plus any routes added, e.g. the dashboard), the health server
+//! (`/healthz`, `/livez`) and one service health-check server per
+//! LoadBalancer service with `externalTrafficPolicy: Local`
+//! ([`ServiceHealthServers`]).
+//!
+//! A server is a [`Routes`] table served by [`Server::spawn`], which returns
+//! a [`ServerHandle`]; dropping the handle stops the server. As upstream, a
+//! port that can't be bound is logged, counted and retried every 5 s,
+//! unless `bindAddressHardFail` is set: then [`Server::spawn`] returns the
+//! error and the daemon exits.
+
+mod endpoints;
+mod routes;
+mod service_health;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::metrics::ProxyMetrics;
+
+pub use endpoints::{health_routes, metrics_routes, start_http_servers, Configz, HttpServers};
+pub use routes::{not_found, text_response, Body, Handler, Request, Response, Routes};
+pub use service_health::{health_check_state, service_health_body, ServiceHealthServers};
+
+/// How long upstream waits before retrying a port it couldn't bind.
+pub const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Errors starting a server.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("no tokio runtime to run the {server} server on")]
+    NoRuntime { server: &'static str },
+    #[error("failed to start {server} server on {addr}: {source}")]
+    Bind {
+        server: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running (or still binding) server; dropping it stops the server and
+/// closes its connections.
+#[derive(Debug)]
+pub struct ServerHandle {
+    name: &'static str,
+    local_addr: Arc<OnceLock<SocketAddr>>,
+    task: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// The bound address (with the real port when bound to port 0), once bound.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr.get().copied()
+    }
+
+    /// The server's name (`metrics`, `healthz`, ...).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A server to start: a name for logs and metrics, an address, routes.
+pub struct Server {
+    name: &'static str,
+    addr: SocketAddr,
+    routes: Routes,
+    hard_fail: bool,
+    metrics: Option<Arc<ProxyMetrics>>,
+}
+
+impl Server {
+    pub fn new(name: &'static str, addr: SocketAddr, routes: Routes) -> Server {
+        Server { name, addr, routes, hard_fail: false, metrics: None }
+    }
+
+    /// `bindAddressHardFail`: a bind failure is returned instead of retried.
+    pub fn hard_fail(mut self, hard_fail: bool) -> Server {
+        self.hard_fail = hard_fail;
+        self
+    }
+
+    /// Counts bind failures in `kube_proxy_rs_bind_failures_total{server}`.
+    pub fn metrics(mut self, metrics: Option<Arc<ProxyMetrics>>) -> Server {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Binds now and serves on the current tokio runtime. A bind failure is
+    /// returned under hard-fail, else logged and retried every [`BIND_RETRY`].
+    pub fn spawn(self) -> Result<ServerHandle, HttpError> {
+        let Server { name, addr, routes, hard_fail, metrics } = self;
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| HttpError::NoRuntime { server: name })?;
+        let local_addr = Arc::new(OnceLock::new());
+        let routes = Arc::new(routes);
+        let bound = bind(name, addr).and_then(|l| {
+            let _guard = rt.enter();
+            TcpListener::from_std(l).map_err(|e| bind_error(name, addr, e))
+        });
+        let task = match bound {
+            Ok(listener) => {
+                let bound_addr = listener.local_addr().unwrap_or(addr);
+                let _ = local_addr.set(bound_addr);
+                tracing::info!(server = name, addr = %bound_addr, "serving HTTP");
+                rt.spawn(serve(name, listener, routes))
+            }
+            Err(e) => {
+                if let Some(m) = &metrics {
+                    m.bind_failed(name);
+                }
+                if hard_fail {
+                    return Err(e);
+                }
+                tracing::error!(server = name, error = %e, "cannot bind; retrying every 5s");
+                rt.spawn(bind_later(name, addr, routes, local_addr.clone(), metrics))
+            }
+        };
+        Ok(ServerHandle { name, local_addr, task })
+    }
+}
+
+fn bind_error(server: &'static str, addr: SocketAddr, source: std::io::Error) -> HttpError {
+    HttpError::Bind { server, addr, source }
+}
+
+/// Binds a non-blocking listener (std sets SO_REUSEADDR, as Go does).
+fn bind(server: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener, HttpError> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| bind_error(server, addr, e))?;
+    listener.set_nonblocking(true).map_err(|e| bind_error(server, addr, e))?;
+    Ok(listener)
+}
+
+/// Retries binding every [`BIND_RETRY`], then serves.
+async fn bind_later(
+    name: &'static str,
+    addr: SocketAddr,
+    routes: Arc<Routes>,
+    local_addr: Arc<OnceLock<SocketAddr>>,
+    metrics: Option<Arc<ProxyMetrics>>,
+) {
+    loop {
+        tokio::time::sleep(BIND_RETRY).await;
+        match TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let _ = local_addr.set(listener.local_addr().unwrap_or(addr));
+                tracing::info!(server = name, %addr, "serving HTTP after retrying the bind");
+                return serve(name, listener, routes).await;
+            }
+            Err(e) => {
+                tracing::warn!(server = name, %addr, error = %e, "still cannot bind; retrying");
+                if let Some(m) = &metrics {
+                    m.bind_failed(name);
+                }
+            }
+        }
+    }
+}
+
+/// Accepts connections until aborted; aborting drops every connection too.
+async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    connections.spawn(serve_connection(name, stream, routes.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(server = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_connection(name: &'static str, stream: tokio::net::TcpStream, routes: Arc<Routes>) {
+    let service = hyper::service::service_fn(move |req| {
+        let routes = routes.clone();
+        async move { Ok::<_, std::convert::Infallible>(routes.dispatch(req).await) }
+    });
+    let conn = http1::Builder::new().timer(TokioTimer::new()).serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(server = name, error = %e, "connection ended with an error");
+    }
+}

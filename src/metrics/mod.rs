@@ -1,0 +1,466 @@
+//! Prometheus metrics: upstream's kube-proxy metrics, with the names, types,
+//! labels and buckets of `pkg/proxy/metrics/metrics.go` (1.33+: `ip_family`
+//! labels), and ours (`kube_proxy_rs_*`), the per-actor ones read from the
+//! [`StatsRegistry`] at scrape time.
+//!
+//! [`ProxyMetrics`] is shared as an `Arc`; every update is an atomic add or
+//! store (a label lookup for the labelled families), cheap enough to call
+//! from the coordinator on every sync. Its methods are named for what the
+//! caller did (`sync_queued`, `sync_done`, ...). `/metrics` serves
+//! [`ProxyMetrics::encode_text`]: the Prometheus text format 0.0.4, as
+//! upstream's handler does.
+
+mod actors;
+pub mod exposition;
+mod process;
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
+use prometheus_client::registry::{Metric, Registry};
+
+use crate::actors::stats::StatsRegistry;
+use crate::config::ProxyMode;
+use crate::net::IpFamily;
+
+pub use exposition::TEXT_CONTENT_TYPE;
+
+/// The labels of one series, in order.
+type Labels = Vec<(&'static str, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
+type CounterFamily = Family<Labels, Counter>;
+
+/// Upstream's `v1.IPFamily` spelling, the `ip_family` label value.
+pub fn ip_family_label(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
+/// Which traffic policy a service with no local endpoints has
+/// (`traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrafficPolicy {
+    Internal,
+    External,
+}
+
+impl TrafficPolicy {
+    fn label(self) -> &'static str {
+        match self {
+            TrafficPolicy::Internal => "internal",
+            TrafficPolicy::External => "external",
+        }
+    }
+}
+
+/// `ExponentialBuckets(0.001, 2, 15)`: 1 ms to ~16 s (sync and conntrack durations).
+fn sync_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Upstream's network-programming buckets: `MergeBuckets` (which starts with
+/// a 0 bucket) of 0.25 s steps to 0.5 s, 1 s steps to 59 s, 5 s steps to
+/// 115 s and 30 s steps to 5 min.
+fn programming_histogram() -> Histogram {
+    let buckets = std::iter::once(0.0)
+        .chain(linear_buckets(0.25, 0.25, 2))
+        .chain(linear_buckets(1.0, 1.0, 59))
+        .chain(linear_buckets(60.0, 5.0, 12))
+        .chain(linear_buckets(120.0, 30.0, 7));
+    Histogram::new(buckets)
+}
+
+fn family_labels(f: IpFamily) -> Labels {
+    vec![("ip_family", ip_family_label(f).to_string())]
+}
+
+/// Seconds since the Unix epoch (0 for times before it).
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Upstream's sync metrics (every mode).
+#[derive(Debug)]
+struct SyncMetrics {
+    latency: HistogramFamily,
+    full: HistogramFamily,
+    partial: HistogramFamily,
+    last: GaugeFamily,
+    last_queued: GaugeFamily,
+    programming: HistogramFamily,
+    endpoints_pending: Gauge,
+    endpoints_total: Counter,
+    services_pending: Gauge,
+    services_total: Counter,
+    no_local: GaugeFamily,
+}
+
+/// Upstream's per-backend metrics (registered for the modes that have them).
+#[derive(Debug)]
+struct BackendMetrics {
+    restore_failures: CounterFamily,
+    partial_restore_failures: CounterFamily,
+    iptables_rules: GaugeFamily,
+    iptables_last: GaugeFamily,
+    nft_sync_failures: CounterFamily,
+    nft_cleanup_failures: CounterFamily,
+    conntrack_duration: HistogramFamily,
+    conntrack_deleted: CounterFamily,
+}
+
+/// Health probes and ours.
+#[derive(Debug, Default)]
+struct ServerMetrics {
+    healthz: CounterFamily,
+    livez: CounterFamily,
+    reload_failures: Counter,
+    bind_failures: CounterFamily,
+}
+
+impl SyncMetrics {
+    fn new() -> SyncMetrics {
+        SyncMetrics {
+            latency: Family::new_with_constructor(sync_histogram),
+            full: Family::new_with_constructor(sync_histogram),
+            partial: Family::new_with_constructor(sync_histogram),
+            last: GaugeFamily::default(),
+            last_queued: GaugeFamily::default(),
+            programming: Family::new_with_constructor(programming_histogram),
+            endpoints_pending: Gauge::default(),
+            endpoints_total: Counter::default(),
+            services_pending: Gauge::default(),
+            services_total: Counter::default(),
+            no_local: GaugeFamily::default(),
+        }
+    }
+}
+
+impl BackendMetrics {
+    fn new() -> BackendMetrics {
+        BackendMetrics {
+            restore_failures: CounterFamily::default(),
+            partial_restore_failures: CounterFamily::default(),
+            iptables_rules: GaugeFamily::default(),
+            iptables_last: GaugeFamily::default(),
+            nft_sync_failures: CounterFamily::default(),
+            nft_cleanup_failures: CounterFamily::default(),
+            conntrack_duration: Family::new_with_constructor(sync_histogram),
+            conntrack_deleted: CounterFamily::default(),
+        }
+    }
+}
+
+/// Every metric the daemon exports, and the registry that encodes them.
+#[derive(Debug)]
+pub struct ProxyMetrics {
+    registry: Registry,
+    /// Trigger times before this are not observed (upstream's tracker start time).
+    started: SystemTime,
+    sync: SyncMetrics,
+    backend: BackendMetrics,
+    server: ServerMetrics,
+}
+
+/// Registers metrics under their upstream (exposition) names.
+struct Registrar<'a>(&'a mut Registry);
+
+impl Registrar<'_> {
+    /// Counters are registered without `_total`: the encoder appends it.
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.0.register(name.strip_suffix("_total").unwrap_or(name), help, metric);
+    }
+
+    /// Gauges keep their name, even one ending in `_total`.
+    fn add_gauge(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.0.register(name, help, metric);
+    }
+}
+
+impl ProxyMetrics {
+    /// The metrics for `mode` (upstream registers some per backend), with the
+    /// per-actor metrics read from `actors` at each scrape.
+    pub fn new(mode: ProxyMode, actors: StatsRegistry) -> ProxyMetrics {
+        let sync = SyncMetrics::new();
+        let backend = BackendMetrics::new();
+        let server = ServerMetrics::default();
+        let mut registry = Registry::default();
+        let mut r = Registrar(&mut registry);
+        register_sync(&mut r, &sync);
+        register_backend(&mut r, &backend, mode);
+        register_server(&mut r, &server);
+        registry.register_collector(Box::new(actors::ActorCollector::new(actors)));
+        registry.register_collector(Box::new(process::ProcessCollector));
+        ProxyMetrics { registry, started: SystemTime::now(), sync, backend, server }
+    }
+
+    /// The exposition in the Prometheus text format 0.0.4 (what `/metrics`
+    /// serves, as upstream).
+    pub fn encode_text(&self) -> String {
+        exposition::to_prometheus_text(&self.encode_openmetrics())
+    }
+
+    /// The exposition in the OpenMetrics text format.
+    pub fn encode_openmetrics(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        out
+    }
+
+    /// A sync was queued (a Service or EndpointSlice change arrived):
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
+    pub fn sync_queued(&self, family: IpFamily, at: SystemTime) {
+        self.sync.last_queued.get_or_create(&family_labels(family)).set(unix_seconds(at));
+    }
+
+    /// A sync finished, successfully or not (upstream observes both): the
+    /// duration goes to `kubeproxy_sync_proxy_rules_duration_seconds` and to
+    /// the full or partial histogram.
+    pub fn sync_done(&self, family: IpFamily, full: bool, took: Duration) {
+        let labels = family_labels(family);
+        let secs = took.as_secs_f64();
+        self.sync.latency.get_or_create(&labels).observe(secs);
+        let kind = if full { &self.sync.full } else { &self.sync.partial };
+        kind.get_or_create(&labels).observe(secs);
+    }
+
+    /// A sync succeeded: `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
+    pub fn sync_succeeded(&self, family: IpFamily, at: SystemTime) {
+        self.sync.last.get_or_create(&family_labels(family)).set(unix_seconds(at));
+    }
+
+    /// How many Service and EndpointSlice changes wait for the next sync
+    /// (set after recording events, and to 0 once a sync took them).
+    pub fn changes_pending(&self, services: usize, endpoints: usize) {
+        self.sync.services_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
+        self.sync.endpoints_pending.set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+    }
+
+    /// Service and EndpointSlice changes seen (`..._changes_total`).
+    pub fn changes_seen(&self, services: u64, endpoints: u64) {
+        self.sync.services_total.inc_by(services);
+        self.sync.endpoints_total.inc_by(endpoints);
+    }
+
+    /// Observes network programming latency for one changed EndpointSlice,
+    /// from its `endpoints.kubernetes.io/last-change-trigger-time`
+    /// annotation (RFC 3339) to `now`, after a successful sync. As upstream,
+    /// a value that doesn't parse, or a trigger from before this process
+    /// started, is ignored. Returns whether it was observed.
+    pub fn programming_latency(&self, family: IpFamily, trigger_time: &str, now: SystemTime) -> bool {
+        match parse_trigger_time(trigger_time) {
+            Some(t) => self.programming_latency_since(family, t, now),
+            None => {
+                tracing::debug!(value = trigger_time, "ignoring an unparsable last-change-trigger-time");
+                false
+            }
+        }
+    }
+
+    /// [`ProxyMetrics::programming_latency`] with the trigger time parsed.
+    pub fn programming_latency_since(&self, family: IpFamily, trigger: SystemTime, now: SystemTime) -> bool {
+        if trigger <= self.started {
+            return false;
+        }
+        let secs = unix_seconds(now) - unix_seconds(trigger);
+        self.sync.programming.get_or_create(&family_labels(family)).observe(secs);
+        true
+    }
+
+    /// Services with a Local traffic policy and no local endpoints, after a sync.
+    pub fn no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
+        for (policy, n) in [(TrafficPolicy::Internal, internal), (TrafficPolicy::External, external)] {
+            let labels =
+                vec![("ip_family", ip_family_label(family).to_string()), ("traffic_policy", policy.label().into())];
+            self.sync.no_local.get_or_create(&labels).set(n as f64);
+        }
+    }
+
+    /// An `iptables-restore` failed (iptables and ipvs modes).
+    pub fn iptables_restore_failed(&self, family: IpFamily) {
+        self.backend.restore_failures.get_or_create(&family_labels(family)).inc();
+    }
+
+    /// A partial `iptables-restore` failed and a full one follows (iptables mode).
+    pub fn iptables_partial_restore_failed(&self, family: IpFamily) {
+        self.backend.partial_restore_failures.get_or_create(&family_labels(family)).inc();
+    }
+
+    /// Rules kube-proxy owns in `table`, and how many the last sync wrote (iptables mode).
+    pub fn iptables_rules(&self, family: IpFamily, table: &str, total: usize, last: usize) {
+        let labels = vec![("ip_family", ip_family_label(family).to_string()), ("table", table.to_string())];
+        self.backend.iptables_rules.get_or_create(&labels).set(total as f64);
+        self.backend.iptables_last.get_or_create(&labels).set(last as f64);
+    }
+
+    /// An nftables transaction failed (nftables mode).
+    pub fn nftables_sync_failed(&self, family: IpFamily) {
+        self.backend.nft_sync_failures.get_or_create(&family_labels(family)).inc();
+    }
+
+    /// Removing stale nftables chains failed (nftables mode).
+    pub fn nftables_cleanup_failed(&self, family: IpFamily) {
+        self.backend.nft_cleanup_failures.get_or_create(&family_labels(family)).inc();
+    }
+
+    /// The conntrack reconciler ran: how long, and how many flows it deleted.
+    pub fn conntrack_reconciled(&self, family: IpFamily, took: Duration, deleted: u64) {
+        let labels = family_labels(family);
+        self.backend.conntrack_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        self.backend.conntrack_deleted.get_or_create(&labels).inc_by(deleted);
+    }
+
+    /// The health server answered `/healthz` with `code`.
+    pub fn healthz_served(&self, code: u16) {
+        self.server.healthz.get_or_create(&vec![("code", code.to_string())]).inc();
+    }
+
+    /// The health server answered `/livez` with `code`.
+    pub fn livez_served(&self, code: u16) {
+        self.server.livez.get_or_create(&vec![("code", code.to_string())]).inc();
+    }
+
+    /// A configuration reload (SIGHUP) was refused; the old config stays.
+    pub fn config_reload_failed(&self) {
+        self.server.reload_failures.inc();
+    }
+
+    /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
+    pub fn bind_failed(&self, server: &str) {
+        self.server.bind_failures.get_or_create(&vec![("server", server.to_string())]).inc();
+    }
+}
+
+/// Parses an RFC 3339 timestamp (the trigger-time annotation).
+pub fn parse_trigger_time(text: &str) -> Option<SystemTime> {
+    text.trim().parse::<jiff::Timestamp>().ok().map(SystemTime::from)
+}
+
+fn register_sync(r: &mut Registrar, s: &SyncMetrics) {
+    r.add("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", s.latency.clone());
+    r.add(
+        "kubeproxy_sync_full_proxy_rules_duration_seconds",
+        "SyncProxyRules latency in seconds for full resyncs",
+        s.full.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+        "SyncProxyRules latency in seconds for partial resyncs",
+        s.partial.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "The last time proxy rules were successfully synced",
+        s.last.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        "The last time a sync of proxy rules was queued",
+        s.last_queued.clone(),
+    );
+    r.add(
+        "kubeproxy_network_programming_duration_seconds",
+        "In Cluster Network Programming Latency in seconds",
+        s.programming.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "Pending proxy rules Endpoint changes",
+        s.endpoints_pending.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "Cumulative proxy rules Endpoint changes",
+        s.endpoints_total.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "Pending proxy rules Service changes",
+        s.services_pending.clone(),
+    );
+    r.add(
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "Cumulative proxy rules Service changes",
+        s.services_total.clone(),
+    );
+    r.add_gauge(
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+        "Number of services with a Local traffic policy and no endpoints",
+        s.no_local.clone(),
+    );
+}
+
+fn register_backend(r: &mut Registrar, b: &BackendMetrics, mode: ProxyMode) {
+    if matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs) {
+        r.add(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "Cumulative proxy iptables restore failures",
+            b.restore_failures.clone(),
+        );
+    }
+    if mode == ProxyMode::Iptables {
+        r.add(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            "Cumulative proxy iptables partial restore failures",
+            b.partial_restore_failures.clone(),
+        );
+        r.add_gauge(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            b.iptables_rules.clone(),
+        );
+        r.add_gauge(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            b.iptables_last.clone(),
+        );
+    }
+    if mode == ProxyMode::Nftables {
+        r.add(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "Cumulative proxy nftables sync failures",
+            b.nft_sync_failures.clone(),
+        );
+        r.add(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+            "Cumulative proxy nftables cleanup failures",
+            b.nft_cleanup_failures.clone(),
+        );
+    }
+    r.add(
+        "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+        "ReconcileConntrackFlowsLatency latency in seconds",
+        b.conntrack_duration.clone(),
+    );
+    r.add(
+        "kubeproxy_conntrack_reconciler_deleted_entries_total",
+        "Cumulative conntrack flows deleted by conntrack reconciler",
+        b.conntrack_deleted.clone(),
+    );
+}
+
+fn register_server(r: &mut Registrar, s: &ServerMetrics) {
+    r.add("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", s.healthz.clone());
+    r.add("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", s.livez.clone());
+    r.add(
+        "kube_proxy_rs_config_reload_failures_total",
+        "Configuration reloads refused (the running configuration was kept)",
+        s.reload_failures.clone(),
+    );
+    r.add(
+        "kube_proxy_rs_bind_failures_total",
+        "HTTP servers that could not bind their address, by server",
+        s.bind_failures.clone(),
+    );
+}
+
+#[cfg(test)]
+mod tests;

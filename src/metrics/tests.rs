@@ -1,0 +1,247 @@
+use super::*;
+
+fn metrics(mode: ProxyMode) -> ProxyMetrics {
+    ProxyMetrics::new(mode, StatsRegistry::default())
+}
+
+/// The HELP and TYPE lines of `name` (text format).
+fn meta(name: &str, help: &str, kind: &str) -> String {
+    format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")
+}
+
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+/// Drives every upstream metric once, so each family has a series.
+fn touch_all(m: &ProxyMetrics) {
+    let now = SystemTime::now();
+    m.sync_queued(IpFamily::V4, now);
+    m.sync_done(IpFamily::V4, true, Duration::from_millis(3));
+    m.sync_done(IpFamily::V4, false, Duration::from_millis(1));
+    m.sync_succeeded(IpFamily::V4, now);
+    m.changes_pending(2, 5);
+    m.changes_seen(3, 7);
+    m.programming_latency_since(IpFamily::V4, now, now + Duration::from_millis(1500));
+    m.no_local_endpoints(IpFamily::V4, 1, 2);
+    m.iptables_restore_failed(IpFamily::V4);
+    m.iptables_partial_restore_failed(IpFamily::V4);
+    m.iptables_rules(IpFamily::V4, "nat", 40, 4);
+    m.nftables_sync_failed(IpFamily::V4);
+    m.nftables_cleanup_failed(IpFamily::V4);
+    m.conntrack_reconciled(IpFamily::V4, Duration::from_millis(2), 3);
+    m.healthz_served(200);
+    m.livez_served(503);
+    m.config_reload_failed();
+    m.bind_failed("metrics");
+}
+
+#[test]
+fn upstream_names_help_and_types_in_ipvs_mode() {
+    let m = metrics(ProxyMode::Ipvs);
+    touch_all(&m);
+    let text = m.encode_text();
+    for (name, help, kind) in [
+        ("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", "histogram"),
+        (
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            "histogram",
+        ),
+        (
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            "histogram",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            "gauge",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            "gauge",
+        ),
+        (
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            "histogram",
+        ),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes", "gauge"),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes", "counter"),
+        ("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", "gauge"),
+        ("kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes", "counter"),
+        (
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            "gauge",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "Cumulative proxy iptables restore failures",
+            "counter",
+        ),
+        (
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            "histogram",
+        ),
+        (
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            "counter",
+        ),
+        ("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", "counter"),
+        ("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", "counter"),
+    ] {
+        assert!(text.contains(&meta(name, help, kind)), "missing {name}:\n{text}");
+    }
+    assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+}
+
+#[test]
+fn backend_metrics_follow_the_mode_as_upstream_registers_them() {
+    let cases = [
+        (ProxyMode::Ipvs, &["iptables_restore_failures"][..], &["iptables_partial", "iptables_total", "nftables"][..]),
+        (
+            ProxyMode::Iptables,
+            &["iptables_restore_failures", "iptables_partial", "iptables_total", "iptables_last"],
+            &["nftables"],
+        ),
+        (ProxyMode::Nftables, &["nftables_sync_failures", "nftables_cleanup_failures"], &["iptables"]),
+    ];
+    for (mode, present, absent) in cases {
+        let m = metrics(mode);
+        touch_all(&m);
+        let text = m.encode_text();
+        for p in present {
+            assert!(text.contains(&format!("# TYPE kubeproxy_sync_proxy_rules_{p}")), "{mode}: {p} missing");
+        }
+        for a in absent {
+            assert!(!text.contains(&format!("kubeproxy_sync_proxy_rules_{a}")), "{mode}: {a} present");
+        }
+    }
+}
+
+#[test]
+fn series_carry_upstreams_labels() {
+    let m = metrics(ProxyMode::Iptables);
+    touch_all(&m);
+    let text = m.encode_text();
+    for line in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending 5",
+        "kubeproxy_sync_proxy_rules_service_changes_pending 2",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total 7",
+        "kubeproxy_sync_proxy_rules_service_changes_total 3",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"} 1.0",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 2.0",
+        "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 40.0",
+        "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"} 4.0",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1",
+        "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3",
+        "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+        "kubeproxy_proxy_livez_total{code=\"503\"} 1",
+        "kube_proxy_rs_config_reload_failures_total 1",
+        "kube_proxy_rs_bind_failures_total{server=\"metrics\"} 1",
+    ] {
+        assert!(has_line(&text, line), "missing line {line}\n{text}");
+    }
+}
+
+#[test]
+fn histograms_use_upstreams_buckets() {
+    let m = metrics(ProxyMode::Ipvs);
+    touch_all(&m);
+    let text = m.encode_text();
+    let les = |name: &str| -> Vec<String> {
+        let prefix = format!("{name}_bucket{{le=\"");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|r| r.split('"').next().unwrap_or("").to_string())
+            .collect()
+    };
+    let sync = les("kubeproxy_sync_proxy_rules_duration_seconds");
+    assert_eq!(sync.len(), 16, "15 buckets and +Inf: {sync:?}");
+    assert_eq!((sync[0].as_str(), sync[14].as_str(), sync[15].as_str()), ("0.001", "16.384", "+Inf"));
+    assert_eq!(les("kubeproxy_conntrack_reconciler_sync_duration_seconds"), sync);
+    let prog = les("kubeproxy_network_programming_duration_seconds");
+    assert_eq!(prog.len(), 82, "MergeBuckets' 0, 2 + 59 + 12 + 7 buckets, +Inf: {prog:?}");
+    let want = ["0.0", "0.25", "0.5", "1.0", "59.0", "60.0", "115.0", "120.0", "300.0", "+Inf"];
+    for le in want {
+        assert!(prog.iter().any(|p| p == le), "no le={le} in {prog:?}");
+    }
+    assert!(has_line(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\",ip_family=\"IPv4\"} 0"));
+    assert!(has_line(&text, "kubeproxy_network_programming_duration_seconds_bucket{le=\"2.0\",ip_family=\"IPv4\"} 1"));
+}
+
+#[test]
+fn programming_latency_parses_the_annotation_and_skips_old_or_bad_ones() {
+    let m = metrics(ProxyMode::Ipvs);
+    let trigger = m.started + Duration::from_secs(10);
+    let text = jiff::Timestamp::try_from(trigger).unwrap().to_string();
+    assert!(m.programming_latency(IpFamily::V6, &text, trigger + Duration::from_millis(700)));
+    assert!(!m.programming_latency(IpFamily::V6, "2001-01-01T00:00:00Z", SystemTime::now()), "before start");
+    assert!(!m.programming_latency(IpFamily::V6, "yesterday", SystemTime::now()));
+    let out = m.encode_text();
+    assert!(has_line(&out, "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"} 1"), "{out}");
+    assert!(has_line(&out, "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\",ip_family=\"IPv6\"} 0"));
+    assert!(has_line(&out, "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\",ip_family=\"IPv6\"} 1"));
+    assert_eq!(
+        parse_trigger_time("2024-05-01T10:00:00.5+02:00"),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1_714_550_400_500))
+    );
+}
+
+#[test]
+fn actor_series_are_read_from_the_stats_registry_at_scrape_time() {
+    let reg = StatsRegistry::default();
+    let m = ProxyMetrics::new(ProxyMode::Ipvs, reg.clone());
+    let ipvs = reg.register("ipvs");
+    ipvs.enqueued();
+    ipvs.enqueued();
+    ipvs.dequeued();
+    ipvs.applied(9, 4, 1, Duration::from_millis(3));
+    let text = m.encode_text();
+    assert!(text.contains(&meta(
+        "kube_proxy_rs_actor_messages_total",
+        "Messages the actor took from its mailbox",
+        "counter"
+    )));
+    assert!(text.contains(&meta(
+        "kube_proxy_rs_actor_apply_duration_seconds",
+        "Time the actor took to apply one batch, in seconds",
+        "histogram"
+    )));
+    for line in [
+        "kube_proxy_rs_actor_mailbox_depth{actor=\"ipvs\"} 1",
+        "kube_proxy_rs_actor_messages_total{actor=\"ipvs\"} 1",
+        "kube_proxy_rs_actor_ops_total{actor=\"ipvs\"} 4",
+        "kube_proxy_rs_actor_errors_total{actor=\"ipvs\"} 1",
+        "kube_proxy_rs_actor_last_acked_generation{actor=\"ipvs\"} 9",
+        "kube_proxy_rs_actor_apply_duration_seconds_count{actor=\"ipvs\"} 1",
+        "kube_proxy_rs_actor_apply_duration_seconds_bucket{le=\"0.0032\",actor=\"ipvs\"} 1",
+        "kube_proxy_rs_actor_apply_duration_seconds_bucket{le=\"+Inf\",actor=\"ipvs\"} 1",
+    ] {
+        assert!(has_line(&text, line), "missing line {line}\n{text}");
+    }
+}
+
+#[test]
+fn openmetrics_keeps_its_own_conventions() {
+    let m = metrics(ProxyMode::Ipvs);
+    m.changes_seen(1, 1);
+    let om = m.encode_openmetrics();
+    assert!(om.contains("# TYPE kubeproxy_sync_proxy_rules_service_changes counter\n"), "{om}");
+    assert!(om.ends_with("# EOF\n"));
+}
+
+#[test]
+fn process_metrics_are_exported() {
+    let text = metrics(ProxyMode::Ipvs).encode_text();
+    assert!(text.contains("# TYPE process_resident_memory_bytes gauge\n"), "{text}");
+    assert!(text.contains("# TYPE process_start_time_seconds gauge\n"), "{text}");
+}

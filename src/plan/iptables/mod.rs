@@ -1,0 +1,299 @@
+//! The iptables-mode planner: upstream's iptables proxier
+//! (pkg/proxy/iptables/proxier.go, syncProxyRules) as a pure function of
+//! the model, with upstream's chain names, rule text and emission order, so
+//! a node can switch between upstream and us.
+//!
+//! Like upstream, every sync rewrites the top-level chains (filter
+//! KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-FORWARD, KUBE-NODEPORTS,
+//! KUBE-PROXY-FIREWALL, KUBE-FIREWALL; nat KUBE-SERVICES, KUBE-NODEPORTS,
+//! KUBE-POSTROUTING, KUBE-MARK-MASQ), while a partial sync writes the
+//! per-service chains (KUBE-SVC/SVL/EXT/FW/SEP) of changed service ports
+//! only, and flushes and deletes (`:C` then `-X C`) chains no longer used.
+//! Unlike upstream, a partial sync does not recompute unchanged services:
+//! each service port's lines in the top-level chains are kept from when it
+//! was last rendered, and the top-level chains are their concatenation.
+//! Stale chains are known without `iptables-save`: the planner remembers
+//! the chains it wrote (and those the runtime found, [`IptablesPlanner::note_kernel_chains`]).
+
+pub mod context;
+pub mod names;
+pub mod render;
+pub mod service;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+pub use context::{iptables_context, IptablesContext, IptablesSettings, NodePortDestinations};
+pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains};
+
+use crate::model::{Model, ServicePortName};
+use render::{restore_input, Fragment, Frame};
+use service::{render_port, PortRules};
+
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+/// kubelet's anti-martian chain; kube-proxy keeps a copy of its rule.
+pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+/// The canary chain, in mangle, nat and filter.
+pub const CANARY: &str = "KUBE-PROXY-CANARY";
+/// More endpoints than this in all: endpoint comments are left out
+/// (upstream's largeClusterEndpointsThreshold).
+pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
+
+/// A jump from a built-in chain to one of ours (upstream's iptablesJumpChain).
+/// On every full sync, before the restore, each missing jump is inserted at
+/// position [`JUMP_POSITION`] in [`JUMPS`] order (upstream's EnsureRule
+/// Prepend, after EnsureChain of `to`), so on a fresh node the last one
+/// listed for a chain ends up first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Jump {
+    pub table: &'static str,
+    /// The built-in chain.
+    pub from: &'static str,
+    /// Matches before the comment (`-m conntrack --ctstate NEW`), or "".
+    pub extra: &'static str,
+    /// The comment, or "" for none.
+    pub comment: &'static str,
+    /// Our chain.
+    pub to: &'static str,
+}
+
+/// Where a missing jump is inserted (`-I <from> 1 ...`).
+pub const JUMP_POSITION: u32 = 1;
+
+impl Jump {
+    /// The rule as `iptables-save` prints it, without `-A <from>`.
+    pub fn spec(&self) -> String {
+        let mut s = String::new();
+        if !self.extra.is_empty() {
+            s.push_str(self.extra);
+            s.push(' ');
+        }
+        if !self.comment.is_empty() {
+            s.push_str(&format!("-m comment --comment \"{}\" ", self.comment));
+        }
+        s.push_str("-j ");
+        s.push_str(self.to);
+        s
+    }
+
+    /// The `iptables-save` line (`-A <from> <spec>`).
+    pub fn save_line(&self) -> String {
+        format!("-A {} {}", self.from, self.spec())
+    }
+
+    /// The restore line that inserts it (`-I <from> 1 <spec>`).
+    pub fn insert_line(&self) -> String {
+        format!("-I {} {JUMP_POSITION} {}", self.from, self.spec())
+    }
+}
+
+const NEW: &str = "-m conntrack --ctstate NEW";
+
+const fn jump(
+    table: &'static str,
+    from: &'static str,
+    extra: &'static str,
+    comment: &'static str,
+    to: &'static str,
+) -> Jump {
+    Jump { table, from, extra, comment, to }
+}
+
+/// Upstream's iptablesJumpChains, in its order; `--cleanup` removes these.
+pub const JUMPS: [Jump; 12] = [
+    jump("filter", "INPUT", NEW, "kubernetes externally-visible service portals", KUBE_EXTERNAL_SERVICES),
+    jump("filter", "FORWARD", NEW, "kubernetes externally-visible service portals", KUBE_EXTERNAL_SERVICES),
+    jump("filter", "INPUT", "", "kubernetes health check service ports", KUBE_NODEPORTS),
+    jump("filter", "FORWARD", NEW, "kubernetes service portals", KUBE_SERVICES),
+    jump("filter", "OUTPUT", NEW, "kubernetes service portals", KUBE_SERVICES),
+    jump("filter", "FORWARD", "", "kubernetes forwarding rules", KUBE_FORWARD),
+    jump("filter", "INPUT", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
+    jump("filter", "OUTPUT", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
+    jump("filter", "FORWARD", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
+    jump("nat", "OUTPUT", "", "kubernetes service portals", KUBE_SERVICES),
+    jump("nat", "PREROUTING", "", "kubernetes service portals", KUBE_SERVICES),
+    jump("nat", "POSTROUTING", "", "kubernetes postrouting rules", KUBE_POSTROUTING),
+];
+
+/// Upstream's iptablesKubeletJumpChains: ensured after [`JUMPS`] on full
+/// syncs, never removed. Their target `KUBE-FIREWALL` is only in the
+/// restore input when localhost NodePorts are on; otherwise the runtime
+/// creates it empty if missing (EnsureChain) and must not flush it.
+pub const KUBELET_JUMPS: [Jump; 2] =
+    [jump("filter", "INPUT", "", "", KUBE_FIREWALL), jump("filter", "OUTPUT", "", "", KUBE_FIREWALL)];
+
+/// nat chains `--cleanup` flushes and deletes if present, besides every
+/// per-service chain ([`is_service_chain`]) (upstream's cleanupLeftoversForFamily).
+pub const CLEANUP_NAT_CHAINS: [&str; 5] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ, CANARY];
+/// filter chains `--cleanup` flushes and deletes if present (KUBE-FIREWALL stays).
+pub const CLEANUP_FILTER_CHAINS: [&str; 6] =
+    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, CANARY];
+
+/// What the planner keeps of one service port between syncs.
+#[derive(Debug, Clone)]
+struct Cached {
+    filter: String,
+    nat_top: String,
+    chains: Vec<String>,
+    /// All its endpoints, counted toward large-cluster mode.
+    endpoints: usize,
+    no_local: (bool, bool),
+}
+
+/// The iptables-mode planner. Remembers, per service port, its lines in the
+/// top-level chains and the chains it owns, so a partial sync renders only
+/// the changed service ports.
+#[derive(Debug)]
+pub struct IptablesPlanner {
+    ctx: IptablesContext,
+    ports: BTreeMap<ServicePortName, Cached>,
+    total_endpoints: usize,
+    /// Per-service chains of current service ports.
+    active: HashSet<String>,
+    /// Per-service chains that may be in the kernel and are not active:
+    /// every sync deletes them until [`IptablesPlanner::confirm_applied`].
+    stale: BTreeSet<String>,
+    /// The stale chains the last rendered sync deleted.
+    deleted: Vec<String>,
+}
+
+impl IptablesPlanner {
+    pub fn new(ctx: IptablesContext) -> IptablesPlanner {
+        IptablesPlanner {
+            ctx,
+            ports: BTreeMap::new(),
+            total_endpoints: 0,
+            active: HashSet::new(),
+            stale: BTreeSet::new(),
+            deleted: Vec::new(),
+        }
+    }
+
+    pub fn context(&self) -> &IptablesContext {
+        &self.ctx
+    }
+
+    /// Upstream's largeClusterMode for the current model.
+    pub fn large_cluster_mode(&self) -> bool {
+        self.total_endpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD
+    }
+
+    /// Records per-service chains found in the kernel (`iptables-save -t
+    /// nat`, at start-up or on a full resync): those the model does not
+    /// use are deleted by the next sync, as upstream's stale-chain cleanup.
+    pub fn note_kernel_chains<'a>(&mut self, chains: impl IntoIterator<Item = &'a str>) {
+        for c in chains.into_iter().filter(|c| is_service_chain(c)) {
+            if !self.active.contains(c) {
+                self.stale.insert(c.to_string());
+            }
+        }
+    }
+
+    /// Per-service chains the next sync will flush and delete.
+    pub fn stale_chains(&self) -> Vec<String> {
+        self.stale.iter().cloned().collect()
+    }
+
+    /// The last rendered restore input was applied: the chains it deleted are gone.
+    pub fn confirm_applied(&mut self) {
+        for c in std::mem::take(&mut self.deleted) {
+            self.stale.remove(&c);
+        }
+    }
+
+    /// Service ports with a Local policy but no local endpoint:
+    /// (internal, external), for `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+    pub fn no_local_endpoints(&self) -> (usize, usize) {
+        self.ports.values().fold((0, 0), |(i, e), c| (i + usize::from(c.no_local.0), e + usize::from(c.no_local.1)))
+    }
+
+    /// Full sync (upstream's syncProxyRules with needFullSync): every chain
+    /// of every service port, the canary, and deletion of stale chains.
+    /// `ctx` replaces the context (node addresses or settings may have changed).
+    pub fn full(&mut self, model: &Model, ctx: IptablesContext) -> String {
+        self.ctx = ctx;
+        let ports: Vec<ServicePortName> =
+            self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
+        self.sync(model, ports, true)
+    }
+
+    /// Partial sync: the top-level chains, the chains of `changed` service
+    /// ports (added, updated or removed; e.g. `ModelChanges::ports`), and
+    /// the deletion of chains no longer used.
+    pub fn partial<'a>(&mut self, model: &Model, changed: impl IntoIterator<Item = &'a ServicePortName>) -> String {
+        let ports = changed.into_iter().cloned().collect();
+        self.sync(model, ports, false)
+    }
+
+    fn sync(&mut self, model: &Model, ports: Vec<ServicePortName>, full: bool) -> String {
+        let ports: BTreeSet<ServicePortName> = ports.into_iter().collect();
+        for spn in &ports {
+            self.update_count(model, spn);
+        }
+        let large = self.large_cluster_mode();
+        let mut own: HashMap<ServicePortName, (Vec<String>, String)> = HashMap::with_capacity(ports.len());
+        for spn in ports {
+            if let Some(rules) = self.rerender(model, &spn, large) {
+                own.insert(spn, (rules.chains, rules.chain_rules));
+            }
+        }
+        self.deleted = self.stale.iter().cloned().collect();
+        let frame = Frame { ctx: &self.ctx, full, stale: &self.deleted };
+        let fragments = self.ports.iter().map(|(spn, c)| Fragment {
+            filter: &c.filter,
+            nat_top: &c.nat_top,
+            own: own.get(spn).map(|(chains, rules)| (chains.as_slice(), rules.as_str())),
+        });
+        restore_input(&frame, fragments)
+    }
+
+    /// Keeps the total endpoint count (large-cluster mode) current for `spn`.
+    fn update_count(&mut self, model: &Model, spn: &ServicePortName) {
+        let old = self.ports.get(spn).map_or(0, |c| c.endpoints);
+        let new = if model.service_port(spn).is_some() { model.endpoints(spn).len() } else { 0 };
+        self.total_endpoints = self.total_endpoints - old + new;
+    }
+
+    /// Renders `spn` again (or forgets it), moving chains it no longer
+    /// uses to the stale set. Returns its rules if it still exists.
+    fn rerender(&mut self, model: &Model, spn: &ServicePortName, large: bool) -> Option<PortRules> {
+        let old = self.ports.remove(spn);
+        let rules = model.service_port(spn).map(|sp| render_port(&self.ctx, sp, model.endpoints(spn), large));
+        let new_chains: &[String] = rules.as_ref().map_or(&[], |r| r.chains.as_slice());
+        let keep: HashSet<&str> = new_chains.iter().map(String::as_str).collect();
+        for c in old.iter().flat_map(|o| o.chains.iter()) {
+            if !keep.contains(c.as_str()) {
+                self.active.remove(c);
+                self.stale.insert(c.clone());
+            }
+        }
+        for c in new_chains {
+            self.stale.remove(c);
+            self.active.insert(c.clone());
+        }
+        let r = rules?;
+        let cached = Cached {
+            filter: r.filter.clone(),
+            nat_top: r.nat_top.clone(),
+            chains: r.chains.clone(),
+            endpoints: model.endpoints(spn).len(),
+            no_local: r.no_local,
+        };
+        self.ports.insert(spn.clone(), cached);
+        Some(r)
+    }
+}
+
+/// `--dry-run` in iptables mode: the restore input of a full sync from an
+/// empty kernel (the caller prints it after a `# iptables` line).
+pub fn dry_run(model: &Model, ctx: IptablesContext) -> String {
+    IptablesPlanner::new(ctx.clone()).full(model, ctx)
+}

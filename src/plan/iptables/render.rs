@@ -1,0 +1,169 @@
+//! Assembles one iptables-restore input from per-service-port fragments, in
+//! the order upstream's syncProxyRules fills its four line buffers
+//! (filterChains, filterRules, natChains, natRules) and writes them: the
+//! filter table, then nat. We add a mangle section, and the canary chain in
+//! every table, on full syncs only (upstream's iptables Monitor creates the
+//! canary with separate commands; leaving it out of partial syncs keeps an
+//! external flush visible until the next full sync).
+
+use std::fmt::Write;
+
+use super::context::{IptablesContext, NodePortDestinations, NFACCT_CT_STATE_INVALID};
+use super::{
+    CANARY, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
+    KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+};
+use crate::net::IpFamily;
+
+/// The filter chains rewritten on every sync, in upstream's order.
+pub const FILTER_TOP: [&str; 5] =
+    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
+/// The nat chains rewritten on every sync, in upstream's order.
+pub const NAT_TOP: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
+
+/// One service port's part of a sync: its cached top-level lines, and its
+/// own chains when they are rewritten this time.
+pub struct Fragment<'a> {
+    pub filter: &'a str,
+    pub nat_top: &'a str,
+    /// `Some((chains, rules))` when this port's chains are written.
+    pub own: Option<(&'a [String], &'a str)>,
+}
+
+/// What a sync writes besides the services.
+pub struct Frame<'a> {
+    pub ctx: &'a IptablesContext,
+    /// Full sync: canary chains and the mangle table too.
+    pub full: bool,
+    /// Stale per-service chains to flush and delete.
+    pub stale: &'a [String],
+}
+
+/// `:<chain> - [0:0]` (upstream's MakeChainLine).
+pub fn chain_line(out: &mut String, chain: &str) {
+    let _ = writeln!(out, ":{chain} - [0:0]");
+}
+
+/// Renders the restore input. `ports` come in emission order.
+pub fn restore_input<'a>(frame: &Frame, ports: impl Iterator<Item = Fragment<'a>> + Clone) -> String {
+    let mut out = String::new();
+    if frame.full {
+        let _ = writeln!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT");
+    }
+    filter_table(&mut out, frame, ports.clone());
+    nat_table(&mut out, frame, ports);
+    out
+}
+
+/// Upstream's localhost-NodePort guard (KUBE-FIREWALL; a copy of kubelet's rule).
+fn localhost_guard(ctx: &IptablesContext) -> bool {
+    ctx.family == IpFamily::V4 && ctx.localhost_node_ports
+}
+
+fn filter_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fragment<'a>>) {
+    let ctx = frame.ctx;
+    out.push_str("*filter\n");
+    for c in FILTER_TOP {
+        chain_line(out, c);
+    }
+    if localhost_guard(ctx) {
+        chain_line(out, KUBE_FIREWALL);
+    }
+    if frame.full {
+        chain_line(out, CANARY);
+    }
+    if localhost_guard(ctx) {
+        let _ = writeln!(
+            out,
+            "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 \
+             ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+        );
+    }
+    for p in ports {
+        out.push_str(p.filter);
+    }
+    if !ctx.conntrack_tcp_liberal {
+        let nfacct = if ctx.nfacct_ct_state_invalid {
+            format!(" -m nfacct --nfacct-name {NFACCT_CT_STATE_INVALID}")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP");
+    }
+    let m = &ctx.mark;
+    let _ = writeln!(
+        out,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {m}/{m} -j ACCEPT"
+    );
+    let _ = writeln!(
+        out,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack \
+         --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    );
+    out.push_str("COMMIT\n");
+}
+
+fn nat_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fragment<'a>> + Clone) {
+    let ctx = frame.ctx;
+    out.push_str("*nat\n");
+    for c in NAT_TOP {
+        chain_line(out, c);
+    }
+    if frame.full {
+        chain_line(out, CANARY);
+    }
+    for (chains, _) in ports.clone().filter_map(|p| p.own) {
+        for c in chains {
+            chain_line(out, c);
+        }
+    }
+    for c in frame.stale {
+        chain_line(out, c);
+    }
+    let m = &ctx.mark;
+    let _ = writeln!(out, "-A {KUBE_POSTROUTING} -m mark ! --mark {m}/{m} -j RETURN");
+    let _ = writeln!(out, "-A {KUBE_POSTROUTING} -j MARK --xor-mark {m}");
+    let random = if ctx.random_fully { " --random-fully" } else { "" };
+    let _ = writeln!(
+        out,
+        "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{random}"
+    );
+    let _ = writeln!(out, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {m}");
+    for p in ports {
+        out.push_str(p.nat_top);
+        if let Some((_, rules)) = p.own {
+            out.push_str(rules);
+        }
+    }
+    for c in frame.stale {
+        let _ = writeln!(out, "-X {c}");
+    }
+    node_ports_tail(out, ctx);
+    out.push_str("COMMIT\n");
+}
+
+/// Section 6.7: the last rules of nat KUBE-SERVICES, to KUBE-NODEPORTS.
+fn node_ports_tail(out: &mut String, ctx: &IptablesContext) {
+    let head = format!(
+        "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in \
+         this chain\""
+    );
+    match &ctx.node_ports {
+        NodePortDestinations::All => {
+            let not_loopback = match ctx.family {
+                IpFamily::V6 => " ! -d ::1/128",
+                IpFamily::V4 if !ctx.localhost_node_ports => " ! -d 127.0.0.0/8",
+                IpFamily::V4 => "",
+            };
+            let _ = writeln!(out, "{head} -m addrtype --dst-type LOCAL{not_loopback} -j {KUBE_NODEPORTS}");
+        }
+        NodePortDestinations::Ips(ips) => {
+            for ip in ips {
+                if ip.is_loopback() && (ctx.family == IpFamily::V6 || !ctx.localhost_node_ports) {
+                    continue;
+                }
+                let _ = writeln!(out, "{head} -d {ip} -j {KUBE_NODEPORTS}");
+            }
+        }
+    }
+}
