@@ -12,6 +12,8 @@ pub mod metrics;
 pub mod model;
 pub mod msgs;
 pub mod net;
+pub mod metrics_hooks;
+pub mod reload;
 pub mod plan;
 pub mod runtime;
 pub mod schedule;

@@ -45,7 +45,8 @@ fn run(flags: &Flags) -> Result<(), StartError> {
                 Some(dir) => runtime::Source::Manifests(dir.clone()),
                 None => runtime::Source::Api { master: flags.master.clone() },
             };
-            runtime::run_ipvs(cfg, source)
+            let flags = flags.clone();
+            runtime::run_ipvs(cfg, source, Box::new(move || config::load(&flags)))
         }
         mode => Err(StartError::Unsupported(format!(
             "proxy mode {:?} is not built yet (issue 5); use --proxy-mode=ipvs or --dry-run",

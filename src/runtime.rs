@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
+use crate::actors::coordinator::{AddrSource, Coordinator, Reconfigure, RulesRenderer, Settings};
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::stats::StatsRegistry;
@@ -27,6 +27,7 @@ use crate::kernel::{addrs, iptables_probe, sysctl};
 use crate::model::NodeInfo;
 use crate::msgs::{Change, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
+use crate::reload;
 use crate::plan::{IpvsPlanner, IpvsSet};
 
 /// Test knob: how often terminating real servers are checked (default: upstream's minute).
@@ -83,9 +84,9 @@ pub enum Source {
 }
 
 /// Runs IPVS mode until SIGTERM or SIGINT.
-pub fn run_ipvs(cfg: KubeProxyConfiguration, source: Source) -> Result<(), StartError> {
+pub fn run_ipvs(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
     let system = actix_rt::System::new();
-    system.block_on(async move { run_ipvs_async(cfg, source).await })
+    system.block_on(async move { run_ipvs_async(cfg, source, reload).await })
 }
 
 /// The Node object as the manifest directory holds it.
@@ -113,7 +114,7 @@ enum Running {
     Api(actix_rt::task::JoinHandle<()>),
 }
 
-async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source) -> Result<(), StartError> {
+async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
     let ipvs = connect_ipvs().await?;
     set_sysctls(&cfg)?;
     set_ipvs_timeouts(&ipvs, &cfg).await;
@@ -129,14 +130,15 @@ async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source) -> Result<(
     };
     let family = daemon::primary_family(&cfg, node.as_ref());
     let registry = StatsRegistry::default();
-    let coordinator = start_coordinator(&cfg, family, &node_name, ipvs, &registry)?;
+    let coordinator = start_coordinator(&cfg, family, &node_name, ipvs.clone(), &registry)?;
+    let mut live = Live { cfg, family, node_name: node_name.clone(), coordinator: coordinator.clone(), ipvs };
     let sink = move |b: SourceBatch| coordinator.do_send(b);
     let running = match ready {
         Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
         Ready::Manifests(dir) => Running::Manifests(manifests::spawn(dir, sink)?),
     };
     tracing::info!(mode = "ipvs", node = %node_name, ?family, "kube-proxy-rs started");
-    wait_for_signal().await;
+    run_until_stopped(&mut live, &reload).await;
     tracing::info!("shutting down; kernel state left in place");
     match running {
         Running::Api(task) => task.abort(),
@@ -164,36 +166,97 @@ fn start_coordinator(
     let iptables = IptablesHandle::new(family);
     let link = DummyLink::new().map_err(|e| StartError::Unsupported(format!("rtnetlink: {e}")))?.with_family(family);
     let targets = start_ipvs_actors(IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack }, registry);
-    let settings = Settings {
-        plan: daemon::plan_settings(cfg, family, node_name),
-        min_sync: cfg.min_sync_period(),
-        max_sync: cfg.sync_period(),
-        burst: 2,
-    };
+    let settings = coordinator_settings(cfg, family, node_name);
     let addrs: AddrSource = Box::new(|| {
         addrs::local_addrs().unwrap_or_else(|e| {
             tracing::error!(error = %e, "reading the node's addresses");
             Vec::new()
         })
     });
-    let random_fully = iptables_probe::random_fully_supported(daemon::iptables_binary(family));
-    let rules_cfg = cfg.clone();
-    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
-        p.rules(&daemon::rules_config(&rules_cfg, family, node, random_fully))
-    });
-    Ok(Coordinator::new(settings, targets, addrs, rules).start())
+    Ok(Coordinator::new(settings, targets, addrs, rules_renderer(cfg, family)).start())
 }
 
-async fn wait_for_signal() {
+fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> Settings {
+    Settings {
+        plan: daemon::plan_settings(cfg, family, node_name),
+        min_sync: cfg.min_sync_period(),
+        max_sync: cfg.sync_period(),
+        burst: 2,
+    }
+}
+
+fn rules_renderer(cfg: &KubeProxyConfiguration, family: IpFamily) -> RulesRenderer {
+    let random_fully = iptables_probe::random_fully_supported(daemon::iptables_binary(family));
+    let cfg = cfg.clone();
+    Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&daemon::rules_config(&cfg, family, node, random_fully)))
+}
+
+/// Re-reads the configuration (SIGHUP), with the same flags as at start.
+pub type Reloader = Box<dyn Fn() -> Result<KubeProxyConfiguration, crate::config::ConfigError>>;
+
+/// What SIGHUP needs to apply a new configuration.
+struct Live {
+    cfg: KubeProxyConfiguration,
+    family: IpFamily,
+    node_name: String,
+    coordinator: Addr<Coordinator>,
+    ipvs: NetlinkIpvs,
+}
+
+impl Live {
+    /// Applies what can change live, names what can't; a bad file changes nothing.
+    async fn reload(&mut self, load: &Reloader) {
+        let loaded = match load() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "config reload refused; the running configuration stays");
+                crate::metrics_hooks::config_reload_failed();
+                return;
+            }
+        };
+        let plan = match reload::plan(&self.cfg, &loaded) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "config reload failed; the running configuration stays");
+                crate::metrics_hooks::config_reload_failed();
+                return;
+            }
+        };
+        if !plan.needs_restart.is_empty() {
+            tracing::warn!(fields = %plan.needs_restart.join(", "), "config changes need a restart and were not applied");
+        }
+        if plan.applied.is_empty() {
+            tracing::info!("config reloaded: nothing to apply");
+            return;
+        }
+        tracing::info!(fields = %plan.applied.join(", "), "config reloaded: applying");
+        self.cfg = plan.effective;
+        daemon::set_verbosity(self.cfg.verbosity());
+        if let Err(e) = set_sysctls(&self.cfg) {
+            tracing::warn!(error = %e, "sysctls after reload");
+        }
+        set_ipvs_timeouts(&self.ipvs, &self.cfg).await;
+        let settings = coordinator_settings(&self.cfg, self.family, &self.node_name);
+        self.coordinator.do_send(Reconfigure { settings, rules: rules_renderer(&self.cfg, self.family) });
+    }
+}
+
+/// Serves SIGHUP (reload) until SIGTERM or SIGINT.
+async fn run_until_stopped(live: &mut Live, reload: &Reloader) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+    else {
         tracing::error!("cannot install signal handlers; running until killed");
         std::future::pending::<()>().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM"); return; }
+            _ = int.recv() => { tracing::info!("SIGINT"); return; }
+            _ = hup.recv() => { tracing::info!("SIGHUP: reloading the configuration"); live.reload(reload).await; }
+        }
     }
 }
 

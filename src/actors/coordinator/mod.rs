@@ -34,11 +34,11 @@ use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::{SyncKind, SyncScheduler};
 
 /// Reads the node's interface addresses (I/O, done by the caller's closure).
-pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr>>;
+pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr> + Send>;
 
 /// Renders the iptables-restore input for IPVS mode from the current plan
 /// and the Node (its pod CIDR for detect-local NodeCIDR).
-pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner, &NodeInfo) -> String>;
+pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner, &NodeInfo) -> String + Send>;
 
 /// Sync timing and planning settings.
 pub struct Settings {
@@ -422,6 +422,30 @@ impl Handler<DriftDetected> for Coordinator {
 
     fn handle(&mut self, msg: DriftDetected, ctx: &mut Context<Self>) {
         tracing::info!(actor = %msg.actor, "drift detected: scheduling a full resync");
+        self.sched.request_full();
+        if !self.sched.is_running() {
+            self.arm(ctx);
+        }
+    }
+}
+
+/// A reloaded configuration's live part (SIGHUP): new periods and planning
+/// settings, a new rules renderer; followed by a full resync.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconfigure {
+    pub settings: Settings,
+    pub rules: RulesRenderer,
+}
+
+impl Handler<Reconfigure> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Reconfigure, ctx: &mut Context<Self>) {
+        self.sched.set_periods(msg.settings.min_sync, msg.settings.max_sync);
+        self.settings = msg.settings;
+        self.rules = msg.rules;
+        tracing::info!("configuration reloaded: full resync");
         self.sched.request_full();
         if !self.sched.is_running() {
             self.arm(ctx);

@@ -270,6 +270,48 @@ s_drift_repaired() {
   [ -n "$(http client 192.168.50.2 30080)" ] || { echo "NodePort broken after repair"; return 1; }
 }
 
+write_config() { # write_config SCHEDULER MODE SYNC_PERIOD
+  cat >/tmp/kp.yaml <<EOC
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: $2
+hostnameOverride: node-a
+clusterCIDR: 10.244.0.0/16
+ipvs:
+  scheduler: $1
+  syncPeriod: $3
+  minSyncPeriod: 0s
+  excludeCIDRs: [10.99.0.0/16]
+EOC
+}
+
+s_sighup_reload() {
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  write_config rr ipvs ${SYNC_PERIOD}s
+  "$BIN" --config /tmp/kp.yaml --manifests "$M" --v 2 >>"$LOG" 2>&1 &
+  DAEMON=$!
+  wait_for 20 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "not started with --config: $(tail -3 $LOG)"; return 1; }
+  # A live change: the scheduler.
+  write_config wrr ipvs ${SYNC_PERIOD}s
+  kill -HUP "$DAEMON"
+  wait_for 15 ipvs_has "-A -t 10.96.0.20:80 -s wrr" || { echo "scheduler not reloaded: $(tail -5 $LOG)"; return 1; }
+  # A change that needs a restart: named in the log, left as it was.
+  write_config wrr iptables ${SYNC_PERIOD}s
+  kill -HUP "$DAEMON"
+  wait_for 10 grep -q "need a restart and were not applied.*mode" "$LOG" || { echo "mode change not named: $(tail -5 $LOG)"; return 1; }
+  sleep 1
+  ipvs_has "-A -t 10.96.0.20:80 -s wrr" || { echo "mode change was applied"; return 1; }
+  # An invalid file: refused, the running config stays, the daemon lives on.
+  write_config wrr ipvs 30x
+  kill -HUP "$DAEMON"
+  wait_for 10 grep -q "config reload refused.*syncPeriod" "$LOG" || { echo "bad file not refused by field: $(tail -5 $LOG)"; return 1; }
+  kill -0 "$DAEMON" || { echo "daemon died on a bad file"; return 1; }
+  rm "$M/np.yaml"
+  wait_for 15 ipvs_lacks "10.96.0.35" || { echo "daemon stopped syncing after a refused reload"; return 1; }
+  cp "$SRC/np.yaml" "$M/np.yaml"
+  wait_for 15 ipvs_has "-A -t 10.96.0.35:80 -s wrr" || return 1
+}
+
 s_restart_keeps_connections() {
   coproc KEEP { in_ns cpod socat - TCP4:10.96.0.20:7000; }
   echo one >&"${KEEP[1]}"
@@ -317,6 +359,7 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run service-deleted-leaves-nothing s_service_deleted
   run graceful-termination s_graceful_termination
   run drift-repaired-within-sync-period s_drift_repaired
+  run sighup-reload s_sighup_reload
   run restart-keeps-established-tcp s_restart_keeps_connections
   run cleanup-removes-everything s_cleanup
 fi
