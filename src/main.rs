@@ -11,6 +11,8 @@ fn main() -> ExitCode {
     let flags = Flags::from_env();
     let json = flags.logging_format.as_deref() == Some("json");
     daemon::init_logging(flags.v.unwrap_or(0), json);
+    ignore_sighup_until_ready();
+    tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
     match run(&flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -52,5 +54,16 @@ fn run(flags: &Flags) -> Result<(), StartError> {
             "proxy mode {:?} is not built yet (issue 5); use --proxy-mode=ipvs or --dry-run",
             mode.as_str()
         ))),
+    }
+}
+
+/// A SIGHUP that arrives before the runtime listens for it would kill the
+/// process (the default action); ignore it until then. The runtime's handler
+/// replaces this disposition.
+fn ignore_sighup_until_ready() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_IGN installs no handler code, so nothing runs in signal context.
+    if let Err(e) = unsafe { signal(Signal::SIGHUP, SigHandler::SigIgn) } {
+        tracing::warn!(error = %e, "cannot ignore SIGHUP during start-up");
     }
 }

@@ -17,6 +17,8 @@ use crate::actors::stats::StatsRegistry;
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::config::KubeProxyConfiguration;
 use crate::daemon::{self, StartError};
+use crate::health::{self, ProxyHealth};
+use crate::http::{self, ServiceHealthServers};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::ipset::IpsetHandle;
 use crate::kernel::iptables::IptablesHandle;
@@ -24,11 +26,14 @@ use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
 use crate::kernel::{addrs, iptables_probe, sysctl};
+use crate::metrics::hooks::SyncHooks;
+use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
 use crate::msgs::{Change, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
-use crate::reload;
 use crate::plan::{IpvsPlanner, IpvsSet};
+use crate::reload;
+use std::sync::Arc;
 
 /// Test knob: how often terminating real servers are checked (default: upstream's minute).
 const ENV_RS_CHECK_INTERVAL: &str = "KUBE_PROXY_RS_RS_CHECK_INTERVAL";
@@ -130,8 +135,9 @@ async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source, reload: Rel
     };
     let family = daemon::primary_family(&cfg, node.as_ref());
     let registry = StatsRegistry::default();
-    let coordinator = start_coordinator(&cfg, family, &node_name, ipvs.clone(), &registry)?;
-    let mut live = Live { cfg, family, node_name: node_name.clone(), coordinator: coordinator.clone(), ipvs };
+    let (hooks, observe) = observability(&cfg, family, node.as_ref(), &registry)?;
+    let coordinator = start_coordinator(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?;
+    let mut live = Live { cfg, family, node_name: node_name.clone(), coordinator: coordinator.clone(), ipvs, observe };
     let sink = move |b: SourceBatch| coordinator.do_send(b);
     let running = match ready {
         Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
@@ -154,6 +160,7 @@ fn start_coordinator(
     node_name: &str,
     ipvs: NetlinkIpvs,
     registry: &StatsRegistry,
+    hooks: SyncHooks,
 ) -> Result<Addr<Coordinator>, StartError> {
     let owned = Ownership { family, exclude: cfg.ipvs_exclude_cidrs() };
     let mut graceful = GracefulIpvs::new(ipvs, owned);
@@ -173,7 +180,7 @@ fn start_coordinator(
             Vec::new()
         })
     });
-    Ok(Coordinator::new(settings, targets, addrs, rules_renderer(cfg, family)).start())
+    Ok(Coordinator::new(settings, targets, addrs, rules_renderer(cfg, family)).with_hooks(hooks).start())
 }
 
 fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> Settings {
@@ -191,6 +198,32 @@ fn rules_renderer(cfg: &KubeProxyConfiguration, family: IpFamily) -> RulesRender
     Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&daemon::rules_config(&cfg, family, node, random_fully)))
 }
 
+/// The metrics and health servers; dropped on shutdown.
+struct Observability {
+    configz: http::Configz,
+    _servers: http::HttpServers,
+}
+
+/// Metrics, health, the HTTP servers and the service health checks.
+fn observability(
+    cfg: &KubeProxyConfiguration,
+    family: IpFamily,
+    node: Option<&NodeInfo>,
+    registry: &StatsRegistry,
+) -> Result<(SyncHooks, Observability), StartError> {
+    let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
+    let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
+    let configz = http::Configz::new(cfg);
+    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, http::Routes::new())
+        .map_err(|e| StartError::Unsupported(e.to_string()))?;
+    let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
+    let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
+    let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);
+    let service_health = ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone());
+    let hooks = SyncHooks::new(family, metrics, health).with_service_health(service_health);
+    Ok((hooks, Observability { configz, _servers: servers }))
+}
+
 /// Re-reads the configuration (SIGHUP), with the same flags as at start.
 pub type Reloader = Box<dyn Fn() -> Result<KubeProxyConfiguration, crate::config::ConfigError>>;
 
@@ -201,6 +234,7 @@ struct Live {
     node_name: String,
     coordinator: Addr<Coordinator>,
     ipvs: NetlinkIpvs,
+    observe: Observability,
 }
 
 impl Live {
@@ -231,6 +265,7 @@ impl Live {
         }
         tracing::info!(fields = %plan.applied.join(", "), "config reloaded: applying");
         self.cfg = plan.effective;
+        self.observe.configz.set(&self.cfg);
         daemon::set_verbosity(self.cfg.verbosity());
         if let Err(e) = set_sysctls(&self.cfg) {
             tracing::warn!(error = %e, "sysctls after reload");

@@ -98,6 +98,9 @@ pub fn start_http_servers(
     extra: Routes,
 ) -> Result<HttpServers, HttpError> {
     let hard_fail = cfg.bind_address_hard_fail;
+    if cfg.enable_profiling {
+        tracing::warn!("enableProfiling: kube-proxy-rs has no /debug/pprof endpoints; ignored");
+    }
     let m = Some(metrics.clone());
     let healthz = match cfg.healthz_addr() {
         Some(addr) => Some(

@@ -28,7 +28,7 @@ use crate::metrics::ProxyMetrics;
 
 pub use endpoints::{health_routes, metrics_routes, start_http_servers, Configz, HttpServers};
 pub use routes::{not_found, text_response, Body, Handler, Request, Response, Routes};
-pub use service_health::{health_check_state, service_health_body, ServiceHealthServers};
+pub use service_health::{health_check_listen_ips, service_health_body, ServiceHealthServers};
 
 /// How long upstream waits before retrying a port it couldn't bind.
 pub const BIND_RETRY: Duration = Duration::from_secs(5);

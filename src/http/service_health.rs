@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
+use crate::config::NodePortAddresses;
 use crate::health::ProxyHealth;
 use crate::metrics::ProxyMetrics;
 use crate::model::service::NamespacedName;
-use crate::model::Model;
 
 use super::{text_response, HttpError, Routes, Server, ServerHandle};
 
@@ -130,20 +130,22 @@ impl ServiceHealthServers {
     }
 }
 
-/// What the health checks need from the model, in one pass over the
-/// service ports that have a healthCheckNodePort: the ports (upstream's
-/// `HealthCheckNodePorts()`) and their local ready endpoints, counted over
-/// all of a service's ports (upstream's `LocalReadyEndpoints()`).
-pub fn health_check_state(model: &Model) -> (BTreeMap<NamespacedName, u16>, BTreeMap<NamespacedName, usize>) {
-    let mut ports = BTreeMap::new();
-    let mut endpoints = BTreeMap::new();
-    for sp in model.service_ports().filter(|sp| sp.health_check_node_port != 0) {
-        let nn = &sp.name.service;
-        ports.insert(nn.clone(), sp.health_check_node_port);
-        let local = model.endpoints(&sp.name).iter().filter(|e| e.is_local && e.ready).count();
-        *endpoints.entry(nn.clone()).or_insert(0) += local;
+/// Where upstream listens for service health checks: every address when
+/// nodePortAddresses is empty, else the node's addresses it selects
+/// (`local`: the interfaces' addresses; `node_ips`: the Node object's, for
+/// `primary`). Possibly none, as upstream, which then serves no health checks.
+pub fn health_check_listen_ips(npa: &NodePortAddresses, local: &[IpAddr], node_ips: &[IpAddr]) -> Vec<IpAddr> {
+    let ips: Vec<IpAddr> = match npa {
+        NodePortAddresses::All => return ServiceHealthServers::all_addresses(),
+        NodePortAddresses::Primary => node_ips.to_vec(),
+        NodePortAddresses::Cidrs(cidrs) => {
+            local.iter().filter(|ip| cidrs.iter().any(|c| c.contains(*ip))).copied().collect()
+        }
+    };
+    if ips.is_empty() {
+        tracing::warn!(?npa, "no node address matches nodePortAddresses: service health checks will not be served");
     }
-    (ports, endpoints)
+    ips
 }
 
 /// IPv6 is disabled or absent on this host.
@@ -176,30 +178,20 @@ pub fn service_health_body(nn: &NamespacedName, local_endpoints: usize, proxy_he
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::*;
-    use crate::msgs::{ResourceKind, SourceEvent};
-    use crate::net::IpFamily;
 
     #[test]
-    fn health_check_state_counts_local_ready_endpoints_over_all_ports() {
-        let mut m = Model::new(IpFamily::V4, "node-a");
-        m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
-        m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
-        let mut lb = service("shop", "web", "10.96.0.30", &[("http", "TCP", 80, 30080), ("https", "TCP", 443, 30443)]);
-        let spec = lb.spec.as_mut().unwrap();
-        spec.type_ = Some("LoadBalancer".into());
-        spec.external_traffic_policy = Some("Local".into());
-        spec.health_check_node_port = Some(32000);
-        m.record(&applied_service(lb)).unwrap();
-        m.record(&applied_service(service("shop", "db", "10.96.0.31", &[("pg", "TCP", 5432, 0)]))).unwrap();
-        let eps = [ep("10.244.0.5", "node-a"), ep("10.244.0.6", "node-a").not_ready(), ep("10.244.1.5", "node-b")];
-        m.record(&applied_slice(slice("shop", "web-1", "web", &[("http", "TCP", 80), ("https", "TCP", 443)], &eps)))
-            .unwrap();
-        m.apply();
-        let (ports, endpoints) = health_check_state(&m);
-        let web = NamespacedName::new("shop", "web");
-        assert_eq!(ports, BTreeMap::from([(web.clone(), 32000)]));
-        assert_eq!(endpoints, BTreeMap::from([(web, 2)]), "one local ready endpoint, counted on both ports");
+    fn listen_addresses_follow_node_port_addresses() {
+        let local: Vec<IpAddr> = ["127.0.0.1", "192.168.50.2", "10.0.0.7"].iter().map(|s| s.parse().unwrap()).collect();
+        let node: Vec<IpAddr> = vec!["192.168.50.2".parse().unwrap()];
+        assert_eq!(
+            health_check_listen_ips(&NodePortAddresses::All, &local, &node),
+            vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
+        );
+        assert_eq!(health_check_listen_ips(&NodePortAddresses::Primary, &local, &node), node);
+        let cidrs = NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap(), "10.0.0.0/8".parse().unwrap()]);
+        assert_eq!(health_check_listen_ips(&cidrs, &local, &node), local[1..].to_vec());
+        let none = NodePortAddresses::Cidrs(vec!["172.16.0.0/12".parse().unwrap()]);
+        assert!(health_check_listen_ips(&none, &local, &node).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 mod actors;
 pub mod exposition;
+pub mod hooks;
 mod process;
 
 use std::sync::atomic::AtomicU64;
@@ -28,6 +29,7 @@ use crate::config::ProxyMode;
 use crate::net::IpFamily;
 
 pub use exposition::TEXT_CONTENT_TYPE;
+pub use hooks::{SyncHooks, SyncOutcome};
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;
@@ -120,7 +122,6 @@ struct BackendMetrics {
 struct ServerMetrics {
     healthz: CounterFamily,
     livez: CounterFamily,
-    reload_failures: Counter,
     bind_failures: CounterFamily,
 }
 
@@ -197,6 +198,7 @@ impl ProxyMetrics {
         register_server(&mut r, &server);
         registry.register_collector(Box::new(actors::ActorCollector::new(actors)));
         registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register_collector(Box::new(actors::ReloadCollector));
         ProxyMetrics { registry, started: SystemTime::now(), sync, backend, server }
     }
 
@@ -329,8 +331,10 @@ impl ProxyMetrics {
     }
 
     /// A configuration reload (SIGHUP) was refused; the old config stays.
+    /// The count is process-wide ([`crate::metrics_hooks`]), so code without
+    /// a `ProxyMetrics` at hand can bump it too.
     pub fn config_reload_failed(&self) {
-        self.server.reload_failures.inc();
+        crate::metrics_hooks::config_reload_failed();
     }
 
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
@@ -450,11 +454,6 @@ fn register_backend(r: &mut Registrar, b: &BackendMetrics, mode: ProxyMode) {
 fn register_server(r: &mut Registrar, s: &ServerMetrics) {
     r.add("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", s.healthz.clone());
     r.add("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", s.livez.clone());
-    r.add(
-        "kube_proxy_rs_config_reload_failures_total",
-        "Configuration reloads refused (the running configuration was kept)",
-        s.reload_failures.clone(),
-    );
     r.add(
         "kube_proxy_rs_bind_failures_total",
         "HTTP servers that could not bind their address, by server",

@@ -145,11 +145,17 @@ fn series_carry_upstreams_labels() {
         "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3",
         "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
         "kubeproxy_proxy_livez_total{code=\"503\"} 1",
-        "kube_proxy_rs_config_reload_failures_total 1",
         "kube_proxy_rs_bind_failures_total{server=\"metrics\"} 1",
     ] {
         assert!(has_line(&text, line), "missing line {line}\n{text}");
     }
+    let reloads = text.lines().find_map(|l| l.strip_prefix("kube_proxy_rs_config_reload_failures_total "));
+    assert!(reloads.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 1), "{text}");
+    assert!(text.contains(&meta(
+        "kube_proxy_rs_config_reload_failures_total",
+        "Configuration reloads refused (the running configuration was kept)",
+        "counter"
+    )));
 }
 
 #[test]

@@ -27,6 +27,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::stats::ActorStats;
+use crate::metrics::hooks::{SyncHooks, SyncOutcome};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
@@ -117,6 +118,7 @@ pub struct Coordinator {
     deferred_conntrack: Vec<ConntrackOp>,
     timer: Option<SpawnHandle>,
     history: VecDeque<SyncRecord>,
+    hooks: Option<SyncHooks>,
 }
 
 impl Coordinator {
@@ -137,7 +139,14 @@ impl Coordinator {
             deferred_conntrack: Vec::new(),
             timer: None,
             history: VecDeque::new(),
+            hooks: None,
         }
+    }
+
+    /// Metrics, health and service health checks, fed at each event and sync.
+    pub fn with_hooks(mut self, hooks: SyncHooks) -> Coordinator {
+        self.hooks = Some(hooks);
+        self
     }
 
     /// Re-arms the one timer at the scheduler's next wake-up.
@@ -167,6 +176,9 @@ impl Coordinator {
         let started = Instant::now();
         let changes = self.model.apply();
         let full = kind == SyncKind::Full || changes.topology_changed;
+        if let Some(h) = self.hooks.as_mut() {
+            h.sync_started(&self.model, &changes, full);
+        }
         let stage = if full { self.plan_full(generation) } else { self.plan_partial(generation, &changes) };
         let ports_changed = changes.ports.len();
         tracing::debug!(generation, full, ports = ports_changed, "sync started");
@@ -304,11 +316,13 @@ impl Coordinator {
         for a in &o.link {
             check(ActorId::Link, a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
         }
+        let mut iptables_restore_failed = false;
         if let Some((text, a)) = o.iptables {
             match a {
                 Some(a) if a.is_ok() => self.last_rules = Some(text),
                 _ => {
                     failed += 1;
+                    iptables_restore_failed = true;
                     needs.insert(ActorId::Iptables);
                 }
             }
@@ -321,6 +335,9 @@ impl Coordinator {
         let ok = failed == 0;
         let took = started.elapsed();
         self.sched.finished(Instant::now(), ok);
+        if let Some(h) = self.hooks.as_mut() {
+            h.sync_finished(SyncOutcome { full, took, ok, iptables_restore_failed });
+        }
         let rec = SyncRecord { generation, full, duration_ms: took.as_secs_f64() * 1000.0, ports_changed, ops, failed };
         tracing::info!(generation, full, ms = rec.duration_ms, ports = ports_changed, failed, "sync finished");
         if self.history.len() == SYNC_HISTORY {
@@ -404,6 +421,9 @@ impl Handler<SourceBatch> for Coordinator {
             if let Err(e) = self.model.record(ev) {
                 tracing::error!(error = %e, "skipping invalid object");
             }
+        }
+        if let Some(h) = &self.hooks {
+            h.events_recorded(&events, &self.model);
         }
         if self.model.is_initialized() {
             self.sched.set_initialized();

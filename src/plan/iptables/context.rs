@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::config::KubeProxyConfiguration;
 use crate::model::NodeInfo;
 use crate::net::IpFamily;
 use crate::plan::context::{node_ip, LocalAddr, NodePortFilter};
@@ -46,6 +47,45 @@ pub struct IptablesSettings {
     pub nfacct_ct_state_invalid: bool,
     /// The nfacct counter [`NFACCT_LOCALHOST_NODEPORTS`] exists.
     pub nfacct_localhost_node_ports: bool,
+}
+
+/// What the runtime probes on the host before the first sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostFeatures {
+    /// `iptables --version` >= 1.6.2 (MASQUERADE `--random-fully`).
+    pub random_fully: bool,
+    /// [`SYSCTL_TCP_BE_LIBERAL`] is readable and non-zero.
+    pub conntrack_tcp_liberal: bool,
+    /// The nfacct counter [`NFACCT_CT_STATE_INVALID`] exists (created on full syncs).
+    pub nfacct_ct_state_invalid: bool,
+    /// The nfacct counter [`NFACCT_LOCALHOST_NODEPORTS`] exists.
+    pub nfacct_localhost_node_ports: bool,
+}
+
+impl IptablesSettings {
+    /// The settings of a configuration (as upstream's NewProxier reads it):
+    /// `local` is the detector the daemon built (daemon::local_detector).
+    pub fn from_config(
+        cfg: &KubeProxyConfiguration,
+        family: IpFamily,
+        node_name: &str,
+        local: LocalDetector,
+        host: HostFeatures,
+    ) -> IptablesSettings {
+        IptablesSettings {
+            family,
+            node_name: node_name.to_string(),
+            masquerade_all: cfg.masquerade_all(),
+            masquerade_bit: cfg.masquerade_bit(),
+            local,
+            random_fully: host.random_fully,
+            localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
+            node_ports: cfg.node_port_addresses(),
+            conntrack_tcp_liberal: host.conntrack_tcp_liberal,
+            nfacct_ct_state_invalid: host.nfacct_ct_state_invalid,
+            nfacct_localhost_node_ports: host.nfacct_localhost_node_ports,
+        }
+    }
 }
 
 /// Where the `KUBE-SERVICES` tail sends traffic to `KUBE-NODEPORTS`.
@@ -232,6 +272,17 @@ mod tests {
         let c = ctx(IpFamily::V4, NodePortFilter::Primary);
         assert_eq!(c.node_ports, NodePortDestinations::Ips(vec!["192.168.50.2".parse().unwrap()]));
         assert!(!c.localhost_node_ports);
+    }
+
+    #[test]
+    fn settings_follow_the_configuration() {
+        let mut cfg = KubeProxyConfiguration::default();
+        cfg.iptables.localhost_node_ports = Some(false);
+        cfg.iptables.masquerade_all = true;
+        let host = HostFeatures { random_fully: true, ..HostFeatures::default() };
+        let s = IptablesSettings::from_config(&cfg, IpFamily::V4, "n", LocalDetector::None, host);
+        assert!(!s.localhost_node_ports && s.masquerade_all && s.random_fully && !s.conntrack_tcp_liberal);
+        assert_eq!(s.node_ports, NodePortFilter::All);
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-pub use context::{iptables_context, IptablesContext, IptablesSettings, NodePortDestinations};
+pub use context::{iptables_context, HostFeatures, IptablesContext, IptablesSettings, NodePortDestinations};
 pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains};
 
 use crate::model::{Model, ServicePortName};

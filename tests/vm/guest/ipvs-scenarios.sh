@@ -288,9 +288,11 @@ EOC
 s_sighup_reload() {
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
   write_config rr ipvs ${SYNC_PERIOD}s
+  local started; started=$(grep -c "sync finished" "$LOG")
   "$BIN" --config /tmp/kp.yaml --manifests "$M" --v 2 >>"$LOG" 2>&1 &
   DAEMON=$!
-  wait_for 20 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "not started with --config: $(tail -3 $LOG)"; return 1; }
+  wait_for 60 sh -c "[ \$(grep -c 'sync finished' $LOG) -gt $started ]" || { echo "not started with --config: $(tail -3 $LOG)"; return 1; }
+  ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "not rr: $(ipvsadm -S -n | head -3)"; return 1; }
   # A live change: the scheduler.
   write_config wrr ipvs ${SYNC_PERIOD}s
   kill -HUP "$DAEMON"

@@ -1,0 +1,201 @@
+//! The coordinator's one handle on metrics, proxy health and the service
+//! health checks: three calls named for what the coordinator just did, so
+//! the sync loop reports what upstream's proxier reports, where it does.
+//!
+//! Per-service-port facts (Local policy without local endpoints, health-check
+//! ports and local ready endpoints) are kept per port and updated only for
+//! the ports a partial sync replanned, so reporting stays proportional to the
+//! change; a full sync recomputes them all.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::ProxyMetrics;
+use crate::health::ProxyHealth;
+use crate::http::ServiceHealthServers;
+use crate::model::topology::categorize;
+use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
+use crate::msgs::{Change, SourceEvent};
+use crate::net::IpFamily;
+
+/// How a sync ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncOutcome {
+    pub full: bool,
+    pub took: Duration,
+    /// Every actor acked without failures.
+    pub ok: bool,
+    /// The iptables actor's restore failed (or it was unreachable).
+    pub iptables_restore_failed: bool,
+}
+
+/// What one service port contributes to the per-sync reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct PortFacts {
+    no_local_internal: bool,
+    no_local_external: bool,
+    /// healthCheckNodePort and local ready endpoints, when it has one.
+    health_check: Option<(u16, usize)>,
+}
+
+/// Metrics, health and service health checks, fed by the coordinator.
+pub struct SyncHooks {
+    family: IpFamily,
+    metrics: Arc<ProxyMetrics>,
+    health: Arc<ProxyHealth>,
+    service_health: Option<ServiceHealthServers>,
+    ports: BTreeMap<ServicePortName, PortFacts>,
+    /// Trigger times of the sync in flight, observed if it succeeds.
+    triggers: Vec<String>,
+}
+
+impl SyncHooks {
+    /// Marks `family` updated now, as upstream's sync loop does when it
+    /// starts (so a first sync that never succeeds turns unhealthy).
+    pub fn new(family: IpFamily, metrics: Arc<ProxyMetrics>, health: Arc<ProxyHealth>) -> SyncHooks {
+        health.updated(family);
+        SyncHooks { family, metrics, health, service_health: None, ports: BTreeMap::new(), triggers: Vec::new() }
+    }
+
+    /// Also drives the service health-check servers after each successful sync.
+    pub fn with_service_health(mut self, servers: ServiceHealthServers) -> SyncHooks {
+        self.service_health = Some(servers);
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
+        &self.metrics
+    }
+
+    pub fn health(&self) -> &Arc<ProxyHealth> {
+        &self.health
+    }
+
+    /// After recording a source batch into `model`: counts the changes,
+    /// sets the pending gauges, follows our Node's eligibility, and queues an
+    /// update (health and `..._last_queued_timestamp_seconds`) when the
+    /// initialized model has something to sync.
+    pub fn events_recorded(&self, events: &[SourceEvent], model: &Model) {
+        let (mut services, mut slices) = (0, 0);
+        for ev in events {
+            match ev {
+                SourceEvent::Service(_) => services += 1,
+                SourceEvent::EndpointSlice(_) => slices += 1,
+                SourceEvent::Node(change) => self.node_event(change, model.node_name()),
+                SourceEvent::Synced(_) => {}
+            }
+        }
+        self.metrics.changes_seen(services, slices);
+        let (pending_services, pending_slices) = model.pending_counts();
+        self.metrics.changes_pending(pending_services, pending_slices);
+        if model.is_initialized() && model.has_pending() {
+            self.metrics.sync_queued(self.family, SystemTime::now());
+            self.health.queued_update(self.family);
+        }
+    }
+
+    fn node_event(&self, change: &Change<k8s_openapi::api::core::v1::Node>, our_node: &str) {
+        let node = change.object();
+        if node.metadata.name.as_deref() != Some(our_node) {
+            return;
+        }
+        match change {
+            Change::Applied(n) => self.health.sync_node(n),
+            Change::Deleted(_) => self.health.node_deleted(),
+        }
+    }
+
+    /// After `model.apply()` at the start of a sync: the pending gauges drop,
+    /// the replanned ports' facts are updated (all of them on a full sync) and
+    /// the changes' trigger times wait for the sync's outcome.
+    pub fn sync_started(&mut self, model: &Model, changes: &ModelChanges, full: bool) {
+        let (pending_services, pending_slices) = model.pending_counts();
+        self.metrics.changes_pending(pending_services, pending_slices);
+        if full {
+            self.ports = model.service_ports().map(|sp| (sp.name.clone(), port_facts(model, &sp.name))).collect();
+        } else {
+            for spn in &changes.ports {
+                match model.service_port(spn) {
+                    Some(_) => self.ports.insert(spn.clone(), port_facts(model, spn)),
+                    None => self.ports.remove(spn),
+                };
+            }
+        }
+        self.triggers = changes.trigger_times.clone();
+    }
+
+    /// After the sync's acks: durations always; on success the last-sync
+    /// timestamp, health, network programming latency, the no-local-endpoints
+    /// gauges and the service health checks, as upstream does after a
+    /// successful restore.
+    pub fn sync_finished(&mut self, outcome: SyncOutcome) {
+        self.metrics.sync_done(self.family, outcome.full, outcome.took);
+        if outcome.iptables_restore_failed {
+            self.metrics.iptables_restore_failed(self.family);
+        }
+        let triggers = std::mem::take(&mut self.triggers);
+        if !outcome.ok {
+            return;
+        }
+        let now = SystemTime::now();
+        self.metrics.sync_succeeded(self.family, now);
+        self.health.updated(self.family);
+        for t in &triggers {
+            self.metrics.programming_latency(self.family, t, now);
+        }
+        let internal = self.ports.values().filter(|f| f.no_local_internal).count();
+        let external = self.ports.values().filter(|f| f.no_local_external).count();
+        self.metrics.no_local_endpoints(self.family, internal, external);
+        self.sync_service_health();
+    }
+
+    /// Service → (healthCheckNodePort, local ready endpoints over its ports).
+    fn health_checks(&self) -> (BTreeMap<NamespacedName, u16>, BTreeMap<NamespacedName, usize>) {
+        let mut ports = BTreeMap::new();
+        let mut endpoints = BTreeMap::new();
+        for (spn, facts) in &self.ports {
+            if let Some((port, local)) = facts.health_check {
+                ports.insert(spn.service.clone(), port);
+                *endpoints.entry(spn.service.clone()).or_insert(0) += local;
+            }
+        }
+        (ports, endpoints)
+    }
+
+    fn sync_service_health(&mut self) {
+        if self.service_health.is_none() {
+            return;
+        }
+        let (ports, endpoints) = self.health_checks();
+        if let Some(servers) = self.service_health.as_mut() {
+            servers.sync_services(&ports);
+            servers.sync_endpoints(&endpoints);
+        }
+    }
+
+    /// The open service health checks (for tests and the dashboard).
+    pub fn service_health(&self) -> Option<&ServiceHealthServers> {
+        self.service_health.as_ref()
+    }
+}
+
+/// Upstream's per-port accounting: a Local policy with endpoints somewhere
+/// but none here counts as "no local endpoints"; a health-check port counts
+/// its local ready endpoints.
+fn port_facts(model: &Model, spn: &ServicePortName) -> PortFacts {
+    let Some(sp) = model.service_port(spn) else { return PortFacts::default() };
+    let endpoints = model.endpoints(spn);
+    let cat = categorize(endpoints, sp, model.node_name(), model.node().zone());
+    let no_local = cat.has_any && cat.local.is_empty();
+    let health_check = (sp.health_check_node_port != 0)
+        .then(|| (sp.health_check_node_port, endpoints.iter().filter(|e| e.is_local && e.ready).count()));
+    PortFacts {
+        no_local_internal: no_local && sp.internal_policy_local,
+        no_local_external: no_local && sp.external_policy_local,
+        health_check,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,146 @@
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+use crate::actors::stats::StatsRegistry;
+use crate::config::ProxyMode;
+use crate::fixtures::*;
+use crate::health::Probe;
+use crate::msgs::ResourceKind;
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn model() -> Model {
+    let mut m = Model::new(IpFamily::V4, "node-a");
+    m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
+    m
+}
+
+fn hooks() -> SyncHooks {
+    let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Ipvs, StatsRegistry::default()));
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)).with_metrics(metrics.clone()));
+    SyncHooks::new(IpFamily::V4, metrics, health)
+}
+
+/// A LoadBalancer service with externalTrafficPolicy Local and a health check on `hc_port`.
+fn local_lb(name: &str, ip: &str, hc_port: u16) -> Service {
+    let mut lb = service("shop", name, ip, &[("http", "TCP", 80, 30080), ("https", "TCP", 443, 30443)]);
+    let spec = lb.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(i32::from(hc_port));
+    lb
+}
+
+fn web_slice(eps: &[Ep]) -> SourceEvent {
+    applied_slice(slice("shop", "web-1", "web", &[("http", "TCP", 80), ("https", "TCP", 443)], eps))
+}
+
+/// Records `events`, reports them, and runs a sync that ends `ok`.
+fn sync(h: &mut SyncHooks, m: &mut Model, events: Vec<SourceEvent>, full: bool, ok: bool) {
+    for ev in &events {
+        m.record(ev).unwrap();
+    }
+    h.events_recorded(&events, m);
+    let changes = m.apply();
+    h.sync_started(m, &changes, full);
+    h.sync_finished(SyncOutcome { full, took: Duration::from_millis(5), ok, iptables_restore_failed: !ok });
+}
+
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind((LOCALHOST, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+}
+
+#[test]
+fn recorded_events_are_counted_and_queue_an_update() {
+    let h = hooks();
+    let mut m = model();
+    let events = vec![applied_service(service("shop", "db", "10.96.0.31", &[("pg", "TCP", 5432, 0)]))];
+    m.record(&events[0]).unwrap();
+    h.events_recorded(&events, &m);
+    let text = h.metrics().encode_text();
+    assert!(has_line(&text, "kubeproxy_sync_proxy_rules_service_changes_total 1"), "{text}");
+    assert!(has_line(&text, "kubeproxy_sync_proxy_rules_service_changes_pending 1"), "{text}");
+    assert!(text.contains("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}"), "{text}");
+    let far = SystemTime::now() + Duration::from_secs(3600);
+    assert_eq!(h.health().probe(Probe::Livez, far).status, 503, "the queued update was never synced");
+}
+
+#[test]
+fn our_node_being_deleted_drains_healthz() {
+    let h = hooks();
+    let m = model();
+    let mut other = node("node-b", "192.168.50.3", "z1");
+    other.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    h.events_recorded(&[SourceEvent::Node(Change::Applied(Arc::new(other)))], &m);
+    assert_eq!(h.health().probe(Probe::Healthz, SystemTime::now()).status, 200, "another node's deletion");
+    let mut ours = node("node-a", "192.168.50.2", "z1");
+    ours.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    h.events_recorded(&[SourceEvent::Node(Change::Applied(Arc::new(ours)))], &m);
+    assert_eq!(h.health().probe(Probe::Healthz, SystemTime::now()).status, 503);
+    assert_eq!(h.health().probe(Probe::Livez, SystemTime::now()).status, 200);
+}
+
+#[test]
+fn a_failed_sync_observes_its_duration_but_nothing_else() {
+    let mut h = hooks();
+    let mut m = model();
+    sync(
+        &mut h,
+        &mut m,
+        vec![applied_service(service("shop", "db", "10.96.0.31", &[("pg", "TCP", 5432, 0)]))],
+        true,
+        false,
+    );
+    let text = h.metrics().encode_text();
+    assert!(has_line(&text, "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1"), "{text}");
+    assert!(has_line(&text, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1"));
+    assert!(!text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{"), "{text}");
+    assert!(has_line(&text, "kubeproxy_sync_proxy_rules_service_changes_pending 0"), "the sync took the change");
+}
+
+#[tokio::test]
+async fn local_lb_services_get_health_checks_and_no_local_endpoint_counts() {
+    let mut h = hooks().with_service_health(ServiceHealthServers::new(
+        vec![LOCALHOST],
+        Arc::new(ProxyHealth::new(Duration::from_secs(60))),
+    ));
+    let mut m = model();
+    let port = free_port();
+    let remote_only = [ep("10.244.1.5", "node-b")];
+    sync(
+        &mut h,
+        &mut m,
+        vec![applied_service(local_lb("web", "10.96.0.30", port)), web_slice(&remote_only)],
+        true,
+        true,
+    );
+    let web = NamespacedName::new("shop", "web");
+    assert_eq!(
+        h.service_health().map(|s| s.listening()).unwrap_or_default()[&web],
+        vec![SocketAddr::new(LOCALHOST, port)]
+    );
+    let text = h.metrics().encode_text();
+    let external =
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"}";
+    assert!(has_line(&text, &format!("{external} 2.0")), "both ports lack local endpoints:\n{text}");
+    assert!(text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}"));
+
+    // A partial sync of the slice change updates only web's ports.
+    let local = [ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")];
+    sync(&mut h, &mut m, vec![web_slice(&local)], false, true);
+    let text = h.metrics().encode_text();
+    assert!(has_line(&text, &format!("{external} 0.0")), "{text}");
+    assert_eq!(h.health_checks().1[&web], 2, "one local ready endpoint on each of two ports");
+
+    sync(&mut h, &mut m, vec![deleted_service(local_lb("web", "10.96.0.30", port))], false, true);
+    assert!(h.service_health().map(|s| s.listening().is_empty()).unwrap_or(false), "closed with the service");
+    assert!(h.ports.is_empty(), "{:?}", h.ports);
+}
