@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::actors::coordinator::{AddrSource, Coordinator, Reconfigure, RulesRenderer, Settings};
+use crate::actors::coordinator::{AddrSource, Coordinator, Reconfigure, RulesRenderer, Settings, Shutdown};
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::stats::StatsRegistry;
@@ -145,6 +145,10 @@ async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source, reload: Rel
     };
     tracing::info!(mode = "ipvs", node = %node_name, ?family, "kube-proxy-rs started");
     run_until_stopped(&mut live, &reload).await;
+    // Stop taking events, let the batch in flight finish, leave the kernel as it is.
+    if let Err(e) = live.coordinator.send(Shutdown).await {
+        tracing::warn!(error = %e, "coordinator gone before shutdown");
+    }
     tracing::info!("shutting down; kernel state left in place");
     match running {
         Running::Api(task) => task.abort(),

@@ -11,6 +11,7 @@
 //! unless `bindAddressHardFail` is set: then [`Server::spawn`] returns the
 //! error and the daemon exits.
 
+pub mod dashboard;
 mod endpoints;
 mod routes;
 mod service_health;

@@ -119,6 +119,9 @@ pub struct Coordinator {
     timer: Option<SpawnHandle>,
     history: VecDeque<SyncRecord>,
     hooks: Option<SyncHooks>,
+    /// Set by [`Shutdown`]: no more events, no more syncs; answered when
+    /// the sync in flight (if any) is done.
+    stopping: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
 }
 
 impl Coordinator {
@@ -140,6 +143,7 @@ impl Coordinator {
             timer: None,
             history: VecDeque::new(),
             hooks: None,
+            stopping: None,
         }
     }
 
@@ -164,6 +168,9 @@ impl Coordinator {
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping.is_some() {
+            return;
+        }
         match self.sched.poll(Instant::now()) {
             Some(kind) => self.start_sync(kind, ctx),
             None => self.arm(ctx),
@@ -185,6 +192,12 @@ impl Coordinator {
         let fut = self.run_stages(stage);
         ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
             act.sync_done(generation, full, started, ports_changed, outcome);
+            if let Some(waiters) = act.stopping.as_mut() {
+                for w in waiters.drain(..) {
+                    let _ = w.send(());
+                }
+                return;
+            }
             act.arm(ctx);
         }));
     }
@@ -417,6 +430,9 @@ impl Handler<SourceBatch> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, SourceBatch(events): SourceBatch, ctx: &mut Context<Self>) {
+        if self.stopping.is_some() {
+            return;
+        }
         for ev in &events {
             if let Err(e) = self.model.record(ev) {
                 tracing::error!(error = %e, "skipping invalid object");
@@ -470,6 +486,32 @@ impl Handler<Reconfigure> for Coordinator {
         if !self.sched.is_running() {
             self.arm(ctx);
         }
+    }
+}
+
+/// SIGTERM: stop taking events and syncing; answered once the sync in
+/// flight (if any) has finished, so no batch is cut in the middle.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl Handler<Shutdown> for Coordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(h) = self.timer.take() {
+            ctx.cancel_future(h);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let waiters = self.stopping.get_or_insert_with(Vec::new);
+        if self.sched.is_running() {
+            waiters.push(tx);
+        } else {
+            let _ = tx.send(());
+        }
+        Box::pin(async move {
+            let _ = rx.await;
+        })
     }
 }
 

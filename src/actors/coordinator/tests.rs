@@ -287,3 +287,19 @@ fn drift_reported_by_an_actor_triggers_an_immediate_full_resync() {
         assert!(h.syncs().await.last().unwrap().full);
     });
 }
+
+#[test]
+fn shutdown_waits_for_the_sync_in_flight_and_then_takes_no_events() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        h.send(first).await;
+        h.coord.send(Shutdown).await.unwrap();
+        assert_eq!(h.syncs().await.len(), 1, "the first sync finished before the answer");
+        h.send(vec![web_svc("late", "10.96.0.21")]).await;
+        sleep(Duration::from_secs(60)).await;
+        assert!(h.at("10.96.0.21").is_empty(), "no sync after shutdown");
+        assert_eq!(h.syncs().await.len(), 1, "not even the periodic one");
+    });
+}
