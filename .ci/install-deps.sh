@@ -9,6 +9,7 @@
 # The VM harness (tests/vm/run-vm-test.sh) needs qemu + the network tools that
 # it copies into the guest's initramfs; the guest kernel itself is fetched by
 # the harness with `apt-get download` (never installed on the host).
+# tests/dashboard.rs drives Debian's headless chromium through chromedriver.
 # Set INSTALL_DEPS_VERBOSE=1 to see apt's output.
 
 _kprs_install_deps() (
@@ -23,6 +24,7 @@ _kprs_install_deps() (
     cpio lz4 xz-utils zstd gzip   # initramfs + extracting vmlinux from the bzImage
     coreutils util-linux tar grep libc-bin dpkg apt   # timeout, flock, ldd, dpkg -x ...
     binutils            # strip --strip-debug for binaries copied into the guest
+    chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
   )
   missing=()
   for p in "${pkgs[@]}"; do

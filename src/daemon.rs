@@ -15,6 +15,7 @@ use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
 use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::iptables::{iptables_context, HostFeatures, IptablesSettings};
 use crate::plan::{render, IpvsPlanner};
 
 /// Errors that stop the daemon before it starts.
@@ -172,6 +173,13 @@ pub fn render_dry_run(
             let rules = planner.rules(&rules_config(cfg, family, model.node(), random_fully));
             render::ipvs_mode(&planner.desired(), family, &rules)
         }
-        ProxyMode::Iptables | ProxyMode::Nftables => "# iptables\n".to_string(),
+        ProxyMode::Iptables => {
+            let local = local_detector(cfg, family, model.node());
+            let host = HostFeatures { random_fully, ..HostFeatures::default() };
+            let settings = IptablesSettings::from_config(cfg, family, node_name, local, host);
+            let ctx = iptables_context(&settings, model.node(), addrs);
+            format!("# iptables\n{}", crate::plan::iptables::dry_run(&model, ctx))
+        }
+        ProxyMode::Nftables => "# nftables mode is not supported\n".to_string(),
     }
 }

@@ -61,6 +61,9 @@ fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("# iptables\n"), "{out}");
     assert!(!out.contains("# ipvs"));
+    for want in [":KUBE-SERVICES - [0:0]", "-A KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "COMMIT"] {
+        assert!(out.contains(want), "missing {want:?}:\n{out}");
+    }
 }
 
 #[test]

@@ -8,12 +8,29 @@
 //! KUBE-PROXY-FIREWALL, KUBE-FIREWALL; nat KUBE-SERVICES, KUBE-NODEPORTS,
 //! KUBE-POSTROUTING, KUBE-MARK-MASQ), while a partial sync writes the
 //! per-service chains (KUBE-SVC/SVL/EXT/FW/SEP) of changed service ports
-//! only, and flushes and deletes (`:C` then `-X C`) chains no longer used.
-//! Unlike upstream, a partial sync does not recompute unchanged services:
-//! each service port's lines in the top-level chains are kept from when it
-//! was last rendered, and the top-level chains are their concatenation.
-//! Stale chains are known without `iptables-save`: the planner remembers
-//! the chains it wrote (and those the runtime found, [`IptablesPlanner::note_kernel_chains`]).
+//! only, and flushes and deletes (`:C - [0:0]` then `-X C`) chains no
+//! longer used.
+//!
+//! Unlike upstream:
+//! - a partial sync does not recompute unchanged services: each service
+//!   port's lines in the top-level chains are kept from when it was last
+//!   rendered, and the top-level chains are their concatenation;
+//! - stale chains are known without `iptables-save`: the planner remembers
+//!   the chains it wrote (and those the runtime found,
+//!   [`IptablesPlanner::note_kernel_chains`]), so they are deleted on every
+//!   sync, also in large-cluster mode (upstream waits a syncPeriod there);
+//! - service ports are emitted sorted by name (upstream: Go map order);
+//! - a full sync also declares the empty `KUBE-PROXY-CANARY` chain in
+//!   mangle, nat and filter (upstream's Monitor creates it with separate
+//!   commands). Partial syncs leave it out, so a flush stays visible.
+//!
+//! Use: [`IptablesPlanner::full`] on start-up, after any failed restore,
+//! when the context changes (config, node addresses, topology labels) and
+//! periodically; [`IptablesPlanner::partial`] with the changed service
+//! ports otherwise; [`IptablesPlanner::confirm_applied`] after each
+//! successful restore. Before each full sync the runtime ensures [`JUMPS`]
+//! and [`KUBELET_JUMPS`], and sets [`context::SYSCTL_ROUTE_LOCALNET`] when
+//! [`IptablesContext::needs_route_localnet`].
 
 pub mod context;
 pub mod names;
@@ -30,7 +47,7 @@ pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains
 
 use crate::model::{Model, ServicePortName};
 use render::{restore_input, Fragment, Frame};
-use service::{render_port, PortRules};
+use service::render_port;
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -241,8 +258,8 @@ impl IptablesPlanner {
         let large = self.large_cluster_mode();
         let mut own: HashMap<ServicePortName, (Vec<String>, String)> = HashMap::with_capacity(ports.len());
         for spn in ports {
-            if let Some(rules) = self.rerender(model, &spn, large) {
-                own.insert(spn, (rules.chains, rules.chain_rules));
+            if let Some(chains_and_rules) = self.rerender(model, &spn, large) {
+                own.insert(spn, chains_and_rules);
             }
         }
         self.deleted = self.stale.iter().cloned().collect();
@@ -263,8 +280,9 @@ impl IptablesPlanner {
     }
 
     /// Renders `spn` again (or forgets it), moving chains it no longer
-    /// uses to the stale set. Returns its rules if it still exists.
-    fn rerender(&mut self, model: &Model, spn: &ServicePortName, large: bool) -> Option<PortRules> {
+    /// uses to the stale set. Returns its own chains and their rules if it
+    /// still exists.
+    fn rerender(&mut self, model: &Model, spn: &ServicePortName, large: bool) -> Option<(Vec<String>, String)> {
         let old = self.ports.remove(spn);
         let rules = model.service_port(spn).map(|sp| render_port(&self.ctx, sp, model.endpoints(spn), large));
         let new_chains: &[String] = rules.as_ref().map_or(&[], |r| r.chains.as_slice());
@@ -281,14 +299,14 @@ impl IptablesPlanner {
         }
         let r = rules?;
         let cached = Cached {
-            filter: r.filter.clone(),
-            nat_top: r.nat_top.clone(),
+            filter: r.filter,
+            nat_top: r.nat_top,
             chains: r.chains.clone(),
             endpoints: model.endpoints(spn).len(),
             no_local: r.no_local,
         };
         self.ports.insert(spn.clone(), cached);
-        Some(r)
+        Some((r.chains, r.chain_rules))
     }
 }
 
