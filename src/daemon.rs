@@ -14,8 +14,8 @@ use crate::model::{Model, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
 use crate::plan::iptables::{iptables_context, HostFeatures, IptablesSettings};
+use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
 use crate::plan::{render, IpvsPlanner};
 
 /// Errors that stop the daemon before it starts.

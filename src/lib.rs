@@ -2,6 +2,7 @@
 //! actors that each own one piece of kernel state.
 
 pub mod actors;
+pub mod bench;
 pub mod config;
 pub mod daemon;
 pub mod fixtures;

@@ -15,20 +15,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::{BodyExt, Empty};
-use kube_proxy_rs::actors::coordinator::{AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings};
+use kube_proxy_rs::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
 use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::daemon;
 use kube_proxy_rs::fixtures::{applied_service, applied_slice, deleted_service, ep, service, slice, Ep};
-use kube_proxy_rs::http::dashboard::dashboard_routes;
+use kube_proxy_rs::http::dashboard::{coordinator_history, dashboard_routes};
 use kube_proxy_rs::http::Server;
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
 use kube_proxy_rs::model::NodeInfo;
@@ -46,13 +46,8 @@ const CHURN_EVERY: Duration = Duration::from_millis(20);
 /// Churn goes on at least this long, and until the browser checks are done.
 const MIN_CHANGES: u32 = 300;
 
-/// The actor system and the dashboard server.
-struct Daemon {
-    coord: Addr<Coordinator>,
-    registry: StatsRegistry,
-}
-
-fn start_daemon() -> Daemon {
+/// Starts the actors and the coordinator, registering their stats in `registry`.
+fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
     let journal = Journal::default();
     let sets: BTreeMap<IpvsSet, MemIpset> =
         IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
@@ -63,8 +58,7 @@ fn start_daemon() -> Daemon {
         iptables: MemIptables::new(&journal),
         conntrack: MemConntrack::new(&journal),
     };
-    let registry = StatsRegistry::default();
-    let targets = start_ipvs_actors(kernels, &registry);
+    let targets = start_ipvs_actors(kernels, registry);
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.mode = "ipvs".into();
     let settings = Settings {
@@ -77,8 +71,7 @@ fn start_daemon() -> Daemon {
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
         p.rules(&daemon::rules_config(&cfg, IpFamily::V4, node, true))
     });
-    let coord = Coordinator::new(settings, targets, addrs, rules).start();
-    Daemon { coord, registry }
+    Coordinator::new(settings, targets, addrs, rules).start()
 }
 
 fn web_service(i: u32) -> SourceEvent {
@@ -291,20 +284,19 @@ async fn screenshot(b: &Browser) -> PathBuf {
 fn the_dashboard_shows_every_actor_live_in_a_browser() {
     let system = actix_rt::System::new();
     system.block_on(async {
-        let d = start_daemon();
-        let coord = d.coord.clone();
-        let history = move || {
-            let coord = coord.clone();
-            async move { coord.send(GetSyncHistory).await.unwrap_or_default() }.boxed()
-        };
-        let server =
-            Server::new("dashboard", SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), dashboard_routes(d.registry, history))
-                .spawn()
-                .expect("dashboard server");
+        // As in the daemon: the server first, the coordinator after it.
+        let registry = StatsRegistry::default();
+        let cell = Arc::new(OnceLock::new());
+        let routes = dashboard_routes(registry.clone(), coordinator_history(cell.clone()));
+        let server = Server::new("dashboard", SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), routes)
+            .spawn()
+            .expect("dashboard server");
         let addr = server.local_addr().expect("bound");
-        d.coord.send(SourceBatch(initial_state())).await.expect("coordinator alive");
+        let coord = start_daemon(&registry);
+        assert!(cell.set(coord.clone()).is_ok());
+        coord.send(SourceBatch(initial_state())).await.expect("coordinator alive");
         let stop = Arc::new(AtomicBool::new(false));
-        let churning = actix_rt::spawn(churn(d.coord.clone(), stop.clone()));
+        let churning = actix_rt::spawn(churn(coord.clone(), stop.clone()));
 
         let browser = Browser::start().await;
         let base = format!("http://{addr}/");

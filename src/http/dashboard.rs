@@ -15,14 +15,16 @@
 //! are taken when the data is requested, at most every [`SAMPLE_EVERY`].
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use actix::Addr;
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
-use crate::actors::coordinator::SyncRecord;
+use crate::actors::coordinator::{Coordinator, GetSyncHistory, SyncRecord};
 use crate::actors::stats::{StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
@@ -46,7 +48,7 @@ const HISTORY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Asks the coordinator for its recent syncs (oldest first, as
 /// `GetSyncHistory` answers).
-pub type SyncHistory = Arc<dyn Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync>;
+type SyncHistory = Box<dyn Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync>;
 
 /// What `/dashboard/data` serves.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -89,14 +91,31 @@ pub fn dashboard_routes<F>(registry: StatsRegistry, history: F) -> Routes
 where
     F: Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync + 'static,
 {
-    let state = Arc::new(State { registry, history: Arc::new(history), rates: Mutex::new(RateTracker::default()) });
-    Routes::new().route("/dashboard", |_| page()).route("/dashboard/", |_| page()).route_async(
-        "/dashboard/data",
-        move |_| {
-            let state = state.clone();
-            async move { state.respond().await }
-        },
-    )
+    let state = Arc::new(State { registry, history: Box::new(history), rates: Mutex::new(RateTracker::default()) });
+    let data = move |_| {
+        let state = state.clone();
+        async move { state.respond().await }
+    };
+    Routes::new().route("/dashboard", |_| page()).route("/dashboard/", |_| page()).route_async("/dashboard/data", data)
+}
+
+/// The `history` for [`dashboard_routes`] when the coordinator starts after
+/// the servers (as in the daemon, whose metrics server comes first): asks
+/// the coordinator in `cell` once it is set; no syncs before that, nor if
+/// it has stopped.
+pub fn coordinator_history(
+    cell: Arc<OnceLock<Addr<Coordinator>>>,
+) -> impl Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync + 'static {
+    move || {
+        let coordinator = cell.get().cloned();
+        async move {
+            match coordinator {
+                Some(addr) => addr.send(GetSyncHistory).await.unwrap_or_default(),
+                None => Vec::new(),
+            }
+        }
+        .boxed()
+    }
 }
 
 fn page() -> Response {

@@ -23,6 +23,7 @@
 pub mod codec;
 pub mod filter;
 
+use crate::kernel::netlink_acks::codes_in_order;
 use std::convert::Infallible;
 use std::fmt;
 use std::io;
@@ -45,35 +46,12 @@ use super::{Applied, ConntrackKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::msgs::ConntrackOp;
 use crate::net::{IpFamily, Protocol};
 
-/// Most delete requests sent in one datagram before waiting for their acks.
-/// The kernel queues every ack of a datagram on our socket before we read
-/// any; an ENOENT answer echoes the request (~170 bytes), so 64 stay far
-/// below the default 208 KiB receive buffer.
-pub const MAX_BATCH: usize = 64;
+pub use crate::kernel::netlink_acks::MAX_BATCH;
 
 /// How long to wait for the next reply before calling the outcome unknown.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An errno from the kernel (positive, e.g. 2 for ENOENT).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Errno(pub i32);
-
-impl Errno {
-    pub const ENOENT: Errno = Errno(2);
-
-    /// From a netlink error code (a negated errno).
-    fn from_code(code: i32) -> Errno {
-        Errno(code.saturating_neg())
-    }
-}
-
-impl fmt::Display for Errno {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        io::Error::from_raw_os_error(self.0).fmt(f)
-    }
-}
-
-impl std::error::Error for Errno {}
+pub use crate::kernel::netlink_acks::Errno;
 
 /// What was asked of the kernel, printed as `conntrack` arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,30 +451,6 @@ fn closed(request: &Request, e: NetlinkProtoError) -> ConntrackError {
     ConntrackError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
 }
 
-/// Maps a batch's acks back to its requests. The requests of one batch get
-/// consecutive sequence numbers and the kernel answers them in order, so the
-/// first answer is request 0. Anything but exactly one answer per request
-/// (lost acks, an overrun) means every outcome is unknown: `None`.
-fn codes_in_order(replies: &[Msg], n: usize) -> Option<Vec<i32>> {
-    let mut acks = Vec::with_capacity(replies.len());
-    for m in replies {
-        match &m.payload {
-            NetlinkPayload::Error(e) => acks.push((m.header.sequence_number, e.raw_code())),
-            NetlinkPayload::Overrun(_) => return None,
-            _ => {}
-        }
-    }
-    let base = acks.first()?.0;
-    let mut codes = vec![None; n];
-    for (seq, code) in &acks {
-        let slot = codes.get_mut(usize::try_from(seq.wrapping_sub(base)).ok()?)?;
-        if slot.replace(*code).is_some() {
-            return None;
-        }
-    }
-    codes.into_iter().collect()
-}
-
 impl Subsystem for NetlinkConntrack {
     type Op = ConntrackOp;
 
@@ -624,7 +578,7 @@ mod tests {
         assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
         assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
         assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
-        assert_eq!(codes_in_order(&[], 1), None);
+        assert_eq!(codes_in_order(&[] as &[Msg], 1), None);
         let overrun = msg(0, 0, NetlinkPayload::Overrun(Vec::new()));
         assert_eq!(codes_in_order(&[ack(5, 0), overrun], 1), None);
     }

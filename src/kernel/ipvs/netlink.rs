@@ -15,6 +15,7 @@
 //! happens here: netlink-proto drops a message its payload type cannot parse
 //! with only a log line, which would silently lose a dump entry.
 
+use crate::kernel::netlink_acks::codes_in_order;
 use std::fmt;
 use std::io;
 use std::pin::pin;
@@ -38,37 +39,12 @@ use tracing::{debug, trace};
 use super::codec::{self, DestEntry, IpvsMessage, ReplyError, IPVS_GENL_NAME};
 use crate::msgs::ipvs::{IpvsOp, VsKey, VsSpec};
 
-/// Most requests sent in one datagram before waiting for their acks. The
-/// kernel handles a datagram's requests in one go and queues every ack on
-/// our socket before we can read any; an ack costs about 1 KiB of the
-/// default 208 KiB receive buffer, and an overflow loses acks (ENOBUFS).
-pub const MAX_BATCH: usize = 64;
+pub use crate::kernel::netlink_acks::MAX_BATCH;
 
 /// How long to wait for the next reply before calling the outcome unknown.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An errno from the kernel (positive, e.g. 17 for EEXIST).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Errno(pub i32);
-
-impl Errno {
-    pub const ENOENT: Errno = Errno(2);
-    pub const ESRCH: Errno = Errno(3);
-    pub const EEXIST: Errno = Errno(17);
-
-    /// From a netlink error code (a negated errno).
-    fn from_code(code: i32) -> Errno {
-        Errno(code.saturating_neg())
-    }
-}
-
-impl fmt::Display for Errno {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        io::Error::from_raw_os_error(self.0).fmt(f)
-    }
-}
-
-impl std::error::Error for Errno {}
+pub use crate::kernel::netlink_acks::Errno;
 
 /// What was asked of the kernel, printed as ipvsadm arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,29 +435,6 @@ fn closed(request: &Request, e: NetlinkProtoError) -> IpvsError {
     IpvsError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
 }
 
-/// Maps a batch's acks back to its requests. The requests of one batch get
-/// consecutive sequence numbers and the kernel answers them in order, so the
-/// first answer is request 0. Anything but exactly one answer per request
-/// (lost acks) means the outcome of every request is unknown: `None`.
-fn codes_in_order(replies: &[Msg], n: usize) -> Option<Vec<i32>> {
-    let acks: Vec<(u32, i32)> = replies
-        .iter()
-        .filter_map(|m| match &m.payload {
-            NetlinkPayload::Error(e) => Some((m.header.sequence_number, e.raw_code())),
-            _ => None,
-        })
-        .collect();
-    let base = acks.first()?.0;
-    let mut codes = vec![None; n];
-    for (seq, code) in &acks {
-        let slot = codes.get_mut(usize::try_from(seq.wrapping_sub(base)).ok()?)?;
-        if slot.replace(*code).is_some() {
-            return None;
-        }
-    }
-    codes.into_iter().collect()
-}
-
 /// An op's result from its netlink error code. Deleting what is already
 /// gone succeeds: the kernel says ENOENT for a missing destination and
 /// ESRCH for a missing service.
@@ -666,7 +619,7 @@ mod tests {
         assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
         assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
         assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
-        assert_eq!(codes_in_order(&[], 1), None);
+        assert_eq!(codes_in_order(&[] as &[Msg], 1), None);
     }
 
     #[test]

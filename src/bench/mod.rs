@@ -1,0 +1,5 @@
+//! Benchmark support (issue 7): a deterministic synthetic cluster and churn
+//! generator, used by the `kpr-bench` binary and by tests that need a
+//! realistic cluster of a given size.
+
+pub mod gen;

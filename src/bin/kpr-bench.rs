@@ -1,0 +1,482 @@
+//! kpr-bench: how much a cluster of N services costs kube-proxy-rs, and how
+//! much one change costs (issue 7).
+//!
+//! ```sh
+//! cargo run --release --bin kpr-bench -- plan      # model + planner, no actors
+//! cargo run --release --bin kpr-bench -- actors    # end to end through the actors, in-memory kernels
+//! cargo run --release --bin kpr-bench -- rss       # peak RSS after building and planning N = 10,000
+//! cargo run --release --bin kpr-bench -- churn --seconds 60
+//! ```
+//!
+//! Prints a markdown table, or JSON with `--json`. Clusters come from
+//! [`kube_proxy_rs::bench::gen`] (seed 1, 100 nodes, this node is node-0).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+use kube_proxy_rs::actors::coordinator::{
+    AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord,
+};
+use kube_proxy_rs::actors::stats::StatsRegistry;
+use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
+use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
+use kube_proxy_rs::model::{Model, NodeInfo};
+use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
+use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::plan::context::{plan_context, LocalAddr, NodePortFilter, PlanSettings};
+use kube_proxy_rs::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+
+#[derive(Parser)]
+#[command(name = "kpr-bench", about = "kube-proxy-rs benchmarks (issue 7)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+    /// Print JSON instead of a markdown table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Generator seed.
+    #[arg(long, global = true, default_value_t = 1)]
+    seed: u64,
+    /// Nodes in the generated cluster.
+    #[arg(long, global = true, default_value_t = 100)]
+    nodes: usize,
+    /// Endpoints per service.
+    #[arg(long, global = true, default_value_t = 10)]
+    endpoints: usize,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Cold full plan and single endpoint changes through the model and planner.
+    Plan {
+        /// Cluster sizes (services).
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        /// Endpoint changes to time.
+        #[arg(long, default_value_t = 1000)]
+        changes: usize,
+    },
+    /// Cold sync and single endpoint changes end to end through the actors (in-memory kernels).
+    Actors {
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        #[arg(long, default_value_t = 500)]
+        changes: usize,
+    },
+    /// Peak RSS (VmHWM) after building the model and planning a full sync.
+    Rss {
+        #[arg(long, default_value_t = 10000)]
+        services: usize,
+    },
+    /// CPU used by the in-memory daemon during a steady churn.
+    Churn {
+        #[arg(long, default_value_t = 10000)]
+        services: usize,
+        /// Changes per second.
+        #[arg(long, default_value_t = 50)]
+        rate: u32,
+        /// How long to churn.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+}
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    bench: &'static str,
+    services: usize,
+    metric: String,
+    value: f64,
+    unit: &'static str,
+    /// The issue's target, if it has one: (text, met).
+    target: Option<String>,
+    met: Option<bool>,
+}
+
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn add(&mut self, bench: &'static str, services: usize, metric: &str, value: f64, unit: &'static str) {
+        self.rows.push(Row { bench, services, metric: metric.into(), value, unit, target: None, met: None });
+    }
+
+    /// A figure with a target: met when `value < limit`.
+    fn target(
+        &mut self,
+        bench: &'static str,
+        services: usize,
+        metric: &str,
+        value: f64,
+        unit: &'static str,
+        limit: f64,
+    ) {
+        self.rows.push(Row {
+            bench,
+            services,
+            metric: metric.into(),
+            value,
+            unit,
+            target: Some(format!("< {limit} {unit}")),
+            met: Some(value < limit),
+        });
+    }
+
+    fn print(&self, json: bool) {
+        if json {
+            match serde_json::to_string_pretty(&self.rows) {
+                Ok(s) => println!("{s}"),
+                Err(e) => eprintln!("kpr-bench: {e}"),
+            }
+            return;
+        }
+        println!("| bench | services | metric | value | target |");
+        println!("|---|---:|---|---:|---|");
+        for r in &self.rows {
+            let target = match (&r.target, r.met) {
+                (Some(t), Some(true)) => format!("{t} ✅"),
+                (Some(t), _) => format!("{t} ❌"),
+                _ => String::new(),
+            };
+            let value = if r.value.fract() == 0.0 && r.value.abs() < 1e12 {
+                format!("{} {}", r.value, r.unit)
+            } else {
+                format!("{:.3} {}", r.value, r.unit)
+            };
+            println!("| {} | {} | {} | {} | {} |", r.bench, r.services, r.metric, value, target);
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The `q` quantile (0..=1) of `v`, nearest rank.
+fn quantile(v: &mut [Duration], q: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn spec(cli: &Cli, services: usize) -> ClusterSpec {
+    ClusterSpec { services, endpoints_per_service: cli.endpoints, nodes: cli.nodes, seed: cli.seed }
+}
+
+fn plan_settings() -> PlanSettings {
+    PlanSettings {
+        family: IpFamily::V4,
+        node_name: THIS_NODE.into(),
+        scheduler: String::new(),
+        node_ports: NodePortFilter::All,
+    }
+}
+
+/// This node's interface addresses: one, node-0's InternalIP.
+fn local_addrs() -> Vec<LocalAddr> {
+    vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }]
+}
+
+fn record_all(model: &mut Model, events: &[SourceEvent]) -> anyhow::Result<()> {
+    for ev in events {
+        model.record(ev)?;
+    }
+    Ok(())
+}
+
+/// A model and a planner holding a full plan of `cluster`, with timings.
+struct Planned {
+    model: Model,
+    planner: IpvsPlanner,
+    record: Duration,
+    apply: Duration,
+    plan: Duration,
+    desired: Duration,
+    ops: usize,
+}
+
+fn build_and_plan(events: &[SourceEvent]) -> anyhow::Result<Planned> {
+    let t = Instant::now();
+    let mut model = Model::new(IpFamily::V4, THIS_NODE);
+    record_all(&mut model, events)?;
+    let record = t.elapsed();
+    let t = Instant::now();
+    let changes = model.apply();
+    let apply = t.elapsed();
+    let t = Instant::now();
+    let mut planner = IpvsPlanner::new(plan_context(&plan_settings(), model.node(), &local_addrs()));
+    let d = planner.update(&model, &changes.ports);
+    let plan = t.elapsed();
+    let t = Instant::now();
+    let desired = planner.desired();
+    let desired_t = t.elapsed();
+    let ops = desired.ipvs.len() + desired.sets.values().map(Vec::len).sum::<usize>() + desired.addresses.len();
+    debug_assert_eq!(ops, d.len());
+    Ok(Planned { model, planner, record, apply, plan, desired: desired_t, ops })
+}
+
+fn bench_plan(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> anyhow::Result<()> {
+    for &n in sizes {
+        let mut cluster = Cluster::new(spec(cli, n))?;
+        let events = cluster.initial_events();
+        let p = build_and_plan(&events)?;
+        let (mut model, mut planner) = (p.model, p.planner);
+        r.add("plan", n, "cold: record events into the model", ms(p.record), "ms");
+        r.add("plan", n, "cold: model apply", ms(p.apply), "ms");
+        r.add("plan", n, "cold: planner update over all ports", ms(p.plan), "ms");
+        r.add("plan", n, "cold: desired state (full batch)", ms(p.desired), "ms");
+        let total = p.record + p.apply + p.plan;
+        r.target("plan", n, "cold full plan (record + apply + plan)", ms(total), "ms", 500.0);
+        r.add("plan", n, "cold: planned kernel objects", p.ops as f64, "ops");
+        let batches: Vec<Vec<SourceEvent>> = (0..changes).map(|_| cluster.next_endpoint_change().1).collect();
+        let mut times = Vec::with_capacity(changes);
+        let mut ops = Vec::with_capacity(changes);
+        for evs in &batches {
+            let t = Instant::now();
+            record_all(&mut model, evs)?;
+            let c = model.apply();
+            let d = planner.update(&model, &c.ports);
+            times.push(t.elapsed());
+            ops.push(d.len());
+        }
+        r.add("plan", n, "endpoint change: p50 (record + apply + plan)", us(quantile(&mut times, 0.5)), "µs");
+        r.add("plan", n, "endpoint change: p99", us(quantile(&mut times, 0.99)), "µs");
+        r.add("plan", n, "endpoint change: max", us(quantile(&mut times, 1.0)), "µs");
+        let mean = ops.iter().sum::<usize>() as f64 / ops.len().max(1) as f64;
+        r.add("plan", n, "endpoint change: kernel ops, mean", (mean * 100.0).round() / 100.0, "ops");
+        r.add("plan", n, "endpoint change: kernel ops, max", ops.iter().copied().max().unwrap_or(0) as f64, "ops");
+    }
+    Ok(())
+}
+
+/// The actors of IPVS mode on in-memory kernels, and the coordinator.
+struct Daemon {
+    coord: Addr<Coordinator>,
+    journal: Journal,
+}
+
+fn start_daemon(max_sync: Duration) -> Daemon {
+    let journal = Journal::default();
+    let sets: BTreeMap<IpvsSet, MemIpset> =
+        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
+    let targets = start_ipvs_actors(
+        IpvsKernels {
+            ipvs: MemIpvs::new(&journal),
+            sets,
+            link: MemLink::new(&journal),
+            iptables: MemIptables::new(&journal),
+            conntrack: MemConntrack::new(&journal),
+        },
+        &StatsRegistry::default(),
+    );
+    let settings = Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync, burst: 2 };
+    let addrs: AddrSource = Box::new(local_addrs);
+    let cfg = IpvsRulesConfig {
+        family: IpFamily::V4,
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: LocalDetector::Cidr(ipnet::IpNet::V4(ipnet::Ipv4Net::new([10, 0, 0, 0].into(), 8).unwrap_or_default())),
+        random_fully: true,
+    };
+    // The daemon's renderer (runtime.rs), with a fixed config.
+    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));
+    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    Daemon { coord, journal }
+}
+
+impl Daemon {
+    async fn history(&self) -> Vec<SyncRecord> {
+        self.coord.send(GetSyncHistory).await.unwrap_or_default()
+    }
+
+    async fn last_generation(&self) -> u64 {
+        self.history().await.last().map_or(0, |s| s.generation)
+    }
+
+    /// Sends a batch and waits until a sync that started after it finished
+    /// (every actor acked); returns that sync's record.
+    async fn send_and_wait(&self, events: Vec<SourceEvent>) -> anyhow::Result<SyncRecord> {
+        let before = self.last_generation().await;
+        self.coord.send(SourceBatch(events)).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(rec) = self.history().await.into_iter().rev().find(|s| s.generation > before) {
+                return Ok(rec);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no sync within 60s");
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+fn run_system<F: std::future::Future<Output = anyhow::Result<()>>>(f: impl FnOnce() -> F) -> anyhow::Result<()> {
+    let sys = actix_rt::System::new();
+    sys.block_on(f())
+}
+
+fn bench_actors(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> anyhow::Result<()> {
+    for &n in sizes {
+        let mut cluster = Cluster::new(spec(cli, n))?;
+        let events = cluster.initial_events();
+        let batches: Vec<Vec<SourceEvent>> = (0..changes).map(|_| cluster.next_endpoint_change().1).collect();
+        run_system(|| async {
+            let d = start_daemon(Duration::from_secs(3600));
+            let t = Instant::now();
+            let rec = d.send_and_wait(events).await?;
+            let cold = t.elapsed();
+            r.add("actors", n, "cold full sync, events sent → every actor acked", ms(cold), "ms");
+            r.add("actors", n, "cold full sync, coordinator's sync duration", rec.duration_ms, "ms");
+            d.journal.clear();
+            let mut times = Vec::with_capacity(changes);
+            let mut partial = 0;
+            let mut lines = 0;
+            for evs in batches {
+                let t = Instant::now();
+                let rec = d.send_and_wait(evs).await?;
+                times.push(t.elapsed());
+                partial += usize::from(!rec.full);
+                lines += d.journal.lines().len();
+                d.journal.clear();
+            }
+            let p99 = quantile(&mut times, 0.99);
+            r.add("actors", n, "endpoint change → every actor acked: p50", us(quantile(&mut times, 0.5)), "µs");
+            r.target("actors", n, "endpoint change → every actor acked: p99", us(p99), "µs", 1000.0);
+            r.add("actors", n, "endpoint change → every actor acked: max", us(quantile(&mut times, 1.0)), "µs");
+            r.add("actors", n, "endpoint change: incremental syncs", partial as f64, "syncs");
+            let mean = lines as f64 / times.len().max(1) as f64;
+            r.add("actors", n, "endpoint change: kernel ops applied, mean", (mean * 100.0).round() / 100.0, "ops");
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// A field of /proc/self/status, in kB.
+fn status_kb(field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn bench_rss(cli: &Cli, n: usize, r: &mut Report) -> anyhow::Result<()> {
+    let base = status_kb("VmRSS:").unwrap_or(0.0);
+    let cluster = Cluster::new(spec(cli, n))?;
+    let events = cluster.initial_events();
+    drop(cluster);
+    let with_events = status_kb("VmRSS:").unwrap_or(0.0);
+    let p = build_and_plan(&events)?;
+    let desired = p.planner.desired();
+    let hwm = status_kb("VmHWM:").unwrap_or(0.0);
+    drop(events);
+    drop(desired);
+    let after = status_kb("VmRSS:").unwrap_or(0.0);
+    r.add("rss", n, "RSS at start", (base / 1024.0 * 10.0).round() / 10.0, "MB");
+    r.add(
+        "rss",
+        n,
+        "RSS with the generated objects (as a source's cache holds them)",
+        (with_events / 1024.0 * 10.0).round() / 10.0,
+        "MB",
+    );
+    r.target(
+        "rss",
+        n,
+        "peak RSS (VmHWM) after building and planning",
+        (hwm / 1024.0 * 10.0).round() / 10.0,
+        "MB",
+        150.0,
+    );
+    r.add(
+        "rss",
+        n,
+        "RSS of model + planner alone (objects and full batch dropped)",
+        (after / 1024.0 * 10.0).round() / 10.0,
+        "MB",
+    );
+    drop(p.model);
+    Ok(())
+}
+
+/// CPU time (user + system) of this process, from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let ticks = || -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces) start at ")".
+        let rest = &text[text.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 (1-based), 12 and 13 after the name and state.
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    };
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks().unwrap_or(0) * 10)
+}
+
+fn bench_churn(cli: &Cli, n: usize, rate: u32, seconds: u64, r: &mut Report) -> anyhow::Result<()> {
+    let mut cluster = Cluster::new(spec(cli, n))?;
+    let events = cluster.initial_events();
+    let total = (u64::from(rate) * seconds) as usize;
+    let changes: Vec<Vec<SourceEvent>> = (0..total).map(|_| cluster.next_change().1).collect();
+    run_system(|| async {
+        // Upstream's defaults for IPVS mode: minSyncPeriod 0, syncPeriod 30s.
+        let d = start_daemon(Duration::from_secs(30));
+        d.send_and_wait(events).await?;
+        d.journal.clear();
+        let syncs_before = d.last_generation().await;
+        let cpu0 = cpu_time();
+        let t0 = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for (i, evs) in changes.into_iter().enumerate() {
+            tick.tick().await;
+            d.coord.send(SourceBatch(evs)).await?;
+            if i % rate.max(1) as usize == 0 {
+                d.journal.clear();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let wall = t0.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu0);
+        let hist = d.history().await;
+        let syncs = hist.last().map_or(0, |s| s.generation) - syncs_before;
+        let full = hist.iter().filter(|s| s.generation > syncs_before && s.full).count();
+        r.add("churn", n, "changes sent", total as f64, "changes");
+        r.add("churn", n, "wall time", (wall.as_secs_f64() * 100.0).round() / 100.0, "s");
+        r.add("churn", n, "syncs during the churn", syncs as f64, "syncs");
+        r.add("churn", n, "of which full (syncPeriod 30s)", full as f64, "syncs");
+        r.add("churn", n, "CPU time (user + system)", ms(cpu), "ms");
+        let pct = cpu.as_secs_f64() / wall.as_secs_f64() * 100.0;
+        r.target("churn", n, "CPU, % of one core", (pct * 100.0).round() / 100.0, "%", 10.0);
+        Ok(())
+    })
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let mut r = Report { rows: Vec::new() };
+    let res = match &cli.cmd {
+        Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
+        Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
+        Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
+        Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),
+    };
+    r.print(cli.json);
+    if let Err(e) = res {
+        eprintln!("kpr-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
