@@ -135,8 +135,11 @@ async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source, reload: Rel
     };
     let family = daemon::primary_family(&cfg, node.as_ref());
     let registry = StatsRegistry::default();
-    let (hooks, observe) = observability(&cfg, family, node.as_ref(), &registry)?;
+    // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
+    let coordinator_cell = Arc::new(std::sync::OnceLock::new());
+    let (hooks, observe) = observability(&cfg, family, node.as_ref(), &registry, coordinator_cell.clone())?;
     let coordinator = start_coordinator(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?;
+    let _ = coordinator_cell.set(coordinator.clone());
     let mut live = Live { cfg, family, node_name: node_name.clone(), coordinator: coordinator.clone(), ipvs, observe };
     let sink = move |b: SourceBatch| coordinator.do_send(b);
     let running = match ready {
@@ -214,11 +217,14 @@ fn observability(
     family: IpFamily,
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
+    coordinator: Arc<std::sync::OnceLock<Addr<Coordinator>>>,
 ) -> Result<(SyncHooks, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
-    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, http::Routes::new())
+    let dashboard =
+        http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(coordinator));
+    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, dashboard)
         .map_err(|e| StartError::Unsupported(e.to_string()))?;
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();

@@ -188,10 +188,11 @@ impl Coordinator {
         }
         let stage = if full { self.plan_full(generation) } else { self.plan_partial(generation, &changes) };
         let ports_changed = changes.ports.len();
+        let planned_ops = stage.ops();
         tracing::debug!(generation, full, ports = ports_changed, "sync started");
         let fut = self.run_stages(stage);
         ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
-            act.sync_done(generation, full, started, ports_changed, outcome);
+            act.sync_done(generation, full, started, (ports_changed, planned_ops), outcome);
             if let Some(waiters) = act.stopping.as_mut() {
                 for w in waiters.drain(..) {
                     let _ = w.send(());
@@ -259,6 +260,8 @@ impl Coordinator {
     }
 
     /// Sends the stages, in order; returns every ack.
+    ///
+    /// (See [`Stage::ops`] for what the sync record counts.)
     fn run_stages(&self, stage: Stage) -> impl std::future::Future<Output = Outcome> + 'static {
         let t = &self.targets;
         let ipvs = stage.ipvs.map(|b| t.ipvs.send(b));
@@ -304,13 +307,12 @@ impl Coordinator {
         }
     }
 
-    fn sync_done(&mut self, generation: u64, full: bool, started: Instant, ports_changed: usize, o: Outcome) {
+    fn sync_done(&mut self, generation: u64, full: bool, started: Instant, counts: (usize, usize), o: Outcome) {
+        let (ports_changed, ops) = counts;
         let mut failed = 0;
-        let mut ops = 0;
-        let mut check = |id: ActorId, ack: Option<(usize, usize)>, needs: &mut BTreeSet<ActorId>| match ack {
-            Some((n, 0)) => ops += n,
-            Some((n, f)) => {
-                ops += n;
+        let mut check = |id: ActorId, ack: Option<usize>, needs: &mut BTreeSet<ActorId>| match ack {
+            Some(0) => {}
+            Some(f) => {
                 failed += f;
                 needs.insert(id);
             }
@@ -321,13 +323,13 @@ impl Coordinator {
         };
         let mut needs = BTreeSet::new();
         if let Some(a) = &o.ipvs {
-            check(ActorId::Ipvs, a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
+            check(ActorId::Ipvs, a.as_ref().map(|a| a.failed.len()), &mut needs);
         }
         for (set, a) in &o.sets {
-            check(ActorId::Set(*set), a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
+            check(ActorId::Set(*set), a.as_ref().map(|a| a.failed.len()), &mut needs);
         }
         for a in &o.link {
-            check(ActorId::Link, a.as_ref().map(|a| (1, a.failed.len())), &mut needs);
+            check(ActorId::Link, a.as_ref().map(|a| a.failed.len()), &mut needs);
         }
         let mut iptables_restore_failed = false;
         if let Some((text, a)) = o.iptables {
@@ -386,6 +388,17 @@ struct Stage {
 }
 
 impl Stage {
+    /// Kernel ops planned: IPVS ops, set entries, address binds/unbinds,
+    /// conntrack flushes, and one for an iptables restore.
+    fn ops(&self) -> usize {
+        self.ipvs.as_ref().map_or(0, |b| b.ops.len())
+            + self.sets.values().map(|b| b.ops.len()).sum::<usize>()
+            + self.binds.as_ref().map_or(0, |b| b.ops.len())
+            + self.unbinds.as_ref().map_or(0, |b| b.ops.len())
+            + self.conntrack.len()
+            + usize::from(self.rules.is_some())
+    }
+
     fn new(generation: u64) -> Stage {
         Stage {
             generation,

@@ -269,6 +269,7 @@ fn one_endpoint_change_among_many_services_is_one_kernel_op() {
         h.send(vec![web_slice("svc-1234", &["10.244.4.210", "10.250.0.1"])]).await;
         sleep(MS).await;
         assert_eq!(h.k.journal.lines(), vec!["ipvs -a -t 10.96.4.210:80 -r 10.250.0.1:8080 -m -w 1"]);
+        assert_eq!(h.syncs().await.last().map(|s| s.ops), Some(1), "the sync record counts that one op");
     });
 }
 
