@@ -134,3 +134,18 @@ fn write_config_to_writes_the_effective_config_and_exits() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read_to_string(&again).unwrap(), text);
 }
+
+/// The host kernel (and CI's) has no IPVS: the daemon says so in one line and exits 1.
+#[test]
+fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
+    assert!(!std::path::Path::new("/proc/net/ip_vs").exists(), "this test expects a kernel without IPVS");
+    let (code, out, err) = run(&["--proxy-mode", "ipvs", "--manifests", &demo("demo"), "--hostname-override", "demo-node"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty());
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("IPVS is not available in this kernel: load the ip_vs module or use --proxy-mode=iptables"),
+        "{err}"
+    );
+}
