@@ -139,7 +139,8 @@ fn write_config_to_writes_the_effective_config_and_exits() {
 #[test]
 fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
     assert!(!std::path::Path::new("/proc/net/ip_vs").exists(), "this test expects a kernel without IPVS");
-    let (code, out, err) = run(&["--proxy-mode", "ipvs", "--manifests", &demo("demo"), "--hostname-override", "demo-node"]);
+    let (code, out, err) =
+        run(&["--proxy-mode", "ipvs", "--manifests", &demo("demo"), "--hostname-override", "demo-node"]);
     assert_eq!(code, 1, "{err}");
     assert!(out.is_empty());
     let errors: Vec<&str> = err.lines().filter(|l| l.contains("ERROR")).collect();

@@ -343,12 +343,14 @@ fn bench_actors(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> a
             r.add("actors", n, "cold full sync, coordinator's sync duration", rec.duration_ms, "ms");
             d.journal.clear();
             let mut times = Vec::with_capacity(changes);
+            let mut sync_times = Vec::with_capacity(changes);
             let mut partial = 0;
             let mut lines = 0;
             for evs in batches {
                 let t = Instant::now();
                 let rec = d.send_and_wait(evs).await?;
                 times.push(t.elapsed());
+                sync_times.push(Duration::from_secs_f64(rec.duration_ms / 1000.0));
                 partial += usize::from(!rec.full);
                 lines += d.journal.lines().len();
                 d.journal.clear();
@@ -357,6 +359,9 @@ fn bench_actors(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> a
             r.add("actors", n, "endpoint change → every actor acked: p50", us(quantile(&mut times, 0.5)), "µs");
             r.target("actors", n, "endpoint change → every actor acked: p99", us(p99), "µs", 1000.0);
             r.add("actors", n, "endpoint change → every actor acked: max", us(quantile(&mut times, 1.0)), "µs");
+            let (s50, s99) = (quantile(&mut sync_times, 0.5), quantile(&mut sync_times, 0.99));
+            r.add("actors", n, "endpoint change: sync start → every actor acked: p50", us(s50), "µs");
+            r.add("actors", n, "endpoint change: sync start → every actor acked: p99", us(s99), "µs");
             r.add("actors", n, "endpoint change: incremental syncs", partial as f64, "syncs");
             let mean = lines as f64 / times.len().max(1) as f64;
             r.add("actors", n, "endpoint change: kernel ops applied, mean", (mean * 100.0).round() / 100.0, "ops");
@@ -380,6 +385,7 @@ fn bench_rss(cli: &Cli, n: usize, r: &mut Report) -> anyhow::Result<()> {
     drop(cluster);
     let with_events = status_kb("VmRSS:").unwrap_or(0.0);
     let p = build_and_plan(&events)?;
+    let planned = status_kb("VmRSS:").unwrap_or(0.0);
     let desired = p.planner.desired();
     let hwm = status_kb("VmHWM:").unwrap_or(0.0);
     drop(events);
@@ -393,6 +399,8 @@ fn bench_rss(cli: &Cli, n: usize, r: &mut Report) -> anyhow::Result<()> {
         (with_events / 1024.0 * 10.0).round() / 10.0,
         "MB",
     );
+    let growth = ((planned - with_events) / 1024.0 * 10.0).round() / 10.0;
+    r.add("rss", n, "RSS growth from model + planner (before the full batch)", growth, "MB");
     r.target(
         "rss",
         n,
@@ -404,7 +412,7 @@ fn bench_rss(cli: &Cli, n: usize, r: &mut Report) -> anyhow::Result<()> {
     r.add(
         "rss",
         n,
-        "RSS of model + planner alone (objects and full batch dropped)",
+        "RSS after dropping objects and full batch (malloc keeps freed pages)",
         (after / 1024.0 * 10.0).round() / 10.0,
         "MB",
     );
@@ -457,7 +465,7 @@ fn bench_churn(cli: &Cli, n: usize, rate: u32, seconds: u64, r: &mut Report) -> 
         r.add("churn", n, "changes sent", total as f64, "changes");
         r.add("churn", n, "wall time", (wall.as_secs_f64() * 100.0).round() / 100.0, "s");
         r.add("churn", n, "syncs during the churn", syncs as f64, "syncs");
-        r.add("churn", n, "of which full (syncPeriod 30s)", full as f64, "syncs");
+        r.add("churn", n, "full syncs among the last 64 (history window; syncPeriod 30s)", full as f64, "syncs");
         r.add("churn", n, "CPU time (user + system)", ms(cpu), "ms");
         let pct = cpu.as_secs_f64() / wall.as_secs_f64() * 100.0;
         r.target("churn", n, "CPU, % of one core", (pct * 100.0).round() / 100.0, "%", 10.0);

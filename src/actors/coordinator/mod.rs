@@ -159,11 +159,18 @@ impl Coordinator {
             ctx.cancel_future(h);
         }
         let now = Instant::now();
-        if let Some(at) = self.sched.next_wakeup(now) {
-            self.timer = Some(ctx.run_later(at.saturating_duration_since(now), |act, ctx| {
-                act.timer = None;
-                act.tick(ctx);
-            }));
+        match self.sched.next_wakeup(now) {
+            // Due now: a message to ourselves, not a timer (tokio rounds
+            // timers up to the next millisecond); events already in the
+            // mailbox are still recorded first and join this sync.
+            Some(at) if at <= now => ctx.notify(Tick),
+            Some(at) => {
+                self.timer = Some(ctx.run_later(at - now, |act, ctx| {
+                    act.timer = None;
+                    act.tick(ctx);
+                }));
+            }
+            None => {}
         }
     }
 
@@ -437,6 +444,19 @@ struct Outcome {
 
 impl Actor for Coordinator {
     type Context = Context<Self>;
+}
+
+/// Time to check whether a sync is due.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Tick;
+
+impl Handler<Tick> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: Tick, ctx: &mut Context<Self>) {
+        self.tick(ctx);
+    }
 }
 
 impl Handler<SourceBatch> for Coordinator {
