@@ -46,6 +46,10 @@ pub struct SyncHooks {
     health: Arc<ProxyHealth>,
     service_health: Option<ServiceHealthServers>,
     ports: BTreeMap<ServicePortName, PortFacts>,
+    /// Ports without local endpoints: (internal, external), kept in step with `ports`.
+    no_local: (usize, usize),
+    /// The ports that have a healthCheckNodePort (few), for the health-check servers.
+    health_checked: BTreeMap<ServicePortName, PortFacts>,
     /// Trigger times of the sync in flight, observed if it succeeds.
     triggers: Vec<String>,
 }
@@ -55,7 +59,16 @@ impl SyncHooks {
     /// starts (so a first sync that never succeeds turns unhealthy).
     pub fn new(family: IpFamily, metrics: Arc<ProxyMetrics>, health: Arc<ProxyHealth>) -> SyncHooks {
         health.updated(family);
-        SyncHooks { family, metrics, health, service_health: None, ports: BTreeMap::new(), triggers: Vec::new() }
+        SyncHooks {
+            family,
+            metrics,
+            health,
+            service_health: None,
+            ports: BTreeMap::new(),
+            no_local: (0, 0),
+            health_checked: BTreeMap::new(),
+            triggers: Vec::new(),
+        }
     }
 
     /// Also drives the service health-check servers after each successful sync.
@@ -113,13 +126,14 @@ impl SyncHooks {
         let (pending_services, pending_slices) = model.pending_counts();
         self.metrics.changes_pending(pending_services, pending_slices);
         if full {
-            self.ports = model.service_ports().map(|sp| (sp.name.clone(), port_facts(model, &sp.name))).collect();
+            let all: Vec<ServicePortName> =
+                self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
+            for spn in all {
+                self.set_facts(model, &spn);
+            }
         } else {
             for spn in &changes.ports {
-                match model.service_port(spn) {
-                    Some(_) => self.ports.insert(spn.clone(), port_facts(model, spn)),
-                    None => self.ports.remove(spn),
-                };
+                self.set_facts(model, spn);
             }
         }
         self.triggers = changes.trigger_times.clone();
@@ -144,17 +158,39 @@ impl SyncHooks {
         for t in &triggers {
             self.metrics.programming_latency(self.family, t, now);
         }
-        let internal = self.ports.values().filter(|f| f.no_local_internal).count();
-        let external = self.ports.values().filter(|f| f.no_local_external).count();
-        self.metrics.no_local_endpoints(self.family, internal, external);
+        self.metrics.no_local_endpoints(self.family, self.no_local.0, self.no_local.1);
         self.sync_service_health();
+    }
+
+    /// Replaces one port's facts, keeping the counters and the health-check
+    /// index in step, so a sync costs what its changes touch.
+    fn set_facts(&mut self, model: &Model, spn: &ServicePortName) {
+        let new = model.service_port(spn).map(|_| port_facts(model, spn));
+        let old = match &new {
+            Some(f) => self.ports.insert(spn.clone(), *f),
+            None => self.ports.remove(spn),
+        };
+        for (facts, sign) in [(old, -1i64), (new, 1i64)] {
+            let Some(f) = facts else { continue };
+            let step = |n: &mut usize, on: bool| {
+                if on {
+                    *n = n.saturating_add_signed(sign as isize);
+                }
+            };
+            step(&mut self.no_local.0, f.no_local_internal);
+            step(&mut self.no_local.1, f.no_local_external);
+        }
+        match new.filter(|f| f.health_check.is_some()) {
+            Some(f) => self.health_checked.insert(spn.clone(), f),
+            None => self.health_checked.remove(spn),
+        };
     }
 
     /// Service → (healthCheckNodePort, local ready endpoints over its ports).
     fn health_checks(&self) -> (BTreeMap<NamespacedName, u16>, BTreeMap<NamespacedName, usize>) {
         let mut ports = BTreeMap::new();
         let mut endpoints = BTreeMap::new();
-        for (spn, facts) in &self.ports {
+        for (spn, facts) in &self.health_checked {
             if let Some((port, local)) = facts.health_check {
                 ports.insert(spn.service.clone(), port);
                 *endpoints.entry(spn.service.clone()).or_insert(0) += local;

@@ -144,3 +144,25 @@ async fn local_lb_services_get_health_checks_and_no_local_endpoint_counts() {
     assert!(h.service_health().map(|s| s.listening().is_empty()).unwrap_or(false), "closed with the service");
     assert!(h.ports.is_empty(), "{:?}", h.ports);
 }
+
+#[test]
+fn no_local_counts_stay_in_step_across_partial_and_full_syncs() {
+    let mut h = hooks();
+    let mut m = model();
+    let remote = ep("10.244.1.5", "node-b");
+    sync(
+        &mut h,
+        &mut m,
+        vec![applied_service(local_lb("web", "10.96.0.20", 0)), web_slice(&[remote.clone()])],
+        true,
+        true,
+    );
+    assert_eq!(h.no_local, (0, 2), "both ports: endpoints exist, none local");
+    sync(&mut h, &mut m, vec![web_slice(&[remote, ep("10.244.0.5", "node-a")])], false, true);
+    assert_eq!(h.no_local, (0, 0));
+    sync(&mut h, &mut m, vec![deleted_service(local_lb("web", "10.96.0.20", 0))], false, true);
+    assert_eq!(h.no_local, (0, 0));
+    assert!(h.ports.is_empty() && h.health_checked.is_empty());
+    sync(&mut h, &mut m, vec![], true, true);
+    assert_eq!(h.no_local, (0, 0), "a full resync recounts to the same");
+}
