@@ -153,7 +153,7 @@ fn no_local_counts_stay_in_step_across_partial_and_full_syncs() {
     sync(
         &mut h,
         &mut m,
-        vec![applied_service(local_lb("web", "10.96.0.20", 0)), web_slice(&[remote.clone()])],
+        vec![applied_service(local_lb("web", "10.96.0.20", 0)), web_slice(std::slice::from_ref(&remote))],
         true,
         true,
     );
