@@ -123,6 +123,17 @@ pub fn iptables_binary(family: IpFamily) -> &'static str {
     }
 }
 
+/// This node's Node object among source events, if they carry it (the family
+/// and node IPs are needed before the coordinator starts).
+pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
+    events.iter().find_map(|e| match e {
+        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
+            Some(NodeInfo::from_node(n))
+        }
+        _ => None,
+    })
+}
+
 /// `--dry-run`: plan a full sync from an empty kernel and render it.
 pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String, StartError> {
     let scan = ManifestDir::new(manifests).scan();
@@ -130,12 +141,7 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
         tracing::warn!(error = %e, "skipping manifest file");
     }
     let node_name = cfg.hostname()?;
-    let node = scan.events.iter().find_map(|e| match e {
-        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name.as_str()) => {
-            Some(NodeInfo::from_node(n))
-        }
-        _ => None,
-    });
+    let node = our_node(&scan.events, &node_name);
     let family = primary_family(cfg, node.as_ref());
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     Ok(render_dry_run(

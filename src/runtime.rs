@@ -29,7 +29,7 @@ use crate::kernel::{addrs, iptables_probe, sysctl};
 use crate::metrics::hooks::SyncHooks;
 use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
-use crate::msgs::{Change, SourceBatch, SourceEvent};
+use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
 use crate::plan::{IpvsPlanner, IpvsSet};
 use crate::reload;
@@ -94,16 +94,6 @@ pub fn run_ipvs(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -
     system.block_on(async move { run_ipvs_async(cfg, source, reload).await })
 }
 
-/// The Node object as the manifest directory holds it.
-fn node_from_manifests(dir: &std::path::Path, node_name: &str) -> Option<NodeInfo> {
-    manifests::ManifestDir::new(dir).scan().events.iter().find_map(|e| match e {
-        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
-            Some(NodeInfo::from_node(n))
-        }
-        _ => None,
-    })
-}
-
 /// A source ready to start.
 enum Ready {
     Manifests(PathBuf),
@@ -125,7 +115,9 @@ async fn run_ipvs_async(cfg: KubeProxyConfiguration, source: Source, reload: Rel
     set_ipvs_timeouts(&ipvs, &cfg).await;
     let node_name = cfg.hostname()?;
     let (node, ready) = match source {
-        Source::Manifests(dir) => (node_from_manifests(&dir, &node_name), Ready::Manifests(dir)),
+        Source::Manifests(dir) => {
+            (daemon::our_node(&manifests::ManifestDir::new(&dir).scan().events, &node_name), Ready::Manifests(dir))
+        }
         Source::Api { master } => {
             let config = api::client_config(&cfg.client_connection, master.as_deref()).await?;
             let client = api::client(config)?;

@@ -282,11 +282,6 @@ impl Model {
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
-
-    /// Service ports grouped by service, sorted: for rendering in a stable order.
-    pub fn sorted_ports(&self) -> BTreeMap<&ServicePortName, &Arc<ServicePort>> {
-        self.ports.iter().collect()
-    }
 }
 
 /// Upstream's detectStaleConntrackEntries for one UDP service port.
