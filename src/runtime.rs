@@ -297,13 +297,6 @@ async fn run_until_stopped(live: &mut Live, reload: &Reloader) {
     }
 }
 
-/// iptables' answers when a table cannot exist in this kernel.
-fn table_unavailable(message: &str) -> bool {
-    message.contains("Cannot initialize")
-        || message.contains("Table does not exist")
-        || message.contains("can't initialize")
-}
-
 /// `--cleanup`: removes every virtual server, set, rule and address of ours.
 pub fn cleanup() -> Result<(), StartError> {
     let system = actix_rt::System::new();
@@ -319,13 +312,8 @@ pub fn cleanup() -> Result<(), StartError> {
             Err(e) => errors.push(format!("IPVS: {e}")),
         }
         for family in [IpFamily::V4, IpFamily::V6] {
-            match IptablesHandle::new(family).cleanup().await {
-                Ok(_) => {}
-                // No such table in this kernel (e.g. no IPv6 netfilter): nothing of ours there.
-                Err(e) if table_unavailable(&e.message) => {
-                    tracing::info!(?family, error = %e, "no iptables tables for this family: nothing to clean")
-                }
-                Err(e) => errors.push(format!("iptables ({family:?}): {e}")),
+            if let Err(e) = IptablesHandle::new(family).cleanup().await {
+                errors.push(format!("iptables ({family:?}): {e}"));
             }
             for set in IpvsSet::ALL {
                 if let Err(e) = IpsetHandle::destroy(&set.name(family)).await {

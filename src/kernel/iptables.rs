@@ -162,6 +162,18 @@ impl IptablesHandle {
         Ok(SavedTable::parse(&out.stdout))
     }
 
+    /// Like [`save`](Self::save), but a table this kernel cannot provide
+    /// (e.g. no IPv6 netfilter) is empty: nothing of ours can be in it.
+    async fn saved_or_absent(&self, table: &str) -> KResult<SavedTable> {
+        match self.save(table).await {
+            Err(e) if table_unavailable(&e.message) => {
+                info!(binary = %self.bins.save, table, error = %e, "table not available: nothing to clean");
+                Ok(SavedTable::default())
+            }
+            other => other,
+        }
+    }
+
     /// One `iptables-restore --noflush --counters`.
     async fn restore(&self, text: &str) -> KResult<()> {
         let lines = text.lines().count();
@@ -227,7 +239,8 @@ impl IptablesHandle {
     /// mangle, nat and filter. What is not there is skipped; nothing else is
     /// touched. One `iptables-save` per table and one restore.
     pub async fn cleanup(&self) -> KResult<()> {
-        let (mangle, nat, filter) = tokio::join!(self.save("mangle"), self.save("nat"), self.save("filter"));
+        let (mangle, nat, filter) =
+            tokio::join!(self.saved_or_absent("mangle"), self.saved_or_absent("nat"), self.saved_or_absent("filter"));
         let text = cleanup_input(&mangle?, &nat?, &filter?);
         self.shared.jumps_checked.store(false, Ordering::Release);
         if text.is_empty() {
@@ -365,6 +378,11 @@ fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTa
 fn section_commit(lines: &[String], table: &str) -> Option<usize> {
     let start = lines.iter().position(|l| l.trim() == format!("*{table}"))?;
     lines[start..].iter().position(|l| l.trim() == "COMMIT").map(|i| start + i)
+}
+
+/// iptables' answers when a table cannot exist in this kernel.
+fn table_unavailable(message: &str) -> bool {
+    ["Cannot initialize", "can't initialize", "Table does not exist"].iter().any(|m| message.contains(m))
 }
 
 /// The restore input that removes our jumps, chains and canaries from the
@@ -512,5 +530,14 @@ mod tests {
         let msg = restore_message(&out, "*nat\n-A X -j NOPE\nCOMMIT\n");
         assert!(msg.ends_with("[line 2: -A X -j NOPE]"), "{msg}");
         assert!(msg.starts_with("iptables-restore v1.8.9 (legacy): Couldn't load target"), "{msg}");
+    }
+
+    #[test]
+    fn a_table_the_kernel_cannot_provide_is_recognised() {
+        assert!(table_unavailable(
+            "ip6tables-save v1.8.9 (legacy): Cannot initialize: iptables who? (do you need to insmod?)"
+        ));
+        assert!(table_unavailable("iptables-save: Table does not exist (do you need to insmod?)"));
+        assert!(!table_unavailable("iptables-restore: line 3 failed"));
     }
 }
