@@ -16,6 +16,7 @@
 //! The rules are pure ([`HealthState`], time is an argument);
 //! [`ProxyHealth`] wraps them in a lock for the sync loop and the servers.
 
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -204,7 +205,7 @@ impl ProxyHealth {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HealthState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// A sync of `family` succeeded now (call it also when the sync loop starts).

@@ -18,3 +18,4 @@ pub mod plan;
 pub mod reload;
 pub mod runtime;
 pub mod schedule;
+pub mod sync;

@@ -2,6 +2,7 @@
 //! acked generation. Shared (`Arc`) between the actor, the coordinator that
 //! sends to it, and the metrics/dashboard endpoints.
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,7 +106,7 @@ impl ActorStats {
         self.errors.fetch_add(errors as u64, Ordering::Relaxed);
         self.last_generation.fetch_max(generation, Ordering::Relaxed);
         self.apply.observe(took);
-        let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = lock(&self.latencies);
         if l.len() == LATENCY_WINDOW {
             l.pop_front();
         }
@@ -118,7 +119,7 @@ impl ActorStats {
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let mut lat: Vec<Duration> = self.latencies.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+        let mut lat: Vec<Duration> = lock(&self.latencies).iter().copied().collect();
         lat.sort();
         let pct = |p: f64| -> f64 {
             if lat.is_empty() {
@@ -149,17 +150,17 @@ pub struct StatsRegistry {
 impl StatsRegistry {
     pub fn register(&self, name: &str) -> Arc<ActorStats> {
         let s = ActorStats::new(name);
-        self.actors.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), s.clone());
+        lock(&self.actors).insert(name.to_string(), s.clone());
         s
     }
 
     pub fn snapshot(&self) -> Vec<StatsSnapshot> {
-        self.actors.lock().unwrap_or_else(|e| e.into_inner()).values().map(|s| s.snapshot()).collect()
+        lock(&self.actors).values().map(|s| s.snapshot()).collect()
     }
 
     /// Every actor's live stats, by name (for the metrics collector).
     pub fn actors(&self) -> Vec<Arc<ActorStats>> {
-        self.actors.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        lock(&self.actors).values().cloned().collect()
     }
 }
 

@@ -14,6 +14,7 @@
 //! [`RATE_BASE`] old, so any client (or `curl` in a loop) gets them; samples
 //! are taken when the data is requested, at most every [`SAMPLE_EVERY`].
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -156,7 +157,7 @@ impl State {
             .iter()
             .map(|a| (a.name.clone(), a.apply_histogram().buckets.iter().map(|(_, n)| *n).collect()))
             .collect();
-        let rates = self.rates.lock().unwrap_or_else(|e| e.into_inner()).observe(Instant::now(), &snaps);
+        let rates = lock(&self.rates).observe(Instant::now(), &snaps);
         dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs)
     }
 }

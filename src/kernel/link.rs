@@ -13,10 +13,11 @@
 //! The socket lives in the network namespace of the thread that called
 //! [`DummyLink::new`].
 
+use crate::sync::lock;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use nix::errno::Errno;
@@ -51,10 +52,6 @@ struct Shared {
     /// Prefix lengths seen in the last dump: a delete must name the right one.
     prefixes: Mutex<HashMap<IpAddr, u8>>,
     requests: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DummyLink {

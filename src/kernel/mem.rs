@@ -4,9 +4,10 @@
 //! shared by all of them (so tests can assert cross-actor ordering), and
 //! fail ops on request.
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
@@ -18,10 +19,6 @@ use crate::msgs::ipset::SetLine;
 pub struct Journal {
     entries: Arc<Mutex<Vec<(Instant, String)>>>,
     faults: Arc<Mutex<Vec<(String, u32)>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Journal {

@@ -12,8 +12,9 @@
 //!   family, `--ipvs-exclude-cidrs`) and treats extra real servers like
 //!   removed ones.
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -52,10 +53,6 @@ pub struct GracefulIpvs<B: IpvsBackend> {
     owned: Arc<Ownership>,
     check_interval: Duration,
     terminating: Arc<Mutex<BTreeSet<(VsKey, DestKey)>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn needs_graceful(p: Protocol) -> bool {
