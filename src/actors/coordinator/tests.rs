@@ -183,24 +183,30 @@ fn a_failed_op_is_retried_with_a_full_resync_of_that_actor_only() {
     });
 }
 
+/// A UDP service (conntrack cleanup applies to UDP) and its slice.
+fn dns_service() -> k8s_openapi::api::core::v1::Service {
+    service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)])
+}
+
+fn dns_slice(ips: &[&str]) -> SourceEvent {
+    let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
+    applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
+}
+
 #[test]
 fn ordering_between_actors() {
     run_paused(|| async {
         let h = start(Duration::ZERO, Duration::from_secs(30));
-        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
-        let sl = |ips: &[&str]| {
-            let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
-            applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
-        };
+        let dns = dns_service();
         let mut first = synced();
-        first.extend([applied_service(dns.clone()), sl(&["10.244.1.5", "10.244.2.5"])]);
+        first.extend([applied_service(dns.clone()), dns_slice(&["10.244.1.5", "10.244.2.5"])]);
         h.send(first).await;
         sleep(MS).await;
         let j = &h.k.journal;
         // A set exists before a rule naming it; a virtual server before its real servers.
         assert!(j.pos("create KUBE-CLUSTER-IP").unwrap() < j.pos("iptables-restore").unwrap());
         assert!(j.pos("ipvs -A -u 10.96.0.10:53").unwrap() < j.pos("ipvs -a -u 10.96.0.10:53").unwrap());
-        h.send(vec![sl(&["10.244.2.5"])]).await;
+        h.send(vec![dns_slice(&["10.244.2.5"])]).await;
         sleep(MS).await;
         let del = j.pos("ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("DelDest");
         let flush = j.pos("--orig-dst 10.96.0.10 --dst-nat 10.244.1.5").expect("conntrack flush");
@@ -217,17 +223,13 @@ fn ordering_between_actors() {
 fn conntrack_waits_for_a_failed_real_server_removal() {
     run_paused(|| async {
         let h = start(Duration::ZERO, Duration::from_secs(30));
-        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
-        let sl = |ips: &[&str]| {
-            let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
-            applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
-        };
+        let dns = dns_service();
         let mut first = synced();
-        first.extend([applied_service(dns), sl(&["10.244.1.5", "10.244.2.5"])]);
+        first.extend([applied_service(dns), dns_slice(&["10.244.1.5", "10.244.2.5"])]);
         h.send(first).await;
         sleep(MS).await;
         h.k.journal.fail("-d -u 10.96.0.10:53 -r 10.244.1.5:53", 1);
-        h.send(vec![sl(&["10.244.2.5"])]).await;
+        h.send(vec![dns_slice(&["10.244.2.5"])]).await;
         sleep(10 * MS).await;
         assert!(h.at("--dst-nat 10.244.1.5").is_empty(), "no flush while the real server may still be there");
         sleep(Duration::from_secs(2)).await;
