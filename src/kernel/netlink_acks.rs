@@ -32,6 +32,13 @@ impl fmt::Display for Errno {
 
 impl std::error::Error for Errno {}
 
+/// Why a whole batch has no per-request answer: the connection closed, or
+/// the acks did not come (or did not map one-to-one): outcome unknown.
+pub enum BatchFailure {
+    Closed(std::sync::Arc<netlink_proto::NetlinkProtoError>),
+    NoReply,
+}
+
 /// Maps a batch's acks back to its requests. The requests of one batch get
 /// consecutive sequence numbers and the kernel answers them in order, so the
 /// first answer is request 0. Anything but exactly one answer per request

@@ -23,7 +23,7 @@
 pub mod codec;
 pub mod filter;
 
-use crate::kernel::netlink_acks::codes_in_order;
+use crate::kernel::netlink_acks::{codes_in_order, BatchFailure};
 use std::convert::Infallible;
 use std::fmt;
 use std::io;
@@ -432,13 +432,12 @@ fn dump_reply(reply: Msg, request: &Request) -> Result<DumpReply, ConntrackError
     }
 }
 
-/// Why a whole batch has no per-request answer.
-enum BatchFailure {
-    Closed(Arc<NetlinkProtoError>),
-    NoReply,
+/// The client's error for a request of a batch that got no answer.
+trait BatchError {
+    fn error(&self, request: Request) -> ConntrackError;
 }
 
-impl BatchFailure {
+impl BatchError for BatchFailure {
     fn error(&self, request: Request) -> ConntrackError {
         match self {
             BatchFailure::Closed(source) => ConntrackError::ConnectionClosed { request, source: source.clone() },

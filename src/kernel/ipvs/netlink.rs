@@ -15,7 +15,7 @@
 //! happens here: netlink-proto drops a message its payload type cannot parse
 //! with only a log line, which would silently lose a dump entry.
 
-use crate::kernel::netlink_acks::codes_in_order;
+use crate::kernel::netlink_acks::{codes_in_order, BatchFailure};
 use std::fmt;
 use std::io;
 use std::pin::pin;
@@ -416,13 +416,12 @@ impl NetlinkIpvs {
     }
 }
 
-/// Why a whole batch has no per-request answer.
-enum BatchFailure {
-    Closed(Arc<NetlinkProtoError>),
-    NoReply,
+/// The client's error for a request of a batch that got no answer.
+trait BatchError {
+    fn error(&self, request: Request) -> IpvsError;
 }
 
-impl BatchFailure {
+impl BatchError for BatchFailure {
     fn error(&self, request: Request) -> IpvsError {
         match self {
             BatchFailure::Closed(source) => IpvsError::ConnectionClosed { request, source: source.clone() },
