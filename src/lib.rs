@@ -10,7 +10,6 @@ pub mod health;
 pub mod http;
 pub mod kernel;
 pub mod metrics;
-pub mod metrics_hooks;
 pub mod model;
 pub mod msgs;
 pub mod net;

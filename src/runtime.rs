@@ -199,6 +199,7 @@ fn rules_renderer(cfg: &KubeProxyConfiguration, family: IpFamily) -> RulesRender
 
 /// The metrics and health servers; dropped on shutdown.
 struct Observability {
+    metrics: Arc<ProxyMetrics>,
     configz: http::Configz,
     _servers: http::HttpServers,
 }
@@ -222,8 +223,8 @@ fn observability(
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
     let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);
     let service_health = ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone());
-    let hooks = SyncHooks::new(family, metrics, health).with_service_health(service_health);
-    Ok((hooks, Observability { configz, _servers: servers }))
+    let hooks = SyncHooks::new(family, metrics.clone(), health).with_service_health(service_health);
+    Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }
 
 /// Re-reads the configuration (SIGHUP), with the same flags as at start.
@@ -246,7 +247,7 @@ impl Live {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "config reload refused; the running configuration stays");
-                crate::metrics_hooks::config_reload_failed();
+                self.observe.metrics.config_reload_failed();
                 return;
             }
         };
@@ -254,7 +255,7 @@ impl Live {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "config reload failed; the running configuration stays");
-                crate::metrics_hooks::config_reload_failed();
+                self.observe.metrics.config_reload_failed();
                 return;
             }
         };

@@ -1,8 +1,6 @@
 //! Metrics read at scrape time from counters kept elsewhere: the per-actor
 //! ones (`kube_proxy_rs_actor_*{actor}`) from the [`StatsRegistry`], so
-//! actors keep updating their plain atomics and know nothing of Prometheus,
-//! and `kube_proxy_rs_config_reload_failures_total` from
-//! [`crate::metrics_hooks`].
+//! actors keep updating their plain atomics and know nothing of Prometheus.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -81,22 +79,4 @@ fn encode_apply_durations(
         family.encode_family(&labels)?.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
     }
     Ok(())
-}
-
-/// `kube_proxy_rs_config_reload_failures_total`, from the process-wide count.
-#[derive(Debug)]
-pub(super) struct ReloadCollector;
-
-impl Collector for ReloadCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let failures = crate::metrics_hooks::config_reload_failures();
-        encoder
-            .encode_descriptor(
-                "kube_proxy_rs_config_reload_failures",
-                "Configuration reloads refused (the running configuration was kept).",
-                None,
-                MetricType::Counter,
-            )?
-            .encode_counter::<NoLabelSet, _, u64>(&failures, None)
-    }
 }

@@ -123,6 +123,7 @@ struct ServerMetrics {
     healthz: CounterFamily,
     livez: CounterFamily,
     bind_failures: CounterFamily,
+    config_reload_failures: prometheus_client::metrics::counter::Counter,
 }
 
 impl SyncMetrics {
@@ -198,7 +199,6 @@ impl ProxyMetrics {
         register_server(&mut r, &server);
         registry.register_collector(Box::new(actors::ActorCollector::new(actors)));
         registry.register_collector(Box::new(process::ProcessCollector));
-        registry.register_collector(Box::new(actors::ReloadCollector));
         ProxyMetrics { registry, started: SystemTime::now(), sync, backend, server }
     }
 
@@ -331,10 +331,8 @@ impl ProxyMetrics {
     }
 
     /// A configuration reload (SIGHUP) was refused; the old config stays.
-    /// The count is process-wide ([`crate::metrics_hooks`]), so code without
-    /// a `ProxyMetrics` at hand can bump it too.
     pub fn config_reload_failed(&self) {
-        crate::metrics_hooks::config_reload_failed();
+        self.server.config_reload_failures.inc();
     }
 
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
@@ -458,6 +456,11 @@ fn register_server(r: &mut Registrar, s: &ServerMetrics) {
         "kube_proxy_rs_bind_failures_total",
         "HTTP servers that could not bind their address, by server",
         s.bind_failures.clone(),
+    );
+    r.add(
+        "kube_proxy_rs_config_reload_failures_total",
+        "Configuration reloads refused (the running configuration was kept)",
+        s.config_reload_failures.clone(),
     );
 }
 
