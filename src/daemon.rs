@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, LocalMode, ProxyMode};
-use crate::kernel::{addrs, iptables_probe};
+use crate::kernel::addrs;
 use crate::model::{Model, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
@@ -115,14 +115,6 @@ pub fn rules_config(
     }
 }
 
-/// The iptables binary for a family.
-pub fn iptables_binary(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "iptables",
-        IpFamily::V6 => "ip6tables",
-    }
-}
-
 /// This node's Node object among source events, if they carry it (the family
 /// and node IPs are needed before the coordinator starts).
 pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
@@ -150,7 +142,7 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
         &node_name,
         &scan.events,
         &addrs,
-        iptables_probe::random_fully_supported(iptables_binary(family)),
+        crate::kernel::iptables::IptablesHandle::new(family).random_fully(),
     ))
 }
 

@@ -25,7 +25,7 @@ use crate::kernel::iptables::IptablesHandle;
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
-use crate::kernel::{addrs, iptables_probe, sysctl};
+use crate::kernel::{addrs, sysctl};
 use crate::metrics::hooks::SyncHooks;
 use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
@@ -192,7 +192,7 @@ fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_nam
 }
 
 fn rules_renderer(cfg: &KubeProxyConfiguration, family: IpFamily) -> RulesRenderer {
-    let random_fully = iptables_probe::random_fully_supported(daemon::iptables_binary(family));
+    let random_fully = IptablesHandle::new(family).random_fully();
     let cfg = cfg.clone();
     Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&daemon::rules_config(&cfg, family, node, random_fully)))
 }
