@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use kube_proxy_rs::config::{self, Flags, ProxyMode};
+use kube_proxy_rs::config::{self, Flags};
 use kube_proxy_rs::daemon::{self, StartError};
 use kube_proxy_rs::runtime;
 
@@ -41,20 +41,12 @@ fn run(flags: &Flags) -> Result<(), StartError> {
     if flags.cleanup {
         return runtime::cleanup();
     }
-    match cfg.proxy_mode() {
-        ProxyMode::Ipvs => {
-            let source = match &flags.manifests {
-                Some(dir) => runtime::Source::Manifests(dir.clone()),
-                None => runtime::Source::Api { master: flags.master.clone() },
-            };
-            let flags = flags.clone();
-            runtime::run_ipvs(cfg, source, Box::new(move || config::load(&flags)))
-        }
-        mode => Err(StartError::Unsupported(format!(
-            "proxy mode {:?} is not built yet (issue 5); use --proxy-mode=ipvs or --dry-run",
-            mode.as_str()
-        ))),
-    }
+    let source = match &flags.manifests {
+        Some(dir) => runtime::Source::Manifests(dir.clone()),
+        None => runtime::Source::Api { master: flags.master.clone() },
+    };
+    let flags = flags.clone();
+    runtime::run(cfg, source, Box::new(move || config::load(&flags)))
 }
 
 /// A SIGHUP that arrives before the runtime listens for it would kill the

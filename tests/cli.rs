@@ -27,7 +27,8 @@ fn dry_run_prints_the_demo_plan_for_the_namespaces_addresses() {
     ns.veth_to_host("192.168.50.2/24", "192.168.50.1/24");
     let golden = std::fs::read_to_string(demo("../tests/golden/demo-ipvs.txt")).expect("golden file");
     // As nobody: --dry-run needs no privilege and touches nothing.
-    let out = ns.exec_as_nobody(&[&bin(), "--config", &demo("demo.yaml"), "--manifests", &demo("demo"), "--dry-run"]);
+    let out =
+        ns.exec_as_nobody(&[&bin(), "--config", &demo("demo-ipvs.yaml"), "--manifests", &demo("demo"), "--dry-run"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let got = String::from_utf8_lossy(&out.stdout);
     if got != golden {
@@ -74,7 +75,7 @@ fn a_malformed_manifest_is_named_and_skipped() {
         std::fs::copy(demo(&format!("demo/{f}")), dir.path().join(f)).unwrap();
     }
     let d = dir.path().to_str().unwrap();
-    let (code, out, err) = run(&["--config", &demo("demo.yaml"), "--manifests", d, "--dry-run"]);
+    let (code, out, err) = run(&["--config", &demo("demo-ipvs.yaml"), "--manifests", d, "--dry-run"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("bad.yaml"), "the bad file is named: {err}");
     assert!(out.contains("-A -t 10.96.0.20:80 -s rr"), "the good files still count: {out}");
@@ -120,7 +121,7 @@ fn bad_flags_fail_with_exit_code_1() {
 fn write_config_to_writes_the_effective_config_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("effective.yaml");
-    let (code, _, err) = run(&["--config", &demo("demo.yaml"), "--write-config-to", out.to_str().unwrap()]);
+    let (code, _, err) = run(&["--config", &demo("demo-ipvs.yaml"), "--write-config-to", out.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let text = std::fs::read_to_string(&out).unwrap();
     for want in

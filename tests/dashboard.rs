@@ -293,7 +293,7 @@ fn the_dashboard_shows_every_actor_live_in_a_browser() {
             .expect("dashboard server");
         let addr = server.local_addr().expect("bound");
         let coord = start_daemon(&registry);
-        assert!(cell.set(coord.clone()).is_ok());
+        assert!(cell.set(coord.clone().recipient()).is_ok());
         coord.send(SourceBatch(initial_state())).await.expect("coordinator alive");
         let stop = Arc::new(AtomicBool::new(false));
         let churning = actix_rt::spawn(churn(coord.clone(), stop.clone()));

@@ -22,7 +22,7 @@ use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::rules_ipvs::{
-    jump_spec, render, IpvsRulesConfig, LocalDetector, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS,
+    render, IpvsRulesConfig, LocalDetector, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS,
 };
 use kube_proxy_rs::plan::IpvsSet;
 
@@ -80,8 +80,8 @@ fn chain(ns: &Netns, bins: &IptablesBinaries, table: &str, name: &str) -> Vec<St
 }
 
 fn assert_each_jump_once(saved: &str) {
-    for (_, from, comment, to) in JUMPS {
-        let rule = format!("-A {from} {}", jump_spec(comment, to));
+    for j in JUMPS {
+        let rule = j.save_line();
         assert_eq!(count(saved, &rule), 1, "{rule} in\n{saved}");
     }
 }
@@ -190,7 +190,8 @@ fn a_jump_deleted_by_someone_comes_back_at_the_next_full_resync_only() {
     let text = rules(IpFamily::V4, true);
     ns.block_on(|| async { h.apply(vec![restore(text.clone())]).await });
     assert_each_jump_once(&save(&ns, &bins));
-    let portals = jump_spec("kubernetes service portals", "KUBE-SERVICES");
+    let portals = JUMPS[0].spec();
+    assert_eq!(portals, "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES");
     let args = [
         bins.iptables.as_str(),
         "-w",

@@ -1,11 +1,11 @@
-//! Starts the subsystem actors of IPVS mode over a set of kernel handles
+//! Starts the subsystem actors of a mode over a set of kernel handles
 //! (real ones in the daemon, in-memory ones in tests).
 
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
 
-use super::coordinator::{Target, Targets};
+use super::coordinator::{IptablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
 use super::stats::StatsRegistry;
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
@@ -49,5 +49,17 @@ where
         link: start(k.link, "dummy-link", registry),
         iptables: start(k.iptables, "iptables", registry),
         conntrack: start(k.conntrack, "conntrack", registry),
+    }
+}
+
+/// Starts iptables mode's two actors.
+pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
+    iptables: T,
+    conntrack: C,
+    registry: &StatsRegistry,
+) -> IptablesTargets {
+    IptablesTargets {
+        iptables: start(iptables, "iptables", registry),
+        conntrack: start(conntrack, "conntrack", registry),
     }
 }

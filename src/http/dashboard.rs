@@ -19,13 +19,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use actix::Addr;
+use actix::Recipient;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
-use crate::actors::coordinator::{Coordinator, GetSyncHistory, SyncRecord};
+use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
 use crate::actors::stats::{StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
@@ -105,7 +105,7 @@ where
 /// the coordinator in `cell` once it is set; no syncs before that, nor if
 /// it has stopped.
 pub fn coordinator_history(
-    cell: Arc<OnceLock<Addr<Coordinator>>>,
+    cell: Arc<OnceLock<Recipient<GetSyncHistory>>>,
 ) -> impl Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync + 'static {
     move || {
         let coordinator = cell.get().cloned();

@@ -4,14 +4,19 @@
 //! - A `Restore` op is one `iptables-restore -w 5 -W 100000 --noflush
 //!   --counters` with the text on stdin (the wait flags only where the
 //!   installed iptables has them: >= 1.6.2, as upstream decides).
-//! - Before the first restore, and on every full resync, the jumps from the
-//!   built-in chains to ours ([`JUMPS`]) are checked with one
-//!   `iptables-save` of nat and one of filter; each missing jump is inserted
-//!   at position 1 (`-I CHAIN 1 ...`) by lines added to that same restore, so
-//!   jumps exist exactly once and never point at a missing chain.
+//! - The handle serves one proxy mode, whose [`ChainProfile`] says which
+//!   jumps and chains are ours (IPVS mode by default, [`IptablesHandle::for_mode`]).
+//! - Before the first restore, and on every full resync, the mode's jumps
+//!   from the built-in chains to ours are checked with one `iptables-save`
+//!   of nat and one of filter; each missing jump is inserted at position 1
+//!   (`-I CHAIN 1 ...`) by lines added to that same restore (declaring its
+//!   target chain if neither the kernel nor the input has it), so jumps
+//!   exist exactly once and never point at a missing chain.
 //! - [`IptablesHandle::canary_present`] tells whether `KUBE-PROXY-CANARY`
 //!   still exists in mangle, nat and filter (an external flush removes it).
-//! - [`IptablesHandle::cleanup`] removes our jumps and chains (`--cleanup`).
+//! - [`IptablesHandle::cleanup`] removes the mode's jumps and chains
+//!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
+//!   tells whether a mode's own chains are there.
 //! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
 
 use std::borrow::Cow;
@@ -27,7 +32,9 @@ use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
 use crate::msgs::IptablesOp;
 use crate::net::IpFamily;
-use crate::plan::rules_ipvs::{jump_spec, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS};
+use crate::plan::chains::{ChainProfile, Jump};
+use crate::plan::iptables::is_service_chain;
+use crate::plan::rules_ipvs::{self, CANARY};
 
 /// The three tools of one iptables flavour and family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +81,7 @@ struct WaitFlags {
 #[derive(Debug, Clone)]
 pub struct IptablesHandle {
     bins: Arc<IptablesBinaries>,
+    profile: &'static ChainProfile,
     shared: Arc<Shared>,
 }
 
@@ -94,7 +102,14 @@ impl IptablesHandle {
 
     /// Other tools: a flavour ([`IptablesBinaries::variant`]) or paths.
     pub fn with_binaries(bins: IptablesBinaries) -> IptablesHandle {
-        IptablesHandle { bins: Arc::new(bins), shared: Arc::default() }
+        IptablesHandle { bins: Arc::new(bins), profile: &rules_ipvs::PROFILE, shared: Arc::default() }
+    }
+
+    /// Serves another mode (its jumps and chains): `plan::iptables::PROFILE`
+    /// for iptables mode.
+    pub fn for_mode(mut self, profile: &'static ChainProfile) -> IptablesHandle {
+        self.profile = profile;
+        self
     }
 
     pub fn binaries(&self) -> &IptablesBinaries {
@@ -145,7 +160,7 @@ impl IptablesHandle {
     async fn with_missing_jumps(&self, text: &str) -> KResult<String> {
         let (nat, filter) = tokio::join!(self.save("nat"), self.save("filter"));
         let (nat, filter) = (nat?, filter?);
-        let missing = missing_jumps(&nat, &filter);
+        let missing = missing_jumps(self.profile, &nat, &filter);
         if !missing.is_empty() {
             info!(binary = %self.bins.restore, jumps = missing.len(), "inserting missing jumps to our chains");
         }
@@ -241,13 +256,26 @@ impl IptablesHandle {
     pub async fn cleanup(&self) -> KResult<()> {
         let (mangle, nat, filter) =
             tokio::join!(self.saved_or_absent("mangle"), self.saved_or_absent("nat"), self.saved_or_absent("filter"));
-        let text = cleanup_input(&mangle?, &nat?, &filter?);
+        let text = cleanup_input(self.profile, &mangle?, &nat?, &filter?);
         self.shared.jumps_checked.store(false, Ordering::Release);
         if text.is_empty() {
             return Ok(());
         }
-        info!(binary = %self.bins.restore, "removing our iptables chains and jumps");
+        info!(binary = %self.bins.restore, mode = self.profile.mode, "removing the mode's iptables chains and jumps");
         self.restore(&text).await
+    }
+
+    /// Whether chains only this handle's mode writes are in the kernel (a
+    /// node that ran that mode). Two `iptables-save` runs.
+    pub async fn has_leftovers(&self) -> KResult<bool> {
+        let (nat, filter) = tokio::join!(self.saved_or_absent("nat"), self.saved_or_absent("filter"));
+        Ok(has_markers(self.profile, &nat?, &filter?))
+    }
+
+    /// The chains of one table (`iptables-save -t TABLE`); empty when the
+    /// kernel cannot provide the table.
+    pub async fn chains(&self, table: &str) -> KResult<BTreeSet<String>> {
+        Ok(self.saved_or_absent(table).await?.chains)
     }
 }
 
@@ -322,45 +350,47 @@ impl SavedTable {
     }
 }
 
-/// A jump of [`JUMPS`]: (table, from, comment, to).
-type Jump = (&'static str, &'static str, &'static str, &'static str);
-
-fn jump_rule(verb: &str, (_, from, comment, to): Jump) -> String {
-    format!("{verb} {from} {}", jump_spec(comment, to))
-}
-
-/// The jumps of [`JUMPS`] that the saved tables lack, in [`JUMPS`] order.
-fn missing_jumps(nat: &SavedTable, filter: &SavedTable) -> Vec<Jump> {
-    JUMPS
-        .into_iter()
+/// The mode's jumps (kept ones last) that the saved tables lack, in order.
+fn missing_jumps(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) -> Vec<Jump> {
+    profile
+        .jumps
+        .iter()
+        .chain(profile.kept_jumps)
         .filter(|j| {
-            let saved = if j.0 == "nat" { nat } else { filter };
-            saved.count(&jump_rule("-A", *j)) == 0
+            let saved = if j.table == "nat" { nat } else { filter };
+            saved.count(&j.save_line()) == 0
         })
+        .copied()
         .collect()
 }
 
 /// Adds `-I FROM 1 ...` for each missing jump before the `COMMIT` of its
-/// table's section in `text`; a table `text` lacks gets a section of its
-/// own, declaring the target chains that don't exist yet.
+/// table's section in `text` (a table `text` lacks gets a section of its
+/// own), declaring target chains that neither the kernel nor `text` has.
 fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> String {
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     for (table, saved) in [("nat", nat), ("filter", filter)] {
-        let jumps: Vec<Jump> = missing.iter().copied().filter(|j| j.0 == table).collect();
+        let jumps: Vec<Jump> = missing.iter().copied().filter(|j| j.table == table).collect();
         if jumps.is_empty() {
             continue;
         }
-        let inserts: Vec<String> =
-            jumps.iter().map(|&(_, from, comment, to)| format!("-I {from} 1 {}", jump_spec(comment, to))).collect();
-        match section_commit(&lines, table) {
-            Some(at) => {
-                lines.splice(at..at, inserts);
+        let section = section_bounds(&lines, table);
+        let declared = |c: &str| {
+            let decl = format!(":{c} ");
+            section.is_some_and(|(start, end)| lines[start..end].iter().any(|l| l.starts_with(&decl)))
+        };
+        let targets: BTreeSet<&str> =
+            jumps.iter().map(|j| j.to).filter(|c| !saved.chains.contains(*c) && !declared(c)).collect();
+        let decls: Vec<String> = targets.iter().map(|c| format!(":{c} - [0:0]")).collect();
+        let inserts: Vec<String> = jumps.iter().map(Jump::insert_line).collect();
+        match section {
+            Some((start, commit)) => {
+                lines.splice(commit..commit, inserts);
+                lines.splice(start + 1..start + 1, decls);
             }
             None => {
                 lines.push(format!("*{table}"));
-                let targets: BTreeSet<&str> =
-                    jumps.iter().map(|j| j.3).filter(|c| !saved.chains.contains(*c)).collect();
-                lines.extend(targets.iter().map(|c| format!(":{c} - [0:0]")));
+                lines.extend(decls);
                 lines.extend(inserts);
                 lines.push("COMMIT".to_string());
             }
@@ -374,10 +404,17 @@ fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTa
     out
 }
 
-/// Index of the `COMMIT` line ending the `*table` section.
-fn section_commit(lines: &[String], table: &str) -> Option<usize> {
+/// The `*table` line and the `COMMIT` line ending its section.
+fn section_bounds(lines: &[String], table: &str) -> Option<(usize, usize)> {
     let start = lines.iter().position(|l| l.trim() == format!("*{table}"))?;
-    lines[start..].iter().position(|l| l.trim() == "COMMIT").map(|i| start + i)
+    lines[start..].iter().position(|l| l.trim() == "COMMIT").map(|i| (start, start + i))
+}
+
+/// Whether the saved tables hold a chain only `profile`'s mode writes.
+fn has_markers(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) -> bool {
+    let table = |t: &str| if t == "nat" { nat } else { filter };
+    profile.markers.iter().any(|(t, c)| table(t).chains.contains(*c))
+        || (profile.service_chains && nat.chains.iter().any(|c| is_service_chain(c)))
 }
 
 /// iptables' answers when a table cannot exist in this kernel.
@@ -385,18 +422,24 @@ fn table_unavailable(message: &str) -> bool {
     ["Cannot initialize", "can't initialize", "Table does not exist"].iter().any(|m| message.contains(m))
 }
 
-/// The restore input that removes our jumps, chains and canaries from the
-/// saved tables; empty if there is nothing of ours.
-fn cleanup_input(mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
+/// The restore input that removes the mode's jumps, chains and canaries
+/// from the saved tables; empty if there is nothing of its.
+fn cleanup_input(profile: &ChainProfile, mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
     let mut out = String::new();
     let tables: [(&str, &SavedTable, &[&str]); 3] =
-        [("mangle", mangle, &[]), ("nat", nat, &NAT_CHAINS), ("filter", filter, &FILTER_CHAINS)];
+        [("mangle", mangle, &[]), ("nat", nat, profile.nat_chains), ("filter", filter, profile.filter_chains)];
     for (table, saved, chains) in tables {
-        let ours: Vec<&str> = chains.iter().copied().chain([CANARY]).filter(|c| saved.chains.contains(*c)).collect();
+        let service = saved
+            .chains
+            .iter()
+            .map(String::as_str)
+            .filter(|c| profile.service_chains && table == "nat" && is_service_chain(c));
+        let ours: Vec<&str> =
+            chains.iter().copied().chain(service).chain([CANARY]).filter(|c| saved.chains.contains(*c)).collect();
         let mut deletes = Vec::new();
-        for j in JUMPS.into_iter().filter(|j| j.0 == table) {
-            let n = saved.count(&jump_rule("-A", j));
-            deletes.extend(std::iter::repeat_n(jump_rule("-D", j), n));
+        for j in profile.jumps.iter().filter(|j| j.table == table) {
+            let n = saved.count(&j.save_line());
+            deletes.extend(std::iter::repeat_n(format!("-D {} {}", j.from, j.spec()), n));
         }
         if ours.is_empty() && deletes.is_empty() {
             continue;
@@ -465,17 +508,22 @@ mod tests {
     fn every_jump_is_missing_from_fresh_tables_and_none_once_present() {
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        assert_eq!(missing_jumps(&nat, &filter).len(), JUMPS.len());
-        let all: String = JUMPS.iter().map(|j| format!("{}\n", jump_rule("-A", *j))).collect();
+        let ipvs = &rules_ipvs::PROFILE;
+        assert_eq!(missing_jumps(ipvs, &nat, &filter).len(), ipvs.jumps.len());
+        let all: String = ipvs.jumps.iter().map(|j| format!("{}\n", j.save_line())).collect();
         let t = saved(&all);
-        assert!(missing_jumps(&t, &t).is_empty());
+        assert!(missing_jumps(ipvs, &t, &t).is_empty());
+        // The modes share four jumps (nat OUTPUT, PREROUTING, POSTROUTING; filter FORWARD to KUBE-FORWARD).
+        let iptables = &crate::plan::iptables::PROFILE;
+        assert_eq!(missing_jumps(iptables, &t, &t).len(), iptables.jumps.len() + iptables.kept_jumps.len() - 4);
     }
 
     #[test]
     fn missing_jumps_go_before_the_commit_of_their_table() {
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\nCOMMIT\n");
-        let missing: Vec<Jump> = JUMPS.into_iter().filter(|j| j.1 == "OUTPUT" || j.3 == "KUBE-FORWARD").collect();
+        let missing: Vec<Jump> =
+            rules_ipvs::JUMPS.into_iter().filter(|j| j.from == "OUTPUT" || j.to == "KUBE-FORWARD").collect();
         let text = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n";
         let got = insert_jumps(text, &missing, &nat, &filter);
         let want = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n\
@@ -496,13 +544,62 @@ mod tests {
              -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
         );
         let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let got = cleanup_input(&empty, &nat, &empty);
+        let got = cleanup_input(&rules_ipvs::PROFILE, &empty, &nat, &empty);
         let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
         let want = format!(
             "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
         );
         assert_eq!(got, want);
-        assert_eq!(cleanup_input(&empty, &empty, &empty), "");
+        assert_eq!(cleanup_input(&rules_ipvs::PROFILE, &empty, &empty, &empty), "");
+    }
+
+    #[test]
+    fn a_missing_target_chain_is_declared_unless_the_kernel_or_the_input_has_it() {
+        let profile = &crate::plan::iptables::PROFILE;
+        let nat = saved(FRESH_NAT);
+        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\nCOMMIT\n");
+        let missing = missing_jumps(profile, &nat, &filter);
+        let text = "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n";
+        let got = insert_jumps(text, &missing, &nat, &filter);
+        // Declared once, right after `*filter`: the targets neither side has.
+        for c in ["KUBE-EXTERNAL-SERVICES", "KUBE-NODEPORTS", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"] {
+            assert_eq!(got.matches(&format!(":{c} - [0:0]")).count(), 1, "{c} in\n{got}");
+        }
+        assert_eq!(got.matches(":KUBE-SERVICES - [0:0]").count(), 2, "once per table:\n{got}");
+        assert!(!got.contains(":KUBE-FIREWALL"), "kubelet's chain exists: not flushed\n{got}");
+        assert!(got.contains("-I INPUT 1 -j KUBE-FIREWALL\n"), "{got}");
+        let filter_part = &got[got.find("*filter").unwrap()..];
+        assert!(filter_part.find(":KUBE-NODEPORTS").unwrap() < filter_part.find("-I INPUT 1").unwrap());
+    }
+
+    #[test]
+    fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
+        let profile = &crate::plan::iptables::PROFILE;
+        let nat = saved(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
+             :KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]\n:KUBE-NODE-PORT - [0:0]\n\
+             -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n",
+        );
+        let filter = saved(
+            "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-NODEPORTS - [0:0]\n\
+             -A INPUT -j KUBE-FIREWALL\n\
+             -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\nCOMMIT\n",
+        );
+        let got = cleanup_input(profile, &SavedTable::default(), &nat, &filter);
+        for want in [
+            "-X KUBE-SVC-ABCDEFGHIJKLMNOP",
+            "-X KUBE-SEP-ABCDEFGHIJKLMNOP",
+            "-X KUBE-SERVICES",
+            "-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            "-X KUBE-NODEPORTS",
+        ] {
+            assert!(got.contains(want), "{want} missing from\n{got}");
+        }
+        assert!(!got.contains("KUBE-FIREWALL") && !got.contains("KUBE-NODE-PORT "), "not ours:\n{got}");
+        assert!(has_markers(profile, &nat, &filter));
+        assert!(has_markers(&rules_ipvs::PROFILE, &nat, &filter), "KUBE-NODE-PORT is IPVS mode's");
+        let empty = SavedTable::default();
+        assert!(!has_markers(profile, &empty, &empty) && !has_markers(&rules_ipvs::PROFILE, &empty, &empty));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::chains::{jump, ChainProfile, Jump};
 use super::IpvsSet;
 use crate::net::{IpFamily, Protocol};
 
@@ -50,19 +51,36 @@ pub struct IpvsRulesConfig {
     pub random_fully: bool,
 }
 
-/// A jump from a built-in chain to one of ours: (table, from, comment, to).
-/// Upstream inserts these at position 1 if missing (EnsureRule Prepend).
-pub const JUMPS: [(&str, &str, &str, &str); 9] = [
-    ("nat", "OUTPUT", "kubernetes service portals", "KUBE-SERVICES"),
-    ("nat", "PREROUTING", "kubernetes service portals", "KUBE-SERVICES"),
-    ("nat", "POSTROUTING", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
-    ("filter", "FORWARD", "kubernetes forwarding rules", "KUBE-FORWARD"),
-    ("filter", "INPUT", "kubernetes health check rules", "KUBE-NODE-PORT"),
-    ("filter", "INPUT", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
-    ("filter", "FORWARD", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
-    ("filter", "INPUT", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"),
-    ("filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"),
+/// The jumps from built-in chains to ours (upstream's iptablesJumpChain of
+/// IPVS mode). Upstream inserts these at position 1 if missing (EnsureRule Prepend).
+pub const JUMPS: [Jump; 9] = [
+    jump("nat", "OUTPUT", "", "kubernetes service portals", "KUBE-SERVICES"),
+    jump("nat", "PREROUTING", "", "kubernetes service portals", "KUBE-SERVICES"),
+    jump("nat", "POSTROUTING", "", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
+    jump("filter", "FORWARD", "", "kubernetes forwarding rules", "KUBE-FORWARD"),
+    jump("filter", "INPUT", "", "kubernetes health check rules", "KUBE-NODE-PORT"),
+    jump("filter", "INPUT", "", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    jump("filter", "FORWARD", "", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
+    jump("filter", "INPUT", "", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"),
+    jump("filter", "OUTPUT", "", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"),
 ];
+
+/// What IPVS mode owns in iptables, for the iptables handle.
+pub const PROFILE: ChainProfile = ChainProfile {
+    mode: "ipvs",
+    jumps: &JUMPS,
+    kept_jumps: &[],
+    nat_chains: &NAT_CHAINS,
+    filter_chains: &FILTER_CHAINS,
+    service_chains: false,
+    markers: &[
+        ("nat", "KUBE-NODE-PORT"),
+        ("nat", "KUBE-LOAD-BALANCER"),
+        ("filter", "KUBE-NODE-PORT"),
+        ("filter", "KUBE-IPVS-FILTER"),
+        ("filter", "KUBE-IPVS-OUT-FILTER"),
+    ],
+};
 
 /// Our chains per table, in upstream's order.
 pub const NAT_CHAINS: [&str; 5] =
@@ -75,11 +93,6 @@ pub const FILTER_CHAINS: [&str; 6] = [
     "KUBE-IPVS-FILTER",
     "KUBE-IPVS-OUT-FILTER",
 ];
-
-/// The jump rule's spec as iptables-save prints it (without `-A CHAIN`).
-pub fn jump_spec(comment: &str, to: &str) -> String {
-    format!("-m comment --comment \"{comment}\" -j {to}")
-}
 
 /// Upstream formats the mark with Go's `%#08x`: 1<<14 is `0x00004000`.
 pub fn mark(bit: u32) -> String {

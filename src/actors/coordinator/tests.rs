@@ -16,6 +16,7 @@ use crate::fixtures::*;
 use crate::kernel::mem::*;
 use crate::net::IpFamily;
 use crate::plan::context::NodePortFilter;
+use crate::plan::{IpvsPlanner, IpvsSet};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -42,10 +42,12 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+pub use crate::plan::chains::{Jump, JUMP_POSITION};
 pub use context::{iptables_context, HostFeatures, IptablesContext, IptablesSettings, NodePortDestinations};
 pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains};
 
 use crate::model::{Model, ServicePortName};
+use crate::plan::chains::{jump, ChainProfile};
 use render::{restore_input, Fragment, Frame};
 use service::render_port;
 
@@ -64,65 +66,7 @@ pub const CANARY: &str = "KUBE-PROXY-CANARY";
 /// (upstream's largeClusterEndpointsThreshold).
 pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
 
-/// A jump from a built-in chain to one of ours (upstream's iptablesJumpChain).
-/// On every full sync, before the restore, each missing jump is inserted at
-/// position [`JUMP_POSITION`] in [`JUMPS`] order (upstream's EnsureRule
-/// Prepend, after EnsureChain of `to`), so on a fresh node the last one
-/// listed for a chain ends up first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Jump {
-    pub table: &'static str,
-    /// The built-in chain.
-    pub from: &'static str,
-    /// Matches before the comment (`-m conntrack --ctstate NEW`), or "".
-    pub extra: &'static str,
-    /// The comment, or "" for none.
-    pub comment: &'static str,
-    /// Our chain.
-    pub to: &'static str,
-}
-
-/// Where a missing jump is inserted (`-I <from> 1 ...`).
-pub const JUMP_POSITION: u32 = 1;
-
-impl Jump {
-    /// The rule as `iptables-save` prints it, without `-A <from>`.
-    pub fn spec(&self) -> String {
-        let mut s = String::new();
-        if !self.extra.is_empty() {
-            s.push_str(self.extra);
-            s.push(' ');
-        }
-        if !self.comment.is_empty() {
-            s.push_str(&format!("-m comment --comment \"{}\" ", self.comment));
-        }
-        s.push_str("-j ");
-        s.push_str(self.to);
-        s
-    }
-
-    /// The `iptables-save` line (`-A <from> <spec>`).
-    pub fn save_line(&self) -> String {
-        format!("-A {} {}", self.from, self.spec())
-    }
-
-    /// The restore line that inserts it (`-I <from> 1 <spec>`).
-    pub fn insert_line(&self) -> String {
-        format!("-I {} {JUMP_POSITION} {}", self.from, self.spec())
-    }
-}
-
 const NEW: &str = "-m conntrack --ctstate NEW";
-
-const fn jump(
-    table: &'static str,
-    from: &'static str,
-    extra: &'static str,
-    comment: &'static str,
-    to: &'static str,
-) -> Jump {
-    Jump { table, from, extra, comment, to }
-}
 
 /// Upstream's iptablesJumpChains, in its order; `--cleanup` removes these.
 pub const JUMPS: [Jump; 12] = [
@@ -147,12 +91,23 @@ pub const JUMPS: [Jump; 12] = [
 pub const KUBELET_JUMPS: [Jump; 2] =
     [jump("filter", "INPUT", "", "", KUBE_FIREWALL), jump("filter", "OUTPUT", "", "", KUBE_FIREWALL)];
 
-/// nat chains `--cleanup` flushes and deletes if present, besides every
+/// nat chains cleanup flushes and deletes if present, besides every
 /// per-service chain ([`is_service_chain`]) (upstream's cleanupLeftoversForFamily).
-pub const CLEANUP_NAT_CHAINS: [&str; 5] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ, CANARY];
-/// filter chains `--cleanup` flushes and deletes if present (KUBE-FIREWALL stays).
-pub const CLEANUP_FILTER_CHAINS: [&str; 6] =
-    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, CANARY];
+pub const CLEANUP_NAT_CHAINS: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
+/// filter chains cleanup flushes and deletes if present (KUBE-FIREWALL stays).
+pub const CLEANUP_FILTER_CHAINS: [&str; 5] =
+    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
+
+/// What iptables mode owns in the kernel, for the iptables handle.
+pub const PROFILE: ChainProfile = ChainProfile {
+    mode: "iptables",
+    jumps: &JUMPS,
+    kept_jumps: &KUBELET_JUMPS,
+    nat_chains: &CLEANUP_NAT_CHAINS,
+    filter_chains: &CLEANUP_FILTER_CHAINS,
+    service_chains: true,
+    markers: &[("nat", KUBE_NODEPORTS), ("filter", KUBE_EXTERNAL_SERVICES), ("filter", KUBE_NODEPORTS)],
+};
 
 /// What the planner keeps of one service port between syncs.
 #[derive(Debug, Clone)]

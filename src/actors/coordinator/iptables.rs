@@ -1,0 +1,116 @@
+//! iptables mode's dataplane: the iptables planner, the iptables actor and
+//! the conntrack actor.
+//!
+//! Each sync is one restore: a full one (every chain of every service port)
+//! on the first sync, every syncPeriod, when the node's topology labels
+//! change, after a failed restore and after drift (the canary); otherwise a
+//! partial one with the changed service ports' chains and the top-level
+//! chains. Conntrack flushes follow a successful restore (upstream's order:
+//! the rules no longer lead to a removed endpoint when its entries go);
+//! after a failed one they wait for the next sync.
+
+use futures::FutureExt;
+
+use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
+use crate::model::{Model, ModelChanges, NodeInfo};
+use crate::msgs::*;
+use crate::plan::conntrack::conntrack_ops;
+use crate::plan::context::LocalAddr;
+use crate::plan::iptables::{IptablesContext, IptablesPlanner};
+
+/// Builds the planner's context from the Node and the node's addresses. The
+/// daemon's closure also sets route_localnet when the context needs it.
+pub type ContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> IptablesContext + Send>;
+
+/// The actors of iptables mode.
+pub struct IptablesTargets {
+    pub iptables: Target<IptablesOp>,
+    pub conntrack: Target<ConntrackOp>,
+}
+
+/// iptables mode: plans with [`IptablesPlanner`], one restore per sync.
+pub struct IptablesDataplane {
+    planner: IptablesPlanner,
+    targets: IptablesTargets,
+    addrs: AddrSource,
+    context: ContextBuilder,
+    /// The last restore failed (or was never acked): the next sync is full.
+    needs_full: bool,
+    deferred_conntrack: Vec<ConntrackOp>,
+}
+
+impl IptablesDataplane {
+    /// `kernel_chains`: per-service chains found in the kernel at start
+    /// (an earlier run's or upstream kube-proxy's); the first sync deletes
+    /// those the model does not use.
+    pub fn new(
+        targets: IptablesTargets,
+        addrs: AddrSource,
+        context: ContextBuilder,
+        kernel_chains: &[String],
+    ) -> IptablesDataplane {
+        let ctx = context(&NodeInfo::default(), &[]);
+        let mut planner = IptablesPlanner::new(ctx);
+        planner.note_kernel_chains(kernel_chains.iter().map(String::as_str));
+        IptablesDataplane { planner, targets, addrs, context, needs_full: false, deferred_conntrack: Vec::new() }
+    }
+}
+
+/// The acks of one sync (None: the actor could not be reached).
+pub struct Outcome {
+    restore: Option<Ack<IptablesOp>>,
+    conntrack: Option<Option<Ack<ConntrackOp>>>,
+    deferred: Vec<ConntrackOp>,
+}
+
+impl Dataplane for IptablesDataplane {
+    type Outcome = Outcome;
+    type Config = ContextBuilder;
+
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Outcome> {
+        let full = full || std::mem::take(&mut self.needs_full);
+        let text = if full {
+            let ctx = (self.context)(model.node(), &(self.addrs)());
+            self.planner.full(model, ctx)
+        } else {
+            self.planner.partial(model, &changes.ports)
+        };
+        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
+        conntrack.extend(conntrack_ops(model, changes));
+        let ops = 1 + conntrack.len();
+        let mode = if full { SyncMode::Full } else { SyncMode::Incremental };
+        let restore = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text })]);
+        let (iptables, conntrack_target) = (self.targets.iptables.clone(), self.targets.conntrack.clone());
+        let run = async move {
+            let restore = iptables.send(restore).await;
+            let ok = restore.as_ref().is_some_and(|a| a.is_ok());
+            let (conntrack, deferred) = if ok && !conntrack.is_empty() {
+                (Some(conntrack_target.send(batch(generation, SyncMode::Incremental, conntrack)).await), Vec::new())
+            } else {
+                (None, conntrack)
+            };
+            Outcome { restore, conntrack, deferred }
+        };
+        Planned { full, ops, run: run.boxed_local() }
+    }
+
+    fn finished(&mut self, o: Outcome) -> Finished {
+        let mut failed = 0;
+        let restore_ok = o.restore.as_ref().is_some_and(|a| a.is_ok());
+        if restore_ok {
+            self.planner.confirm_applied();
+        } else {
+            failed += 1;
+            self.needs_full = true;
+        }
+        if let Some(ack) = o.conntrack {
+            failed += ack.map_or(1, |a| a.failed.len());
+        }
+        self.deferred_conntrack.extend(o.deferred);
+        Finished { failed, iptables_restore_failed: !restore_ok }
+    }
+
+    fn reconfigure(&mut self, context: ContextBuilder) {
+        self.context = context;
+    }
+}

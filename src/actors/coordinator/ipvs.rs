@@ -1,0 +1,298 @@
+//! IPVS mode's dataplane: the IPVS planner and its five kinds of actors.
+//!
+//! Ordering between actors is explicit, in two stages:
+//!
+//! 1. IPVS (virtual servers before their real servers: op order within the
+//!    batch), every ipset, and address binds on kube-ipvs0;
+//! 2. once stage 1 has acked: iptables (rules name sets that now exist),
+//!    conntrack flushes (only after the IPVS actor acked the real-server
+//!    removals, else they wait for the next sync), and address unbinds
+//!    (after their virtual servers are gone).
+//!
+//! An actor whose ack reports a failure gets a full batch (reconcile against
+//! the kernel) at the next sync; the others carry on incrementally.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::future::join_all;
+use futures::FutureExt;
+
+use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
+use crate::model::{Model, ModelChanges, NodeInfo};
+use crate::msgs::*;
+use crate::plan::context::{plan_context, PlanSettings};
+use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
+
+/// Renders the iptables-restore input for IPVS mode from the current plan
+/// and the Node (its pod CIDR for detect-local NodeCIDR).
+pub type RulesRenderer = Box<dyn Fn(&IpvsPlanner, &NodeInfo) -> String + Send>;
+
+/// The subsystem actors of IPVS mode.
+pub struct Targets {
+    pub ipvs: Target<IpvsOp>,
+    pub sets: BTreeMap<IpvsSet, Target<IpsetOp>>,
+    pub link: Target<LinkOp>,
+    pub iptables: Target<IptablesOp>,
+    pub conntrack: Target<ConntrackOp>,
+}
+
+/// Which actor, for needs-full bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ActorId {
+    Ipvs,
+    Set(IpvsSet),
+    Link,
+    Iptables,
+}
+
+/// IPVS mode: plans with [`IpvsPlanner`], sends to [`Targets`].
+pub struct IpvsDataplane {
+    settings: PlanSettings,
+    planner: IpvsPlanner,
+    targets: Targets,
+    addrs: AddrSource,
+    rules: RulesRenderer,
+    needs_full: BTreeSet<ActorId>,
+    last_rules: Option<String>,
+    deferred_conntrack: Vec<ConntrackOp>,
+}
+
+impl IpvsDataplane {
+    pub fn new(settings: PlanSettings, targets: Targets, addrs: AddrSource, rules: RulesRenderer) -> IpvsDataplane {
+        let ctx = plan_context(&settings, &NodeInfo::default(), &[]);
+        IpvsDataplane {
+            settings,
+            planner: IpvsPlanner::new(ctx),
+            targets,
+            addrs,
+            rules,
+            needs_full: BTreeSet::new(),
+            last_rules: None,
+            deferred_conntrack: Vec::new(),
+        }
+    }
+
+    fn plan_full(&mut self, model: &Model, generation: u64) -> Stage {
+        let addrs = (self.addrs)();
+        let ctx = plan_context(&self.settings, model.node(), &addrs);
+        self.planner.replan_all(model, ctx);
+        self.needs_full.clear();
+        let desired = self.planner.desired();
+        let mut stage = Stage::full(generation, &desired);
+        stage.rules = Some(self.render_rules(model));
+        stage.rules_full = true;
+        stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
+        stage
+    }
+
+    fn plan_partial(&mut self, model: &Model, generation: u64, changes: &ModelChanges) -> Stage {
+        let d = self.planner.update(model, &changes.ports);
+        let desired = (!self.needs_full.is_empty()).then(|| self.planner.desired());
+        let full_of = |id: ActorId| desired.as_ref().filter(|_| self.needs_full.contains(&id));
+        let mut stage = Stage::new(generation);
+        stage.ipvs = match full_of(ActorId::Ipvs) {
+            Some(des) => Some(batch(generation, SyncMode::Full, des.ipvs.clone())),
+            None => (!d.ipvs.is_empty()).then(|| batch(generation, SyncMode::Incremental, d.ipvs)),
+        };
+        for set in IpvsSet::ALL {
+            let b = match full_of(ActorId::Set(set)) {
+                Some(des) => Some(batch(generation, SyncMode::Full, adds(des.sets.get(&set)))),
+                None => d.sets.get(&set).map(|ops| batch(generation, SyncMode::Incremental, ops.clone())),
+            };
+            if let Some(b) = b {
+                stage.sets.insert(set, b);
+            }
+        }
+        match full_of(ActorId::Link) {
+            Some(des) => stage.binds = Some(batch(generation, SyncMode::Full, binds(&des.addresses))),
+            None => {
+                let (b, u): (Vec<LinkOp>, Vec<LinkOp>) = d.link.into_iter().partition(|o| matches!(o, LinkOp::Bind(_)));
+                stage.binds = (!b.is_empty()).then(|| batch(generation, SyncMode::Incremental, b));
+                stage.unbinds = (!u.is_empty()).then(|| batch(generation, SyncMode::Incremental, u));
+            }
+        }
+        let rules = self.render_rules(model);
+        stage.rules_full = self.needs_full.contains(&ActorId::Iptables);
+        if stage.rules_full || self.last_rules.as_ref() != Some(&rules) {
+            stage.rules = Some(rules);
+        }
+        stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
+        stage.conntrack.extend(conntrack_ops(model, changes));
+        for id in std::mem::take(&mut self.needs_full) {
+            tracing::info!(?id, generation, "actor gets a full resync after a failure");
+        }
+        stage
+    }
+
+    fn render_rules(&self, model: &Model) -> String {
+        (self.rules)(&self.planner, model.node())
+    }
+
+    /// Sends the stages, in order; returns every ack.
+    fn run_stages(&self, stage: Stage) -> impl std::future::Future<Output = Outcome> + 'static {
+        let t = &self.targets;
+        let ipvs = stage.ipvs.map(|b| t.ipvs.send(b));
+        let sets: Vec<_> =
+            stage.sets.into_iter().filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b)))).collect();
+        let binds = stage.binds.map(|b| t.link.send(b));
+        let (iptables, conntrack_target, link) = (t.iptables.clone(), t.conntrack.clone(), t.link.clone());
+        let (generation, rules, conntrack, unbinds) = (stage.generation, stage.rules, stage.conntrack, stage.unbinds);
+        let rules_full = stage.rules_full;
+        async move {
+            let mut out = Outcome::default();
+            if let Some(f) = ipvs {
+                out.ipvs = Some(f.await);
+            }
+            let (names, futs): (Vec<IpvsSet>, Vec<_>) = sets.into_iter().unzip();
+            for (set, ack) in names.into_iter().zip(join_all(futs).await) {
+                out.sets.push((set, ack));
+            }
+            if let Some(f) = binds {
+                out.link.push(f.await);
+            }
+            if let Some(text) = rules {
+                // A full batch makes the handle check the jumps from the built-in chains too.
+                let mode = if rules_full { SyncMode::Full } else { SyncMode::Incremental };
+                let b = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text: text.clone() })]);
+                out.iptables = Some((text, iptables.send(b).await));
+            }
+            let ipvs_ok = out.ipvs.as_ref().is_none_or(|a| a.as_ref().is_some_and(|a| a.is_ok()));
+            if ipvs_ok && !conntrack.is_empty() {
+                out.conntrack = Some(conntrack_target.send(batch(generation, SyncMode::Incremental, conntrack)).await);
+            } else {
+                out.deferred = conntrack;
+            }
+            if let Some(b) = unbinds {
+                out.link.push(link.send(b).await);
+            }
+            out
+        }
+    }
+}
+
+impl Dataplane for IpvsDataplane {
+    type Outcome = Outcome;
+    type Config = (PlanSettings, RulesRenderer);
+
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Outcome> {
+        let stage =
+            if full { self.plan_full(model, generation) } else { self.plan_partial(model, generation, changes) };
+        Planned { full, ops: stage.ops(), run: self.run_stages(stage).boxed_local() }
+    }
+
+    fn finished(&mut self, o: Outcome) -> Finished {
+        let mut failed = 0;
+        let mut check = |id: ActorId, ack: Option<usize>, needs: &mut BTreeSet<ActorId>| match ack {
+            Some(0) => {}
+            Some(f) => {
+                failed += f;
+                needs.insert(id);
+            }
+            None => {
+                failed += 1;
+                needs.insert(id);
+            }
+        };
+        let mut needs = BTreeSet::new();
+        if let Some(a) = &o.ipvs {
+            check(ActorId::Ipvs, a.as_ref().map(|a| a.failed.len()), &mut needs);
+        }
+        for (set, a) in &o.sets {
+            check(ActorId::Set(*set), a.as_ref().map(|a| a.failed.len()), &mut needs);
+        }
+        for a in &o.link {
+            check(ActorId::Link, a.as_ref().map(|a| a.failed.len()), &mut needs);
+        }
+        let mut iptables_restore_failed = false;
+        if let Some((text, a)) = o.iptables {
+            match a {
+                Some(a) if a.is_ok() => self.last_rules = Some(text),
+                _ => {
+                    failed += 1;
+                    iptables_restore_failed = true;
+                    needs.insert(ActorId::Iptables);
+                }
+            }
+        }
+        if let Some(Some(a)) = &o.conntrack {
+            failed += a.failed.len();
+        }
+        self.deferred_conntrack.extend(o.deferred);
+        self.needs_full.extend(needs);
+        Finished { failed, iptables_restore_failed }
+    }
+
+    fn reconfigure(&mut self, (settings, rules): Self::Config) {
+        self.settings = settings;
+        self.rules = rules;
+    }
+}
+
+fn adds(entries: Option<&Vec<SetEntry>>) -> Vec<IpsetOp> {
+    entries.into_iter().flatten().map(|e| IpsetOp::Add(*e)).collect()
+}
+
+fn binds(addrs: &[std::net::IpAddr]) -> Vec<LinkOp> {
+    addrs.iter().map(|a| LinkOp::Bind(*a)).collect()
+}
+
+/// What one sync sends.
+struct Stage {
+    generation: u64,
+    ipvs: Option<Batch<IpvsOp>>,
+    sets: BTreeMap<IpvsSet, Batch<IpsetOp>>,
+    binds: Option<Batch<LinkOp>>,
+    rules: Option<String>,
+    /// Send the rules as a full batch (first sync, resyncs, after a failure).
+    rules_full: bool,
+    conntrack: Vec<ConntrackOp>,
+    unbinds: Option<Batch<LinkOp>>,
+}
+
+impl Stage {
+    /// Kernel ops planned: IPVS ops, set entries, address binds/unbinds,
+    /// conntrack flushes, and one for an iptables restore.
+    fn ops(&self) -> usize {
+        self.ipvs.as_ref().map_or(0, |b| b.ops.len())
+            + self.sets.values().map(|b| b.ops.len()).sum::<usize>()
+            + self.binds.as_ref().map_or(0, |b| b.ops.len())
+            + self.unbinds.as_ref().map_or(0, |b| b.ops.len())
+            + self.conntrack.len()
+            + usize::from(self.rules.is_some())
+    }
+
+    fn new(generation: u64) -> Stage {
+        Stage {
+            generation,
+            ipvs: None,
+            sets: BTreeMap::new(),
+            binds: None,
+            rules: None,
+            rules_full: false,
+            conntrack: Vec::new(),
+            unbinds: None,
+        }
+    }
+
+    /// Every actor gets its complete desired state.
+    fn full(generation: u64, d: &IpvsDesired) -> Stage {
+        let mut s = Stage::new(generation);
+        s.ipvs = Some(batch(generation, SyncMode::Full, d.ipvs.clone()));
+        for set in IpvsSet::ALL {
+            s.sets.insert(set, batch(generation, SyncMode::Full, adds(d.sets.get(&set))));
+        }
+        s.binds = Some(batch(generation, SyncMode::Full, binds(&d.addresses)));
+        s
+    }
+}
+
+/// The acks of one sync (None: the actor could not be reached).
+#[derive(Default)]
+pub struct Outcome {
+    ipvs: Option<Option<Ack<IpvsOp>>>,
+    sets: Vec<(IpvsSet, Option<Ack<IpsetOp>>)>,
+    link: Vec<Option<Ack<LinkOp>>>,
+    iptables: Option<(String, Option<Ack<IptablesOp>>)>,
+    conntrack: Option<Option<Ack<ConntrackOp>>>,
+    deferred: Vec<ConntrackOp>,
+}
