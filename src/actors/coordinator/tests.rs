@@ -307,3 +307,150 @@ fn shutdown_waits_for_the_sync_in_flight_and_then_takes_no_events() {
         assert_eq!(h.syncs().await.len(), 1, "not even the periodic one");
     });
 }
+
+mod iptables_mode {
+    //! The same coordinator driving iptables mode's dataplane.
+
+    use super::*;
+    use crate::actors::wiring::start_iptables_actors;
+    use crate::plan::iptables::{iptables_context, IptablesSettings};
+    use crate::plan::rules_ipvs::LocalDetector;
+
+    struct Ipt {
+        coord: Addr<Coordinator<IptablesDataplane>>,
+        iptables: MemIptables,
+        journal: Journal,
+    }
+
+    fn start_iptables(kernel_chains: &[String]) -> Ipt {
+        let journal = Journal::default();
+        let iptables = MemIptables::new(&journal);
+        let targets = start_iptables_actors(iptables.clone(), MemConntrack::new(&journal), &StatsRegistry::default());
+        let settings = IptablesSettings {
+            family: IpFamily::V4,
+            node_name: "node-a".into(),
+            masquerade_all: false,
+            masquerade_bit: 14,
+            local: LocalDetector::None,
+            random_fully: true,
+            localhost_node_ports: true,
+            node_ports: NodePortFilter::All,
+            conntrack_tcp_liberal: false,
+            nfacct_ct_state_invalid: false,
+            nfacct_localhost_node_ports: false,
+        };
+        let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
+        let addrs: AddrSource = Box::new(Vec::new);
+        let dataplane = IptablesDataplane::new(targets, addrs, context, kernel_chains);
+        let plan = PlanSettings {
+            family: IpFamily::V4,
+            node_name: "node-a".into(),
+            scheduler: String::new(),
+            node_ports: NodePortFilter::All,
+        };
+        let settings = Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 };
+        Ipt { coord: Coordinator::with_dataplane(settings, dataplane).start(), iptables, journal }
+    }
+
+    impl Ipt {
+        async fn send(&self, events: Vec<SourceEvent>) {
+            self.coord.send(SourceBatch(events)).await.expect("coordinator alive");
+        }
+
+        fn restores(&self) -> Vec<String> {
+            self.iptables.restores.lock().unwrap().clone()
+        }
+
+        async fn syncs(&self) -> Vec<SyncRecord> {
+            self.coord.send(GetSyncHistory).await.expect("coordinator alive")
+        }
+    }
+
+    /// The per-service chains a restore writes (declared and filled).
+    fn service_chains(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(":KUBE-SVC-").map(|_| &l[1..l.find(' ').unwrap_or(l.len())]))
+            .collect()
+    }
+
+    fn two_services() -> Vec<SourceEvent> {
+        let mut ev = synced();
+        ev.extend([
+            web_svc("web", "10.96.0.20"),
+            web_slice("web", &["10.244.1.1"]),
+            web_svc("api", "10.96.0.21"),
+            web_slice("api", &["10.244.1.2"]),
+        ]);
+        ev
+    }
+
+    #[test]
+    fn full_sync_first_then_a_change_rewrites_only_its_services_chains() {
+        run_paused(|| async {
+            let h = start_iptables(&[]);
+            h.send(two_services()).await;
+            sleep(MS).await;
+            h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.3"])]).await;
+            sleep(MS).await;
+            let r = h.restores();
+            assert_eq!(r.len(), 2, "{r:?}");
+            assert_eq!(service_chains(&r[0]).len(), 2, "both services in the full sync:\n{}", r[0]);
+            assert!(r[0].contains(":KUBE-PROXY-CANARY"), "the full sync declares the canary");
+            assert_eq!(service_chains(&r[1]).len(), 1, "only web's chain:\n{}", r[1]);
+            assert!(r[1].contains("10.244.1.3") && !r[1].contains("-j DNAT --to-destination 10.244.1.2:8080"));
+            assert!(!r[1].contains(":KUBE-PROXY-CANARY"), "partial syncs leave the canary alone");
+            let full: Vec<bool> = h.syncs().await.iter().map(|s| s.full).collect();
+            assert_eq!(full, vec![true, false]);
+        });
+    }
+
+    #[test]
+    fn a_failed_restore_defers_conntrack_and_makes_the_next_sync_full() {
+        run_paused(|| async {
+            let h = start_iptables(&[]);
+            let mut first = synced();
+            first.extend([
+                applied_service(dns_service()),
+                dns_slice(&["10.244.1.5", "10.244.2.5"]),
+                web_svc("web", "10.96.0.20"),
+            ]);
+            h.send(first).await;
+            sleep(MS).await;
+            h.journal.clear();
+            h.journal.fail("iptables-restore", 1);
+            h.send(vec![dns_slice(&["10.244.2.5"])]).await;
+            sleep(10 * MS).await;
+            assert!(
+                h.journal.pos("--dst-nat 10.244.1.5").is_none(),
+                "no flush after a failed restore: {:?}",
+                h.journal.lines()
+            );
+            sleep(Duration::from_secs(2)).await;
+            let restore = h.journal.lines().iter().rposition(|l| l.starts_with("iptables-restore")).expect("retried");
+            let flush = h.journal.pos("--dst-nat 10.244.1.5").expect("flush after the retry");
+            assert!(restore < flush, "{:?}", h.journal.lines());
+            let syncs = h.syncs().await;
+            assert!(syncs[1].failed > 0 && !syncs[1].full);
+            assert!(syncs[2].full && syncs[2].failed == 0, "the retry is a full sync: {syncs:?}");
+            let last = h.restores().pop().unwrap();
+            assert!(last.contains(":KUBE-PROXY-CANARY") && last.contains("has no endpoints"), "a full sync:\n{last}");
+            assert_eq!(last.matches("\n-X KUBE-SEP-").count(), 1, "the removed endpoint's chain, still stale:\n{last}");
+        });
+    }
+
+    #[test]
+    fn chains_found_in_the_kernel_at_start_are_deleted_once() {
+        run_paused(|| async {
+            let stale = "KUBE-SVC-AAAAAAAAAAAAAAAA".to_string();
+            let h = start_iptables(&[stale.clone(), "KUBE-SERVICES".into(), "MY-CHAIN".into()]);
+            h.send(two_services()).await;
+            sleep(MS).await;
+            h.send(vec![web_slice("web", &["10.244.1.9"])]).await;
+            sleep(MS).await;
+            let r = h.restores();
+            assert!(r[0].contains(&format!("-X {stale}")), "{}", r[0]);
+            assert!(!r[0].contains("MY-CHAIN"), "a foreign chain is not ours");
+            assert!(!r[1].contains(&stale), "gone after the first restore:\n{}", r[1]);
+        });
+    }
+}
