@@ -147,6 +147,26 @@ s_takeover_start() {
   ipvsadm -A -t 10.99.0.1:80 -s rr
   ipset create KUBE-CLUSTER-IP hash:ip,port
   ipset add KUBE-CLUSTER-IP 10.96.9.9,tcp:80
+  # iptables mode's chains (this node ran it before): removed at start, as
+  # upstream's CleanupLeftovers of the inactive proxier; a foreign chain stays.
+  iptables-restore --noflush <<'RULES'
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]
+:FOREIGN - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.9.8/32 -p tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-BBBBBBBBBBBBBBBB
+-A KUBE-SEP-BBBBBBBBBBBBBBBB -p tcp -j DNAT --to-destination 10.244.9.9:80
+-A FOREIGN -j RETURN
+COMMIT
+*filter
+:KUBE-EXTERNAL-SERVICES - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+COMMIT
+RULES
   start_daemon
   wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "no sync: $(tail -5 $LOG)"; return 1; }
   wait_for 10 ipvs_lacks "10.96.9.9" || { echo "stale VS kept"; return 1; }
@@ -154,6 +174,11 @@ s_takeover_start() {
   ! ipset list KUBE-CLUSTER-IP | grep -q 10.96.9.9 || { echo "stale set entry kept"; return 1; }
   ! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9 || { echo "stale address kept"; return 1; }
   ip -d link show kube-ipvs0 | grep -q 'state DOWN' || { echo "kube-ipvs0 is up"; return 1; }
+  local nat; nat=$(iptables-save -t nat)
+  ! echo "$nat" | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS' || { echo "iptables mode's chains kept"; return 1; }
+  echo "$nat" | grep -q '^:FOREIGN' || { echo "a foreign chain was removed"; return 1; }
+  ! iptables-save -t filter | grep -q KUBE-EXTERNAL-SERVICES || { echo "iptables mode's filter chain kept"; return 1; }
+  expect "nat PREROUTING jumps to KUBE-SERVICES" "$(echo "$nat" | grep -c -- '-A PREROUTING .*-j KUBE-SERVICES')" 1 || return 1
   expect "vs/conntrack" "$(cat /proc/sys/net/ipv4/vs/conntrack)" 1
   expect "expire_nodest_conn" "$(cat /proc/sys/net/ipv4/vs/expire_nodest_conn)" 1
 }
@@ -331,6 +356,28 @@ s_restart_keeps_connections() {
   return 0
 }
 
+s_switch_modes() {
+  # IPVS mode -> iptables mode: IPVS mode's state goes, iptables mode serves.
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  "$BIN" --proxy-mode iptables --manifests "$M" --hostname-override node-a \
+    --cluster-cidr 10.244.0.0/16 --iptables-min-sync-period 0s --v 2 >>"$LOG" 2>&1 &
+  DAEMON=$!
+  wait_for 30 sh -c 'iptables-save -t nat | grep -q KUBE-SVC-' || { echo "iptables mode never synced: $(tail -5 $LOG)"; return 1; }
+  expect "virtual servers left" "$(ipvsadm -S -n)" "" || return 1
+  ! ip link show kube-ipvs0 >/dev/null 2>&1 || { echo "kube-ipvs0 left"; return 1; }
+  ! ipset list -n | grep -q '^KUBE-' || { echo "sets left: $(ipset list -n | tr '\n' ' ')"; return 1; }
+  ! iptables-save | grep -qE 'KUBE-NODE-PORT |KUBE-LOAD-BALANCER|KUBE-IPVS-FILTER' || { echo "IPVS mode's chains left"; return 1; }
+  local got; got=$(distinct 20 http cpod 10.96.0.20 80)
+  expect "iptables mode: backends reached" "$got" "pod1 pod2 remote1 " || return 1
+  # ... and back: iptables mode's chains go, IPVS serves again.
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  start_daemon
+  wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS mode never synced: $(tail -5 $LOG)"; return 1; }
+  ! iptables-save | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES' || { echo "iptables mode's chains left"; return 1; }
+  got=$(distinct 20 http cpod 10.96.0.20 80)
+  expect "IPVS mode: backends reached" "$got" "pod1 pod2 remote1 "
+}
+
 s_cleanup() {
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
   "$BIN" --cleanup --proxy-mode ipvs >>"$LOG" 2>&1 || { echo "--cleanup failed: $(tail -3 $LOG)"; return 1; }
@@ -363,6 +410,7 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run drift-repaired-within-sync-period s_drift_repaired
   run sighup-reload s_sighup_reload
   run restart-keeps-established-tcp s_restart_keeps_connections
+  run switch-modes-cleans-the-other-modes-state s_switch_modes
   run cleanup-removes-everything s_cleanup
 fi
 say "daemon log (last 30 lines):"
