@@ -18,9 +18,10 @@ use crate::model::topology::categorize;
 use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
+use crate::plan::iptables::RuleCounts;
 
 /// How a sync ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SyncOutcome {
     pub full: bool,
     pub took: Duration,
@@ -28,6 +29,10 @@ pub struct SyncOutcome {
     pub ok: bool,
     /// The iptables actor's restore failed (or it was unreachable).
     pub iptables_restore_failed: bool,
+    /// That restore was a partial one (iptables mode).
+    pub partial_restore_failed: bool,
+    /// iptables mode: the rules of the restore that succeeded.
+    pub rules: Option<RuleCounts>,
 }
 
 /// What one service port contributes to the per-sync reports.
@@ -147,6 +152,13 @@ impl SyncHooks {
         self.metrics.sync_done(self.family, outcome.full, outcome.took);
         if outcome.iptables_restore_failed {
             self.metrics.iptables_restore_failed(self.family);
+        }
+        if outcome.partial_restore_failed {
+            self.metrics.iptables_partial_restore_failed(self.family);
+        }
+        if let Some(r) = outcome.rules {
+            self.metrics.iptables_rules(self.family, "filter", r.filter_total, r.filter_last);
+            self.metrics.iptables_rules(self.family, "nat", r.nat_total, r.nat_last);
         }
         let triggers = std::mem::take(&mut self.triggers);
         if !outcome.ok {

@@ -36,6 +36,8 @@ pub struct IptablesDataplane {
     context: ContextBuilder,
     /// The last restore failed (or was never acked): the next sync is full.
     needs_full: bool,
+    /// The sync in flight is a partial one.
+    partial: bool,
     deferred_conntrack: Vec<ConntrackOp>,
 }
 
@@ -52,7 +54,15 @@ impl IptablesDataplane {
         let ctx = context(&NodeInfo::default(), &[]);
         let mut planner = IptablesPlanner::new(ctx);
         planner.note_kernel_chains(kernel_chains.iter().map(String::as_str));
-        IptablesDataplane { planner, targets, addrs, context, needs_full: false, deferred_conntrack: Vec::new() }
+        IptablesDataplane {
+            planner,
+            targets,
+            addrs,
+            context,
+            needs_full: false,
+            partial: false,
+            deferred_conntrack: Vec::new(),
+        }
     }
 }
 
@@ -69,6 +79,7 @@ impl Dataplane for IptablesDataplane {
 
     fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Outcome> {
         let full = full || std::mem::take(&mut self.needs_full);
+        self.partial = !full;
         let text = if full {
             let ctx = (self.context)(model.node(), &(self.addrs)());
             self.planner.full(model, ctx)
@@ -102,12 +113,20 @@ impl Dataplane for IptablesDataplane {
         } else {
             failed += 1;
             self.needs_full = true;
+            if self.partial {
+                tracing::warn!("partial iptables restore failed: the next sync is a full one");
+            }
         }
         if let Some(ack) = o.conntrack {
             failed += ack.map_or(1, |a| a.failed.len());
         }
         self.deferred_conntrack.extend(o.deferred);
-        Finished { failed, iptables_restore_failed: !restore_ok }
+        Finished {
+            failed,
+            iptables_restore_failed: !restore_ok,
+            partial_restore_failed: !restore_ok && self.partial,
+            rules: restore_ok.then(|| self.planner.rule_counts()),
+        }
     }
 
     fn reconfigure(&mut self, context: ContextBuilder) {

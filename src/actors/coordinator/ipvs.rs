@@ -219,7 +219,7 @@ impl Dataplane for IpvsDataplane {
         }
         self.deferred_conntrack.extend(o.deferred);
         self.needs_full.extend(needs);
-        Finished { failed, iptables_restore_failed }
+        Finished { failed, iptables_restore_failed, ..Finished::default() }
     }
 
     fn reconfigure(&mut self, (settings, rules): Self::Config) {

@@ -61,11 +61,16 @@ pub struct Planned<O> {
 }
 
 /// How the acks of a sync went.
+#[derive(Debug, Default)]
 pub struct Finished {
     /// Failed ops (an unreachable actor counts one).
     pub failed: usize,
     /// The iptables restore failed (for `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`).
     pub iptables_restore_failed: bool,
+    /// It was a partial restore (iptables mode's `..._partial_restore_failures_total`).
+    pub partial_restore_failed: bool,
+    /// iptables mode: the rules after a successful restore.
+    pub rules: Option<crate::plan::iptables::RuleCounts>,
 }
 
 /// Sync timing and planning settings.
@@ -220,12 +225,20 @@ impl<D: Dataplane> Coordinator<D> {
 
     fn sync_done(&mut self, generation: u64, full: bool, started: Instant, counts: (usize, usize), o: D::Outcome) {
         let (ports_changed, ops) = counts;
-        let Finished { failed, iptables_restore_failed } = self.dataplane.finished(o);
+        let f = self.dataplane.finished(o);
+        let failed = f.failed;
         let ok = failed == 0;
         let took = started.elapsed();
         self.sched.finished(Instant::now(), ok);
         if let Some(h) = self.hooks.as_mut() {
-            h.sync_finished(SyncOutcome { full, took, ok, iptables_restore_failed });
+            h.sync_finished(SyncOutcome {
+                full,
+                took,
+                ok,
+                iptables_restore_failed: f.iptables_restore_failed,
+                partial_restore_failed: f.partial_restore_failed,
+                rules: f.rules,
+            });
         }
         let rec = SyncRecord { generation, full, duration_ms: took.as_secs_f64() * 1000.0, ports_changed, ops, failed };
         tracing::info!(generation, full, ms = rec.duration_ms, ports = ports_changed, failed, "sync finished");

@@ -47,7 +47,13 @@ fn sync(h: &mut SyncHooks, m: &mut Model, events: Vec<SourceEvent>, full: bool, 
     h.events_recorded(&events, m);
     let changes = m.apply();
     h.sync_started(m, &changes, full);
-    h.sync_finished(SyncOutcome { full, took: Duration::from_millis(5), ok, iptables_restore_failed: !ok });
+    h.sync_finished(SyncOutcome {
+        full,
+        took: Duration::from_millis(5),
+        ok,
+        iptables_restore_failed: !ok,
+        ..SyncOutcome::default()
+    });
 }
 
 fn has_line(text: &str, line: &str) -> bool {

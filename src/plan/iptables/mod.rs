@@ -117,6 +117,8 @@ struct Cached {
     chains: Vec<String>,
     /// All its endpoints, counted toward large-cluster mode.
     endpoints: usize,
+    /// Rules (`-A` lines) in its own chains.
+    own_rules: usize,
     no_local: (bool, bool),
 }
 
@@ -135,6 +137,19 @@ pub struct IptablesPlanner {
     stale: BTreeSet<String>,
     /// The stale chains the last rendered sync deleted.
     deleted: Vec<String>,
+    /// Rules of the last rendered sync.
+    counts: RuleCounts,
+}
+
+/// Rules (`-A` lines) kube-proxy owns per table after a sync, and how many
+/// that sync wrote (upstream's `kubeproxy_sync_proxy_rules_iptables_total`
+/// and `..._iptables_last`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub filter_total: usize,
+    pub filter_last: usize,
+    pub nat_total: usize,
+    pub nat_last: usize,
 }
 
 impl IptablesPlanner {
@@ -146,7 +161,13 @@ impl IptablesPlanner {
             active: HashSet::new(),
             stale: BTreeSet::new(),
             deleted: Vec::new(),
+            counts: RuleCounts::default(),
         }
+    }
+
+    /// Rules of the last rendered sync (valid once it is applied).
+    pub fn rule_counts(&self) -> RuleCounts {
+        self.counts
     }
 
     pub fn context(&self) -> &IptablesContext {
@@ -224,7 +245,12 @@ impl IptablesPlanner {
             nat_top: &c.nat_top,
             own: own.get(spn).map(|(chains, rules)| (chains.as_slice(), rules.as_str())),
         });
-        restore_input(&frame, fragments)
+        let text = restore_input(&frame, fragments);
+        let (filter_last, nat_last) = count_rules(&text);
+        let unwritten: usize =
+            self.ports.iter().filter(|(spn, _)| !own.contains_key(*spn)).map(|(_, c)| c.own_rules).sum();
+        self.counts = RuleCounts { filter_total: filter_last, filter_last, nat_total: nat_last + unwritten, nat_last };
+        text
     }
 
     /// Keeps the total endpoint count (large-cluster mode) current for `spn`.
@@ -258,11 +284,35 @@ impl IptablesPlanner {
             nat_top: r.nat_top,
             chains: r.chains.clone(),
             endpoints: model.endpoints(spn).len(),
+            own_rules: r.chain_rules.lines().filter(|l| l.starts_with("-A ")).count(),
             no_local: r.no_local,
         };
         self.ports.insert(spn.clone(), cached);
         Some((r.chains, r.chain_rules))
     }
+}
+
+/// `-A` lines in the filter and nat sections of a restore input.
+fn count_rules(text: &str) -> (usize, usize) {
+    let (mut table, mut filter, mut nat) = ("", 0, 0);
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = if t == "filter" {
+                "filter"
+            } else if t == "nat" {
+                "nat"
+            } else {
+                ""
+            };
+        } else if line.starts_with("-A ") {
+            match table {
+                "filter" => filter += 1,
+                "nat" => nat += 1,
+                _ => {}
+            }
+        }
+    }
+    (filter, nat)
 }
 
 /// `--dry-run` in iptables mode: the restore input of a full sync from an

@@ -229,6 +229,15 @@ fn one_endpoint_change_among_1000_services_rewrites_only_that_services_chains() 
     assert_eq!(text.lines().filter(|l| l.starts_with("-X ")).collect::<Vec<_>>(), [format!("-X {old_sep}")]);
     assert!(!text.contains(CANARY) && !text.contains("*mangle"));
     assert!(text.lines().count() < 1050, "{} lines", text.lines().count());
+    // The rule counts (kubeproxy_sync_proxy_rules_iptables_total/_last): the
+    // endpoint was swapped for another, so the totals stay; only svc7's
+    // chains and the top-level chains were written.
+    let c = p.rule_counts();
+    let nat_full = full.lines().skip_while(|l| *l != "*nat").filter(|l| l.starts_with("-A ")).count();
+    assert_eq!(c.nat_total, nat_full);
+    assert_eq!(c.nat_last, text.lines().skip_while(|l| *l != "*nat").filter(|l| l.starts_with("-A ")).count());
+    assert!(c.nat_last + 3 * 999 <= c.nat_total, "{c:?}");
+    assert_eq!(c.filter_total, c.filter_last);
 }
 
 #[test]

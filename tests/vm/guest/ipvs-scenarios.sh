@@ -174,6 +174,7 @@ RULES
   ! ipset list KUBE-CLUSTER-IP | grep -q 10.96.9.9 || { echo "stale set entry kept"; return 1; }
   ! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9 || { echo "stale address kept"; return 1; }
   ip -d link show kube-ipvs0 | grep -q 'state DOWN' || { echo "kube-ipvs0 is up"; return 1; }
+  wait_for 10 sh -c 'iptables-save -t nat | grep -q "^:KUBE-LOAD-BALANCER"' || { echo "no IPVS-mode rules"; return 1; }
   local nat; nat=$(iptables-save -t nat)
   ! echo "$nat" | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS' || { echo "iptables mode's chains kept"; return 1; }
   echo "$nat" | grep -q '^:FOREIGN' || { echo "a foreign chain was removed"; return 1; }
