@@ -18,7 +18,7 @@ use crate::actors::coordinator::{
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::stats::StatsRegistry;
-use crate::actors::wiring::{start_iptables_actors, start_ipvs_actors, IpvsKernels};
+use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors, IpvsKernels};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
@@ -301,15 +301,21 @@ async fn start_iptables(
     };
     let host = host_features(family);
     let conntrack = NetlinkConntrack::new(family).map_err(|e| StartError::Unsupported(format!("conntrack: {e}")))?;
-    let targets = start_iptables_actors(iptables, conntrack, registry);
     let context = context_builder(cfg, family, node_name, host);
-    let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
     let settings = coordinator_settings(cfg, family, node_name);
-    Ok(Coordinator::with_dataplane(settings, dataplane).with_hooks(hooks).start())
+    Ok(Coordinator::create(move |ctx| {
+        // A vanished canary (someone flushed our tables) makes the iptables
+        // actor tell the coordinator, which resyncs in full.
+        let drift = Some(ctx.address().recipient());
+        let targets = start_iptables_actors_with_drift(iptables, conntrack, registry, drift);
+        let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
+        Coordinator::with_dataplane(settings, dataplane).with_hooks(hooks)
+    }))
 }
 
 /// What iptables mode probes on the host (upstream's NewProxier).
-fn host_features(family: IpFamily) -> HostFeatures {
+/// Public for `kpr-bench iptables`, which wires iptables mode as the daemon does.
+pub fn host_features(family: IpFamily) -> HostFeatures {
     let liberal = std::fs::read_to_string(format!("/proc/sys/{}", iptables_plan::context::SYSCTL_TCP_BE_LIBERAL))
         .ok()
         .and_then(|v| v.trim().parse::<i64>().ok())
@@ -324,8 +330,9 @@ fn host_features(family: IpFamily) -> HostFeatures {
 
 /// The iptables planner's context for the current Node and addresses;
 /// sets route_localnet when localhost NodePorts need it (upstream sets it
-/// once at start; here also when a reload turns them on).
-fn context_builder(
+/// once at start; here also when a reload turns them on). Public for
+/// `kpr-bench iptables`.
+pub fn context_builder(
     cfg: &KubeProxyConfiguration,
     family: IpFamily,
     node_name: &str,
@@ -466,7 +473,11 @@ pub fn cleanup() -> Result<(), StartError> {
     system.block_on(async {
         let mut errors = Vec::new();
         for family in [IpFamily::V4, IpFamily::V6] {
-            errors.extend(cleanup_iptables_mode(family).await);
+            // Both modes' chains in one restore: they share chains that the other's may reference.
+            let both = [&iptables_plan::PROFILE, &rules_ipvs::PROFILE];
+            if let Err(e) = IptablesHandle::new(family).cleanup_modes(&both).await {
+                errors.push(format!("iptables ({family:?}): {e}"));
+            }
             errors.extend(cleanup_ipvs_mode(family).await);
         }
         if errors.is_empty() {

@@ -254,14 +254,22 @@ impl IptablesHandle {
     /// mangle, nat and filter. What is not there is skipped; nothing else is
     /// touched. One `iptables-save` per table and one restore.
     pub async fn cleanup(&self) -> KResult<()> {
+        self.cleanup_modes(&[self.profile]).await
+    }
+
+    /// Like [`cleanup`](Self::cleanup), for several modes at once, in one
+    /// restore: the modes share chains (KUBE-MARK-MASQ, ...) that the other
+    /// mode's chains may still reference, so one mode at a time can fail.
+    pub async fn cleanup_modes(&self, profiles: &[&ChainProfile]) -> KResult<()> {
         let (mangle, nat, filter) =
             tokio::join!(self.saved_or_absent("mangle"), self.saved_or_absent("nat"), self.saved_or_absent("filter"));
-        let text = cleanup_input(self.profile, &mangle?, &nat?, &filter?);
+        let text = cleanup_input(profiles, &mangle?, &nat?, &filter?);
         self.shared.jumps_checked.store(false, Ordering::Release);
         if text.is_empty() {
             return Ok(());
         }
-        info!(binary = %self.bins.restore, mode = self.profile.mode, "removing the mode's iptables chains and jumps");
+        let modes: Vec<&str> = profiles.iter().map(|p| p.mode).collect();
+        info!(binary = %self.bins.restore, modes = %modes.join(","), "removing iptables chains and jumps");
         self.restore(&text).await
     }
 
@@ -424,22 +432,30 @@ fn table_unavailable(message: &str) -> bool {
 
 /// The restore input that removes the mode's jumps, chains and canaries
 /// from the saved tables; empty if there is nothing of its.
-fn cleanup_input(profile: &ChainProfile, mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
+fn cleanup_input(profiles: &[&ChainProfile], mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
     let mut out = String::new();
-    let tables: [(&str, &SavedTable, &[&str]); 3] =
-        [("mangle", mangle, &[]), ("nat", nat, profile.nat_chains), ("filter", filter, profile.filter_chains)];
-    for (table, saved, chains) in tables {
-        let service = saved
-            .chains
-            .iter()
-            .map(String::as_str)
-            .filter(|c| profile.service_chains && table == "nat" && is_service_chain(c));
-        let ours: Vec<&str> =
-            chains.iter().copied().chain(service).chain([CANARY]).filter(|c| saved.chains.contains(*c)).collect();
-        let mut deletes = Vec::new();
-        for j in profile.jumps.iter().filter(|j| j.table == table) {
-            let n = saved.count(&j.save_line());
-            deletes.extend(std::iter::repeat_n(format!("-D {} {}", j.from, j.spec()), n));
+    let service_chains = profiles.iter().any(|p| p.service_chains);
+    for (table, saved) in [("mangle", mangle), ("nat", nat), ("filter", filter)] {
+        let mut ours: Vec<&str> = Vec::new();
+        let listed = profiles.iter().flat_map(|p| match table {
+            "nat" => p.nat_chains,
+            "filter" => p.filter_chains,
+            _ => &[],
+        });
+        let service =
+            saved.chains.iter().map(String::as_str).filter(|c| service_chains && table == "nat" && is_service_chain(c));
+        for c in listed.copied().chain(service).chain([CANARY]) {
+            if saved.chains.contains(c) && !ours.contains(&c) {
+                ours.push(c);
+            }
+        }
+        let mut deletes: Vec<String> = Vec::new();
+        for j in profiles.iter().flat_map(|p| p.jumps).filter(|j| j.table == table) {
+            let delete = format!("-D {} {}", j.from, j.spec());
+            if !deletes.contains(&delete) {
+                let n = saved.count(&j.save_line());
+                deletes.extend(std::iter::repeat_n(delete, n));
+            }
         }
         if ours.is_empty() && deletes.is_empty() {
             continue;
@@ -544,13 +560,13 @@ mod tests {
              -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
         );
         let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let got = cleanup_input(&rules_ipvs::PROFILE, &empty, &nat, &empty);
+        let got = cleanup_input(&[&rules_ipvs::PROFILE], &empty, &nat, &empty);
         let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
         let want = format!(
             "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
         );
         assert_eq!(got, want);
-        assert_eq!(cleanup_input(&rules_ipvs::PROFILE, &empty, &empty, &empty), "");
+        assert_eq!(cleanup_input(&[&rules_ipvs::PROFILE], &empty, &empty, &empty), "");
     }
 
     #[test]
@@ -585,7 +601,7 @@ mod tests {
              -A INPUT -j KUBE-FIREWALL\n\
              -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\nCOMMIT\n",
         );
-        let got = cleanup_input(profile, &SavedTable::default(), &nat, &filter);
+        let got = cleanup_input(&[profile], &SavedTable::default(), &nat, &filter);
         for want in [
             "-X KUBE-SVC-ABCDEFGHIJKLMNOP",
             "-X KUBE-SEP-ABCDEFGHIJKLMNOP",
@@ -597,6 +613,12 @@ mod tests {
         }
         assert!(!got.contains("KUBE-FIREWALL") && !got.contains("KUBE-NODE-PORT "), "not ours:\n{got}");
         assert!(has_markers(profile, &nat, &filter));
+        // Both modes at once: IPVS mode's KUBE-NODE-PORT goes too, in the same restore.
+        let both = cleanup_input(&[profile, &rules_ipvs::PROFILE], &SavedTable::default(), &nat, &filter);
+        assert!(both.contains("-X KUBE-NODE-PORT\n") && both.contains("-X KUBE-SVC-ABCDEFGHIJKLMNOP"), "{both}");
+        assert_eq!(both.matches("-X KUBE-SERVICES").count(), 1, "shared chains once:\n{both}");
+        let deletes = both.lines().filter(|l| l.starts_with("-D PREROUTING")).count();
+        assert_eq!(deletes, 1, "a jump both modes use is deleted once:\n{both}");
         assert!(has_markers(&rules_ipvs::PROFILE, &nat, &filter), "KUBE-NODE-PORT is IPVS mode's");
         let empty = SavedTable::default();
         assert!(!has_markers(profile, &empty, &empty) && !has_markers(&rules_ipvs::PROFILE, &empty, &empty));
