@@ -176,7 +176,9 @@ pub fn render_dry_run(
             let host = HostFeatures { random_fully, ..HostFeatures::default() };
             let settings = IptablesSettings::from_config(cfg, family, node_name, local, host);
             let ctx = iptables_context(&settings, model.node(), addrs);
-            format!("# iptables\n{}", crate::plan::iptables::dry_run(&model, ctx))
+            let text = crate::plan::iptables::dry_run(&model, ctx);
+            let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
+            format!("# iptables\n{text}")
         }
         ProxyMode::Nftables => "# nftables mode is not supported\n".to_string(),
     }

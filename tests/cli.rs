@@ -65,6 +65,48 @@ fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
     for want in [":KUBE-SERVICES - [0:0]", "-A KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "COMMIT"] {
         assert!(out.contains(want), "missing {want:?}:\n{out}");
     }
+    // What a full sync restores on an empty kernel: the jumps from the built-in chains too.
+    for jump in kube_proxy_rs::plan::iptables::JUMPS.iter().chain(&kube_proxy_rs::plan::iptables::KUBELET_JUMPS) {
+        assert_eq!(out.matches(&format!("{}\n", jump.insert_line())).count(), 1, "{}:\n{out}", jump.insert_line());
+    }
+    assert!(out.contains(":KUBE-FIREWALL - [0:0]"), "kubelet's chain declared for its jumps:\n{out}");
+}
+
+/// `--dry-run`'s iptables-mode output is accepted by `iptables-restore` in
+/// a fresh network namespace, as is (both flavours): the input of a full
+/// sync from an empty kernel, exactly.
+#[test]
+fn dry_run_in_iptables_mode_restores_into_an_empty_namespace() {
+    let (code, out, err) = run(&[
+        "--manifests",
+        &demo("demo"),
+        "--dry-run",
+        "--proxy-mode",
+        "iptables",
+        "--hostname-override",
+        "demo-node",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for flavour in ["legacy", "nft"] {
+        let ns = Netns::new(&format!("kpr-dryipt-{flavour}"));
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name, &format!("iptables-{flavour}-restore"), "-w", "5", "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("iptables-restore");
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(out.as_bytes()).expect("write");
+        let done = child.wait_with_output().expect("wait");
+        assert!(done.status.success(), "{flavour}: {}", String::from_utf8_lossy(&done.stderr));
+        let saved = ns.ok(&[&format!("iptables-{flavour}-save")]);
+        assert_eq!(
+            saved.matches("-j KUBE-SERVICES").count(),
+            4,
+            "filter FORWARD/OUTPUT, nat OUTPUT/PREROUTING:\n{saved}"
+        );
+        assert!(saved.contains("-A INPUT -j KUBE-FIREWALL"), "{saved}");
+    }
 }
 
 #[test]

@@ -358,6 +358,13 @@ impl SavedTable {
     }
 }
 
+/// What the handle restores for `text` on a kernel with none of our chains
+/// or jumps: `text` plus every jump of `profile` (`--dry-run` prints this).
+pub fn restore_input_on_empty_kernel(profile: &ChainProfile, text: &str) -> String {
+    let empty = SavedTable::default();
+    insert_jumps(text, &missing_jumps(profile, &empty, &empty), &empty, &empty)
+}
+
 /// The mode's jumps (kept ones last) that the saved tables lack, in order.
 fn missing_jumps(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) -> Vec<Jump> {
     profile
