@@ -23,6 +23,7 @@ _kprs_install_deps() (
     kmod                # depmod / modprobe --show-depends against the guest kernel tree
     cpio lz4 xz-utils zstd gzip   # initramfs + extracting vmlinux from the bzImage
     coreutils util-linux tar grep libc-bin dpkg apt   # timeout, flock, ldd, dpkg -x ...
+    procps              # sysctl, kill (deploy/demo/netns.sh and the tests that stop the daemon)
     binutils            # strip --strip-debug for binaries copied into the guest
     chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
   )
