@@ -18,7 +18,7 @@ use crate::actors::coordinator::{
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::stats::StatsRegistry;
-use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors, IpvsKernels};
+use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors_with_drift, IpvsKernels};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
@@ -267,9 +267,14 @@ fn start_ipvs(
     let conntrack = NetlinkConntrack::new(family).map_err(|e| StartError::Unsupported(format!("conntrack: {e}")))?;
     let iptables = IptablesHandle::new(family);
     let link = DummyLink::new().map_err(|e| StartError::Unsupported(format!("rtnetlink: {e}")))?.with_family(family);
-    let targets = start_ipvs_actors(IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack }, registry);
+    let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
     let settings = coordinator_settings(cfg, family, node_name);
-    Ok(Coordinator::new(settings, targets, addr_source(), rules_renderer(cfg, family)).with_hooks(hooks).start())
+    let rules = rules_renderer(cfg, family);
+    Ok(Coordinator::create(move |ctx| {
+        // Drift an actor finds between syncs (the iptables canary vanished) makes the coordinator resync in full.
+        let targets = start_ipvs_actors_with_drift(kernels, registry, Some(ctx.address().recipient()));
+        Coordinator::new(settings, targets, addr_source(), rules).with_hooks(hooks)
+    }))
 }
 
 fn addr_source() -> AddrSource {

@@ -9,6 +9,7 @@ use super::coordinator::{IptablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
 use super::stats::StatsRegistry;
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
+use crate::msgs::DriftDetected;
 use crate::plan::IpvsSet;
 
 /// The kernel handles of IPVS mode, one per actor.
@@ -21,13 +22,44 @@ pub struct IpvsKernels<I, S, L, T, C> {
 }
 
 fn start<K: Subsystem>(kernel: K, name: &str, registry: &StatsRegistry) -> Target<K::Op> {
+    start_reporting(kernel, name, registry, None)
+}
+
+/// Starts one actor; drift its periodic check finds goes to `drift`.
+fn start_reporting<K: Subsystem>(
+    kernel: K,
+    name: &str,
+    registry: &StatsRegistry,
+    drift: Option<Recipient<DriftDetected>>,
+) -> Target<K::Op> {
     let stats = registry.register(name);
-    let addr = KernelActor::new(kernel, stats.clone()).start();
-    Target { addr: addr.recipient(), stats }
+    let mut actor = KernelActor::new(kernel, stats.clone());
+    if let Some(sink) = drift {
+        actor = actor.with_drift_sink(sink);
+    }
+    Target { addr: actor.start().recipient(), stats }
 }
 
 /// Starts one actor per kernel handle, registering each one's stats.
 pub fn start_ipvs_actors<I, S, L, T, C>(k: IpvsKernels<I, S, L, T, C>, registry: &StatsRegistry) -> Targets
+where
+    I: IpvsKernel,
+    S: IpsetKernel,
+    L: LinkKernel,
+    T: IptablesKernel,
+    C: ConntrackKernel,
+{
+    start_ipvs_actors_with_drift(k, registry, None)
+}
+
+/// [`start_ipvs_actors`], every actor reporting the drift its periodic
+/// check finds (the iptables canary vanished) to `drift`: the coordinator,
+/// which then resyncs in full.
+pub fn start_ipvs_actors_with_drift<I, S, L, T, C>(
+    k: IpvsKernels<I, S, L, T, C>,
+    registry: &StatsRegistry,
+    drift: Option<Recipient<DriftDetected>>,
+) -> Targets
 where
     I: IpvsKernel,
     S: IpsetKernel,
@@ -40,15 +72,15 @@ where
         .into_iter()
         .map(|(set, kernel)| {
             let name = format!("ipset/{}", kernel.spec().name);
-            (set, start(kernel, &name, registry))
+            (set, start_reporting(kernel, &name, registry, drift.clone()))
         })
         .collect();
     Targets {
-        ipvs: start(k.ipvs, "ipvs", registry),
+        ipvs: start_reporting(k.ipvs, "ipvs", registry, drift.clone()),
         sets,
-        link: start(k.link, "dummy-link", registry),
-        iptables: start(k.iptables, "iptables", registry),
-        conntrack: start(k.conntrack, "conntrack", registry),
+        link: start_reporting(k.link, "dummy-link", registry, drift.clone()),
+        iptables: start_reporting(k.iptables, "iptables", registry, drift.clone()),
+        conntrack: start_reporting(k.conntrack, "conntrack", registry, drift),
     }
 }
 
@@ -58,8 +90,19 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
     conntrack: C,
     registry: &StatsRegistry,
 ) -> IptablesTargets {
+    start_iptables_actors_with_drift(iptables, conntrack, registry, None)
+}
+
+/// [`start_iptables_actors`], the iptables actor reporting drift (its
+/// canary vanished) to `drift`: the coordinator, which then resyncs in full.
+pub fn start_iptables_actors_with_drift<T: IptablesKernel, C: ConntrackKernel>(
+    iptables: T,
+    conntrack: C,
+    registry: &StatsRegistry,
+    drift: Option<Recipient<DriftDetected>>,
+) -> IptablesTargets {
     IptablesTargets {
-        iptables: start(iptables, "iptables", registry),
+        iptables: start_reporting(iptables, "iptables", registry, drift),
         conntrack: start(conntrack, "conntrack", registry),
     }
 }

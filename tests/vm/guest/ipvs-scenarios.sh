@@ -379,11 +379,17 @@ s_switch_modes() {
   expect "iptables mode: backends reached" "$got" "pod1 pod2 remote1 " || return 1
   # ... and back: iptables mode's chains go, IPVS serves again.
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
-  start_daemon
+  SYNC_PERIOD=120 start_daemon
   wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS mode never synced: $(tail -5 $LOG)"; return 1; }
   ! iptables-save | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES' || { echo "iptables mode's chains left"; return 1; }
   got=$(distinct 20 http cpod 10.96.0.20 80)
-  expect "IPVS mode: backends reached" "$got" "pod1 pod2 remote1 "
+  expect "IPVS mode: backends reached" "$got" "pod1 pod2 remote1 " || return 1
+  # The canary (syncPeriod is 2 min now): deleting it is seen by the iptables
+  # actor's 10 s check, which has the coordinator resync in full.
+  local before; before=$(grep -c 'drift detected' "$LOG")
+  iptables -t filter -X KUBE-PROXY-CANARY
+  wait_for 15 sh -c "[ \$(grep -c 'drift detected' $LOG) -gt $before ]" || { echo "canary loss not reported"; return 1; }
+  wait_for 10 iptables -t filter -S KUBE-PROXY-CANARY || { echo "canary not restored"; return 1; }
 }
 
 s_cleanup() {

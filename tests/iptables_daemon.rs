@@ -1,0 +1,1113 @@
+//! The daemon binary in iptables mode, end to end: `kube-proxy-rs --config
+//! FILE --manifests DIR` runs inside a network namespace playing the node,
+//! programs that namespace's iptables, and real TCP and UDP packets from a
+//! client namespace reach backend namespaces through ClusterIPs. Covers what
+//! only the running daemon does: restarts, taking over an earlier run's (or
+//! upstream kube-proxy's) rules, the canary, `--cleanup`, switching from IPVS
+//! mode, conntrack flushes for removed UDP endpoints, and partial syncs.
+//!
+//! The lab, built per test (namespace names end in the test process's pid;
+//! every test has its own tag, so tests run in parallel):
+//! ```text
+//!  client 192.168.50.10 ──veth── 192.168.50.1 node ── 10.244.1.1 ──veth── 10.244.1.2 b1
+//!                              (daemon runs here) ── 10.244.2.1 ──veth── 10.244.2.2 b2
+//!                            up0 172.31.0.1 (dead-end uplink, default route)
+//! ```
+//! The node forwards (`ip_forward=1`); its default route points into a
+//! veth pair with nobody behind it, so a ClusterIP without DNAT rules is
+//! forwarded into nothing (the client times out) rather than unroutable.
+//! Each backend runs a TCP and a UDP server on port 8080 (threads that
+//! `setns(2)` into its namespace) answering every line or datagram with
+//! `<backend> <source IP it saw>`; TCP connections stay open, so one
+//! connection can be used across a daemon restart. Clients run on threads
+//! in the client namespace (`Netns::run`); sockets keep their namespace.
+//!
+//! The daemon: a config file (mode iptables, hostnameOverride `node-a`,
+//! clusterCIDR 10.244.0.0/16, minSyncPeriod 0s, the syncPeriod the test
+//! needs) and a manifests directory (a temp dir) holding the Node and one
+//! JSON file per Service with its EndpointSlice. Files are replaced with
+//! `rename(2)` so the daemon's inotify watch never reads half a file. The
+//! daemon is started with `ip netns exec NODE kube-proxy-rs ...` (which
+//! execs, so the child's pid is the daemon's), stdout and stderr go to a
+//! log file that is printed when a test fails, and it is stopped with
+//! SIGTERM (exit code 0 asserted); a guard SIGTERMs (then SIGKILLs) a
+//! daemon a panicking test left running. Its metrics server keeps the
+//! default 127.0.0.1:10249 and healthz 0.0.0.0:10256: each daemon has its
+//! own namespace, hence its own loopback, so ports never collide. Tests
+//! read `/dashboard/data` (the coordinator's recent syncs: generation,
+//! full or partial) and `/metrics` from a thread inside the node namespace.
+//!
+//! iptables flavour: the daemon runs whatever `iptables` is on its PATH;
+//! each lab puts a directory of symlinks first on the daemon's PATH
+//! (`iptables` -> `iptables-legacy` or `iptables-nft`, and the -save,
+//! -restore and ip6tables ones), and the test reads the kernel with the same
+//! flavour's tools. Some tests run with both.
+//!
+//! Not covered here: IPVS itself and the kube-ipvs0 dummy link (this host
+//! has neither the ip_vs module nor dummy links); the IPVS → iptables test
+//! creates IPVS mode's iptables chains and ipsets only.
+//!
+//! Needs root, iproute2, ipset and iptables-legacy/iptables-nft with the
+//! statistic, comment, addrtype, conntrack and mark matches; a missing tool
+//! fails the test, nothing is skipped. All traffic stays inside the
+//! namespaces created here.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{bin, Netns};
+use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
+use kube_proxy_rs::kernel::Subsystem;
+use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
+use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::plan::iptables::{is_service_chain, JUMPS, KUBELET_JUMPS};
+use serde_json::{json, Value};
+
+const NODE: &str = "node-a";
+const NODE_IP: &str = "192.168.50.1";
+const BACKEND_PORT: u16 = 8080;
+/// How long a client waits before calling an exchange dropped.
+const DROP_WAIT: Duration = Duration::from_millis(700);
+/// How long the daemon may take to start and finish its first sync.
+const START_WAIT: Duration = Duration::from_secs(15);
+/// How long a manifest change may take to show in traffic (inotify
+/// debounce of 100 ms, one sync, one iptables-restore).
+const CHANGE_WAIT: Duration = Duration::from_secs(5);
+
+// ---------------------------------------------------------------- backends
+
+/// A TCP and a UDP server in one backend namespace; stopped on drop.
+struct Servers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs `body` on a thread inside `ns`, returning once it has bound (reported through `ready`).
+fn spawn_in(ns: &Netns, body: impl FnOnce(mpsc::Sender<Result<(), String>>) + Send + 'static) -> JoinHandle<()> {
+    let path = format!("/run/netns/{}", ns.name);
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        body(tx);
+    });
+    rx.recv().expect("server thread started").unwrap_or_else(|e| panic!("server in {}: {e}", ns.name));
+    t
+}
+
+/// Answers each line of one TCP connection until the peer closes or `stop`.
+fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>) {
+    let Ok(peer) = s.peer_addr() else { return };
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        match reader.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) if line.ends_with('\n') => {
+                line.clear();
+                if s.write_all(format!("{name} {}\n", peer.ip()).as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn serve(ns: &Netns, name: &'static str) -> Servers {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s1, s2) = (stop.clone(), stop.clone());
+    let tcp = spawn_in(ns, move |ready| {
+        let l = match TcpListener::bind(("0.0.0.0", BACKEND_PORT)) {
+            Ok(l) => l,
+            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
+        };
+        l.set_nonblocking(true).unwrap();
+        ready.send(Ok(())).unwrap();
+        while !s1.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    let stop = s1.clone();
+                    std::thread::spawn(move || serve_connection(s, name, stop));
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => panic!("accept in {name}: {e}"),
+            }
+        }
+    });
+    let udp = spawn_in(ns, move |ready| {
+        let s = match UdpSocket::bind(("0.0.0.0", BACKEND_PORT)) {
+            Ok(s) => s,
+            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
+        };
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        ready.send(Ok(())).unwrap();
+        let mut buf = [0u8; 64];
+        while !s2.load(Ordering::Relaxed) {
+            if let Ok((_, peer)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(format!("{name} {}\n", peer.ip()).as_bytes(), peer);
+            }
+        }
+    });
+    Servers { stop, threads: vec![tcp, udp] }
+}
+
+// ----------------------------------------------------------------- clients
+
+/// (backend name, source IP it saw), or why the exchange failed.
+type Answer = Result<(String, String), ErrorKind>;
+
+fn parse(text: &str) -> Answer {
+    let mut it = text.split_whitespace();
+    match (it.next(), it.next()) {
+        (Some(n), Some(s)) => Ok((n.to_string(), s.to_string())),
+        _ => Err(ErrorKind::UnexpectedEof),
+    }
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// A TCP connection kept open across exchanges.
+struct Conn {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Connects from the calling thread's namespace.
+    fn open(to: SocketAddr) -> Result<Conn, ErrorKind> {
+        let stream = TcpStream::connect_timeout(&to, DROP_WAIT).map_err(|e| e.kind())?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.kind())?;
+        let reader = BufReader::new(stream.try_clone().map_err(|e| e.kind())?);
+        Ok(Conn { stream, reader })
+    }
+
+    /// One line out, one line back.
+    fn exchange(&mut self) -> Answer {
+        self.stream.write_all(b"?\n").map_err(|e| e.kind())?;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err(ErrorKind::UnexpectedEof),
+            Ok(_) => parse(&line),
+            Err(e) => Err(e.kind()),
+        }
+    }
+}
+
+/// One exchange on a new TCP connection (or a new UDP socket: a new
+/// conntrack entry each time).
+fn ask_once(to: SocketAddr, udp: bool) -> Answer {
+    if !udp {
+        return Conn::open(to)?.exchange();
+    }
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect(to).map_err(|e| e.kind())?;
+    s.set_read_timeout(Some(DROP_WAIT)).unwrap();
+    s.send(b"?").map_err(|e| e.kind())?;
+    let mut buf = [0u8; 64];
+    let n = s.recv(&mut buf).map_err(|e| e.kind())?;
+    parse(&String::from_utf8_lossy(&buf[..n]))
+}
+
+fn names(answers: &[Answer]) -> BTreeSet<String> {
+    answers.iter().filter_map(|a| a.as_ref().ok().map(|(n, _)| n.clone())).collect()
+}
+
+fn set(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// Polls with a deadline: `f` returns `Some` when done. Panics with `what`
+/// and `f`'s last complaint.
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => panic!("timed out after {timeout:?} waiting for {what}: {last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the lab
+
+/// One `iptables` flavour, for the daemon (through its PATH) and the test.
+#[derive(Clone, Copy, Debug)]
+enum Flavour {
+    Legacy,
+    Nft,
+}
+
+impl Flavour {
+    fn name(self) -> &'static str {
+        match self {
+            Flavour::Legacy => "legacy",
+            Flavour::Nft => "nft",
+        }
+    }
+
+    fn tool(self, base: &str, suffix: &str) -> String {
+        format!("{base}-{}{suffix}", self.name())
+    }
+}
+
+/// The node, a client, backends, the config file and the manifests.
+struct Lab {
+    node: Netns,
+    client: Netns,
+    /// Backend namespaces and their servers, kept running until the lab drops.
+    _backends: Vec<(&'static str, Netns, Servers)>,
+    flavour: Flavour,
+    dir: tempfile::TempDir,
+    /// Daemons started so far (names their log files).
+    started: usize,
+}
+
+impl Lab {
+    fn new(tag: &str, flavour: Flavour, backends: &[&'static str]) -> Lab {
+        let node = Netns::new(&format!("ipd-{tag}-n"));
+        let client = Netns::new(&format!("ipd-{tag}-c"));
+        let sh = |ns: &Netns, cmd: &str| {
+            ns.ok(&cmd.split_whitespace().collect::<Vec<_>>());
+        };
+        sh(&node, &format!("ip link add nc0 type veth peer name eth0 netns {}", client.name));
+        sh(&node, &format!("ip addr add {NODE_IP}/24 dev nc0"));
+        sh(&node, "ip link set nc0 up");
+        sh(&client, "ip addr add 192.168.50.10/24 dev eth0");
+        sh(&client, "ip link set eth0 up");
+        sh(&client, &format!("ip route add default via {NODE_IP}"));
+        sh(&node, "ip link add up0 type veth peer name up1");
+        sh(&node, "ip addr add 172.31.0.1/24 dev up0");
+        sh(&node, "ip link set up1 up");
+        sh(&node, "ip link set up0 up");
+        sh(&node, "ip route add default via 172.31.0.254");
+        sh(&node, "sysctl -q -w net.ipv4.ip_forward=1");
+        let mut list = Vec::new();
+        for name in backends {
+            let n: usize = name[1..].parse().expect("backends are b1, b2, ...");
+            let ns = Netns::new(&format!("ipd-{tag}-{name}"));
+            sh(&node, &format!("ip link add nb{n} type veth peer name eth0 netns {}", ns.name));
+            sh(&node, &format!("ip addr add 10.244.{n}.1/24 dev nb{n}"));
+            sh(&node, &format!("ip link set nb{n} up"));
+            sh(&ns, &format!("ip addr add 10.244.{n}.2/24 dev eth0"));
+            sh(&ns, "ip link set eth0 up");
+            sh(&ns, &format!("ip route add default via 10.244.{n}.1"));
+            let servers = serve(&ns, name);
+            list.push((*name, ns, servers));
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lab = Lab { node, client, _backends: list, flavour, dir, started: 0 };
+        std::fs::create_dir(lab.manifests()).unwrap();
+        std::fs::create_dir(lab.shims()).unwrap();
+        for base in ["iptables", "ip6tables"] {
+            for suffix in ["", "-save", "-restore"] {
+                let target = which(&flavour.tool(base, suffix));
+                std::os::unix::fs::symlink(target, lab.shims().join(format!("{base}{suffix}"))).unwrap();
+            }
+        }
+        lab.config("iptables", "30s");
+        lab.put("node", &node_manifest());
+        lab
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    fn shims(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
+    /// Writes the config file: `mode` with `sync_period` (and minSyncPeriod 0s).
+    fn config(&self, mode: &str, sync_period: &str) {
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
+             hostnameOverride: {NODE}\nclusterCIDR: 10.244.0.0/16\n\
+             iptables:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n\
+             ipvs:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n"
+        );
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    /// Writes manifest `<name>.json` atomically (written aside, then renamed).
+    fn put(&self, name: &str, value: &Value) {
+        let tmp = self.dir.path().join(format!("{name}.json.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(value).unwrap()).unwrap();
+        std::fs::rename(&tmp, self.manifests().join(format!("{name}.json"))).unwrap();
+    }
+
+    fn remove(&self, name: &str) {
+        std::fs::remove_file(self.manifests().join(format!("{name}.json"))).unwrap();
+    }
+
+    /// The daemon's PATH: the flavour's shims first.
+    fn path_env(&self) -> String {
+        format!("{}:{}", self.shims().display(), std::env::var("PATH").unwrap_or_default())
+    }
+
+    /// `kube-proxy-rs ARGS` in the node namespace, run to completion.
+    fn run_binary(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.node.name, &bin()])
+            .args(args)
+            .env("PATH", self.path_env())
+            .output()
+            .expect("run kube-proxy-rs")
+    }
+
+    /// Starts the daemon in the node namespace with the lab's config and manifests.
+    fn start(&mut self) -> Daemon {
+        self.started += 1;
+        let log = self.dir.path().join(format!("daemon-{}.log", self.started));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let config = self.config_path();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.node.name, &bin(), "--config"])
+            .arg(&config)
+            .arg("--manifests")
+            .arg(self.manifests())
+            .env("PATH", self.path_env())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start kube-proxy-rs");
+        Daemon { child: Some(child), log, node: self.node.name.clone() }
+    }
+
+    /// `iptables` of the lab's flavour in the node namespace; panics unless it succeeds.
+    fn ipt(&self, args: &[&str]) -> String {
+        let tool = self.flavour.tool("iptables", "");
+        let mut all = vec![tool.as_str(), "-w", "5"];
+        all.extend_from_slice(args);
+        self.node.ok(&all)
+    }
+
+    /// `iptables-save` (all tables, or `-t TABLE`) of the lab's flavour in the node.
+    fn save(&self, table: Option<&str>) -> String {
+        let tool = self.flavour.tool("iptables", "-save");
+        match table {
+            Some(t) => self.node.ok(&[&tool, "-t", t]),
+            None => self.node.ok(&[&tool]),
+        }
+    }
+
+    /// `iptables-restore --noflush` of the lab's flavour in the node.
+    fn restore(&self, text: &str) {
+        let tool = self.flavour.tool("iptables", "-restore");
+        pipe(&self.node, &[&tool, "-w", "5", "--noflush"], text);
+    }
+
+    /// `n` exchanges with `to` from the client, each on a new connection (or socket).
+    fn ask(&self, to: &str, n: usize, udp: bool) -> Vec<Answer> {
+        let to = addr(to);
+        self.client.run(|| (0..n).map(|_| ask_once(to, udp)).collect())
+    }
+
+    /// Waits until a round of exchanges with `to` (8 per wanted backend,
+    /// each on a new connection or socket) all succeed and, together, reach
+    /// exactly the backends `want`.
+    fn wait_traffic(&self, to: &str, udp: bool, want: &[&str], timeout: Duration) {
+        let n = 8 * want.len();
+        wait_for(&format!("{to} ({}) to reach {want:?}", if udp { "udp" } else { "tcp" }), timeout, || {
+            let got = self.ask(to, n, udp);
+            if got.iter().all(Result::is_ok) && names(&got) == set(want) {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        });
+    }
+
+    fn dashboard(&self) -> Result<Value, String> {
+        let body = http_get(&self.node, "/dashboard/data")?;
+        serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))
+    }
+
+    /// The daemon's recent syncs, newest first, once the coordinator answers.
+    fn syncs(&self) -> Result<Vec<SyncRec>, String> {
+        let data = self.dashboard()?;
+        if data["syncs_available"] != json!(true) {
+            return Err(format!("coordinator did not answer: {data}"));
+        }
+        let syncs = data["syncs"].as_array().ok_or_else(|| format!("no syncs in {data}"))?;
+        Ok(syncs
+            .iter()
+            .map(|s| SyncRec {
+                generation: s["generation"].as_u64().unwrap(),
+                full: s["full"].as_bool().unwrap(),
+                ports_changed: s["ports_changed"].as_u64().unwrap(),
+                failed: s["failed"].as_u64().unwrap(),
+            })
+            .collect())
+    }
+
+    /// Waits for the first sync after generation `after`; returns it.
+    /// Panics if it (or any later one) failed, or the daemon exited.
+    fn wait_sync(&self, daemon: &mut Daemon, after: u64, timeout: Duration) -> SyncRec {
+        wait_for(&format!("a sync after generation {after}"), timeout, || {
+            daemon.assert_running();
+            let syncs = self.syncs()?;
+            let new: Vec<&SyncRec> = syncs.iter().filter(|s| s.generation > after).collect();
+            assert!(new.iter().all(|s| s.failed == 0), "a sync failed: {syncs:?}");
+            new.into_iter().min_by_key(|s| s.generation).cloned().ok_or_else(|| format!("{syncs:?}"))
+        })
+    }
+
+    /// Starts the daemon and waits for its first sync (full and successful).
+    fn start_synced(&mut self) -> Daemon {
+        let mut d = self.start();
+        let first = self.wait_sync(&mut d, 0, START_WAIT);
+        assert!(first.full, "the first sync is full: {first:?}");
+        d
+    }
+
+    /// `/metrics`: the sum of the samples named `name` (any labels); `None`
+    /// if there is none (a metric family without samples yet).
+    fn metric(&self, name: &str) -> Option<f64> {
+        let text = http_get(&self.node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
+        let samples: Vec<f64> = text
+            .lines()
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        (!samples.is_empty()).then(|| samples.iter().sum())
+    }
+
+    /// Asserts each iptables-mode jump from a built-in chain (kubelet's included) is there exactly once.
+    fn assert_jumps_once(&self, when: &str) {
+        let (nat, filter) = (self.save(Some("nat")), self.save(Some("filter")));
+        for j in JUMPS.iter().chain(&KUBELET_JUMPS) {
+            let saved = if j.table == "nat" { &nat } else { &filter };
+            assert_eq!(count(saved, &j.save_line()), 1, "{when}: {} in\n{saved}", j.save_line());
+        }
+    }
+}
+
+/// One entry of the dashboard's sync list.
+#[derive(Debug, Clone)]
+struct SyncRec {
+    generation: u64,
+    full: bool,
+    ports_changed: u64,
+    failed: u64,
+}
+
+/// A running daemon; SIGTERMed (then SIGKILLed) on drop if still running,
+/// and its log printed if the test is failing.
+struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+    node: String,
+}
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics (with the log) if the daemon exited.
+    fn assert_running(&mut self) {
+        let child = self.child.as_mut().expect("daemon was started");
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the daemon in {} exited ({status}); log:\n{}", self.node, self.log());
+        }
+    }
+
+    /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
+    fn stop(mut self) -> String {
+        let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
+        let log = self.log();
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM: clean exit; log:\n{log}");
+        assert!(log.contains("kernel state left in place"), "{log}");
+        log
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
+fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    if let Ok(Some(s)) = child.try_wait() {
+        return Some(s);
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            terminate(child, Duration::from_secs(5));
+        }
+        if std::thread::panicking() {
+            eprintln!("---- daemon log {} ----\n{}---- end of daemon log ----", self.log.display(), self.log());
+        }
+    }
+}
+
+/// The absolute path of `tool` on PATH.
+fn which(tool: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{tool} not found on PATH"))
+}
+
+/// Runs `args` in `ns` with `input` on stdin; panics unless it succeeds.
+fn pipe(ns: &Netns, args: &[&str], input: &str) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{args:?} failed: {}\n{input}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
+fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
+    ns.run(|| {
+        let mut s = TcpStream::connect_timeout(&addr("127.0.0.1:10249"), Duration::from_secs(1))
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
+        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(head.to_string());
+        }
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            return Err(format!("chunked bodies are not parsed here: {head}"));
+        }
+        Ok(body.to_string())
+    })
+}
+
+fn count(haystack: &str, line: &str) -> usize {
+    haystack.lines().filter(|l| *l == line).count()
+}
+
+/// The chains `iptables-save` text declares.
+fn chains(saved: &str) -> BTreeSet<String> {
+    saved.lines().filter_map(|l| l.strip_prefix(':')).filter_map(|l| l.split(' ').next()).map(String::from).collect()
+}
+
+// ---------------------------------------------------------------- manifests
+
+fn node_manifest() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]},
+    })
+}
+
+/// Service `default/<name>` at `cluster_ip`, ports `http` 80/TCP and `dns`
+/// 80/UDP to 8080, and its EndpointSlice with the named backends (ready,
+/// on this node).
+fn service_manifest(name: &str, cluster_ip: &str, backends: &[&str]) -> Value {
+    let endpoints: Vec<Value> = backends
+        .iter()
+        .map(|b| {
+            let n: usize = b[1..].parse().unwrap();
+            json!({"addresses": [format!("10.244.{n}.2")], "conditions": {"ready": true, "serving": true,
+                "terminating": false}, "nodeName": NODE})
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [
+            {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+                    "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                    "ports": [
+                        {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT},
+                        {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT},
+                    ],
+                },
+            },
+            {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-abcde"), "namespace": "default",
+                    "labels": {"kubernetes.io/service-name": name,
+                        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+                "addressType": "IPv4",
+                "ports": [
+                    {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
+                    {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
+                ],
+                "endpoints": endpoints,
+            },
+        ],
+    })
+}
+
+/// Someone else's rules in the node: a chain of their own in filter and nat,
+/// each with a rule, jumped to from a built-in chain. Returns their
+/// `iptables-save` lines, which nothing of ours may touch.
+fn add_foreign_rules(lab: &Lab) -> Vec<(&'static str, &'static str)> {
+    lab.ipt(&["-t", "filter", "-N", "MY-CHAIN"]);
+    lab.ipt(&["-t", "filter", "-A", "MY-CHAIN", "-s", "198.51.100.7/32", "-j", "DROP"]);
+    lab.ipt(&["-t", "filter", "-A", "INPUT", "-j", "MY-CHAIN"]);
+    lab.ipt(&["-t", "nat", "-N", "MY-NAT"]);
+    lab.ipt(&["-t", "nat", "-A", "MY-NAT", "-d", "203.0.113.9/32", "-j", "RETURN"]);
+    lab.ipt(&["-t", "nat", "-A", "PREROUTING", "-j", "MY-NAT"]);
+    vec![
+        ("filter", ":MY-CHAIN - [0:0]"),
+        ("filter", "-A MY-CHAIN -s 198.51.100.7/32 -j DROP"),
+        ("filter", "-A INPUT -j MY-CHAIN"),
+        ("nat", ":MY-NAT - [0:0]"),
+        ("nat", "-A MY-NAT -d 203.0.113.9/32 -j RETURN"),
+        ("nat", "-A PREROUTING -j MY-NAT"),
+    ]
+}
+
+fn assert_foreign_rules_intact(lab: &Lab, foreign: &[(&str, &str)], when: &str) {
+    for (table, line) in foreign {
+        let saved = lab.save(Some(table));
+        // Chain declarations carry packet counters: compare the name only.
+        let n = match line.strip_suffix(" - [0:0]") {
+            Some(decl) => saved.lines().filter(|l| l.starts_with(&format!("{decl} "))).count(),
+            None => count(&saved, line),
+        };
+        assert_eq!(n, 1, "{when}: foreign {line:?} once in {table}:\n{saved}");
+    }
+}
+
+/// The sections of `--dry-run` output (`# name` headings), by heading.
+fn dry_run_sections(out: &str) -> Vec<(String, String)> {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in out.lines() {
+        if let Some(head) = line.strip_prefix("# ") {
+            sections.push((head.to_string(), String::new()));
+        } else if let Some((_, body)) = sections.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    sections
+}
+
+fn dry_run(lab: &Lab) -> Vec<(String, String)> {
+    let config = lab.config_path();
+    let manifests = lab.manifests();
+    let out = lab.run_binary(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "--dry-run: {}", String::from_utf8_lossy(&out.stderr));
+    dry_run_sections(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn section<'a>(sections: &'a [(String, String)], head: &str) -> &'a str {
+    &sections.iter().find(|(h, _)| h.starts_with(head)).unwrap_or_else(|| panic!("no # {head} in {sections:?}")).1
+}
+
+/// The node's conntrack entries of UDP flows to `service_ip` from source
+/// port `sport`: the address each one's replies come from (its endpoint).
+fn udp_flows(lab: &Lab, service_ip: &str, sport: u16) -> Vec<String> {
+    let out = lab.node.ok(&["conntrack", "-L", "-p", "udp", "--orig-dst", service_ip]);
+    out.lines()
+        .filter(|l| l.split_whitespace().find(|w| w.starts_with("sport=")) == Some(&format!("sport={sport}")))
+        .filter_map(|l| l.split_whitespace().filter_map(|w| w.strip_prefix("src=")).nth(1))
+        .map(String::from)
+        .collect()
+}
+
+// -------------------------------------------------------------------- tests
+
+const WEB: &str = "10.96.0.10:80";
+
+/// (1) SIGTERM leaves the kernel as it is and a new daemon adopts it: an
+/// established TCP connection through a ClusterIP keeps exchanging data
+/// while no daemon runs and after the new one's first (full) sync; new
+/// connections work throughout, and an endpoint added while no daemon ran
+/// is picked up by the new one.
+#[test]
+fn an_established_connection_survives_a_daemon_restart() {
+    let mut lab = Lab::new("rst", Flavour::Nft, &["b1", "b2"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let mut conn = lab.client.run(|| Conn::open(addr(WEB))).expect("connect through the ClusterIP");
+    let first = conn.exchange().expect("first exchange");
+    // Off-cluster clients are masqueraded to the node's address toward b1.
+    assert_eq!(first, ("b1".to_string(), "10.244.1.1".to_string()));
+
+    daemon.stop();
+    assert_eq!(conn.exchange(), Ok(first.clone()), "no daemon: the connection still works");
+    assert_eq!(names(&lab.ask(WEB, 3, false)), set(&["b1"]), "no daemon: new connections still work");
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1", "b2"]));
+
+    let mut second = lab.start_synced();
+    assert_eq!(conn.exchange(), Ok(first.clone()), "after the new daemon's full sync");
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
+    assert_eq!(conn.exchange(), Ok(first), "after the new daemon's full sync and traffic");
+    lab.assert_jumps_once("after a restart");
+    second.assert_running();
+    second.stop();
+}
+
+/// (2) Take-over: the node has an earlier run's rules (those upstream
+/// kube-proxy writes: our `--dry-run` output for a service `gone` that no
+/// longer exists — a full sync on an empty node, jumps from the built-in
+/// chains included — restored with `iptables-restore --noflush`) and
+/// someone else's chains and rules. The daemon's first sync deletes gone's
+/// KUBE-SVC/KUBE-SEP chains and its KUBE-SERVICES rule, leaves the foreign
+/// ones as they were, and every jump to our chains exists exactly once —
+/// also after a restart.
+fn take_over(flavour: Flavour, tag: &str) {
+    let mut lab = Lab::new(tag, flavour, &["b1", "b2"]);
+    lab.put("gone", &service_manifest("gone", "10.96.0.99", &["b2"]));
+    let earlier = section(&dry_run(&lab), "iptables").to_string();
+    let stale: BTreeSet<String> = chains(&earlier).into_iter().filter(|c| is_service_chain(c)).collect();
+    assert!(stale.iter().any(|c| c.starts_with("KUBE-SVC-")) && stale.iter().any(|c| c.starts_with("KUBE-SEP-")));
+    lab.restore(&earlier);
+    lab.assert_jumps_once("the earlier run's state");
+    lab.wait_traffic("10.96.0.99:80", false, &["b2"], CHANGE_WAIT);
+    let foreign = add_foreign_rules(&lab);
+
+    lab.remove("gone");
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let daemon = lab.start_synced();
+    let nat = lab.save(Some("nat"));
+    let left: Vec<&String> = stale.iter().filter(|c| chains(&nat).contains(*c)).collect();
+    assert!(left.is_empty(), "stale chains {left:?} left in\n{nat}");
+    assert!(!nat.contains("default/gone"), "{nat}");
+    assert!(chains(&nat).iter().any(|c| c.starts_with("KUBE-SVC-")), "web's chain: {nat}");
+    assert_foreign_rules_intact(&lab, &foreign, "after the first sync");
+    lab.assert_jumps_once("after the first sync");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let dropped = lab.ask("10.96.0.99:80", 1, false);
+    assert_eq!(dropped, [Err(ErrorKind::TimedOut)], "gone's ClusterIP has no DNAT any more");
+    daemon.stop();
+
+    let daemon = lab.start_synced();
+    assert_foreign_rules_intact(&lab, &foreign, "after a restart");
+    lab.assert_jumps_once("after a restart");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    daemon.stop();
+}
+
+#[test]
+fn take_over_removes_stale_chains_keeps_foreign_ones_with_iptables_legacy() {
+    take_over(Flavour::Legacy, "tkl");
+}
+
+#[test]
+fn take_over_removes_stale_chains_keeps_foreign_ones_with_iptables_nft() {
+    take_over(Flavour::Nft, "tkn");
+}
+
+/// (3) Canary: with a syncPeriod (60 s) far longer than the canary interval
+/// (10 s), someone flushes and deletes `tables` (a firewalld restart does
+/// this). The canary check notices within its interval, the full resync
+/// that follows puts everything back (jumps included), and new connections
+/// through the ClusterIP work again — all within the canary interval plus
+/// a little.
+fn canary(flavour: Flavour, tag: &str, tables: &[&str]) {
+    let mut lab = Lab::new(tag, flavour, &["b1"]);
+    lab.config("iptables", "60s");
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let before = lab.syncs().expect("syncs");
+    let last = before[0].generation;
+
+    let tool = flavour.tool("iptables", "");
+    let mut script: Vec<String> =
+        tables.iter().map(|t| format!("{tool} -w 5 -t {t} -F && {tool} -w 5 -t {t} -X")).collect();
+    script.extend(tables.iter().map(|t| format!("{tool}-save -t {t}")));
+    let flushed = Instant::now();
+    let after_flush = lab.node.ok(&["sh", "-c", &script.join(" && ")]);
+    assert!(!after_flush.contains("KUBE-"), "flushed: {after_flush}");
+
+    let bound = CANARY_INTERVAL + Duration::from_secs(3);
+    let resync = lab.wait_sync(&mut daemon, last, bound);
+    assert!(resync.full, "drift gives a full resync: {resync:?}");
+    lab.wait_traffic(WEB, false, &["b1"], bound.saturating_sub(flushed.elapsed()).max(Duration::from_millis(1)));
+    let took = flushed.elapsed();
+    assert!(took <= bound, "repaired after {took:?}, more than {bound:?}");
+    lab.assert_jumps_once("after the repair");
+    assert_eq!(count(&lab.save(None), ":KUBE-PROXY-CANARY - [0:0]"), 3);
+    let log = daemon.stop();
+    assert!(log.contains("drift detected"), "{log}");
+}
+
+#[test]
+fn a_flushed_nat_table_is_repaired_by_the_canary_with_iptables_nft() {
+    canary(Flavour::Nft, "cnn", &["nat"]);
+}
+
+#[test]
+fn flushed_mangle_nat_and_filter_tables_are_repaired_by_the_canary_with_iptables_legacy() {
+    canary(Flavour::Legacy, "cnl", &["mangle", "nat", "filter"]);
+}
+
+/// (4) `kube-proxy-rs --cleanup` after the daemon ran: no chain of ours is
+/// left in any table — except kubelet's KUBE-FIREWALL and its jumps from
+/// INPUT and OUTPUT, which upstream's cleanup keeps too — no rule jumps to
+/// one of ours, and the foreign chains and rules are untouched. A second
+/// cleanup finds nothing and succeeds.
+#[test]
+fn cleanup_removes_our_chains_and_jumps_and_nothing_else() {
+    let mut lab = Lab::new("cln", Flavour::Legacy, &["b1"]);
+    let foreign = add_foreign_rules(&lab);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    daemon.stop();
+    let before = lab.save(None);
+    assert!(before.contains(":KUBE-SVC-") && before.contains(":KUBE-PROXY-CANARY"), "{before}");
+
+    for round in ["first", "second"] {
+        let out = lab.run_binary(&["--cleanup"]);
+        assert!(out.status.success(), "{round} --cleanup: {}", String::from_utf8_lossy(&out.stderr));
+        let saved = lab.save(None);
+        let ours: Vec<String> =
+            chains(&saved).into_iter().filter(|c| c.starts_with("KUBE-") && c != "KUBE-FIREWALL").collect();
+        assert!(ours.is_empty(), "{round} cleanup left {ours:?}:\n{saved}");
+        let jumps: Vec<&str> = saved
+            .lines()
+            .filter(|l| l.contains("-j KUBE-"))
+            .filter(|l| !KUBELET_JUMPS.iter().any(|j| *l == j.save_line()))
+            .collect();
+        assert!(jumps.is_empty(), "{round} cleanup left jumps {jumps:?}:\n{saved}");
+        for j in KUBELET_JUMPS {
+            assert_eq!(count(&saved, &j.save_line()), 1, "kubelet's jump kept: {}\n{saved}", j.save_line());
+        }
+        assert_foreign_rules_intact(&lab, &foreign, &format!("after the {round} cleanup"));
+    }
+    assert_eq!(lab.ask(WEB, 1, false), [Err(ErrorKind::TimedOut)], "no DNAT after cleanup");
+}
+
+/// (5) A node switching from IPVS mode: the node has what IPVS mode leaves
+/// in iptables and ipset (restored from `--dry-run` of the same cluster in
+/// IPVS mode: its sets with members, its rules, and its jumps inserted by
+/// the crate's iptables handle as the IPVS daemon does). The daemon in
+/// iptables mode removes IPVS mode's chains, jumps and sets before its
+/// first sync, and ClusterIP traffic works. (IPVS virtual servers and
+/// kube-ipvs0 cannot exist on this host: no ip_vs module, no dummy links.)
+#[test]
+fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
+    let mut lab = Lab::new("sw", Flavour::Nft, &["b1", "b2"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1", "b2"]));
+    lab.config("ipvs", "30s");
+    let sections = dry_run(&lab);
+    pipe(&lab.node, &["ipset", "restore"], section(&sections, "ipset"));
+    let rules = section(&sections, "iptables").to_string();
+    let bins = IptablesBinaries::variant(IpFamily::V4, lab.flavour.name());
+    let (_, results) = lab.node.block_on(|| async {
+        let ipvs_mode = IptablesHandle::with_binaries(bins);
+        ipvs_mode.reconcile(vec![IptablesOp::Restore(RestoreInput { text: rules })]).await.expect("reconcile")
+    });
+    assert_eq!(results, [Ok(())]);
+    let ipvs_only = [
+        ("nat", "KUBE-NODE-PORT"),
+        ("nat", "KUBE-LOAD-BALANCER"),
+        ("filter", "KUBE-NODE-PORT"),
+        ("filter", "KUBE-SOURCE-RANGES-FIREWALL"),
+        ("filter", "KUBE-IPVS-FILTER"),
+        ("filter", "KUBE-IPVS-OUT-FILTER"),
+    ];
+    let ipvs_jumps: Vec<String> = kube_proxy_rs::plan::rules_ipvs::JUMPS
+        .iter()
+        .filter(|j| !JUMPS.contains(j))
+        .map(|j| format!("{} {}", j.table, j.save_line()))
+        .collect();
+    assert!(ipvs_jumps.len() >= 4, "{ipvs_jumps:?}");
+    let has = |lab: &Lab, table: &str, what: &str| {
+        let saved = lab.save(Some(table));
+        chains(&saved).contains(what) || saved.lines().any(|l| l == what)
+    };
+    for (table, chain) in ipvs_only {
+        assert!(has(&lab, table, chain), "IPVS mode's {table} {chain} before the switch");
+    }
+    for j in &ipvs_jumps {
+        let (table, line) = j.split_once(' ').unwrap();
+        assert!(has(&lab, table, line), "IPVS mode's jump before the switch: {j}");
+    }
+    let sets = lab.node.ok(&["ipset", "list", "-n"]);
+    assert!(sets.lines().any(|s| s == "KUBE-CLUSTER-IP"), "{sets}");
+
+    lab.config("iptables", "30s");
+    let daemon = lab.start_synced();
+    for (table, chain) in ipvs_only {
+        assert!(!has(&lab, table, chain), "IPVS mode's {table} {chain} left:\n{}", lab.save(Some(table)));
+    }
+    for j in &ipvs_jumps {
+        let (table, line) = j.split_once(' ').unwrap();
+        assert!(!has(&lab, table, line), "IPVS mode's jump left: {j}");
+    }
+    let sets = lab.node.ok(&["ipset", "list", "-n"]);
+    assert!(sets.trim().is_empty(), "IPVS mode's sets left: {sets}");
+    lab.assert_jumps_once("after the switch");
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
+    lab.wait_traffic(WEB, true, &["b1", "b2"], CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(log.contains("removing what the node's earlier proxy mode left"), "{log}");
+}
+
+/// (6) A UDP client keeps sending from one socket (one source port, one
+/// conntrack entry) to a ClusterIP whose only endpoint is b1; the
+/// EndpointSlice is rewritten so b2 replaces b1. The new rules only see
+/// new flows: without the daemon's conntrack flush the entry (DNAT to b1,
+/// refreshed by every datagram, "assured" once b1 answered: a 120 s
+/// timeout) would keep carrying the flow to b1, which still runs and
+/// answers. With the flush (upstream's deleteStaleEndpointConntrackEntries:
+/// the service IP and the removed endpoint) the next datagram after the
+/// sync creates a new entry through the new rules, and b2 answers within
+/// seconds; `conntrack -L` shows the entry replaced.
+///
+/// The control, over the same period: a second service (`ctl`, only b1)
+/// whose rules are redirected to b2 by hand (a DNAT rule of ours first in
+/// PREROUTING), with no flush. Fresh sockets reach b2 at once, while its
+/// long-lived flow keeps being answered by b1 all along — which is what
+/// the first flow would do without the daemon's flush. (The flush is
+/// targeted: it does not touch `ctl`'s entry either.)
+#[test]
+fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() {
+    const CTL: &str = "10.96.0.11:80";
+    let mut lab = Lab::new("udp", Flavour::Nft, &["b1", "b2"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    lab.put("ctl", &service_manifest("ctl", "10.96.0.11", &["b1"]));
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, true, &["b1"], CHANGE_WAIT);
+    lab.wait_traffic(CTL, true, &["b1"], CHANGE_WAIT);
+    let open = |to: &str| {
+        let to = addr(to);
+        lab.client.run(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.connect(to).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            s
+        })
+    };
+    let ask = |sock: &UdpSocket| -> Answer {
+        sock.send(b"?").map_err(|e| e.kind())?;
+        let mut buf = [0u8; 64];
+        let n = sock.recv(&mut buf).map_err(|e| e.kind())?;
+        parse(&String::from_utf8_lossy(&buf[..n]))
+    };
+    let backend = |sock: &UdpSocket| ask(sock).map(|a| a.0);
+    let (flow, control) = (open(WEB), open(CTL));
+    for _ in 0..5 {
+        assert_eq!(backend(&flow), Ok("b1".to_string()), "the flow goes to b1");
+        assert_eq!(backend(&control), Ok("b1".to_string()), "the control flow goes to b1");
+    }
+    let sport = flow.local_addr().unwrap().port();
+    assert_eq!(udp_flows(&lab, "10.96.0.10", sport), ["10.244.1.2"], "one conntrack entry, to b1");
+
+    let redirect = "-t nat -I PREROUTING 1 -d 10.96.0.11/32 -p udp --dport 80 -j DNAT --to-destination 10.244.2.2:8080";
+    lab.ipt(&redirect.split(' ').collect::<Vec<_>>());
+    let redirected = Instant::now();
+    lab.wait_traffic(CTL, true, &["b2"], CHANGE_WAIT);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b2"]));
+    let changed = Instant::now();
+    let mut seen = Vec::new();
+    wait_for("the same UDP flow to be answered by b2", CHANGE_WAIT, || {
+        assert_eq!(backend(&control), Ok("b1".to_string()), "without a flush the control flow stays on b1");
+        let a = backend(&flow);
+        seen.push(a.clone());
+        match a {
+            Ok(name) if name == "b2" => Ok(()),
+            other => Err(format!("{other:?} ({} exchanges since the change)", seen.len())),
+        }
+    });
+    let took = changed.elapsed();
+    // At least 5 more exchanges, and the control watched for 2 s at least.
+    let mut more = 0;
+    while more < 5 || redirected.elapsed() < Duration::from_secs(2) {
+        assert_eq!(backend(&flow), Ok("b2".to_string()), "the flow stays on b2; before: {seen:?}");
+        assert_eq!(backend(&control), Ok("b1".to_string()), "the control flow stays on b1");
+        more += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(took <= CHANGE_WAIT, "{took:?}");
+    assert_eq!(udp_flows(&lab, "10.96.0.10", sport), ["10.244.2.2"], "b1's entry deleted, a new one to b2");
+    daemon.stop();
+}
+
+/// (7) After the first (full) sync, an endpoint change gives a partial sync
+/// (the dashboard's sync list says so, with one service port changed per
+/// protocol, and `/metrics` counts it in the partial histogram, not the
+/// full one) and the traffic follows the change.
+#[test]
+fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
+    let mut lab = Lab::new("part", Flavour::Legacy, &["b1", "b2"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    lab.put("other", &service_manifest("other", "10.96.0.11", &["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let first = lab.syncs().expect("syncs");
+    assert_eq!(first.len(), 1, "{first:?}");
+    let full_syncs = lab.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count");
+    let partial_syncs = lab.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count");
+    assert_eq!(full_syncs, Some(1.0), "one full sync so far");
+    assert!(partial_syncs.unwrap_or(0.0) == 0.0, "no partial sync yet: {partial_syncs:?}");
+
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b2"]));
+    let sync = lab.wait_sync(&mut daemon, first[0].generation, CHANGE_WAIT);
+    assert!(!sync.full, "an endpoint change is a partial sync: {sync:?}");
+    assert_eq!(sync.ports_changed, 2, "web's TCP and UDP ports only: {sync:?}");
+    lab.wait_traffic(WEB, false, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic(WEB, true, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.11:80", false, &["b1"], CHANGE_WAIT);
+    assert_eq!(lab.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count"), Some(1.0));
+    let partial = lab.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count");
+    assert!(partial.is_some_and(|n| n >= 1.0), "partial syncs counted: {partial:?}");
+    let syncs = lab.syncs().expect("syncs");
+    assert!(syncs.iter().filter(|s| s.generation > first[0].generation).all(|s| !s.full), "{syncs:?}");
+    daemon.stop();
+}
