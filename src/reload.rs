@@ -2,7 +2,7 @@
 //! Pure: compares two validated configurations field by field.
 //!
 //! Live: sync periods, the IPVS scheduler, timeouts and strictARP,
-//! masqueradeAll, clusterCIDR and detect-local, nodePortAddresses, and log
+//! masqueradeAll, localhostNodePorts, clusterCIDR and detect-local, nodePortAddresses, and log
 //! verbosity. Everything else (mode, bind addresses, client connection,
 //! hostname, exclude CIDRs, ...) is named in one log line and left as it was.
 
@@ -11,10 +11,11 @@ use serde_json::Value;
 use crate::config::KubeProxyConfiguration;
 
 /// Field paths (camelCase, as in the file) whose change applies live.
-const LIVE: [&str; 16] = [
+const LIVE: [&str; 17] = [
     "iptables.syncPeriod",
     "iptables.minSyncPeriod",
     "iptables.masqueradeAll",
+    "iptables.localhostNodePorts",
     "ipvs.syncPeriod",
     "ipvs.minSyncPeriod",
     "ipvs.scheduler",
