@@ -140,3 +140,26 @@ pub fn applied_slice(s: EndpointSlice) -> SourceEvent {
 pub fn deleted_slice(s: EndpointSlice) -> SourceEvent {
     SourceEvent::EndpointSlice(Change::Deleted(Arc::new(s)))
 }
+
+/// iptables-mode settings as a test or benchmark node has them: masquerade
+/// bit 14, `--random-fully`, localhost NodePorts on, no local detector, no
+/// nfacct, `tcp_be_liberal` off.
+pub fn iptables_settings(
+    family: crate::net::IpFamily,
+    node_name: &str,
+    node_ports: crate::plan::context::NodePortFilter,
+) -> crate::plan::iptables::IptablesSettings {
+    crate::plan::iptables::IptablesSettings {
+        family,
+        node_name: node_name.to_string(),
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: crate::plan::rules_ipvs::LocalDetector::None,
+        random_fully: true,
+        localhost_node_ports: true,
+        node_ports,
+        conntrack_tcp_liberal: false,
+        nfacct_ct_state_invalid: false,
+        nfacct_localhost_node_ports: false,
+    }
+}

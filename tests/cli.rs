@@ -48,8 +48,8 @@ fn dry_run_prints_the_demo_plan_for_the_namespaces_addresses() {
     assert!(!golden.contains("127.0.0.1:30080"));
 }
 
-#[test]
-fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
+/// `--dry-run --proxy-mode iptables` on the demo; its stdout.
+fn dry_run_iptables_mode() -> String {
     let (code, out, err) = run(&[
         "--manifests",
         &demo("demo"),
@@ -60,6 +60,12 @@ fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
         "demo-node",
     ]);
     assert_eq!(code, 0, "{err}");
+    out
+}
+
+#[test]
+fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
+    let out = dry_run_iptables_mode();
     assert!(out.starts_with("# iptables\n"), "{out}");
     assert!(!out.contains("# ipvs"));
     for want in [":KUBE-SERVICES - [0:0]", "-A KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "COMMIT"] {
@@ -77,16 +83,7 @@ fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
 /// sync from an empty kernel, exactly.
 #[test]
 fn dry_run_in_iptables_mode_restores_into_an_empty_namespace() {
-    let (code, out, err) = run(&[
-        "--manifests",
-        &demo("demo"),
-        "--dry-run",
-        "--proxy-mode",
-        "iptables",
-        "--hostname-override",
-        "demo-node",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let out = dry_run_iptables_mode();
     for flavour in ["legacy", "nft"] {
         let ns = Netns::new(&format!("kpr-dryipt-{flavour}"));
         let mut child = std::process::Command::new("ip")

@@ -313,8 +313,7 @@ mod iptables_mode {
 
     use super::*;
     use crate::actors::wiring::start_iptables_actors;
-    use crate::plan::iptables::{iptables_context, IptablesSettings};
-    use crate::plan::rules_ipvs::LocalDetector;
+    use crate::plan::iptables::iptables_context;
 
     struct Ipt {
         coord: Addr<Coordinator<IptablesDataplane>>,
@@ -326,19 +325,7 @@ mod iptables_mode {
         let journal = Journal::default();
         let iptables = MemIptables::new(&journal);
         let targets = start_iptables_actors(iptables.clone(), MemConntrack::new(&journal), &StatsRegistry::default());
-        let settings = IptablesSettings {
-            family: IpFamily::V4,
-            node_name: "node-a".into(),
-            masquerade_all: false,
-            masquerade_bit: 14,
-            local: LocalDetector::None,
-            random_fully: true,
-            localhost_node_ports: true,
-            node_ports: NodePortFilter::All,
-            conntrack_tcp_liberal: false,
-            nfacct_ct_state_invalid: false,
-            nfacct_localhost_node_ports: false,
-        };
+        let settings = crate::fixtures::iptables_settings(IpFamily::V4, "node-a", NodePortFilter::All);
         let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
         let addrs: AddrSource = Box::new(Vec::new);
         let dataplane = IptablesDataplane::new(targets, addrs, context, kernel_chains);

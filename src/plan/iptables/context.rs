@@ -205,19 +205,7 @@ mod tests {
     }
 
     fn settings(family: IpFamily, node_ports: NodePortFilter) -> IptablesSettings {
-        IptablesSettings {
-            family,
-            node_name: "node-a".into(),
-            masquerade_all: false,
-            masquerade_bit: 14,
-            local: LocalDetector::None,
-            random_fully: true,
-            localhost_node_ports: true,
-            node_ports,
-            conntrack_tcp_liberal: false,
-            nfacct_ct_state_invalid: false,
-            nfacct_localhost_node_ports: false,
-        }
+        crate::fixtures::iptables_settings(family, "node-a", node_ports)
     }
 
     fn cidrs(list: &[&str]) -> NodePortFilter {
