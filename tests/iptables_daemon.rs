@@ -16,10 +16,10 @@
 //! The node forwards (`ip_forward=1`); its default route points into a
 //! veth pair with nobody behind it, so a ClusterIP without DNAT rules is
 //! forwarded into nothing (the client times out) rather than unroutable.
-//! Each backend runs a TCP and a UDP server on port 8080 (threads that
-//! `setns(2)` into its namespace) answering every line or datagram with
-//! `<backend> <source IP it saw>`; TCP connections stay open, so one
-//! connection can be used across a daemon restart. Clients run on threads
+//! Each backend runs a TCP and a UDP server on port 8080 (`common::lab`:
+//! threads that `setns(2)` into its namespace) answering every line or
+//! datagram with `<backend> <source IP it saw>`; TCP connections stay open,
+//! so one connection can be used across a daemon restart. Clients run on threads
 //! in the client namespace (`Netns::run`); sockets keep their namespace.
 //!
 //! The daemon: a config file (mode iptables, hostnameOverride `node-a`,
@@ -55,15 +55,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::lab::{self, addr, names, serve, set, udp_exchange, Answer, Conn, Servers, BACKEND_PORT};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::Subsystem;
@@ -74,7 +72,6 @@ use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
 const NODE_IP: &str = "192.168.50.1";
-const BACKEND_PORT: u16 = 8080;
 /// How long a client waits before calling an exchange dropped.
 const DROP_WAIT: Duration = Duration::from_millis(700);
 /// How long the daemon may take to start and finish its first sync.
@@ -82,164 +79,6 @@ const START_WAIT: Duration = Duration::from_secs(15);
 /// How long a manifest change may take to show in traffic (inotify
 /// debounce of 100 ms, one sync, one iptables-restore).
 const CHANGE_WAIT: Duration = Duration::from_secs(5);
-
-// ---------------------------------------------------------------- backends
-
-/// A TCP and a UDP server in one backend namespace; stopped on drop.
-struct Servers {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Runs `body` on a thread inside `ns`, returning once it has bound (reported through `ready`).
-fn spawn_in(ns: &Netns, body: impl FnOnce(mpsc::Sender<Result<(), String>>) + Send + 'static) -> JoinHandle<()> {
-    let path = format!("/run/netns/{}", ns.name);
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
-        body(tx);
-    });
-    rx.recv().expect("server thread started").unwrap_or_else(|e| panic!("server in {}: {e}", ns.name));
-    t
-}
-
-/// Answers each line of one TCP connection until the peer closes or `stop`.
-fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>) {
-    let Ok(peer) = s.peer_addr() else { return };
-    s.set_nonblocking(false).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-    let mut reader = BufReader::new(s.try_clone().unwrap());
-    let mut line = String::new();
-    while !stop.load(Ordering::Relaxed) {
-        match reader.read_line(&mut line) {
-            Ok(0) => return,
-            Ok(_) if line.ends_with('\n') => {
-                line.clear();
-                if s.write_all(format!("{name} {}\n", peer.ip()).as_bytes()).is_err() {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-fn serve(ns: &Netns, name: &'static str) -> Servers {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (s1, s2) = (stop.clone(), stop.clone());
-    let tcp = spawn_in(ns, move |ready| {
-        let l = match TcpListener::bind(("0.0.0.0", BACKEND_PORT)) {
-            Ok(l) => l,
-            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
-        };
-        l.set_nonblocking(true).unwrap();
-        ready.send(Ok(())).unwrap();
-        while !s1.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((s, _)) => {
-                    let stop = s1.clone();
-                    std::thread::spawn(move || serve_connection(s, name, stop));
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
-                Err(e) => panic!("accept in {name}: {e}"),
-            }
-        }
-    });
-    let udp = spawn_in(ns, move |ready| {
-        let s = match UdpSocket::bind(("0.0.0.0", BACKEND_PORT)) {
-            Ok(s) => s,
-            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
-        };
-        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        ready.send(Ok(())).unwrap();
-        let mut buf = [0u8; 64];
-        while !s2.load(Ordering::Relaxed) {
-            if let Ok((_, peer)) = s.recv_from(&mut buf) {
-                let _ = s.send_to(format!("{name} {}\n", peer.ip()).as_bytes(), peer);
-            }
-        }
-    });
-    Servers { stop, threads: vec![tcp, udp] }
-}
-
-// ----------------------------------------------------------------- clients
-
-/// (backend name, source IP it saw), or why the exchange failed.
-type Answer = Result<(String, String), ErrorKind>;
-
-fn parse(text: &str) -> Answer {
-    let mut it = text.split_whitespace();
-    match (it.next(), it.next()) {
-        (Some(n), Some(s)) => Ok((n.to_string(), s.to_string())),
-        _ => Err(ErrorKind::UnexpectedEof),
-    }
-}
-
-fn addr(s: &str) -> SocketAddr {
-    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
-}
-
-/// A TCP connection kept open across exchanges.
-struct Conn {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl Conn {
-    /// Connects from the calling thread's namespace.
-    fn open(to: SocketAddr) -> Result<Conn, ErrorKind> {
-        let stream = TcpStream::connect_timeout(&to, DROP_WAIT).map_err(|e| e.kind())?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.kind())?;
-        let reader = BufReader::new(stream.try_clone().map_err(|e| e.kind())?);
-        Ok(Conn { stream, reader })
-    }
-
-    /// One line out, one line back.
-    fn exchange(&mut self) -> Answer {
-        self.stream.write_all(b"?\n").map_err(|e| e.kind())?;
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => Err(ErrorKind::UnexpectedEof),
-            Ok(_) => parse(&line),
-            Err(e) => Err(e.kind()),
-        }
-    }
-}
-
-/// One exchange on a new TCP connection (or a new UDP socket: a new
-/// conntrack entry each time).
-fn ask_once(to: SocketAddr, udp: bool) -> Answer {
-    if !udp {
-        return Conn::open(to)?.exchange();
-    }
-    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-    s.connect(to).map_err(|e| e.kind())?;
-    s.set_read_timeout(Some(DROP_WAIT)).unwrap();
-    s.send(b"?").map_err(|e| e.kind())?;
-    let mut buf = [0u8; 64];
-    let n = s.recv(&mut buf).map_err(|e| e.kind())?;
-    parse(&String::from_utf8_lossy(&buf[..n]))
-}
-
-fn names(answers: &[Answer]) -> BTreeSet<String> {
-    answers.iter().filter_map(|a| a.as_ref().ok().map(|(n, _)| n.clone())).collect()
-}
-
-fn set(list: &[&str]) -> BTreeSet<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
 
 /// Polls with a deadline: `f` returns `Some` when done. Panics with `what`
 /// and `f`'s last complaint.
@@ -426,13 +265,12 @@ impl Lab {
     /// `iptables-restore --noflush` of the lab's flavour in the node.
     fn restore(&self, text: &str) {
         let tool = self.flavour.tool("iptables", "-restore");
-        pipe(&self.node, &[&tool, "-w", "5", "--noflush"], text);
+        self.node.pipe(&[&tool, "-w", "5", "--noflush"], text);
     }
 
     /// `n` exchanges with `to` from the client, each on a new connection (or socket).
     fn ask(&self, to: &str, n: usize, udp: bool) -> Vec<Answer> {
-        let to = addr(to);
-        self.client.run(|| (0..n).map(|_| ask_once(to, udp)).collect())
+        lab::ask(&self.client, to, n, udp, DROP_WAIT)
     }
 
     /// Waits until a round of exchanges with `to` (8 per wanted backend,
@@ -592,20 +430,6 @@ fn which(tool: &str) -> PathBuf {
         .map(|d| Path::new(d).join(tool))
         .find(|p| p.exists())
         .unwrap_or_else(|| panic!("{tool} not found on PATH"))
-}
-
-/// Runs `args` in `ns` with `input` on stdin; panics unless it succeeds.
-fn pipe(ns: &Netns, args: &[&str], input: &str) {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{args:?} failed: {}\n{input}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
@@ -780,7 +604,7 @@ fn an_established_connection_survives_a_daemon_restart() {
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
     let daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
-    let mut conn = lab.client.run(|| Conn::open(addr(WEB))).expect("connect through the ClusterIP");
+    let mut conn = lab.client.run(|| Conn::open(addr(WEB), DROP_WAIT)).expect("connect through the ClusterIP");
     let first = conn.exchange().expect("first exchange");
     // Off-cluster clients are masqueraded to the node's address toward b1.
     assert_eq!(first, ("b1".to_string(), "10.244.1.1".to_string()));
@@ -945,7 +769,7 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1", "b2"]));
     lab.config("ipvs", "30s");
     let sections = dry_run(&lab);
-    pipe(&lab.node, &["ipset", "restore"], section(&sections, "ipset"));
+    lab.node.pipe(&["ipset", "restore"], section(&sections, "ipset"));
     let rules = section(&sections, "iptables").to_string();
     let bins = IptablesBinaries::variant(IpFamily::V4, lab.flavour.name());
     let (_, results) = lab.node.block_on(|| async {
@@ -1034,13 +858,7 @@ fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() 
             s
         })
     };
-    let ask = |sock: &UdpSocket| -> Answer {
-        sock.send(b"?").map_err(|e| e.kind())?;
-        let mut buf = [0u8; 64];
-        let n = sock.recv(&mut buf).map_err(|e| e.kind())?;
-        parse(&String::from_utf8_lossy(&buf[..n]))
-    };
-    let backend = |sock: &UdpSocket| ask(sock).map(|a| a.0);
+    let backend = |sock: &UdpSocket| udp_exchange(sock).map(|a| a.0);
     let (flow, control) = (open(WEB), open(CTL));
     for _ in 0..5 {
         assert_eq!(backend(&flow), Ok("b1".to_string()), "the flow goes to b1");

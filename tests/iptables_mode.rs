@@ -13,9 +13,10 @@
 //! veth pair with nobody behind it), so
 //! traffic for service IPs without a DNAT rule is forwarded (and meets the
 //! filter rules) rather than unroutable. Every backend runs a TCP and a UDP
-//! server on port 8080 (Rust threads that `setns(2)` into its namespace)
-//! answering `<backend> <source IP it saw>`. Clients run on threads in the
-//! client, node or backend namespaces (`Netns::run`).
+//! server on port 8080 (`common::lab`: Rust threads that `setns(2)` into its
+//! namespace) answering each line or datagram with `<backend> <source IP it
+//! saw>`; a TCP client sends one line, reads one answer and closes. Clients
+//! run on threads in the client, node or backend namespaces (`Netns::run`).
 //!
 //! Applying a sync does what upstream does: on a full sync, each missing
 //! jump from a built-in chain is inserted at position 1 with `iptables`
@@ -32,14 +33,10 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+use std::io::ErrorKind;
 use std::time::Duration;
 
+use common::lab::{self, names, serve, set, Answer, Servers, BACKEND_PORT};
 use common::Netns;
 use kube_proxy_rs::fixtures::{applied_service, applied_slice, from_json, node, slice, Ep};
 use kube_proxy_rs::model::{Model, NodeInfo};
@@ -55,7 +52,6 @@ use serde_json::{json, Value};
 const NODE: &str = "node-a";
 const NODE_IP: &str = "192.168.50.1";
 const CLIENT_IP: &str = "192.168.50.10";
-const BACKEND_PORT: u16 = 8080;
 /// How long a client waits before calling a connection dropped.
 const DROP_WAIT: Duration = Duration::from_millis(800);
 
@@ -64,120 +60,9 @@ fn sh(ns: &Netns, cmd: &str) {
     ns.ok(&args);
 }
 
-/// A TCP and a UDP server in one backend namespace; stopped on drop.
-struct Servers {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Runs `body` on a thread inside `ns`, once it has bound (reported through `ready`).
-fn spawn_in(ns: &Netns, body: impl FnOnce(mpsc::Sender<Result<(), String>>) + Send + 'static) -> JoinHandle<()> {
-    let path = format!("/run/netns/{}", ns.name);
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
-        body(tx);
-    });
-    rx.recv().expect("server thread started").unwrap_or_else(|e| panic!("server in {}: {e}", ns.name));
-    t
-}
-
-fn serve(ns: &Netns, name: &'static str) -> Servers {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (s1, s2) = (stop.clone(), stop.clone());
-    let tcp = spawn_in(ns, move |ready| {
-        let l = match TcpListener::bind(("0.0.0.0", BACKEND_PORT)) {
-            Ok(l) => l,
-            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
-        };
-        l.set_nonblocking(true).unwrap();
-        ready.send(Ok(())).unwrap();
-        while !s1.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((mut s, peer)) => {
-                    s.set_nonblocking(false).unwrap();
-                    let _ = s.write_all(format!("{name} {}\n", peer.ip()).as_bytes());
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
-                Err(e) => panic!("accept in {name}: {e}"),
-            }
-        }
-    });
-    let udp = spawn_in(ns, move |ready| {
-        let s = match UdpSocket::bind(("0.0.0.0", BACKEND_PORT)) {
-            Ok(s) => s,
-            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
-        };
-        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        ready.send(Ok(())).unwrap();
-        let mut buf = [0u8; 64];
-        while !s2.load(Ordering::Relaxed) {
-            if let Ok((_, peer)) = s.recv_from(&mut buf) {
-                let _ = s.send_to(format!("{name} {}\n", peer.ip()).as_bytes(), peer);
-            }
-        }
-    });
-    Servers { stop, threads: vec![tcp, udp] }
-}
-
-/// (backend name, source IP it saw), or why the exchange failed.
-type Answer = Result<(String, String), ErrorKind>;
-
-fn parse(text: &str) -> Answer {
-    let mut it = text.split_whitespace();
-    match (it.next(), it.next()) {
-        (Some(n), Some(s)) => Ok((n.to_string(), s.to_string())),
-        _ => Err(ErrorKind::UnexpectedEof),
-    }
-}
-
-/// One TCP connection from the calling thread's namespace.
-fn tcp_ask(to: SocketAddr) -> Answer {
-    let mut s = TcpStream::connect_timeout(&to, DROP_WAIT).map_err(|e| e.kind())?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(|e| e.kind())?;
-    parse(&text)
-}
-
-/// One UDP exchange from a fresh socket (a new conntrack entry each time).
-fn udp_ask(to: SocketAddr) -> Answer {
-    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-    s.connect(to).map_err(|e| e.kind())?;
-    s.set_read_timeout(Some(DROP_WAIT)).unwrap();
-    s.send(b"hi").map_err(|e| e.kind())?;
-    let mut buf = [0u8; 64];
-    let n = s.recv(&mut buf).map_err(|e| e.kind())?;
-    parse(&String::from_utf8_lossy(&buf[..n]))
-}
-
-fn addr(s: &str) -> SocketAddr {
-    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
-}
-
 /// `n` TCP (or UDP) exchanges with `to` from inside `ns`.
 fn ask(ns: &Netns, to: &str, n: usize, udp: bool) -> Vec<Answer> {
-    let to = addr(to);
-    ns.run(|| (0..n).map(|_| if udp { udp_ask(to) } else { tcp_ask(to) }).collect())
-}
-
-/// The backends that answered; panics on any failed exchange.
-fn names(answers: &[Answer]) -> std::collections::BTreeSet<String> {
-    answers.iter().map(|a| a.clone().unwrap_or_else(|e| panic!("exchange failed: {e:?} in {answers:?}")).0).collect()
-}
-
-fn set(list: &[&str]) -> std::collections::BTreeSet<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    lab::ask(ns, to, n, udp, DROP_WAIT)
 }
 
 /// The node, an off-cluster client, three backends, and the planner.
@@ -287,16 +172,7 @@ impl Lab {
     /// `iptables-restore -w 5 --noflush --counters` in the node; then the
     /// planner may forget the chains it deleted.
     fn restore(&mut self, text: &str) {
-        let restore = self.tool("-restore");
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.node.name, &restore, "-w", "5", "--noflush", "--counters"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{restore}: {e}"));
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{restore} failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+        self.node.pipe(&[&self.tool("-restore"), "-w", "5", "--noflush", "--counters"], text);
         self.planner.confirm_applied();
     }
 
@@ -588,17 +464,7 @@ fn the_demo_clusters_full_sync_restores_into_an_empty_node() {
     let text = kube_proxy_rs::plan::iptables::dry_run(&model, lab_context());
     for flavour in ["legacy", "nft"] {
         let ns = Netns::new(&format!("ipm-demo-{flavour}"));
-        let restore = |text: &str| {
-            let mut child = Command::new("ip")
-                .args(["netns", "exec", &ns.name, &format!("iptables-{flavour}-restore"), "-w", "5", "--noflush"])
-                .stdin(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("iptables-restore");
-            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(out.status.success(), "{flavour}: {}\n{text}", String::from_utf8_lossy(&out.stderr));
-        };
+        let restore = |text: &str| ns.pipe(&[&format!("iptables-{flavour}-restore"), "-w", "5", "--noflush"], text);
         restore(&text);
         let mut planner = IptablesPlanner::new(lab_context());
         planner.full(&model, lab_context());

@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod lab;
 
-use std::process::{Command, Output};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
 pub fn bin() -> String {
     env!("CARGO_BIN_EXE_kube-proxy-rs").to_string()
@@ -90,6 +92,22 @@ impl Netns {
         let out = self.exec(args);
         assert!(out.status.success(), "{args:?} in {} failed: {}", self.name, String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a command inside the namespace with `input` on its stdin;
+    /// panics unless it succeeds.
+    pub fn pipe(&self, args: &[&str], input: &str) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{args:?} in {}: {e}", self.name));
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?} in {} failed: {err}\n{input}", self.name);
     }
 }
 

@@ -1,0 +1,203 @@
+//! The packet lab's backends and clients, shared by the tests that carry real
+//! TCP and UDP through network namespaces (`iptables_mode`, `iptables_daemon`).
+//! Each test file builds its own topology; this module only serves and asks.
+//!
+//! Backends: [`serve`] runs a TCP and a UDP server on [`BACKEND_PORT`] in a
+//! namespace (threads that `setns(2)` into it), answering every line (TCP)
+//! or datagram (UDP) with `<backend> <source IP it saw>\n`. TCP connections
+//! stay open until the peer closes them, so one connection can carry many
+//! exchanges ([`Conn`]).
+//!
+//! Clients run on threads in a namespace (`Netns::run`); sockets keep their
+//! namespace. `wait` arguments are how long a client waits (to connect, or
+//! for a UDP answer) before calling an exchange dropped.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::Netns;
+
+/// The port every backend's servers listen on (TCP and UDP).
+pub const BACKEND_PORT: u16 = 8080;
+
+/// How long a client waits for the answer on an open TCP connection.
+const TCP_READ_WAIT: Duration = Duration::from_secs(3);
+
+// ---------------------------------------------------------------- backends
+
+/// A TCP and a UDP server in one backend namespace; stopped on drop.
+pub struct Servers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs `body` on a thread inside `ns`, returning once it has bound (reported through `ready`).
+fn spawn_in(ns: &Netns, body: impl FnOnce(mpsc::Sender<Result<(), String>>) + Send + 'static) -> JoinHandle<()> {
+    let path = format!("/run/netns/{}", ns.name);
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        body(tx);
+    });
+    rx.recv().expect("server thread started").unwrap_or_else(|e| panic!("server in {}: {e}", ns.name));
+    t
+}
+
+/// Answers each line of one TCP connection until the peer closes or `stop`.
+fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>) {
+    let Ok(peer) = s.peer_addr() else { return };
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        match reader.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) if line.ends_with('\n') => {
+                line.clear();
+                if s.write_all(format!("{name} {}\n", peer.ip()).as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Starts backend `name`'s TCP and UDP servers inside `ns`.
+pub fn serve(ns: &Netns, name: &'static str) -> Servers {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s1, s2) = (stop.clone(), stop.clone());
+    let tcp = spawn_in(ns, move |ready| {
+        let l = match TcpListener::bind(("0.0.0.0", BACKEND_PORT)) {
+            Ok(l) => l,
+            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
+        };
+        l.set_nonblocking(true).unwrap();
+        ready.send(Ok(())).unwrap();
+        while !s1.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    let stop = s1.clone();
+                    std::thread::spawn(move || serve_connection(s, name, stop));
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => panic!("accept in {name}: {e}"),
+            }
+        }
+    });
+    let udp = spawn_in(ns, move |ready| {
+        let s = match UdpSocket::bind(("0.0.0.0", BACKEND_PORT)) {
+            Ok(s) => s,
+            Err(e) => return ready.send(Err(e.to_string())).unwrap(),
+        };
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        ready.send(Ok(())).unwrap();
+        let mut buf = [0u8; 64];
+        while !s2.load(Ordering::Relaxed) {
+            if let Ok((_, peer)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(format!("{name} {}\n", peer.ip()).as_bytes(), peer);
+            }
+        }
+    });
+    Servers { stop, threads: vec![tcp, udp] }
+}
+
+// ----------------------------------------------------------------- clients
+
+/// (backend name, source IP it saw), or why the exchange failed.
+pub type Answer = Result<(String, String), ErrorKind>;
+
+pub fn parse(text: &str) -> Answer {
+    let mut it = text.split_whitespace();
+    match (it.next(), it.next()) {
+        (Some(n), Some(s)) => Ok((n.to_string(), s.to_string())),
+        _ => Err(ErrorKind::UnexpectedEof),
+    }
+}
+
+pub fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// A TCP connection kept open across exchanges (closed on drop).
+pub struct Conn {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Connects from the calling thread's namespace, waiting up to `wait`.
+    pub fn open(to: SocketAddr, wait: Duration) -> Result<Conn, ErrorKind> {
+        let stream = TcpStream::connect_timeout(&to, wait).map_err(|e| e.kind())?;
+        stream.set_read_timeout(Some(TCP_READ_WAIT)).map_err(|e| e.kind())?;
+        let reader = BufReader::new(stream.try_clone().map_err(|e| e.kind())?);
+        Ok(Conn { stream, reader })
+    }
+
+    /// One line out, one line back.
+    pub fn exchange(&mut self) -> Answer {
+        self.stream.write_all(b"?\n").map_err(|e| e.kind())?;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err(ErrorKind::UnexpectedEof),
+            Ok(_) => parse(&line),
+            Err(e) => Err(e.kind()),
+        }
+    }
+}
+
+/// One exchange on a new TCP connection, closed afterwards.
+pub fn tcp_ask(to: SocketAddr, wait: Duration) -> Answer {
+    Conn::open(to, wait)?.exchange()
+}
+
+/// One datagram out, one back, on a connected UDP socket (its read timeout
+/// is the caller's).
+pub fn udp_exchange(sock: &UdpSocket) -> Answer {
+    sock.send(b"?").map_err(|e| e.kind())?;
+    let mut buf = [0u8; 64];
+    let n = sock.recv(&mut buf).map_err(|e| e.kind())?;
+    parse(&String::from_utf8_lossy(&buf[..n]))
+}
+
+/// One UDP exchange from a fresh socket (a new conntrack entry each time).
+pub fn udp_ask(to: SocketAddr, wait: Duration) -> Answer {
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect(to).map_err(|e| e.kind())?;
+    s.set_read_timeout(Some(wait)).unwrap();
+    udp_exchange(&s)
+}
+
+/// `n` TCP (or UDP) exchanges with `to` from inside `ns`, each on a new
+/// connection (or socket).
+pub fn ask(ns: &Netns, to: &str, n: usize, udp: bool, wait: Duration) -> Vec<Answer> {
+    let to = addr(to);
+    ns.run(|| (0..n).map(|_| if udp { udp_ask(to, wait) } else { tcp_ask(to, wait) }).collect())
+}
+
+/// The backends that answered; panics on any failed exchange.
+pub fn names(answers: &[Answer]) -> BTreeSet<String> {
+    answers.iter().map(|a| a.clone().unwrap_or_else(|e| panic!("exchange failed: {e:?} in {answers:?}")).0).collect()
+}
+
+pub fn set(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
