@@ -26,8 +26,8 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub zone_hints: BTreeSet<String>,
-    pub node_hints: BTreeSet<String>,
+    pub zone_hints: Hints,
+    pub node_hints: Hints,
 }
 
 impl fmt::Display for Endpoint {
@@ -37,25 +37,69 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// An endpoint as read from a slice, before the port is known.
+/// The zone or node names of an endpoint's topology hints. Most endpoints
+/// have none, so a set costs one pointer, and the copies of an endpoint
+/// (one per service port) share it. Never `Some` of an empty set.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hints(Option<Arc<BTreeSet<String>>>);
+
+impl Hints {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.as_ref().is_some_and(|s| s.contains(name))
+    }
+
+    /// Adds a name; false if it was there already.
+    pub fn insert(&mut self, name: String) -> bool {
+        Arc::make_mut(self.0.get_or_insert_with(Default::default)).insert(name)
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().flat_map(|s| s.iter().map(String::as_str))
+    }
+}
+
+impl fmt::Debug for Hints {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<String> for Hints {
+    fn from_iter<I: IntoIterator<Item = String>>(iter: I) -> Hints {
+        let set: BTreeSet<String> = iter.into_iter().collect();
+        Hints((!set.is_empty()).then(|| Arc::new(set)))
+    }
+}
+
+/// An endpoint as read from a slice, before the port is known; its hints
+/// are kept beside it (see [`SliceInfo`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RawEndpoint {
     ip: IpAddr,
-    node_name: Option<String>,
+    /// On this proxy's node (the slice's nodeName).
+    is_local: bool,
     ready: bool,
     serving: bool,
     terminating: bool,
-    zone_hints: BTreeSet<String>,
-    node_hints: BTreeSet<String>,
 }
 
 /// The parts of one EndpointSlice the proxy uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceInfo {
-    pub service: NamespacedName,
     pub name: String,
     ports: Vec<(String, Protocol, u16)>,
     endpoints: Vec<RawEndpoint>,
+    /// Zone and node hints of each endpoint, in step with `endpoints`, or
+    /// empty when no endpoint has any (the usual case: then they cost nothing).
+    hints: Vec<(Hints, Hints)>,
     pub trigger_time: Option<String>,
 }
 
@@ -63,12 +107,14 @@ pub struct SliceInfo {
 pub enum SliceKind {
     /// No service-name label, headless, or another address family: ignored.
     Ignored(&'static str),
-    Slice(SliceInfo),
+    /// A slice of `service`.
+    Slice { service: NamespacedName, info: SliceInfo },
 }
 
-/// Parses a slice for `family`. Bad endpoint IPs are logged and skipped;
-/// a slice without a service-name label is ignored as upstream does.
-pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind, ModelError> {
+/// Parses a slice for `family`, as seen by the proxy on `node_name`. Bad
+/// endpoint IPs are logged and skipped; a slice without a service-name label
+/// is ignored as upstream does.
+pub fn parse_slice(slice: &EndpointSlice, family: IpFamily, node_name: &str) -> Result<SliceKind, ModelError> {
     let nn = namespaced_name(&slice.metadata);
     let labels = slice.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
@@ -81,7 +127,7 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
         return Ok(SliceKind::Ignored("other address type"));
     }
     let service = NamespacedName::new(&nn.namespace, svc_name);
-    let mut ports = Vec::new();
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let Some(name) = p.name.clone() else {
             tracing::warn!(endpointslice = %nn, field = %format!("ports[{i}].name"), "ignoring port with nil name");
@@ -97,7 +143,8 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
             }
         }
     }
-    let mut endpoints = Vec::new();
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    let mut hints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let Some(addr) = ep.addresses.first() else {
             tracing::debug!(endpointslice = %nn, index = i, "ignoring endpoint with no addresses");
@@ -112,62 +159,94 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily) -> Result<SliceKind,
         }
         let c = ep.conditions.as_ref();
         let ready = c.and_then(|c| c.ready).unwrap_or(true);
-        let hints = ep.hints.as_ref();
         endpoints.push(RawEndpoint {
             ip,
-            node_name: ep.node_name.clone(),
+            is_local: ep.node_name.as_deref() == Some(node_name),
             ready,
             serving: c.and_then(|c| c.serving).unwrap_or(ready),
             terminating: c.and_then(|c| c.terminating).unwrap_or(false),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|z| z.name.clone())
-                .collect(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|n| n.name.clone())
-                .collect(),
         });
+        let h = ep.hints.as_ref();
+        hints.push((
+            h.and_then(|h| h.for_zones.as_ref()).into_iter().flatten().map(|z| z.name.clone()).collect(),
+            h.and_then(|h| h.for_nodes.as_ref()).into_iter().flatten().map(|n| n.name.clone()).collect(),
+        ));
     }
+    if hints.iter().all(|(zones, nodes): &(Hints, Hints)| zones.is_empty() && nodes.is_empty()) {
+        hints = Vec::new();
+    }
+    ports.shrink_to_fit();
+    endpoints.shrink_to_fit();
+    hints.shrink_to_fit();
     let trigger_time = slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRIGGER_TIME)).cloned();
-    Ok(SliceKind::Slice(SliceInfo { service, name: nn.name, ports, endpoints, trigger_time }))
+    Ok(SliceKind::Slice { service, info: SliceInfo { name: nn.name, ports, endpoints, hints, trigger_time } })
 }
 
 /// Endpoints of one service port, sorted by address.
-pub type EndpointList = Arc<Vec<Endpoint>>;
+pub type EndpointList = Arc<[Endpoint]>;
 
-/// All current slices, grouped by service, with an index from slice to service.
+/// The endpoints of one port of a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoints {
+    pub port: String,
+    pub protocol: Protocol,
+    pub endpoints: EndpointList,
+}
+
+impl PortEndpoints {
+    pub fn is_port(&self, spn: &ServicePortName) -> bool {
+        self.protocol == spn.protocol && self.port == spn.port
+    }
+
+    pub fn same_port(&self, other: &PortEndpoints) -> bool {
+        self.protocol == other.protocol && self.port == other.port
+    }
+
+    pub fn port_name(&self, service: &NamespacedName) -> ServicePortName {
+        ServicePortName { service: service.clone(), port: self.port.clone(), protocol: self.protocol }
+    }
+}
+
+/// One port's endpoints while slices are merged.
+type ByAddress = BTreeMap<(IpAddr, u16), Endpoint>;
+
+/// All current slices, grouped by service (each service's in name order),
+/// with an index from slice to the name of its service, which is in the
+/// slice's namespace.
 #[derive(Debug, Default)]
 pub struct SliceCache {
-    by_service: BTreeMap<NamespacedName, BTreeMap<String, Arc<SliceInfo>>>,
-    owner: HashMap<NamespacedName, NamespacedName>,
+    by_service: HashMap<NamespacedName, Vec<SliceInfo>>,
+    owner: HashMap<NamespacedName, String>,
 }
 
 impl SliceCache {
-    /// Stores (or replaces) a slice. Returns the services whose endpoints may
-    /// have changed: its service, and the one it was filed under before if
-    /// its service-name label changed.
-    pub fn upsert(&mut self, slice: NamespacedName, info: SliceInfo) -> Vec<NamespacedName> {
-        let svc = info.service.clone();
-        let mut dirty = vec![svc.clone()];
-        if let Some(old) = self.owner.get(&slice).filter(|old| **old != svc).cloned() {
-            self.remove(&slice);
-            dirty.push(old);
+    /// Stores (or replaces) the slice `slice` of `service`. Returns the
+    /// services whose endpoints may have changed: its service, and the one
+    /// it was filed under before if its service-name label changed.
+    pub fn upsert(&mut self, slice: NamespacedName, service: NamespacedName, info: SliceInfo) -> Vec<NamespacedName> {
+        debug_assert_eq!(slice.namespace, service.namespace);
+        let mut dirty = vec![service.clone()];
+        if self.owner.get(&slice).is_some_and(|old| *old != service.name) {
+            dirty.extend(self.remove(&slice));
         }
-        self.by_service.entry(svc.clone()).or_default().insert(info.name.clone(), Arc::new(info));
-        self.owner.insert(slice, svc);
+        let slices = self.by_service.entry(service.clone()).or_default();
+        match slices.binary_search_by(|s| s.name.cmp(&info.name)) {
+            Ok(i) => slices[i] = info,
+            Err(i) => {
+                // Most services have one slice, a few have several: no spare room.
+                slices.reserve_exact(1);
+                slices.insert(i, info);
+            }
+        }
+        self.owner.insert(slice, service.name);
         dirty
     }
 
     /// Removes a slice by its namespace/name. Returns the service it belonged to.
     pub fn remove(&mut self, slice: &NamespacedName) -> Option<NamespacedName> {
-        let svc = self.owner.remove(slice)?;
+        let svc = NamespacedName { namespace: slice.namespace.clone(), name: self.owner.remove(slice)? };
         if let Some(slices) = self.by_service.get_mut(&svc) {
-            slices.remove(&slice.name);
+            slices.retain(|s| s.name != slice.name);
             if slices.is_empty() {
                 self.by_service.remove(&svc);
             }
@@ -177,40 +256,47 @@ impl SliceCache {
 
     /// Merges every slice of `svc` into endpoints per service port (upstream's
     /// endpointInfoByServicePort + addEndpoints): slices in name order; the same
-    /// ip:port in two slices is kept once, a local copy winning.
-    pub fn endpoints_for(&self, svc: &NamespacedName, node_name: &str) -> BTreeMap<ServicePortName, EndpointList> {
-        let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
-        for slice in self.by_service.get(svc).into_iter().flat_map(|m| m.values()) {
+    /// ip:port in two slices is kept once, a local copy winning. Sorted by
+    /// port name and protocol.
+    pub fn endpoints_for(&self, svc: &NamespacedName) -> Vec<PortEndpoints> {
+        let mut by_port: BTreeMap<(&str, Protocol), ByAddress> = BTreeMap::new();
+        for slice in self.by_service.get(svc).into_iter().flatten() {
             for (port_name, protocol, port) in &slice.ports {
-                let spn = ServicePortName { service: svc.clone(), port: port_name.clone(), protocol: *protocol };
-                let set = by_port.entry(spn).or_default();
-                for raw in &slice.endpoints {
-                    let is_local = raw.node_name.as_deref() == Some(node_name);
+                let set = by_port.entry((port_name.as_str(), *protocol)).or_default();
+                for (i, raw) in slice.endpoints.iter().enumerate() {
                     let key = (raw.ip, *port);
-                    if set.contains_key(&key) && !is_local {
+                    if set.contains_key(&key) && !raw.is_local {
                         continue;
                     }
+                    let (zone_hints, node_hints) = slice.hints.get(i).cloned().unwrap_or_default();
                     set.insert(
                         key,
                         Endpoint {
                             ip: raw.ip,
                             port: *port,
-                            is_local,
+                            is_local: raw.is_local,
                             ready: raw.ready,
                             serving: raw.serving,
                             terminating: raw.terminating,
-                            zone_hints: raw.zone_hints.clone(),
-                            node_hints: raw.node_hints.clone(),
+                            zone_hints,
+                            node_hints,
                         },
                     );
                 }
             }
         }
-        by_port.into_iter().map(|(spn, eps)| (spn, Arc::new(eps.into_values().collect()))).collect()
+        by_port
+            .into_iter()
+            .map(|((port, protocol), eps)| PortEndpoints {
+                port: port.to_string(),
+                protocol,
+                endpoints: eps.into_values().collect(),
+            })
+            .collect()
     }
 
     /// The trigger-time annotations of a service's slices.
     pub fn trigger_times(&self, svc: &NamespacedName) -> Vec<String> {
-        self.by_service.get(svc).into_iter().flat_map(|m| m.values()).filter_map(|s| s.trigger_time.clone()).collect()
+        self.by_service.get(svc).into_iter().flatten().filter_map(|s| s.trigger_time.clone()).collect()
     }
 }

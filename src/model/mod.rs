@@ -18,14 +18,14 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-pub use endpoints::{Endpoint, EndpointList};
+pub use endpoints::{Endpoint, EndpointList, Hints, PortEndpoints};
 pub use node::NodeInfo;
-pub use service::{NamespacedName, ServicePort, ServicePortMap, ServicePortName};
+pub use service::{NamespacedName, ServicePort, ServicePortName, ServicePorts};
 
 use crate::msgs::{Change, ResourceKind, SourceEvent};
 use crate::net::{IpFamily, Protocol};
 use endpoints::{parse_slice, SliceCache, SliceKind};
-use service::namespaced_name;
+use service::{find_port, namespaced_name};
 
 /// A bad object: which one, which field, what value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,24 +78,40 @@ impl ModelChanges {
     }
 }
 
+/// What the model knows of one Service: its ports, and the endpoints its
+/// slices give each port. Either may be there without the other.
+#[derive(Debug, Default)]
+struct ServiceState {
+    /// Empty when the Service does not exist (or yields no ports).
+    ports: ServicePorts,
+    /// Ports with endpoints, sorted by port name and protocol.
+    endpoints: Vec<PortEndpoints>,
+}
+
+impl ServiceState {
+    fn is_empty(&self) -> bool {
+        self.ports.is_empty() && self.endpoints.is_empty()
+    }
+}
+
 /// Services, endpoints and the node, with pending changes tracked per key.
+///
+/// Service ports and their endpoints are filed under their Service: a
+/// lookup by [`ServicePortName`] finds the Service, then the port among its
+/// few, so a Service's name is stored once.
 #[derive(Debug)]
 pub struct Model {
     family: IpFamily,
     node_name: String,
-    services: HashMap<NamespacedName, ServicePortMap>,
-    ports: HashMap<ServicePortName, Arc<ServicePort>>,
-    pending_services: HashMap<NamespacedName, ServicePortMap>,
+    /// Services with ports or endpoints.
+    services: HashMap<NamespacedName, ServiceState>,
+    pending_services: HashMap<NamespacedName, ServicePorts>,
     slices: SliceCache,
     pending_endpoints: HashSet<NamespacedName>,
-    endpoints: HashMap<ServicePortName, EndpointList>,
-    endpoint_ports: HashMap<NamespacedName, BTreeSet<ServicePortName>>,
     node: NodeInfo,
     pending_node: Option<NodeInfo>,
     synced: BTreeSet<ResourceKind>,
 }
-
-static NO_ENDPOINTS: Vec<Endpoint> = Vec::new();
 
 impl Model {
     pub fn new(family: IpFamily, node_name: &str) -> Model {
@@ -103,12 +119,9 @@ impl Model {
             family,
             node_name: node_name.to_string(),
             services: HashMap::new(),
-            ports: HashMap::new(),
             pending_services: HashMap::new(),
             slices: SliceCache::default(),
             pending_endpoints: HashSet::new(),
-            endpoints: HashMap::new(),
-            endpoint_ports: HashMap::new(),
             node: NodeInfo { name: node_name.to_string(), ..NodeInfo::default() },
             pending_node: None,
             synced: BTreeSet::new(),
@@ -152,12 +165,14 @@ impl Model {
                 self.pending_services.insert(nn, map);
             }
             SourceEvent::Service(Change::Deleted(svc)) => {
-                self.pending_services.insert(namespaced_name(&svc.metadata), ServicePortMap::new());
+                self.pending_services.insert(namespaced_name(&svc.metadata), ServicePorts::new());
             }
             SourceEvent::EndpointSlice(Change::Applied(slice)) => {
                 let nn = namespaced_name(&slice.metadata);
-                match parse_slice(slice, self.family)? {
-                    SliceKind::Slice(info) => self.pending_endpoints.extend(self.slices.upsert(nn, info)),
+                match parse_slice(slice, self.family, &self.node_name)? {
+                    SliceKind::Slice { service, info } => {
+                        self.pending_endpoints.extend(self.slices.upsert(nn, service, info))
+                    }
                     SliceKind::Ignored(_) => self.pending_endpoints.extend(self.slices.remove(&nn)),
                 }
             }
@@ -192,12 +207,12 @@ impl Model {
             out.topology_changed = node.topology_labels() != self.node.topology_labels();
             self.node = node;
         }
-        let pending: Vec<_> = self.pending_services.drain().collect();
-        for (nn, new) in pending {
+        // Taken, not drained: a cold sync's pending tables are large, and
+        // would otherwise stay allocated, empty, until the next one.
+        for (nn, new) in std::mem::take(&mut self.pending_services) {
             self.apply_service(nn, new, &mut out);
         }
-        let pending: Vec<_> = self.pending_endpoints.drain().collect();
-        for nn in pending {
+        for nn in std::mem::take(&mut self.pending_endpoints) {
             self.apply_endpoints(nn, &mut out);
         }
         out.deleted_udp_endpoints.sort();
@@ -205,82 +220,100 @@ impl Model {
         out
     }
 
-    fn apply_service(&mut self, nn: NamespacedName, new: ServicePortMap, out: &mut ModelChanges) {
-        let old = self.services.remove(&nn).unwrap_or_default();
-        if old == new {
-            if !new.is_empty() {
-                self.services.insert(nn, new);
-            }
+    /// The state of `nn`, created empty if need be; [`Model::tidy`] drops it if it stays empty.
+    fn state(&mut self, nn: NamespacedName) -> &mut ServiceState {
+        self.services.entry(nn).or_default()
+    }
+
+    fn tidy(&mut self, nn: &NamespacedName) {
+        if self.services.get(nn).is_some_and(ServiceState::is_empty) {
+            self.services.remove(nn);
+        }
+    }
+
+    fn apply_service(&mut self, nn: NamespacedName, new: ServicePorts, out: &mut ModelChanges) {
+        let old = self.services.get(&nn).map(|s| s.ports.as_slice()).unwrap_or_default();
+        // Unchanged: the old values stay, and what was planned from them still holds.
+        if *old == *new {
             return;
         }
-        for (spn, sp) in &old {
-            if !new.contains_key(spn) {
-                self.ports.remove(spn);
-                out.ports.insert(spn.clone());
-                if spn.protocol == Protocol::Udp {
+        for sp in old {
+            if find_port(&new, &sp.name).is_none() {
+                out.ports.insert(sp.name.clone());
+                if sp.protocol() == Protocol::Udp {
                     out.deleted_udp_cluster_ips.insert(sp.cluster_ip);
                 }
             }
         }
-        for (spn, sp) in &new {
-            if old.get(spn) != Some(sp) {
-                out.ports.insert(spn.clone());
+        for sp in &new {
+            if find_port(old, &sp.name) != Some(sp) {
+                out.ports.insert(sp.name.clone());
             }
-            self.ports.insert(spn.clone(), sp.clone());
         }
         out.services_updated.insert(nn.clone());
-        if !new.is_empty() {
-            self.services.insert(nn, new);
-        }
+        self.state(nn.clone()).ports = new;
+        self.tidy(&nn);
     }
 
     fn apply_endpoints(&mut self, nn: NamespacedName, out: &mut ModelChanges) {
-        let new = self.slices.endpoints_for(&nn, &self.node_name);
-        let old_ports = self.endpoint_ports.remove(&nn).unwrap_or_default();
+        let new = self.slices.endpoints_for(&nn);
+        let old = self.services.get_mut(&nn).map(|s| std::mem::take(&mut s.endpoints)).unwrap_or_default();
         let mut changed = false;
-        for spn in old_ports.iter().filter(|p| !new.contains_key(*p)) {
-            if let Some(old) = self.endpoints.remove(spn) {
-                stale_endpoints(spn, &old, &[], out);
-                out.ports.insert(spn.clone());
-                changed = true;
-            }
+        for gone in old.iter().filter(|o| !new.iter().any(|n| n.same_port(o))) {
+            let spn = gone.port_name(&nn);
+            stale_endpoints(&spn, &gone.endpoints, &[], out);
+            out.ports.insert(spn);
+            changed = true;
         }
-        for (spn, list) in &new {
-            let old = self.endpoints.get(spn).cloned();
-            if old.as_deref() == Some(list.as_ref()) {
+        let mut current = Vec::with_capacity(new.len());
+        for list in new {
+            let before = old.iter().find(|o| o.same_port(&list));
+            if let Some(before) = before.filter(|b| b.endpoints == list.endpoints) {
+                // Unchanged: the old list stays, and what was planned from it still holds.
+                current.push(before.clone());
                 continue;
             }
-            let old_list: &[Endpoint] = old.as_deref().map(Vec::as_slice).unwrap_or(&[]);
-            stale_endpoints(spn, old_list, list, out);
-            self.endpoints.insert(spn.clone(), list.clone());
-            out.ports.insert(spn.clone());
+            let spn = list.port_name(&nn);
+            stale_endpoints(&spn, before.map_or(&[], |b| &b.endpoints), &list.endpoints, out);
+            out.ports.insert(spn);
+            current.push(list);
             changed = true;
         }
         if changed {
             out.trigger_times.extend(self.slices.trigger_times(&nn));
             out.endpoints_updated.insert(nn.clone());
         }
-        if !new.is_empty() {
-            self.endpoint_ports.insert(nn, new.into_keys().collect());
+        if current.is_empty() {
+            self.tidy(&nn);
+        } else {
+            self.state(nn).endpoints = current;
         }
     }
 
     pub fn service_port(&self, spn: &ServicePortName) -> Option<&Arc<ServicePort>> {
-        self.ports.get(spn)
+        find_port(&self.services.get(&spn.service)?.ports, spn)
     }
 
     /// The endpoints of a service port (empty if none).
     pub fn endpoints(&self, spn: &ServicePortName) -> &[Endpoint] {
-        self.endpoints.get(spn).map(|l| l.as_slice()).unwrap_or(NO_ENDPOINTS.as_slice())
+        self.endpoint_list(spn).map_or(&[], |l| l)
+    }
+
+    /// The endpoints of a service port, shared; `None` if it has none. The
+    /// list is replaced, never modified, when they change.
+    pub fn endpoint_list(&self, spn: &ServicePortName) -> Option<&EndpointList> {
+        let ports = &self.services.get(&spn.service)?.endpoints;
+        ports.iter().find(|p| p.is_port(spn)).map(|p| &p.endpoints)
     }
 
     /// Every service port, in no particular order.
     pub fn service_ports(&self) -> impl Iterator<Item = &Arc<ServicePort>> {
-        self.ports.values()
+        self.services.values().flat_map(|s| &s.ports)
     }
 
+    /// Services with at least one port.
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.services.values().filter(|s| !s.ports.is_empty()).count()
     }
 }
 

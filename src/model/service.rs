@@ -1,7 +1,6 @@
 //! Services become service ports, as upstream's ServiceChangeTracker does
 //! (pkg/proxy/servicechangetracker.go, serviceport.go).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -84,9 +83,12 @@ impl ServicePort {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_vips.is_empty()
     }
 
-    /// Upstream's UsesClusterEndpoints: some traffic policy is Cluster.
+    /// Upstream's UsesClusterEndpoints: the internal policy is Cluster, or the
+    /// port is externally accessible at all (even with externalTrafficPolicy
+    /// Local, the short-circuit rules for pod and host traffic to external
+    /// destinations go to the cluster endpoints).
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Upstream's UsesLocalEndpoints: some traffic policy is Local.
@@ -95,8 +97,13 @@ impl ServicePort {
     }
 }
 
-/// The service ports of one Service.
-pub type ServicePortMap = BTreeMap<ServicePortName, Arc<ServicePort>>;
+/// The service ports of one Service, sorted by name.
+pub type ServicePorts = Vec<Arc<ServicePort>>;
+
+/// The port named `spn` among a Service's ports.
+pub fn find_port<'a>(ports: &'a [Arc<ServicePort>], spn: &ServicePortName) -> Option<&'a Arc<ServicePort>> {
+    ports.binary_search_by(|sp| sp.name.cmp(spn)).ok().map(|i| &ports[i])
+}
 
 /// Why a Service yields no service ports (not an error: upstream skips these).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +121,7 @@ pub fn namespaced_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Ob
 
 /// Converts a Service to its service ports for `family`. Errors name the
 /// object and field; a skipped Service yields `Ok(Err(skip))`.
-pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePortMap, Skip>, ModelError> {
+pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePorts, Skip>, ModelError> {
     let nn = namespaced_name(&svc.metadata);
     let labels = svc.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
@@ -136,7 +143,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePo
         ClusterIp::Ip(ip) => ip,
     };
     let common = Common::from_service(svc, family, &nn)?;
-    let mut map = ServicePortMap::new();
+    let mut ports = ServicePorts::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let protocol = Protocol::from_k8s(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
             ModelError::field(&nn, "Service", &format!("spec.ports[{i}].protocol"), p.protocol.as_deref().unwrap_or(""))
@@ -154,10 +161,15 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePo
             )
         })?;
         let name = ServicePortName { service: nn.clone(), port: p.name.clone().unwrap_or_default(), protocol };
-        let sp = common.port(name.clone(), cluster_ip, port, node_port);
-        map.insert(name, Arc::new(sp));
+        let sp = Arc::new(common.port(name, cluster_ip, port, node_port));
+        // A later port of the same name and protocol replaces an earlier one.
+        match ports.binary_search_by(|p| p.name.cmp(&sp.name)) {
+            Ok(i) => ports[i] = sp,
+            Err(i) => ports.insert(i, sp),
+        }
     }
-    Ok(Ok(map))
+    ports.shrink_to_fit();
+    Ok(Ok(ports))
 }
 
 enum ClusterIp {

@@ -326,3 +326,57 @@ fn categorize_uses_zone_hints_only_when_all_ready_endpoints_have_them() {
     let c = categorize(&eps, &sp(false, false, 0), "node-a", "zone-a");
     assert_eq!(c.cluster.len(), 2, "an endpoint without hints disables topology");
 }
+
+#[test]
+fn unchanged_endpoints_and_ports_keep_their_shared_values() {
+    // The planner recognises what it planned from by identity: an update
+    // that changes nothing must not replace the shared values.
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a")]))).unwrap();
+    m.apply();
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    let (port, list) = (m.service_port(&udp).unwrap().clone(), m.endpoint_list(&udp).unwrap().clone());
+    m.record(&applied_service(dns())).unwrap();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a")]))).unwrap();
+    assert!(m.apply().ports.is_empty());
+    assert!(Arc::ptr_eq(m.service_port(&udp).unwrap(), &port));
+    assert!(Arc::ptr_eq(m.endpoint_list(&udp).unwrap(), &list));
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.6", "node-a")]))).unwrap();
+    assert_eq!(m.apply().ports.len(), 2);
+    assert!(Arc::ptr_eq(m.service_port(&udp).unwrap(), &port));
+    assert!(!Arc::ptr_eq(m.endpoint_list(&udp).unwrap(), &list));
+}
+
+#[test]
+fn zone_hints_come_from_the_slice_and_only_where_given() {
+    let mut m = model();
+    let eps = [ep("10.244.0.5", "node-a").zone_hint("zone-a").zone_hint("zone-b"), ep("10.244.1.5", "node-b")];
+    m.record(&applied_slice(dns_slice("s", &eps))).unwrap();
+    m.apply();
+    let got = m.endpoints(&spn("kube-system", "dns", "dns-tcp", Protocol::Tcp));
+    assert!(got[0].zone_hints.contains("zone-a") && got[0].zone_hints.contains("zone-b"));
+    assert!(!got[0].zone_hints.contains("zone-c") && got[0].node_hints.is_empty());
+    assert!(got[1].zone_hints.is_empty());
+    assert_eq!(format!("{:?}", got[0].zone_hints), r#"{"zone-a", "zone-b"}"#);
+    let no_hints = dns_slice("s", &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]);
+    m.record(&applied_slice(no_hints)).unwrap();
+    m.apply();
+    assert!(m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp)).iter().all(|e| e.zone_hints.is_empty()));
+}
+
+#[test]
+fn a_slice_moving_to_another_service_leaves_the_first() {
+    let mut m = model();
+    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a")]))).unwrap();
+    m.apply();
+    let moved = slice("kube-system", "s", "other", &[("dns", "UDP", 53)], &[ep("10.244.0.5", "node-a")]);
+    m.record(&applied_slice(moved)).unwrap();
+    let ch = m.apply();
+    assert_eq!(
+        ch.endpoints_updated,
+        [NamespacedName::new("kube-system", "dns"), NamespacedName::new("kube-system", "other")].into()
+    );
+    assert!(m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp)).is_empty());
+    assert_eq!(m.endpoints(&spn("kube-system", "other", "dns", Protocol::Udp)).len(), 1);
+}

@@ -14,14 +14,17 @@ pub mod sets;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use claims::{Claims, Moved, Owner};
+use claims::{Claims, GroupedClaims, Moved, Owner};
 pub use ipvs::{Contribution, PlanContext};
 pub use sets::IpvsSet;
 
-use crate::model::{Model, ServicePortName};
+use crate::model::{EndpointList, Model, ServicePort, ServicePortName};
 use crate::msgs::{DestKey, DestSpec, IpsetOp, IpvsOp, LinkOp, SetEntry, VsKey, VsSpec};
 use crate::net::Protocol;
 
@@ -55,16 +58,65 @@ pub struct IpvsDesired {
     pub addresses: Vec<IpAddr>,
 }
 
+/// What the planner remembers of one service port: its owner id and the
+/// inputs it was last planned from, the model's own shared values (two
+/// pointers, nothing copied). Planning the same inputs with the same context
+/// gives the same [`Contribution`], so that is how the planner knows what
+/// the port claims without storing it a second time beside the claims.
+///
+/// Identified by the port's name: a set of these is a map by name.
+#[derive(Debug)]
+struct Planned {
+    owner: Owner,
+    port: Arc<ServicePort>,
+    endpoints: Option<EndpointList>,
+}
+
+impl Planned {
+    fn contribution(&self, ctx: &PlanContext) -> Contribution {
+        ipvs::contribution(ctx, &self.port, self.endpoints.as_deref().unwrap_or_default())
+    }
+
+    /// Whether the model still holds exactly these inputs.
+    fn same_inputs(&self, port: &Arc<ServicePort>, endpoints: Option<&EndpointList>) -> bool {
+        Arc::ptr_eq(&self.port, port)
+            && match (&self.endpoints, endpoints) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+impl Borrow<ServicePortName> for Planned {
+    fn borrow(&self) -> &ServicePortName {
+        &self.port.name
+    }
+}
+
+impl PartialEq for Planned {
+    fn eq(&self, other: &Planned) -> bool {
+        self.port.name == other.port.name
+    }
+}
+
+impl Eq for Planned {}
+
+impl Hash for Planned {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.port.name.hash(state)
+    }
+}
+
 /// The IPVS-mode planner: remembers what each service port claimed, so a
 /// change replans only the service ports it touches.
 #[derive(Debug)]
 pub struct IpvsPlanner {
     ctx: PlanContext,
-    owners: HashMap<ServicePortName, Owner>,
+    planned: HashSet<Planned>,
     next_owner: Owner,
-    contributions: HashMap<Owner, Contribution>,
     services: Claims<VsKey, VsSpec>,
-    dests: Claims<(VsKey, DestKey), DestSpec>,
+    dests: GroupedClaims<VsKey, DestKey, DestSpec>,
     entries: Claims<(IpvsSet, SetEntry), ()>,
     addresses: Claims<IpAddr, ()>,
     set_sizes: HashMap<IpvsSet, usize>,
@@ -75,11 +127,10 @@ impl IpvsPlanner {
     pub fn new(ctx: PlanContext) -> IpvsPlanner {
         IpvsPlanner {
             ctx,
-            owners: HashMap::new(),
+            planned: HashSet::new(),
             next_owner: 0,
-            contributions: HashMap::new(),
             services: Claims::default(),
-            dests: Claims::default(),
+            dests: GroupedClaims::default(),
             entries: Claims::default(),
             addresses: Claims::default(),
             set_sizes: HashMap::new(),
@@ -91,50 +142,72 @@ impl IpvsPlanner {
         &self.ctx
     }
 
-    fn owner(&mut self, spn: &ServicePortName) -> Owner {
-        if let Some(o) = self.owners.get(spn) {
-            return *o;
-        }
+    fn new_owner(&mut self) -> Owner {
         let o = self.next_owner;
         self.next_owner += 1;
-        self.owners.insert(spn.clone(), o);
         o
     }
 
     /// Replans `ports` against the model and returns the deltas.
     pub fn update<'a>(&mut self, model: &Model, ports: impl IntoIterator<Item = &'a ServicePortName>) -> IpvsDeltas {
+        self.plan(model, ports, None)
+    }
+
+    /// Replans `ports`; their previous plans were made with `old_ctx`, or
+    /// with the current context if `None`.
+    fn plan<'a>(
+        &mut self,
+        model: &Model,
+        ports: impl IntoIterator<Item = &'a ServicePortName>,
+        old_ctx: Option<&PlanContext>,
+    ) -> IpvsDeltas {
+        let same_ctx = old_ctx.is_none_or(|c| *c == self.ctx);
         let mut d = IpvsDeltas::default();
         for spn in ports {
-            let new = match model.service_port(spn) {
-                Some(sp) => ipvs::contribution(&self.ctx, sp, model.endpoints(spn)),
-                None => Contribution::default(),
+            let sp = model.service_port(spn);
+            let endpoints = model.endpoint_list(spn);
+            let old = self.planned.take(spn);
+            let owner = match &old {
+                Some(p) => p.owner,
+                None => self.new_owner(),
             };
-            let owner = self.owner(spn);
-            let old = self.contributions.remove(&owner).unwrap_or_default();
-            self.replace(owner, &old, &new, &mut d);
-            if model.service_port(spn).is_some() {
-                self.contributions.insert(owner, new);
-            } else {
-                self.owners.remove(spn);
+            let unchanged = matches!((&old, sp), (Some(old), Some(sp)) if same_ctx && old.same_inputs(sp, endpoints));
+            if !unchanged {
+                let old = old.map(|p| p.contribution(old_ctx.unwrap_or(&self.ctx))).unwrap_or_default();
+                let new = sp.map(|sp| ipvs::contribution(&self.ctx, sp, model.endpoints(spn))).unwrap_or_default();
+                self.replace(owner, &old, &new, &mut d);
+            }
+            if let Some(sp) = sp {
+                self.planned.insert(Planned { owner, port: sp.clone(), endpoints: endpoints.cloned() });
             }
         }
-        d.ipvs.sort();
+        // Equal ops are identical: an unstable sort needs no scratch buffer.
+        // A full sync's deltas are large and live until every actor has
+        // applied them: no spare room.
+        d.ipvs.sort_unstable();
+        d.ipvs.shrink_to_fit();
         for ops in d.sets.values_mut() {
-            ops.sort();
+            ops.sort_unstable();
+            ops.shrink_to_fit();
         }
-        d.link.sort();
+        d.link.sort_unstable();
+        d.link.shrink_to_fit();
         d
     }
 
     /// Replans every service port with a new context (config or node
     /// addresses changed, or a full resync).
     pub fn replan_all(&mut self, model: &Model, ctx: PlanContext) -> IpvsDeltas {
-        self.ctx = ctx;
-        let mut ports: Vec<ServicePortName> = self.owners.keys().cloned().collect();
-        ports.extend(model.service_ports().map(|sp| sp.name.clone()));
+        let old_ctx = std::mem::replace(&mut self.ctx, ctx);
+        let gone: Vec<ServicePortName> = self
+            .planned
+            .iter()
+            .filter(|p| model.service_port(&p.port.name).is_none())
+            .map(|p| p.port.name.clone())
+            .collect();
+        let mut ports: Vec<&ServicePortName> = model.service_ports().map(|sp| &sp.name).chain(&gone).collect();
         ports.sort();
-        ports.dedup();
-        self.update(model, &ports)
+        self.plan(model, ports, Some(&old_ctx))
     }
 
     fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, d: &mut IpvsDeltas) {
@@ -195,18 +268,22 @@ impl IpvsPlanner {
 
     /// The complete desired state.
     pub fn desired(&self) -> IpvsDesired {
-        let mut ipvs: Vec<IpvsOp> = self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())).collect();
-        ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(*vs, *d, *s)));
-        ipvs.sort();
-        let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> = IpvsSet::ALL.iter().map(|s| (*s, Vec::new())).collect();
+        let mut ipvs = Vec::with_capacity(self.services.len() + self.dests.len());
+        ipvs.extend(self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())));
+        ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(vs, d, *s)));
+        ipvs.sort_unstable();
+        let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> = IpvsSet::ALL
+            .iter()
+            .map(|s| (*s, Vec::with_capacity(self.set_sizes.get(s).copied().unwrap_or(0))))
+            .collect();
         for ((set, entry), ()) in self.entries.iter() {
             sets.entry(*set).or_default().push(*entry);
         }
         for v in sets.values_mut() {
-            v.sort();
+            v.sort_unstable();
         }
         let mut addresses: Vec<IpAddr> = self.addresses.iter().map(|(a, ())| *a).collect();
-        addresses.sort();
+        addresses.sort_unstable();
         IpvsDesired { ipvs, sets, addresses }
     }
 

@@ -282,3 +282,81 @@ fn local_policy_without_local_endpoints_falls_back_to_cluster_endpoints() {
     assert!(l.contains(&"-a -t 192.168.50.2:30070 -r 10.244.1.7:8080 -m -w 1".to_string()), "{l:?}");
     assert!(l.contains(&"add KUBE-NODE-PORT-LOCAL-TCP 30070".to_string()), "{l:?}");
 }
+
+#[test]
+fn replan_all_with_the_same_context_moves_nothing_and_the_plan_still_follows() {
+    let mut m = model_with(web());
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    assert!(p.replan_all(&m, ctx()).is_empty());
+    let one_left = slice("default", "web-1", "web", &[("http", "TCP", 8080)], &[ep("10.244.0.5", "node-a")]);
+    m.record(&applied_slice(one_left)).unwrap();
+    let ch = m.apply();
+    assert_eq!(lines(&p.update(&m, &ch.ports)), vec!["-d -t 10.96.0.20:80 -r 10.244.1.5:8080"]);
+}
+
+#[test]
+fn a_new_scheduler_edits_every_virtual_server_and_later_plans_start_from_it() {
+    let mut m = model_with(web());
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    let mut c = ctx();
+    c.scheduler = "lc".into();
+    assert_eq!(lines(&p.replan_all(&m, c)), vec!["-E -t 10.96.0.20:80 -s lc"]);
+    // What the port claims is now what it was planned with under the new context.
+    m.record(&deleted_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]))).unwrap();
+    let ch = m.apply();
+    let l = lines(&p.update(&m, &ch.ports));
+    assert!(l.contains(&"-D -t 10.96.0.20:80".to_string()), "{l:?}");
+    assert_eq!(p.sizes(), (0, 0, 0, 0));
+}
+
+#[test]
+fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
+    // Two Services with the same LB VIP and port: the lower owner's scheduler
+    // settings win; real servers are the union, each kept while any claims it.
+    let lb = |name: &str, cluster_ip: &str, affinity: bool| {
+        let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, 0)]);
+        let spec = s.spec.as_mut().unwrap();
+        spec.type_ = Some("LoadBalancer".into());
+        if affinity {
+            spec.session_affinity = Some("ClientIP".into());
+        }
+        s.status = Some(from_json(serde_json::json!({"loadBalancer": {"ingress": [{"ip": "192.168.60.10"}]}})));
+        applied_service(s)
+    };
+    let eps = |name: &str, svc: &str, ips: &[&str]| {
+        let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, "node-b")).collect();
+        applied_slice(slice("ns", name, svc, &[("http", "TCP", 8080)], &eps))
+    };
+    let mut m = model_with(vec![
+        lb("a", "10.96.0.40", false),
+        eps("a-1", "a", &["10.244.1.1", "10.244.1.2"]),
+        lb("b", "10.96.0.41", true),
+        eps("b-1", "b", &["10.244.1.2", "10.244.1.3"]),
+    ]);
+    let port = |svc: &str| ServicePortName {
+        service: crate::model::NamespacedName::new("ns", svc),
+        port: "http".into(),
+        protocol: Protocol::Tcp,
+    };
+    let (a, b) = (port("a"), port("b"));
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, [&a, &b]);
+    let vip: Vec<String> =
+        p.desired().ipvs.iter().map(|o| o.to_string()).filter(|l| l.contains("192.168.60.10")).collect();
+    assert_eq!(
+        vip,
+        vec![
+            "-A -t 192.168.60.10:80 -s rr",
+            "-a -t 192.168.60.10:80 -r 10.244.1.1:8080 -m -w 1",
+            "-a -t 192.168.60.10:80 -r 10.244.1.2:8080 -m -w 1",
+            "-a -t 192.168.60.10:80 -r 10.244.1.3:8080 -m -w 1",
+        ]
+    );
+    // a goes: b's settings take over, a's own real server goes, the shared one stays.
+    m.record(&deleted_service(service("ns", "a", "10.96.0.40", &[("http", "TCP", 80, 0)]))).unwrap();
+    let ch = m.apply();
+    let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
+    assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr -p 10800", "-d -t 192.168.60.10:80 -r 10.244.1.1:8080"]);
+}
