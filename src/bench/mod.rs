@@ -3,3 +3,6 @@
 //! realistic cluster of a given size.
 
 pub mod gen;
+pub mod iptables_kernel;
+pub mod ipvs_kernel;
+pub mod stats;

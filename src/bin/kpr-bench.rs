@@ -6,6 +6,8 @@
 //! cargo run --release --bin kpr-bench -- actors    # end to end through the actors, in-memory kernels
 //! cargo run --release --bin kpr-bench -- rss       # peak RSS after building and planning N = 10,000
 //! cargo run --release --bin kpr-bench -- churn --seconds 60
+//! cargo run --release --bin kpr-bench -- iptables  # iptables mode on the real kernel, own netns (root)
+//! tests/vm/bench-ipvs.sh                           # `ipvs`: IPVS mode on a real kernel, in the VM
 //! ```
 //!
 //! Prints a markdown table, or JSON with `--json`. Clusters come from
@@ -24,6 +26,9 @@ use kube_proxy_rs::actors::coordinator::{
 use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use kube_proxy_rs::bench::iptables_kernel;
+use kube_proxy_rs::bench::ipvs_kernel;
+use kube_proxy_rs::bench::stats::quantile;
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
@@ -84,6 +89,63 @@ enum Cmd {
         /// How long to churn.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+    },
+    /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
+    /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
+    Ipvs {
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        #[arg(long, default_value_t = 500)]
+        changes: usize,
+        /// Services of the unreported warm-up round (0: none).
+        #[arg(long, default_value_t = 50)]
+        warmup: usize,
+        /// Where the tools' input files go.
+        #[arg(long, default_value = "/tmp/kpr-bench-ipvs")]
+        work_dir: std::path::PathBuf,
+        /// Skip reading the kernel state back to compare ours with the tools'.
+        #[arg(long)]
+        no_verify: bool,
+        /// Skip applying the cold state through each kernel handle alone.
+        #[arg(long)]
+        no_breakdown: bool,
+        /// Also write the figures as JSON to this file.
+        #[arg(long)]
+        json_out: Option<std::path::PathBuf>,
+    },
+    /// iptables mode on the real kernel, as root, in a network namespace of its own:
+    /// cold sync, endpoint changes vs iptables-restore alone, lines per change, CPU during churn.
+    Iptables {
+        /// Cluster sizes for the cold sync and the single changes (0: none).
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        /// Single endpoint changes per size, one at a time.
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        /// iptables tools: those on PATH (the daemon's), or iptables-legacy-* / iptables-nft-*.
+        #[arg(long, default_value = "path", value_parser = ["path", "legacy", "nft"])]
+        flavour: String,
+        /// Fresh namespaces the cold text is restored in by the tool alone (median reported).
+        #[arg(long, default_value_t = 3)]
+        cold_tool_runs: usize,
+        /// Save the restore inputs (cold, first 5 changes) as DIR/iptables-N-*.txt.
+        #[arg(long)]
+        save_dir: Option<std::path::PathBuf>,
+        /// Cluster size of the churn.
+        #[arg(long, default_value_t = 10000)]
+        churn_services: usize,
+        /// Churn changes per second.
+        #[arg(long, default_value_t = 50)]
+        rate: u32,
+        /// Churn duration (0: no churn).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// minSyncPeriod during the churn (upstream's iptables default: 1s).
+        #[arg(long, default_value_t = 1000)]
+        min_sync_ms: u64,
+        /// syncPeriod during the churn (upstream's default: 30s).
+        #[arg(long, default_value_t = 30)]
+        sync_period_s: u64,
     },
 }
 
@@ -162,16 +224,6 @@ fn ms(d: Duration) -> f64 {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// The `q` quantile (0..=1) of `v`, nearest rank.
-fn quantile(v: &mut [Duration], q: f64) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
 }
 
 fn spec(cli: &Cli, services: usize) -> ClusterSpec {
@@ -254,9 +306,9 @@ fn bench_plan(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> any
             times.push(t.elapsed());
             ops.push(d.len());
         }
-        r.add("plan", n, "endpoint change: p50 (record + apply + plan)", us(quantile(&mut times, 0.5)), "µs");
-        r.add("plan", n, "endpoint change: p99", us(quantile(&mut times, 0.99)), "µs");
-        r.add("plan", n, "endpoint change: max", us(quantile(&mut times, 1.0)), "µs");
+        r.add("plan", n, "endpoint change: p50 (record + apply + plan)", us(quantile(&times, 0.5)), "µs");
+        r.add("plan", n, "endpoint change: p99", us(quantile(&times, 0.99)), "µs");
+        r.add("plan", n, "endpoint change: max", us(quantile(&times, 1.0)), "µs");
         let mean = ops.iter().sum::<usize>() as f64 / ops.len().max(1) as f64;
         r.add("plan", n, "endpoint change: kernel ops, mean", (mean * 100.0).round() / 100.0, "ops");
         r.add("plan", n, "endpoint change: kernel ops, max", ops.iter().copied().max().unwrap_or(0) as f64, "ops");
@@ -355,11 +407,11 @@ fn bench_actors(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> a
                 lines += d.journal.lines().len();
                 d.journal.clear();
             }
-            let p99 = quantile(&mut times, 0.99);
-            r.add("actors", n, "endpoint change → every actor acked: p50", us(quantile(&mut times, 0.5)), "µs");
+            let p99 = quantile(&times, 0.99);
+            r.add("actors", n, "endpoint change → every actor acked: p50", us(quantile(&times, 0.5)), "µs");
             r.target("actors", n, "endpoint change → every actor acked: p99", us(p99), "µs", 1000.0);
-            r.add("actors", n, "endpoint change → every actor acked: max", us(quantile(&mut times, 1.0)), "µs");
-            let (s50, s99) = (quantile(&mut sync_times, 0.5), quantile(&mut sync_times, 0.99));
+            r.add("actors", n, "endpoint change → every actor acked: max", us(quantile(&times, 1.0)), "µs");
+            let (s50, s99) = (quantile(&sync_times, 0.5), quantile(&sync_times, 0.99));
             r.add("actors", n, "endpoint change: sync start → every actor acked: p50", us(s50), "µs");
             r.add("actors", n, "endpoint change: sync start → every actor acked: p99", us(s99), "µs");
             r.add("actors", n, "endpoint change: incremental syncs", partial as f64, "syncs");
@@ -473,6 +525,37 @@ fn bench_churn(cli: &Cli, n: usize, rate: u32, seconds: u64, r: &mut Report) -> 
     })
 }
 
+/// `kpr-bench ipvs`: the figures of [`ipvs_kernel::run`], also when it stops early.
+fn bench_ipvs_kernel(
+    opts: &ipvs_kernel::Options,
+    json_out: Option<&std::path::Path>,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let mut figures = Vec::new();
+    let res = ipvs_kernel::run(opts, &mut figures);
+    for f in figures {
+        let ipvs_kernel::Figure { services, metric, value, unit, target, met } = f;
+        r.rows.push(Row { bench: "ipvs", services, metric, value, unit, target, met });
+    }
+    if let Some(path) = json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&r.rows)?)?;
+    }
+    res
+}
+
+/// `kpr-bench iptables`: the figures of [`iptables_kernel::run`], also when it stops early.
+fn bench_iptables_kernel(opts: &iptables_kernel::Options, r: &mut Report) -> anyhow::Result<()> {
+    let mut figures = Vec::new();
+    let res = iptables_kernel::run(opts, &mut figures);
+    for f in figures {
+        match f.limit {
+            Some(limit) => r.target(f.bench, f.services, &f.metric, f.value, f.unit, limit),
+            None => r.add(f.bench, f.services, &f.metric, f.value, f.unit),
+        }
+    }
+    res
+}
+
 fn main() {
     let cli = Cli::parse();
     let mut r = Report { rows: Vec::new() };
@@ -481,6 +564,55 @@ fn main() {
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
         Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),
+        Cmd::Ipvs { services, changes, warmup, work_dir, no_verify, no_breakdown, json_out } => {
+            let opts = ipvs_kernel::Options {
+                services: services.clone(),
+                changes: *changes,
+                seed: cli.seed,
+                nodes: cli.nodes,
+                endpoints: cli.endpoints,
+                warmup: *warmup,
+                work_dir: work_dir.clone(),
+                verify: !no_verify,
+                breakdown: !no_breakdown,
+            };
+            bench_ipvs_kernel(&opts, json_out.as_deref(), &mut r)
+        }
+        Cmd::Iptables {
+            services,
+            changes,
+            flavour,
+            cold_tool_runs,
+            save_dir,
+            churn_services,
+            rate,
+            seconds,
+            min_sync_ms,
+            sync_period_s,
+        } => {
+            let opts = iptables_kernel::Options {
+                seed: cli.seed,
+                nodes: cli.nodes,
+                endpoints: cli.endpoints,
+                services: services.iter().copied().filter(|n| *n > 0).collect(),
+                changes: *changes,
+                cold_tool_runs: *cold_tool_runs,
+                save_dir: save_dir.clone(),
+                flavour: match flavour.as_str() {
+                    "legacy" => iptables_kernel::Flavour::Legacy,
+                    "nft" => iptables_kernel::Flavour::Nft,
+                    _ => iptables_kernel::Flavour::Path,
+                },
+                churn: (*seconds > 0).then(|| iptables_kernel::ChurnOptions {
+                    services: *churn_services,
+                    rate: *rate,
+                    seconds: *seconds,
+                    min_sync: Duration::from_millis(*min_sync_ms),
+                    sync_period: Duration::from_secs(*sync_period_s),
+                }),
+            };
+            bench_iptables_kernel(&opts, &mut r)
+        }
     };
     r.print(cli.json);
     if let Err(e) = res {
