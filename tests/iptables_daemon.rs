@@ -61,7 +61,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::lab::{self, addr, names, serve, set, udp_exchange, Answer, Conn, Servers, BACKEND_PORT};
+use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::Subsystem;
@@ -71,7 +71,6 @@ use kube_proxy_rs::plan::iptables::{is_service_chain, JUMPS, KUBELET_JUMPS};
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
-const NODE_IP: &str = "192.168.50.1";
 /// How long a client waits before calling an exchange dropped.
 const DROP_WAIT: Duration = Duration::from_millis(700);
 /// How long the daemon may take to start and finish its first sync.
@@ -120,7 +119,7 @@ struct Lab {
     node: Netns,
     client: Netns,
     /// Backend namespaces and their servers, kept running until the lab drops.
-    _backends: Vec<(&'static str, Netns, Servers)>,
+    _backends: Vec<Backend>,
     flavour: Flavour,
     dir: tempfile::TempDir,
     /// Daemons started so far (names their log files).
@@ -129,36 +128,7 @@ struct Lab {
 
 impl Lab {
     fn new(tag: &str, flavour: Flavour, backends: &[&'static str]) -> Lab {
-        let node = Netns::new(&format!("ipd-{tag}-n"));
-        let client = Netns::new(&format!("ipd-{tag}-c"));
-        let sh = |ns: &Netns, cmd: &str| {
-            ns.ok(&cmd.split_whitespace().collect::<Vec<_>>());
-        };
-        sh(&node, &format!("ip link add nc0 type veth peer name eth0 netns {}", client.name));
-        sh(&node, &format!("ip addr add {NODE_IP}/24 dev nc0"));
-        sh(&node, "ip link set nc0 up");
-        sh(&client, "ip addr add 192.168.50.10/24 dev eth0");
-        sh(&client, "ip link set eth0 up");
-        sh(&client, &format!("ip route add default via {NODE_IP}"));
-        sh(&node, "ip link add up0 type veth peer name up1");
-        sh(&node, "ip addr add 172.31.0.1/24 dev up0");
-        sh(&node, "ip link set up1 up");
-        sh(&node, "ip link set up0 up");
-        sh(&node, "ip route add default via 172.31.0.254");
-        sh(&node, "sysctl -q -w net.ipv4.ip_forward=1");
-        let mut list = Vec::new();
-        for name in backends {
-            let n: usize = name[1..].parse().expect("backends are b1, b2, ...");
-            let ns = Netns::new(&format!("ipd-{tag}-{name}"));
-            sh(&node, &format!("ip link add nb{n} type veth peer name eth0 netns {}", ns.name));
-            sh(&node, &format!("ip addr add 10.244.{n}.1/24 dev nb{n}"));
-            sh(&node, &format!("ip link set nb{n} up"));
-            sh(&ns, &format!("ip addr add 10.244.{n}.2/24 dev eth0"));
-            sh(&ns, "ip link set eth0 up");
-            sh(&ns, &format!("ip route add default via 10.244.{n}.1"));
-            let servers = serve(&ns, name);
-            list.push((*name, ns, servers));
-        }
+        let (node, client, list) = lab::topology(&format!("ipd-{tag}"), backends);
         let dir = tempfile::tempdir().expect("tempdir");
         let lab = Lab { node, client, _backends: list, flavour, dir, started: 0 };
         std::fs::create_dir(lab.manifests()).unwrap();

@@ -36,7 +36,7 @@ mod common;
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use common::lab::{self, names, serve, set, Answer, Servers, BACKEND_PORT};
+use common::lab::{self, names, set, Answer, Backend, BACKEND_PORT, CLIENT_IP, NODE_IP};
 use common::Netns;
 use kube_proxy_rs::fixtures::{applied_service, applied_slice, from_json, node, slice, Ep};
 use kube_proxy_rs::model::{Model, NodeInfo};
@@ -50,8 +50,6 @@ use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
-const NODE_IP: &str = "192.168.50.1";
-const CLIENT_IP: &str = "192.168.50.10";
 /// How long a client waits before calling a connection dropped.
 const DROP_WAIT: Duration = Duration::from_millis(800);
 
@@ -70,7 +68,7 @@ struct Lab {
     node: Netns,
     client: Netns,
     /// (name, namespace, servers) of b1, b2 (on this node) and b3 (another node's).
-    backends: Vec<(&'static str, Netns, Servers)>,
+    backends: Vec<Backend>,
     flavour: &'static str,
     model: Model,
     planner: IptablesPlanner,
@@ -81,33 +79,7 @@ const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
 
 impl Lab {
     fn new(tag: &str, flavour: &'static str) -> Lab {
-        let node = Netns::new(&format!("ipm-{tag}-n"));
-        let client = Netns::new(&format!("ipm-{tag}-c"));
-        sh(&node, &format!("ip link add nc0 type veth peer name eth0 netns {}", client.name));
-        sh(&node, &format!("ip addr add {NODE_IP}/24 dev nc0"));
-        sh(&node, "ip link set nc0 up");
-        sh(&client, &format!("ip addr add {CLIENT_IP}/24 dev eth0"));
-        sh(&client, "ip link set eth0 up");
-        sh(&client, &format!("ip route add default via {NODE_IP}"));
-        sh(&node, "ip link add up0 type veth peer name up1");
-        sh(&node, "ip addr add 172.31.0.1/24 dev up0");
-        sh(&node, "ip link set up1 up");
-        sh(&node, "ip link set up0 up");
-        sh(&node, "ip route add default via 172.31.0.254");
-        sh(&node, "sysctl -q -w net.ipv4.ip_forward=1");
-        let mut backends = Vec::new();
-        for (i, name) in BACKENDS.iter().enumerate() {
-            let ns = Netns::new(&format!("ipm-{tag}-{name}"));
-            let n = i + 1;
-            sh(&node, &format!("ip link add nb{n} type veth peer name eth0 netns {}", ns.name));
-            sh(&node, &format!("ip addr add 10.244.{n}.1/24 dev nb{n}"));
-            sh(&node, &format!("ip link set nb{n} up"));
-            sh(&ns, &format!("ip addr add 10.244.{n}.2/24 dev eth0"));
-            sh(&ns, "ip link set eth0 up");
-            sh(&ns, &format!("ip route add default via 10.244.{n}.1"));
-            let servers = serve(&ns, name);
-            backends.push((*name, ns, servers));
-        }
+        let (node, client, backends) = lab::topology(&format!("ipm-{tag}"), &BACKENDS);
         let ctx = lab_context();
         let mut model = Model::new(IpFamily::V4, NODE);
         model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();

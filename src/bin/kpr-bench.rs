@@ -71,7 +71,8 @@ enum Cmd {
     Actors {
         #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
         services: Vec<usize>,
-        #[arg(long, default_value_t = 500)]
+        /// Endpoint changes to time.
+        #[arg(long, default_value_t = 1000)]
         changes: usize,
     },
     /// Peak RSS (VmHWM) after building the model and planning a full sync.

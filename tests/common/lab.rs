@@ -1,6 +1,6 @@
 //! The packet lab's backends and clients, shared by the tests that carry real
 //! TCP and UDP through network namespaces (`iptables_mode`, `iptables_daemon`).
-//! Each test file builds its own topology; this module only serves and asks.
+//! [`topology`] builds the namespaces; the test files add what they test.
 //!
 //! Backends: [`serve`] runs a TCP and a UDP server on [`BACKEND_PORT`] in a
 //! namespace (threads that `setns(2)` into it), answering every line (TCP)
@@ -25,8 +25,55 @@ use super::Netns;
 /// The port every backend's servers listen on (TCP and UDP).
 pub const BACKEND_PORT: u16 = 8080;
 
+/// The node's address on the client link.
+pub const NODE_IP: &str = "192.168.50.1";
+/// The off-cluster client's address.
+pub const CLIENT_IP: &str = "192.168.50.10";
+
 /// How long a client waits for the answer on an open TCP connection.
 const TCP_READ_WAIT: Duration = Duration::from_secs(3);
+
+// ---------------------------------------------------------------- topology
+
+/// A backend: its name (`b1`, `b2`, ...), namespace and servers.
+pub type Backend = (&'static str, Netns, Servers);
+
+/// The lab's namespaces, named `<prefix>-n`, `<prefix>-c`, `<prefix>-b1`, ...:
+/// a node with a client on 192.168.50.0/24 (routed through the node), an
+/// uplink veth so the node has a default route (172.31.0.254, never
+/// answered), IP forwarding on, and each backend `bN` on 10.244.N.0/24
+/// behind its own veth, serving on [`BACKEND_PORT`].
+pub fn topology(prefix: &str, backends: &[&'static str]) -> (Netns, Netns, Vec<Backend>) {
+    let sh = |ns: &Netns, cmd: &str| ns.ok(&cmd.split_whitespace().collect::<Vec<_>>());
+    let node = Netns::new(&format!("{prefix}-n"));
+    let client = Netns::new(&format!("{prefix}-c"));
+    sh(&node, &format!("ip link add nc0 type veth peer name eth0 netns {}", client.name));
+    sh(&node, &format!("ip addr add {NODE_IP}/24 dev nc0"));
+    sh(&node, "ip link set nc0 up");
+    sh(&client, &format!("ip addr add {CLIENT_IP}/24 dev eth0"));
+    sh(&client, "ip link set eth0 up");
+    sh(&client, &format!("ip route add default via {NODE_IP}"));
+    sh(&node, "ip link add up0 type veth peer name up1");
+    sh(&node, "ip addr add 172.31.0.1/24 dev up0");
+    sh(&node, "ip link set up1 up");
+    sh(&node, "ip link set up0 up");
+    sh(&node, "ip route add default via 172.31.0.254");
+    sh(&node, "sysctl -q -w net.ipv4.ip_forward=1");
+    let mut list = Vec::new();
+    for name in backends {
+        let n: usize = name[1..].parse().expect("backends are b1, b2, ...");
+        let ns = Netns::new(&format!("{prefix}-{name}"));
+        sh(&node, &format!("ip link add nb{n} type veth peer name eth0 netns {}", ns.name));
+        sh(&node, &format!("ip addr add 10.244.{n}.1/24 dev nb{n}"));
+        sh(&node, &format!("ip link set nb{n} up"));
+        sh(&ns, &format!("ip addr add 10.244.{n}.2/24 dev eth0"));
+        sh(&ns, "ip link set eth0 up");
+        sh(&ns, &format!("ip route add default via 10.244.{n}.1"));
+        let servers = serve(&ns, name);
+        list.push((*name, ns, servers));
+    }
+    (node, client, list)
+}
 
 // ---------------------------------------------------------------- backends
 
