@@ -277,7 +277,8 @@ fn start_ipvs(
     }))
 }
 
-fn addr_source() -> AddrSource {
+/// The node's interface addresses, read at each sync (public for `kpr-bench`).
+pub fn addr_source() -> AddrSource {
     Box::new(|| {
         addrs::local_addrs().unwrap_or_else(|e| {
             tracing::error!(error = %e, "reading the node's addresses");
@@ -361,7 +362,8 @@ pub fn context_builder(
     })
 }
 
-fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> Settings {
+/// The coordinator's settings from the config (public for `kpr-bench`).
+pub fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> Settings {
     Settings {
         plan: daemon::plan_settings(cfg, family, node_name),
         min_sync: cfg.min_sync_period(),

@@ -37,23 +37,23 @@ use anyhow::{bail, ensure, Context as _};
 use futures::FutureExt;
 use tokio::sync::watch;
 
-use crate::actors::coordinator::{AddrSource, Coordinator, Dataplane, Finished, IptablesDataplane, Planned, Settings};
+use crate::actors::coordinator::{Coordinator, Dataplane, Finished, IptablesDataplane, Planned};
 use crate::actors::stats::StatsRegistry;
-use crate::actors::wiring::start_iptables_actors;
+use crate::actors::wiring::start_iptables_actors_with_drift;
 use crate::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
 use crate::config::KubeProxyConfiguration;
 use crate::health::{self, ProxyHealth};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
-use crate::kernel::{addrs, Applied, IptablesKernel, KFuture, KResult, Subsystem};
+use crate::kernel::{Applied, IptablesKernel, KFuture, KResult, Subsystem};
 use crate::metrics::hooks::SyncHooks;
 use crate::metrics::ProxyMetrics;
 use crate::model::{Model, ModelChanges};
 use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
-use crate::runtime::{context_builder, host_features};
+use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
 
 /// Which iptables tools the handle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -470,23 +470,22 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     let recording =
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();
-    let targets = start_iptables_actors(recording.clone(), conntrack, &registry);
     let context = context_builder(&cfg, family, THIS_NODE, host);
-    let addrs: AddrSource = Box::new(|| addrs::local_addrs().unwrap_or_default());
-    let dataplane = IptablesDataplane::new(targets, addrs, context, &kernel_chains);
-    let settings = Settings {
-        plan: crate::daemon::plan_settings(&cfg, family, THIS_NODE),
-        min_sync: cfg.min_sync_period(),
-        max_sync: cfg.sync_period(),
-        burst: 2,
-    };
+    let settings = coordinator_settings(&cfg, family, THIS_NODE);
     // The daemon's hooks (metrics, health), without the HTTP servers.
-    let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry));
+    let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let proxy_health = Arc::new(ProxyHealth::new(health::health_timeout(&cfg)).with_metrics(metrics.clone()));
     let hooks = SyncHooks::new(family, metrics, proxy_health);
     let (tx, done) = watch::channel(SyncSignal::default());
-    let probed = Probed { inner: dataplane, done: tx, totals: SyncSignal::default() };
-    let coord = Coordinator::with_dataplane(settings, probed).with_hooks(hooks).start();
+    let actors = recording.clone();
+    let registry_ref = &registry;
+    let coord = Coordinator::create(move |ctx| {
+        let drift = Some(ctx.address().recipient());
+        let targets = start_iptables_actors_with_drift(actors, conntrack, registry_ref, drift);
+        let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
+        let probed = Probed { inner: dataplane, done: tx, totals: SyncSignal::default() };
+        Coordinator::with_dataplane(settings, probed).with_hooks(hooks)
+    });
     Ok(Daemon { coord, handle, recording, done })
 }
 
@@ -867,7 +866,7 @@ mod tests {
     /// policies Local once jumped to a cluster chain it never declared.)
     #[test]
     fn every_jump_target_of_a_generated_cluster_is_declared() {
-        use crate::plan::context::{LocalAddr, NodePortFilter};
+        use crate::plan::context::NodePortFilter;
         use crate::plan::iptables::iptables_context;
         use crate::plan::rules_ipvs::LocalDetector;
         let cluster = Cluster::new(ClusterSpec { services: 1000, endpoints_per_service: 10, nodes: 100, seed: 1 });
@@ -878,8 +877,8 @@ mod tests {
         model.apply();
         let mut settings = crate::fixtures::iptables_settings(IpFamily::V4, THIS_NODE, NodePortFilter::All);
         settings.local = LocalDetector::Cidr("10.0.0.0/8".parse().expect("cidr"));
-        let addrs = [LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }];
-        let text = iptables_plan::dry_run(&model, iptables_context(&settings, model.node(), &addrs));
+        let text =
+            iptables_plan::dry_run(&model, iptables_context(&settings, model.node(), &crate::bench::local_addrs()));
         // Chains declared per table, then each rule's KUBE- target checked against its table's.
         let mut declared: std::collections::HashMap<&str, std::collections::HashSet<&str>> = Default::default();
         let mut table = "";

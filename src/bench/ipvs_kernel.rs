@@ -49,11 +49,12 @@ use serde::Serialize;
 use crate::actors::coordinator::{AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord};
 use crate::actors::stats::{StatsRegistry, StatsSnapshot};
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
-use crate::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use crate::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
+use crate::bench::{local_addrs, plan_settings, rules_config};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::ipset::IpsetHandle;
-use crate::kernel::iptables::IptablesHandle;
+use crate::kernel::iptables::{restore_input_on_empty_kernel, IptablesHandle};
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
@@ -63,9 +64,9 @@ use crate::model::{Model, NodeInfo};
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::{IpsetOp, IptablesOp, LinkOp, RestoreInput, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
-use crate::plan::context::{plan_context, LocalAddr, NodePortFilter, PlanSettings};
-use crate::plan::rules_ipvs::{self, IpvsRulesConfig, LocalDetector};
-use crate::plan::{IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::plan::context::plan_context;
+use crate::plan::rules_ipvs;
+use crate::plan::{render, IpvsDesired, IpvsPlanner, IpvsSet};
 
 const FAMILY: IpFamily = IpFamily::V4;
 
@@ -119,34 +120,6 @@ impl Figures<'_> {
             let target = Some(target.to_string());
             self.out.push(Figure { services, metric: metric.into(), value, unit, target, met: Some(met) });
         }
-    }
-}
-
-/// The planner's settings of the bench (as `kpr-bench`'s in-memory benches).
-pub fn plan_settings() -> PlanSettings {
-    PlanSettings {
-        family: FAMILY,
-        node_name: THIS_NODE.into(),
-        scheduler: String::new(),
-        node_ports: NodePortFilter::All,
-    }
-}
-
-/// This node's interface addresses: one, node-0's InternalIP (NodePort
-/// virtual servers are planned on it; IPVS does not need it on a link).
-pub fn local_addrs() -> Vec<LocalAddr> {
-    vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }]
-}
-
-/// The iptables rules' settings (as the in-memory benches; `--random-fully`
-/// as the guest's iptables supports it).
-pub fn rules_config(random_fully: bool) -> IpvsRulesConfig {
-    IpvsRulesConfig {
-        family: FAMILY,
-        masquerade_all: false,
-        masquerade_bit: 14,
-        local: LocalDetector::Cidr(ipnet::IpNet::V4(ipnet::Ipv4Net::new([10, 0, 0, 0].into(), 8).unwrap_or_default())),
-        random_fully,
     }
 }
 
@@ -954,27 +927,14 @@ fn write_tool_files(desired: &IpvsDesired, rules: &str, dir: &Path) -> anyhow::R
     Ok(ToolFiles { ipvs, ipset, ip, iptables, lines })
 }
 
-/// `ipvsadm -R` input: `-A` per virtual server, then `-a` per real server
-/// (the planner's op order puts each service before its destinations).
+/// `ipvsadm -R` input: the `--dry-run` section, `-A` lines before `-a` lines.
 pub fn ipvsadm_restore(desired: &IpvsDesired) -> String {
-    let mut out = String::new();
-    for op in &desired.ipvs {
-        let _ = writeln!(out, "{op}");
-    }
-    out
+    render::ipvs_lines(desired).into_iter().map(|l| l + "\n").collect()
 }
 
-/// `ipset restore` input: each of the 17 sets' create line, then its members.
+/// `ipset restore` input: the `--dry-run` section, each set's create line before its members.
 pub fn ipset_restore(desired: &IpvsDesired) -> String {
-    let mut out = String::new();
-    for set in IpvsSet::ALL {
-        let spec = set.spec(FAMILY);
-        let _ = writeln!(out, "{}", spec.create_line());
-        for e in desired.sets.get(&set).into_iter().flatten() {
-            let _ = writeln!(out, "add {} {e}", spec.name);
-        }
-    }
-    out
+    render::ipset_lines(desired, FAMILY).into_iter().map(|l| l + "\n").collect()
 }
 
 /// `ip -batch` input: the dummy link, then one `addr add` per service address.
@@ -987,24 +947,10 @@ pub fn ip_batch(desired: &IpvsDesired) -> String {
     out
 }
 
-/// `iptables-restore --noflush` input: the rendered rules plus the jumps
-/// from the built-in chains (what the iptables handle inserts on a fresh
-/// node), each before its table's COMMIT.
+/// `iptables-restore --noflush` input: what the iptables handle restores on
+/// a fresh node (the rendered rules plus the jumps from the built-in chains).
 pub fn iptables_restore(rules: &str) -> String {
-    let mut out = String::new();
-    let mut table = "";
-    for line in rules.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t;
-        }
-        if line == "COMMIT" {
-            for j in rules_ipvs::JUMPS.iter().filter(|j| j.table == table) {
-                let _ = writeln!(out, "{}", j.insert_line());
-            }
-        }
-        let _ = writeln!(out, "{line}");
-    }
-    out
+    restore_input_on_empty_kernel(&rules_ipvs::PROFILE, rules)
 }
 
 /// Runs `tool args < file`; its time, or why it failed.

@@ -6,3 +6,38 @@ pub mod gen;
 pub mod iptables_kernel;
 pub mod ipvs_kernel;
 pub mod stats;
+
+use crate::net::IpFamily;
+use crate::plan::context::{LocalAddr, NodePortFilter, PlanSettings};
+use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use gen::{node_ip, THIS_NODE};
+
+const FAMILY: IpFamily = IpFamily::V4;
+
+/// The planner's settings of the bench node ([`gen::THIS_NODE`]).
+pub fn plan_settings() -> PlanSettings {
+    PlanSettings {
+        family: FAMILY,
+        node_name: THIS_NODE.into(),
+        scheduler: String::new(),
+        node_ports: NodePortFilter::All,
+    }
+}
+
+/// This node's interface addresses: one, node-0's InternalIP (NodePort
+/// virtual servers are planned on it; IPVS does not need it on a link).
+pub fn local_addrs() -> Vec<LocalAddr> {
+    vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }]
+}
+
+/// IPVS mode's iptables rules settings: the generator's pod range is local;
+/// `--random-fully` as the iptables at hand supports it.
+pub fn rules_config(random_fully: bool) -> IpvsRulesConfig {
+    IpvsRulesConfig {
+        family: FAMILY,
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: LocalDetector::Cidr(ipnet::IpNet::V4(ipnet::Ipv4Net::new([10, 0, 0, 0].into(), 8).unwrap_or_default())),
+        random_fully,
+    }
+}

@@ -25,16 +25,16 @@ use kube_proxy_rs::actors::coordinator::{
 };
 use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
-use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
 use kube_proxy_rs::bench::stats::quantile;
+use kube_proxy_rs::bench::{local_addrs, plan_settings, rules_config};
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::context::{plan_context, LocalAddr, NodePortFilter, PlanSettings};
-use kube_proxy_rs::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use kube_proxy_rs::plan::context::plan_context;
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
 
 #[derive(Parser)]
@@ -231,20 +231,6 @@ fn spec(cli: &Cli, services: usize) -> ClusterSpec {
     ClusterSpec { services, endpoints_per_service: cli.endpoints, nodes: cli.nodes, seed: cli.seed }
 }
 
-fn plan_settings() -> PlanSettings {
-    PlanSettings {
-        family: IpFamily::V4,
-        node_name: THIS_NODE.into(),
-        scheduler: String::new(),
-        node_ports: NodePortFilter::All,
-    }
-}
-
-/// This node's interface addresses: one, node-0's InternalIP.
-fn local_addrs() -> Vec<LocalAddr> {
-    vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }]
-}
-
 fn record_all(model: &mut Model, events: &[SourceEvent]) -> anyhow::Result<()> {
     for ev in events {
         model.record(ev)?;
@@ -339,13 +325,7 @@ fn start_daemon(max_sync: Duration) -> Daemon {
     );
     let settings = Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync, burst: 2 };
     let addrs: AddrSource = Box::new(local_addrs);
-    let cfg = IpvsRulesConfig {
-        family: IpFamily::V4,
-        masquerade_all: false,
-        masquerade_bit: 14,
-        local: LocalDetector::Cidr(ipnet::IpNet::V4(ipnet::Ipv4Net::new([10, 0, 0, 0].into(), 8).unwrap_or_default())),
-        random_fully: true,
-    };
+    let cfg = rules_config(true);
     // The daemon's renderer (runtime.rs), with a fixed config.
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));
     let coord = Coordinator::new(settings, targets, addrs, rules).start();

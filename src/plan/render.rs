@@ -12,22 +12,12 @@ use crate::net::IpFamily;
 pub fn ipvs_mode(desired: &IpvsDesired, family: IpFamily, iptables: &str) -> String {
     let mut out = String::new();
     out.push_str("# ipvs\n");
-    let mut lines: Vec<String> = desired.ipvs.iter().map(|op| op.to_string()).collect();
-    lines.sort();
-    for l in lines {
+    for l in ipvs_lines(desired) {
         let _ = writeln!(out, "{l}");
     }
     out.push_str("# ipset\n");
-    let mut sets: Vec<(String, IpvsSet)> = IpvsSet::ALL.iter().map(|s| (s.name(family), *s)).collect();
-    sets.sort();
-    for (name, set) in &sets {
-        let _ = writeln!(out, "{}", set.spec(family).create_line());
-        let mut adds: Vec<String> =
-            desired.sets.get(set).into_iter().flatten().map(|e| format!("add {name} {e}")).collect();
-        adds.sort();
-        for a in adds {
-            let _ = writeln!(out, "{a}");
-        }
+    for l in ipset_lines(desired, family) {
+        let _ = writeln!(out, "{l}");
     }
     let _ = writeln!(out, "# addresses {DUMMY_LINK}");
     let mut addrs: Vec<String> = desired.addresses.iter().map(|a| a.to_string()).collect();
@@ -38,4 +28,29 @@ pub fn ipvs_mode(desired: &IpvsDesired, family: IpFamily, iptables: &str) -> Str
     out.push_str("# iptables\n");
     out.push_str(iptables);
     out
+}
+
+/// The virtual and real servers as `ipvsadm -S -n` lines, sorted: every
+/// `-A` (service) sorts before every `-a` (destination), so `ipvsadm -R`
+/// takes them in this order.
+pub fn ipvs_lines(desired: &IpvsDesired) -> Vec<String> {
+    let mut lines: Vec<String> = desired.ipvs.iter().map(|op| op.to_string()).collect();
+    lines.sort();
+    lines
+}
+
+/// Every set as `ipset save` lines (what `ipset restore` takes): sets by
+/// name, each set's create line before its sorted members.
+pub fn ipset_lines(desired: &IpvsDesired, family: IpFamily) -> Vec<String> {
+    let mut sets: Vec<(String, IpvsSet)> = IpvsSet::ALL.iter().map(|s| (s.name(family), *s)).collect();
+    sets.sort();
+    let mut lines = Vec::new();
+    for (name, set) in &sets {
+        lines.push(set.spec(family).create_line());
+        let mut adds: Vec<String> =
+            desired.sets.get(set).into_iter().flatten().map(|e| format!("add {name} {e}")).collect();
+        adds.sort();
+        lines.extend(adds);
+    }
+    lines
 }
