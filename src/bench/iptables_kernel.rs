@@ -54,6 +54,7 @@ use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
 use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
+use crate::sync::lock;
 
 /// Which iptables tools the handle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,17 +380,15 @@ impl Recording {
     }
 
     fn record(&self, c: Captured) {
-        if let Ok(mut log) = self.log.lock() {
-            log.push(c);
-        }
+        lock(&self.log).push(c);
     }
 
     fn take(&self) -> Vec<Captured> {
-        self.log.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+        std::mem::take(&mut *lock(&self.log))
     }
 
     fn take_canary(&self) -> Vec<(Instant, Duration)> {
-        self.canary.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+        std::mem::take(&mut *lock(&self.canary))
     }
 }
 
@@ -434,9 +433,7 @@ impl Subsystem for Recording {
         Box::pin(async move {
             let started = Instant::now();
             let drifted = me.inner.run_periodic().await;
-            if let Ok(mut log) = me.canary.lock() {
-                log.push((started, started.elapsed()));
-            }
+            lock(&me.canary).push((started, started.elapsed()));
             drifted
         })
     }
