@@ -77,12 +77,131 @@ pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> 
     bind.or_else(|| node.and_then(|n| n.addresses.first().copied())).map(|ip| IpFamily::of(&ip)).unwrap_or_default()
 }
 
+/// The families this daemon runs a proxier for: the primary one, and the
+/// other one where the node can do both (upstream's metaproxier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families {
+    pub primary: IpFamily,
+    pub secondary: Option<IpFamily>,
+}
+
+impl Families {
+    pub fn single(primary: IpFamily) -> Families {
+        Families { primary, secondary: None }
+    }
+
+    pub fn dual(primary: IpFamily) -> Families {
+        Families { primary, secondary: Some(primary.other()) }
+    }
+
+    /// The primary family first.
+    pub fn all(&self) -> impl Iterator<Item = IpFamily> {
+        std::iter::once(self.primary).chain(self.secondary)
+    }
+
+    pub fn is_dual(&self) -> bool {
+        self.secondary.is_some()
+    }
+
+    /// What names of `family`'s `--dry-run` sections and actors end with:
+    /// nothing for the primary family, ` ipv6` (or ` ipv4`) for the
+    /// secondary one, so single-stack names stay as they always were.
+    pub fn suffix(&self, family: IpFamily) -> String {
+        if family == self.primary {
+            String::new()
+        } else {
+            format!(" {}", family.lower())
+        }
+    }
+}
+
+/// Why `family` cannot be proxied on this node, if it cannot: its iptables
+/// does not work, or (IPv6) the kernel has it off.
+pub fn family_support(family: IpFamily) -> Result<(), FamilyUnsupported> {
+    if family == IpFamily::V6 {
+        if !Path::new("/proc/net/if_inet6").exists() {
+            return Err(FamilyUnsupported::Kernel("/proc/net/if_inet6 is missing".into()));
+        }
+        let disabled =
+            std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "1");
+        if disabled {
+            return Err(FamilyUnsupported::Kernel("net.ipv6.conf.all.disable_ipv6 is 1".into()));
+        }
+    }
+    crate::kernel::iptables::present(family).map_err(FamilyUnsupported::Iptables)
+}
+
+/// Why a family cannot be proxied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FamilyUnsupported {
+    /// Upstream's "No kernel support for family".
+    #[error("no kernel support: {0}")]
+    Kernel(String),
+    /// Upstream's "No iptables support for family".
+    #[error("no iptables support: {0}")]
+    Iptables(String),
+}
+
+/// Upstream's platform check, pure: the primary family must work (else the
+/// daemon cannot start); the secondary one runs where it works too, and
+/// otherwise the daemon runs single-stack, saying why. nodePortAddresses of
+/// a family that does not run are ignored, with upstream's message.
+pub fn choose_families(
+    cfg: &KubeProxyConfiguration,
+    primary: IpFamily,
+    primary_ok: Result<(), FamilyUnsupported>,
+    secondary_ok: Result<(), FamilyUnsupported>,
+) -> Result<Families, StartError> {
+    let label = crate::metrics::ip_family_label;
+    if let Err(e) = primary_ok {
+        return Err(StartError::Unsupported(format!("no support for primary IP family {}: {e}", label(primary))));
+    }
+    let secondary = primary.other();
+    match secondary_ok {
+        Ok(()) => {
+            tracing::info!(primary_ip_family = label(primary), "kube-proxy running in dual-stack mode");
+            Ok(Families::dual(primary))
+        }
+        Err(e) => {
+            match &e {
+                FamilyUnsupported::Kernel(why) => {
+                    tracing::info!(ip_family = label(secondary), reason = %why, "No kernel support for family")
+                }
+                FamilyUnsupported::Iptables(why) => {
+                    tracing::info!(ip_family = label(secondary), error = %why, "No iptables support for family")
+                }
+            }
+            tracing::info!(ip_family = label(primary), "kube-proxy running in single-stack mode");
+            let wrong: Vec<String> = match cfg.node_port_addresses() {
+                crate::config::NodePortAddresses::Cidrs(nets) => {
+                    nets.iter().filter(|n| secondary.matches(&n.addr())).map(|n| n.to_string()).collect()
+                }
+                _ => Vec::new(),
+            };
+            if !wrong.is_empty() {
+                tracing::info!(
+                    ip_family = label(secondary),
+                    addresses = %wrong.join(","),
+                    "Ignoring --nodeport-addresses of the wrong family"
+                );
+            }
+            Ok(Families::single(primary))
+        }
+    }
+}
+
+/// The families to run on this node (probes iptables and the kernel).
+pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> Result<Families, StartError> {
+    let primary = primary_family(cfg, node);
+    choose_families(cfg, primary, family_support(primary), family_support(primary.other()))
+}
+
 pub fn plan_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> PlanSettings {
     PlanSettings {
         family,
         node_name: node_name.to_string(),
         scheduler: cfg.ipvs_scheduler().to_string(),
-        node_ports: cfg.node_port_addresses(),
+        node_ports: cfg.node_port_addresses_for(family),
     }
 }
 
@@ -126,7 +245,9 @@ pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
     })
 }
 
-/// `--dry-run`: plan a full sync from an empty kernel and render it.
+/// `--dry-run`: plan a full sync from an empty kernel and render it, for
+/// each family the node would run (the primary one where the probes fail,
+/// e.g. without privileges).
 pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String, StartError> {
     let scan = ManifestDir::new(manifests).scan();
     for e in &scan.errors {
@@ -134,17 +255,42 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
     }
     let node_name = cfg.hostname()?;
     let node = our_node(&scan.events, &node_name);
-    let family = primary_family(cfg, node.as_ref());
+    let families = detect_families(cfg, node.as_ref()).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "planning the primary family anyway");
+        Families::single(primary_family(cfg, node.as_ref()))
+    });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
-    Ok(render_dry_run(
-        cfg,
-        family,
-        &node_name,
-        &scan.events,
-        &addrs,
-        crate::kernel::iptables::IptablesHandle::new(family).random_fully(),
-    ))
+    let mut out = String::new();
+    for family in families.all() {
+        let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
+        let text = render_dry_run(cfg, family, &node_name, &scan.events, &addrs, random_fully);
+        out.push_str(&with_heading_suffix(&text, &families.suffix(family)));
+    }
+    Ok(out)
 }
+
+/// Appends `suffix` to every section heading (`# ipvs` → `# ipvs ipv6`).
+pub fn with_heading_suffix(text: &str, suffix: &str) -> String {
+    if suffix.is_empty() {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        match line.strip_suffix('\n').filter(|l| SECTION_HEADINGS.iter().any(|h| l == h)) {
+            Some(heading) => {
+                out.push_str(heading);
+                out.push_str(suffix);
+                out.push('\n');
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// The headings of `--dry-run`'s sections.
+const SECTION_HEADINGS: [&str; 5] =
+    ["# ipvs", "# ipset", "# addresses kube-ipvs0", "# iptables", "# nftables mode is not supported"];
 
 /// The pure part of `--dry-run`, for tests.
 pub fn render_dry_run(

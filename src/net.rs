@@ -69,8 +69,9 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// IPv4 or IPv6. kube-proxy runs one proxier per family; this daemon
-/// programs one family, chosen from the node's primary address.
+/// IPv4 or IPv6. kube-proxy runs one proxier per family: the primary one
+/// (bindAddress's, else the Node's first address's) and, on a node where
+/// both work, the other one too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum IpFamily {
     #[default]
@@ -88,6 +89,23 @@ impl IpFamily {
 
     pub fn matches(self, ip: &IpAddr) -> bool {
         IpFamily::of(ip) == self
+    }
+
+    /// The other family.
+    pub fn other(self) -> IpFamily {
+        match self {
+            IpFamily::V4 => IpFamily::V6,
+            IpFamily::V6 => IpFamily::V4,
+        }
+    }
+
+    /// `ipv4` or `ipv6`: the suffix of the secondary family's `--dry-run`
+    /// sections and actor names.
+    pub fn lower(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "ipv4",
+            IpFamily::V6 => "ipv6",
+        }
     }
 
     /// Host prefix length: 32 or 128.

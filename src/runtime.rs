@@ -22,7 +22,7 @@ use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors_
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
-use crate::http::{self, ServiceHealthServers};
+use crate::http::{self, ServiceHealthServers, SharedServiceHealth};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::ipset::IpsetHandle;
 use crate::kernel::iptables::IptablesHandle;
@@ -142,30 +142,47 @@ async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader
             (node.map(|n| NodeInfo::from_node(&n)), Ready::Api(client))
         }
     };
-    let family = daemon::primary_family(&cfg, node.as_ref());
-    clean_other_mode(mode, family).await;
+    let families = daemon::detect_families(&cfg, node.as_ref())?;
+    for family in families.all() {
+        clean_other_mode(mode, family).await;
+    }
     let registry = StatsRegistry::default();
     // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
     let history = Arc::new(std::sync::OnceLock::new());
-    let (hooks, observe) = observability(&cfg, family, node.as_ref(), &registry, history.clone())?;
-    let engine = match ipvs {
-        Some(ipvs) => {
-            Engine::Ipvs { coordinator: start_ipvs(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?, ipvs }
+    let (mut hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
+    // One proxier per family, as upstream's metaproxier: each its own
+    // coordinator (model, schedule, retries) and actors, neither waiting on the other.
+    let mut engines = Vec::new();
+    for family in families.all() {
+        let registry = registry.with_suffix(&families.suffix(family));
+        let hooks = hooks.remove(&family).ok_or_else(|| StartError::Unsupported(format!("no hooks for {family:?}")))?;
+        let engine = match &ipvs {
+            Some(ipvs) => Engine::Ipvs {
+                coordinator: start_ipvs(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?,
+                ipvs: ipvs.clone(),
+            },
+            None => Engine::Iptables(start_iptables(&cfg, family, &node_name, &registry, hooks).await?),
+        };
+        engines.push((family, engine));
+    }
+    let _ = history.set(engines[0].1.history());
+    let sinks: Vec<Recipient<SourceBatch>> = engines.iter().map(|(_, e)| e.events()).collect();
+    let mut live = Live { cfg, node_name: node_name.clone(), engines, observe };
+    // Every family's coordinator sees every event (objects are shared, not
+    // copied) and keeps what is of its family.
+    let sink = move |b: SourceBatch| {
+        for s in &sinks {
+            s.do_send(b.clone());
         }
-        None => Engine::Iptables(start_iptables(&cfg, family, &node_name, &registry, hooks).await?),
     };
-    let _ = history.set(engine.history());
-    let events = engine.events();
-    let mut live = Live { cfg, family, node_name: node_name.clone(), engine, observe };
-    let sink = move |b: SourceBatch| events.do_send(b);
     let running = match ready {
         Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
         Ready::Manifests(dir) => Running::Manifests(manifests::spawn(dir, sink)?),
     };
-    tracing::info!(mode = mode.as_str(), node = %node_name, ?family, "kube-proxy-rs started");
+    tracing::info!(mode = mode.as_str(), node = %node_name, families = ?families.all().collect::<Vec<_>>(), "kube-proxy-rs started");
     run_until_stopped(&mut live, &reload).await;
-    // Stop taking events, let the batch in flight finish, leave the kernel as it is.
-    live.engine.shutdown().await;
+    // Stop taking events, let the batches in flight finish, leave the kernel as it is.
+    futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown())).await;
     tracing::info!("shutting down; kernel state left in place");
     match running {
         Running::Api(task) => task.abort(),
@@ -388,11 +405,11 @@ struct Observability {
 /// Metrics, health, the HTTP servers and the service health checks.
 fn observability(
     cfg: &KubeProxyConfiguration,
-    family: IpFamily,
+    families: daemon::Families,
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
     coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
-) -> Result<(SyncHooks, Observability), StartError> {
+) -> Result<(BTreeMap<IpFamily, SyncHooks>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
@@ -403,8 +420,13 @@ fn observability(
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
     let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);
-    let service_health = ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone());
-    let hooks = SyncHooks::new(family, metrics.clone(), health).with_service_health(service_health);
+    // One set of health-check servers: a dual-stack service's healthCheckNodePort is one port.
+    let service_health: SharedServiceHealth =
+        ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone()).into();
+    let hooks = families
+        .all()
+        .map(|f| (f, SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone())))
+        .collect();
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }
 
@@ -414,9 +436,9 @@ pub type Reloader = Box<dyn Fn() -> Result<KubeProxyConfiguration, crate::config
 /// What SIGHUP needs to apply a new configuration.
 struct Live {
     cfg: KubeProxyConfiguration,
-    family: IpFamily,
     node_name: String,
-    engine: Engine,
+    /// The primary family's first.
+    engines: Vec<(IpFamily, Engine)>,
     observe: Observability,
 }
 
@@ -450,7 +472,9 @@ impl Live {
         self.cfg = plan.effective;
         self.observe.configz.set(&self.cfg);
         daemon::set_verbosity(self.cfg.verbosity());
-        self.engine.reconfigure(&self.cfg, self.family, &self.node_name).await;
+        for (family, engine) in &self.engines {
+            engine.reconfigure(&self.cfg, *family, &self.node_name).await;
+        }
     }
 }
 

@@ -48,9 +48,11 @@ fn dry_run_prints_the_demo_plan_for_the_namespaces_addresses() {
     assert!(!golden.contains("127.0.0.1:30080"));
 }
 
-/// `--dry-run --proxy-mode iptables` on the demo; its stdout.
-fn dry_run_iptables_mode() -> String {
-    let (code, out, err) = run(&[
+/// `--dry-run --proxy-mode iptables` on the demo, as root in a fresh
+/// namespace `ns` (so both families' iptables answer); stdout and stderr.
+fn dry_run_iptables_mode_in(ns: &Netns) -> (String, String) {
+    let out = ns.exec(&[
+        &bin(),
         "--manifests",
         &demo("demo"),
         "--dry-run",
@@ -59,50 +61,77 @@ fn dry_run_iptables_mode() -> String {
         "--hostname-override",
         "demo-node",
     ]);
-    assert_eq!(code, 0, "{err}");
-    out
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "{stderr}");
+    (stdout, stderr)
+}
+
+/// The text of section `heading` (`# iptables`, `# iptables ipv6`).
+fn section<'a>(out: &'a str, heading: &str) -> &'a str {
+    let start = out.find(&format!("{heading}\n")).unwrap_or_else(|| panic!("no {heading:?} in:\n{out}"));
+    let body = &out[start + heading.len() + 1..];
+    let end = body.find("\n# iptables").map_or(body.len(), |i| i + 1);
+    &body[..end]
 }
 
 #[test]
-fn dry_run_in_iptables_mode_prints_only_the_iptables_section() {
-    let out = dry_run_iptables_mode();
+fn dry_run_in_iptables_mode_prints_one_iptables_section_per_family() {
+    let ns = Netns::new("kpr-dryds");
+    let (out, err) = dry_run_iptables_mode_in(&ns);
     assert!(out.starts_with("# iptables\n"), "{out}");
     assert!(!out.contains("# ipvs"));
-    for want in [":KUBE-SERVICES - [0:0]", "-A KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "COMMIT"] {
-        assert!(out.contains(want), "missing {want:?}:\n{out}");
+    let heads: Vec<&str> = out.lines().filter(|l| l.starts_with("# iptables")).collect();
+    assert_eq!(heads, ["# iptables", "# iptables ipv6"], "{err}");
+    for heading in ["# iptables", "# iptables ipv6"] {
+        let text = section(&out, heading);
+        for want in [":KUBE-SERVICES - [0:0]", "-A KUBE-SERVICES", "COMMIT"] {
+            assert!(text.contains(want), "{heading}: missing {want:?}:\n{text}");
+        }
+        // What a full sync restores on an empty kernel: the jumps from the built-in chains too.
+        for jump in kube_proxy_rs::plan::iptables::JUMPS.iter().chain(&kube_proxy_rs::plan::iptables::KUBELET_JUMPS) {
+            let line = format!("{}\n", jump.insert_line());
+            assert_eq!(text.matches(&line).count(), 1, "{heading}: {line}:\n{text}");
+        }
+        assert!(text.contains(":KUBE-FIREWALL - [0:0]"), "kubelet's chain declared for its jumps:\n{text}");
     }
-    // What a full sync restores on an empty kernel: the jumps from the built-in chains too.
-    for jump in kube_proxy_rs::plan::iptables::JUMPS.iter().chain(&kube_proxy_rs::plan::iptables::KUBELET_JUMPS) {
-        assert_eq!(out.matches(&format!("{}\n", jump.insert_line())).count(), 1, "{}:\n{out}", jump.insert_line());
-    }
-    assert!(out.contains(":KUBE-FIREWALL - [0:0]"), "kubelet's chain declared for its jumps:\n{out}");
+    // The demo's Services are IPv4: service chains only there; no localhost NodePorts in IPv6.
+    let (v4, v6) = (section(&out, "# iptables"), section(&out, "# iptables ipv6"));
+    assert!(v4.contains("KUBE-SVC-") && v4.contains("KUBE-SEP-"), "{v4}");
+    assert!(!v6.contains("KUBE-SVC-") && !v6.contains("KUBE-SEP-"), "{v6}");
+    assert!(v4.contains("127.0.0.0/8") && !v6.contains("127.0.0.0/8"), "{v6}");
 }
 
-/// `--dry-run`'s iptables-mode output is accepted by `iptables-restore` in
-/// a fresh network namespace, as is (both flavours): the input of a full
-/// sync from an empty kernel, exactly.
+/// IPv6 switched off in the node's namespace: single-stack, with upstream's log lines.
+#[test]
+fn dry_run_without_ipv6_plans_the_primary_family_alone_and_says_why() {
+    let ns = Netns::new("kpr-dryno6");
+    ns.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+    let (out, err) = dry_run_iptables_mode_in(&ns);
+    let heads: Vec<&str> = out.lines().filter(|l| l.starts_with("# ")).collect();
+    assert_eq!(heads, ["# iptables"], "{out}");
+    assert!(err.contains("No kernel support for family") && err.contains("IPv6"), "{err}");
+    assert!(err.contains("kube-proxy running in single-stack mode"), "{err}");
+}
+
+/// `--dry-run`'s iptables-mode output is accepted by `iptables-restore` and
+/// `ip6tables-restore` in a fresh network namespace, as is (both
+/// flavours): the input of a full sync from an empty kernel, exactly.
 #[test]
 fn dry_run_in_iptables_mode_restores_into_an_empty_namespace() {
-    let out = dry_run_iptables_mode();
+    let (out, _) = dry_run_iptables_mode_in(&Netns::new("kpr-dryipt"));
     for flavour in ["legacy", "nft"] {
         let ns = Netns::new(&format!("kpr-dryipt-{flavour}"));
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name, &format!("iptables-{flavour}-restore"), "-w", "5", "--noflush"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("iptables-restore");
-        use std::io::Write;
-        child.stdin.take().expect("stdin").write_all(out.as_bytes()).expect("write");
-        let done = child.wait_with_output().expect("wait");
-        assert!(done.status.success(), "{flavour}: {}", String::from_utf8_lossy(&done.stderr));
-        let saved = ns.ok(&[&format!("iptables-{flavour}-save")]);
-        assert_eq!(
-            saved.matches("-j KUBE-SERVICES").count(),
-            4,
-            "filter FORWARD/OUTPUT, nat OUTPUT/PREROUTING:\n{saved}"
-        );
-        assert!(saved.contains("-A INPUT -j KUBE-FIREWALL"), "{saved}");
+        for (tool, heading) in [("iptables", "# iptables"), ("ip6tables", "# iptables ipv6")] {
+            ns.pipe(&[&format!("{tool}-{flavour}-restore"), "-w", "5", "--noflush"], section(&out, heading));
+            let saved = ns.ok(&[&format!("{tool}-{flavour}-save")]);
+            assert_eq!(
+                saved.matches("-j KUBE-SERVICES").count(),
+                4,
+                "{tool}: filter FORWARD/OUTPUT, nat OUTPUT/PREROUTING:\n{saved}"
+            );
+            assert!(saved.contains("-A INPUT -j KUBE-FIREWALL"), "{tool}: {saved}");
+        }
     }
 }
 

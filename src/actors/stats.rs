@@ -145,13 +145,22 @@ impl ActorStats {
 #[derive(Debug, Default, Clone)]
 pub struct StatsRegistry {
     actors: Arc<Mutex<BTreeMap<String, Arc<ActorStats>>>>,
+    /// Appended to the names registered through this handle.
+    suffix: String,
 }
 
 impl StatsRegistry {
     pub fn register(&self, name: &str) -> Arc<ActorStats> {
-        let s = ActorStats::new(name);
-        lock(&self.actors).insert(name.to_string(), s.clone());
+        let name = format!("{name}{}", self.suffix);
+        let s = ActorStats::new(&name);
+        lock(&self.actors).insert(name, s.clone());
         s
+    }
+
+    /// The same registry, naming what registers through it `NAME{suffix}`
+    /// (the secondary family's actors: `ipvs ipv6`).
+    pub fn with_suffix(&self, suffix: &str) -> StatsRegistry {
+        StatsRegistry { actors: self.actors.clone(), suffix: suffix.to_string() }
     }
 
     pub fn snapshot(&self) -> Vec<StatsSnapshot> {
@@ -193,5 +202,8 @@ mod tests {
         let live = reg.actors();
         assert_eq!(live.len(), 1);
         assert_eq!(live[0].snapshot().mailbox_depth, 1);
+        reg.with_suffix(" ipv6").register("ipvs");
+        let names: Vec<String> = reg.snapshot().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["ipvs", "ipvs ipv6"]);
     }
 }

@@ -14,6 +14,7 @@ use super::defaults::DEFAULT_MASQUERADE_BIT;
 use super::netutil::{parse_cidr_sloppy, parse_ip_sloppy, split_host_port};
 use super::types::KubeProxyConfiguration;
 use super::ConfigError;
+use crate::net::IpFamily;
 
 /// The proxy backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,6 +127,23 @@ impl KubeProxyConfiguration {
             [] => NodePortAddresses::All,
             [p] if p == "primary" => NodePortAddresses::Primary,
             list => NodePortAddresses::Cidrs(list.iter().filter_map(|c| parse_cidr_sloppy(c)).collect()),
+        }
+    }
+
+    /// nodePortAddresses as one family's proxier sees them (upstream's
+    /// NewNodePortAddresses): the CIDRs of that family; none of them means
+    /// every address of the family.
+    pub fn node_port_addresses_for(&self, family: IpFamily) -> NodePortAddresses {
+        match self.node_port_addresses() {
+            NodePortAddresses::Cidrs(nets) => {
+                let ours: Vec<IpNet> = nets.into_iter().filter(|n| family.matches(&n.addr())).collect();
+                if ours.is_empty() {
+                    NodePortAddresses::All
+                } else {
+                    NodePortAddresses::Cidrs(ours)
+                }
+            }
+            other => other,
         }
     }
 

@@ -13,6 +13,7 @@
 
 pub mod dashboard;
 mod endpoints;
+mod family_health;
 mod routes;
 mod service_health;
 
@@ -28,6 +29,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::metrics::ProxyMetrics;
 
 pub use endpoints::{health_routes, metrics_routes, start_http_servers, Configz, HttpServers};
+pub use family_health::SharedServiceHealth;
 pub use routes::{not_found, text_response, Body, Handler, Request, Response, Routes};
 pub use service_health::{health_check_listen_ips, service_health_body, ServiceHealthServers};
 

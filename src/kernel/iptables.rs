@@ -69,6 +69,22 @@ impl IptablesBinaries {
     }
 }
 
+/// Whether `family`'s iptables works on this host (upstream's `Present()`:
+/// the nat table's POSTROUTING chain can be listed). Blocking: one short
+/// process, run once at start.
+pub fn present(family: IpFamily) -> Result<(), String> {
+    let bin = IptablesBinaries::for_family(family).iptables;
+    let out = std::process::Command::new(&bin)
+        .args(["-w", "5", "-t", "nat", "-S", "POSTROUTING"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {bin}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!("{bin} -t nat -S POSTROUTING: {}", String::from_utf8_lossy(&out.stderr).trim()))
+}
+
 /// The wait flags the installed iptables understands (upstream's
 /// getIPTablesWaitFlag and getIPTablesRestoreWaitFlag).
 #[derive(Debug, Clone, PartialEq, Eq)]

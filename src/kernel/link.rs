@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use nix::errno::Errno;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
 use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
 use tracing::{debug, info};
@@ -194,7 +194,17 @@ impl DummyLink {
     async fn apply_one(&self, index: u32, op: LinkOp) -> KResult<()> {
         self.count();
         let result = match op {
-            LinkOp::Bind(ip) => self.handle.address().add(index, ip, host_prefix(ip)).execute().await,
+            LinkOp::Bind(ip) => {
+                let mut req = self.handle.address().add(index, ip, host_prefix(ip));
+                if ip.is_ipv6() {
+                    // kube-ipvs0 stays down: without NODAD an IPv6 address would
+                    // stay tentative, and the kernel would not take it as local.
+                    let msg = req.message_mut();
+                    msg.header.flags |= AddressHeaderFlags::Nodad;
+                    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+                }
+                req.execute().await
+            }
             LinkOp::Unbind(ip) => {
                 let prefix = lock(&self.shared.prefixes).get(&ip).copied().unwrap_or_else(|| host_prefix(ip));
                 self.handle.address().del(address_message(index, ip, prefix)).execute().await

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use super::ProxyMetrics;
 use crate::health::ProxyHealth;
-use crate::http::ServiceHealthServers;
+use crate::http::SharedServiceHealth;
 use crate::model::topology::categorize;
 use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
@@ -49,7 +49,7 @@ pub struct SyncHooks {
     family: IpFamily,
     metrics: Arc<ProxyMetrics>,
     health: Arc<ProxyHealth>,
-    service_health: Option<ServiceHealthServers>,
+    service_health: Option<SharedServiceHealth>,
     ports: BTreeMap<ServicePortName, PortFacts>,
     /// Ports without local endpoints: (internal, external), kept in step with `ports`.
     no_local: (usize, usize),
@@ -77,8 +77,9 @@ impl SyncHooks {
     }
 
     /// Also drives the service health-check servers after each successful sync.
-    pub fn with_service_health(mut self, servers: ServiceHealthServers) -> SyncHooks {
-        self.service_health = Some(servers);
+    /// (Shared with the other family's hooks on a dual-stack node.)
+    pub fn with_service_health(mut self, servers: impl Into<SharedServiceHealth>) -> SyncHooks {
+        self.service_health = Some(servers.into());
         self
     }
 
@@ -216,14 +217,13 @@ impl SyncHooks {
             return;
         }
         let (ports, endpoints) = self.health_checks();
-        if let Some(servers) = self.service_health.as_mut() {
-            servers.sync_services(&ports);
-            servers.sync_endpoints(&endpoints);
+        if let Some(servers) = &self.service_health {
+            servers.sync(self.family, ports, endpoints);
         }
     }
 
     /// The open service health checks (for tests and the dashboard).
-    pub fn service_health(&self) -> Option<&ServiceHealthServers> {
+    pub fn service_health(&self) -> Option<&SharedServiceHealth> {
         self.service_health.as_ref()
     }
 }

@@ -147,6 +147,11 @@ impl Coordinator<IpvsDataplane> {
 }
 
 impl<D: Dataplane> Coordinator<D> {
+    /// This coordinator's family, as its log lines name it.
+    fn ip_family(&self) -> &'static str {
+        crate::metrics::ip_family_label(self.settings.plan.family)
+    }
+
     pub fn with_dataplane(settings: Settings, dataplane: D) -> Coordinator<D> {
         Coordinator {
             sched: SyncScheduler::new(settings.min_sync, settings.max_sync, settings.burst),
@@ -209,7 +214,7 @@ impl<D: Dataplane> Coordinator<D> {
         }
         let planned = self.dataplane.sync(&self.model, &changes, full, generation);
         let (full, ports_changed, planned_ops) = (planned.full, changes.ports.len(), planned.ops);
-        tracing::debug!(generation, full, ports = ports_changed, "sync started");
+        tracing::debug!(ip_family = self.ip_family(), generation, full, ports = ports_changed, "sync started");
         let fut = planned.run;
         ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
             act.sync_done(generation, full, started, (ports_changed, planned_ops), outcome);
@@ -241,7 +246,15 @@ impl<D: Dataplane> Coordinator<D> {
             });
         }
         let rec = SyncRecord { generation, full, duration_ms: took.as_secs_f64() * 1000.0, ports_changed, ops, failed };
-        tracing::info!(generation, full, ms = rec.duration_ms, ports = ports_changed, failed, "sync finished");
+        tracing::info!(
+            ip_family = self.ip_family(),
+            generation,
+            full,
+            ms = rec.duration_ms,
+            ports = ports_changed,
+            failed,
+            "sync finished"
+        );
         if self.history.len() == SYNC_HISTORY {
             self.history.pop_front();
         }
@@ -279,7 +292,7 @@ impl<D: Dataplane> Handler<SourceBatch> for Coordinator<D> {
         }
         for ev in &events {
             if let Err(e) = self.model.record(ev) {
-                tracing::error!(error = %e, "skipping invalid object");
+                tracing::error!(ip_family = self.ip_family(), error = %e, "skipping invalid object");
             }
         }
         if let Some(h) = &self.hooks {
@@ -301,7 +314,7 @@ impl<D: Dataplane> Handler<DriftDetected> for Coordinator<D> {
     type Result = ();
 
     fn handle(&mut self, msg: DriftDetected, ctx: &mut Context<Self>) {
-        tracing::info!(actor = %msg.actor, "drift detected: scheduling a full resync");
+        tracing::info!(ip_family = self.ip_family(), actor = %msg.actor, "drift detected: scheduling a full resync");
         self.sched.request_full();
         if !self.sched.is_running() {
             self.arm(ctx);
@@ -327,7 +340,7 @@ impl<D: Dataplane> Handler<Reconfigure<D>> for Coordinator<D> {
         self.sched.set_periods(msg.settings.min_sync, msg.settings.max_sync);
         self.settings = msg.settings;
         self.dataplane.reconfigure(msg.dataplane);
-        tracing::info!("configuration reloaded: full resync");
+        tracing::info!(ip_family = self.ip_family(), "configuration reloaded: full resync");
         self.sched.request_full();
         if !self.sched.is_running() {
             self.arm(ctx);

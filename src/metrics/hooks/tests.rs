@@ -8,6 +8,7 @@ use crate::actors::stats::StatsRegistry;
 use crate::config::ProxyMode;
 use crate::fixtures::*;
 use crate::health::Probe;
+use crate::http::ServiceHealthServers;
 use crate::msgs::ResourceKind;
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);

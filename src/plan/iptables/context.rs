@@ -80,7 +80,7 @@ impl IptablesSettings {
             local,
             random_fully: host.random_fully,
             localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
-            node_ports: cfg.node_port_addresses(),
+            node_ports: cfg.node_port_addresses_for(family),
             conntrack_tcp_liberal: host.conntrack_tcp_liberal,
             nfacct_ct_state_invalid: host.nfacct_ct_state_invalid,
             nfacct_localhost_node_ports: host.nfacct_localhost_node_ports,
