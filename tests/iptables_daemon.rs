@@ -61,7 +61,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP};
+use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::Subsystem;
@@ -301,16 +301,22 @@ impl Lab {
         d
     }
 
-    /// `/metrics`: the sum of the samples named `name` (any labels); `None`
-    /// if there is none (a metric family without samples yet).
-    fn metric(&self, name: &str) -> Option<f64> {
+    /// `/metrics`: the sum of `family`'s samples (`ip_family="IPv4"`) named
+    /// `name`; `None` if there is none (a metric family without samples yet).
+    fn family_metric(&self, name: &str, family: &str) -> Option<f64> {
         let text = http_get(&self.node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
+        let label = format!("ip_family=\"{family}\"");
         let samples: Vec<f64> = text
             .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') && rest.contains(&label)))
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
             .collect();
         (!samples.is_empty()).then(|| samples.iter().sum())
+    }
+
+    /// `ip6tables-save` of the lab's flavour in the node.
+    fn save6(&self) -> String {
+        self.node.ok(&[&self.flavour.tool("ip6tables", "-save")])
     }
 
     /// Asserts each iptables-mode jump from a built-in chain (kubelet's included) is there exactly once.
@@ -482,6 +488,63 @@ fn service_manifest(name: &str, cluster_ip: &str, backends: &[&str]) -> Value {
             },
         ],
     })
+}
+
+/// The Node with an address of each family.
+fn dual_stack_node_manifest() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "spec": {"podCIDRs": ["10.244.0.0/16", "fd00:244::/48"]},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP},
+            {"type": "InternalIP", "address": NODE_IP6}]},
+    })
+}
+
+/// NodePort Service `default/<name>` with `cluster_ips` (their families, in
+/// order, are its ipFamilies; two make it RequireDualStack), ports `http`
+/// 80/TCP and `dns` 80/UDP to 8080 on `node_port`, and one EndpointSlice
+/// per family with the named backends (ready, on this node).
+fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
+    let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
+    let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
+    let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
+    let mut items = vec![json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+            "ipFamilies": families, "ipFamilyPolicy": policy,
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
+                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
+            ],
+        },
+    })];
+    for fam in families {
+        let endpoints: Vec<Value> = backends
+            .iter()
+            .map(|b| {
+                let n: usize = b[1..].parse().unwrap();
+                let ip = if fam == "IPv6" { format!("fd00:244:{n}::2") } else { format!("10.244.{n}.2") };
+                json!({"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": NODE})
+            })
+            .collect();
+        items.push(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-{}", fam.to_lowercase()), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": name,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": fam,
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
+                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
+            ],
+            "endpoints": endpoints,
+        }));
+    }
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
 }
 
 /// Someone else's rules in the node: a chain of their own in filter and nat,
@@ -880,8 +943,8 @@ fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     let first = lab.syncs().expect("syncs");
     assert_eq!(first.len(), 1, "{first:?}");
-    let full_syncs = lab.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count");
-    let partial_syncs = lab.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count");
+    let full_syncs = lab.family_metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count", "IPv4");
+    let partial_syncs = lab.family_metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", "IPv4");
     assert_eq!(full_syncs, Some(1.0), "one full sync so far");
     assert!(partial_syncs.unwrap_or(0.0) == 0.0, "no partial sync yet: {partial_syncs:?}");
 
@@ -892,10 +955,82 @@ fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
     lab.wait_traffic(WEB, false, &["b2"], CHANGE_WAIT);
     lab.wait_traffic(WEB, true, &["b2"], CHANGE_WAIT);
     lab.wait_traffic("10.96.0.11:80", false, &["b1"], CHANGE_WAIT);
-    assert_eq!(lab.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count"), Some(1.0));
-    let partial = lab.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count");
+    assert_eq!(lab.family_metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count", "IPv4"), Some(1.0));
+    let partial = lab.family_metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", "IPv4");
     assert!(partial.is_some_and(|n| n >= 1.0), "partial syncs counted: {partial:?}");
     let syncs = lab.syncs().expect("syncs");
     assert!(syncs.iter().filter(|s| s.generation > first[0].generation).all(|s| !s.full), "{syncs:?}");
     daemon.stop();
+}
+
+/// (dual-stack) One daemon serves both families, as upstream's metaproxier:
+/// a RequireDualStack NodePort Service spreads over its endpoints on its
+/// IPv4 and IPv6 ClusterIPs and on both node IPs' NodePorts, TCP and UDP,
+/// from the client and from the node itself; an IPv6-only Service answers
+/// on its ClusterIP; ip6tables holds the IPv6 service chains (none of them
+/// in iptables), and an endpoint change in one family is a sync of that
+/// family that the other family's traffic does not notice.
+#[test]
+fn a_dual_stack_service_answers_on_both_families() {
+    let mut lab = Lab::new("ds", Flavour::Nft, &["b1", "b2"]);
+    lab.put("node", &dual_stack_node_manifest());
+    // A cluster CIDR per family, as a dual-stack cluster's kube-proxy is configured.
+    let config = std::fs::read_to_string(lab.config_path()).unwrap();
+    let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
+    std::fs::write(lab.config_path(), config).unwrap();
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
+    lab.put("v6only", &dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
+    let daemon = lab.start_synced();
+    let both = ["b1", "b2"];
+    for to in ["10.96.0.40:80", "[fd00:96::40]:80", "192.168.50.1:30040", "[fd00:50::1]:30040"] {
+        lab.wait_traffic(to, false, &both, CHANGE_WAIT);
+        lab.wait_traffic(to, true, &both, CHANGE_WAIT);
+    }
+    lab.wait_traffic("[fd00:96::41]:80", false, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic("[fd00:50::1]:30041", false, &["b2"], CHANGE_WAIT);
+    // Off-cluster IPv6 clients are masqueraded too (to the node's address toward the backend).
+    let seen = lab.ask("[fd00:96::40]:80", 8, false);
+    assert!(seen.iter().all(|a| a.as_ref().is_ok_and(|(_, src)| src.starts_with("fd00:244:"))), "{seen:?}");
+    // From the node itself: both ClusterIPs and both node IPs' NodePorts.
+    for to in ["10.96.0.40:80", "[fd00:96::40]:80", "192.168.50.1:30040", "[fd00:50::1]:30040"] {
+        let got = lab::ask(&lab.node, to, 16, false, DROP_WAIT);
+        assert_eq!(names(&got), set(&both), "from the node to {to}: {got:?}");
+    }
+    // Each family's rules in its own tool.
+    let (v4, v6) = (lab.save(None), lab.save6());
+    assert!(v6.contains("-d fd00:96::40/128") && v6.contains("-d fd00:96::41/128"), "{v6}");
+    assert!(v4.contains("-d 10.96.0.40/32") && !v4.contains("fd00:"), "{v4}");
+    assert!(!v6.contains("127.0.0.0/8") && !v6.contains("route_localnet"), "no localhost NodePorts in IPv6: {v6}");
+    assert!(v6.contains(":KUBE-PROXY-CANARY"), "a canary per family: {v6}");
+    // Per-family metrics, as upstream's ip_family label.
+    for fam in ["IPv4", "IPv6"] {
+        let n = lab.family_metric("kubeproxy_sync_proxy_rules_duration_seconds_count", fam);
+        assert!(n.is_some_and(|n| n >= 1.0), "{fam}: {n:?}");
+    }
+
+    // The IPv6 slice alone changes: IPv6 traffic follows, IPv4 keeps both backends.
+    let mut web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    let v6_only_b1 = dual_stack_service_manifest("x", &["fd00:96::40"], 30040, &["b1"]);
+    web["items"][2]["endpoints"] = v6_only_b1["items"][1]["endpoints"].clone();
+    lab.put("web", &web);
+    lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.40:80", false, &both, CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(log.contains("kube-proxy running in dual-stack mode"), "{log}");
+}
+
+/// (dual-stack) A node with IPv6 switched off runs the primary family alone
+/// and says why, with upstream's log lines; ip6tables gets nothing of ours.
+#[test]
+fn a_node_without_ipv6_runs_single_stack_and_says_why() {
+    let mut lab = Lab::new("no6", Flavour::Legacy, &["b1"]);
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
+    lab.node.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+    let daemon = lab.start_synced();
+    lab.wait_traffic("10.96.0.40:80", false, &["b1"], CHANGE_WAIT);
+    let v6 = lab.node.ok(&[&lab.flavour.tool("ip6tables", "-save")]);
+    assert!(!v6.contains("KUBE-"), "{v6}");
+    let log = daemon.stop();
+    assert!(log.contains("No kernel support for family") && log.contains("IPv6"), "{log}");
+    assert!(log.contains("kube-proxy running in single-stack mode"), "{log}");
 }

@@ -29,6 +29,10 @@ pub const BACKEND_PORT: u16 = 8080;
 pub const NODE_IP: &str = "192.168.50.1";
 /// The off-cluster client's address.
 pub const CLIENT_IP: &str = "192.168.50.10";
+/// The node's IPv6 address on the client link (every link is dual-stack).
+pub const NODE_IP6: &str = "fd00:50::1";
+/// The off-cluster client's IPv6 address.
+pub const CLIENT_IP6: &str = "fd00:50::10";
 
 /// How long a client waits for the answer on an open TCP connection.
 const TCP_READ_WAIT: Duration = Duration::from_secs(3);
@@ -39,10 +43,12 @@ const TCP_READ_WAIT: Duration = Duration::from_secs(3);
 pub type Backend = (&'static str, Netns, Servers);
 
 /// The lab's namespaces, named `<prefix>-n`, `<prefix>-c`, `<prefix>-b1`, ...:
-/// a node with a client on 192.168.50.0/24 (routed through the node), an
-/// uplink veth so the node has a default route (172.31.0.254, never
-/// answered), IP forwarding on, and each backend `bN` on 10.244.N.0/24
-/// behind its own veth, serving on [`BACKEND_PORT`].
+/// a node with a client on 192.168.50.0/24 and fd00:50::/64 (routed through
+/// the node), an uplink veth so the node has a default route (172.31.0.254
+/// and fd00:31::254, never answered), forwarding on for both families, and
+/// each backend `bN` on 10.244.N.0/24 and fd00:244:N::/64 behind its own
+/// veth, serving on [`BACKEND_PORT`] in both families. IPv6 addresses skip
+/// duplicate address detection, so they work at once.
 pub fn topology(prefix: &str, backends: &[&'static str]) -> (Netns, Netns, Vec<Backend>) {
     let sh = |ns: &Netns, cmd: &str| ns.ok(&cmd.split_whitespace().collect::<Vec<_>>());
     let node = Netns::new(&format!("{prefix}-n"));
@@ -51,14 +57,20 @@ pub fn topology(prefix: &str, backends: &[&'static str]) -> (Netns, Netns, Vec<B
     sh(&node, &format!("ip addr add {NODE_IP}/24 dev nc0"));
     sh(&node, "ip link set nc0 up");
     sh(&client, &format!("ip addr add {CLIENT_IP}/24 dev eth0"));
+    sh(&node, &format!("ip addr add {NODE_IP6}/64 dev nc0 nodad"));
+    sh(&client, &format!("ip addr add {CLIENT_IP6}/64 dev eth0 nodad"));
     sh(&client, "ip link set eth0 up");
     sh(&client, &format!("ip route add default via {NODE_IP}"));
+    sh(&client, &format!("ip -6 route add default via {NODE_IP6}"));
     sh(&node, "ip link add up0 type veth peer name up1");
     sh(&node, "ip addr add 172.31.0.1/24 dev up0");
     sh(&node, "ip link set up1 up");
     sh(&node, "ip link set up0 up");
+    sh(&node, "ip addr add fd00:31::1/64 dev up0 nodad");
     sh(&node, "ip route add default via 172.31.0.254");
+    sh(&node, "ip -6 route add default via fd00:31::254");
     sh(&node, "sysctl -q -w net.ipv4.ip_forward=1");
+    sh(&node, "sysctl -q -w net.ipv6.conf.all.forwarding=1");
     let mut list = Vec::new();
     for name in backends {
         let n: usize = name[1..].parse().expect("backends are b1, b2, ...");
@@ -67,8 +79,13 @@ pub fn topology(prefix: &str, backends: &[&'static str]) -> (Netns, Netns, Vec<B
         sh(&node, &format!("ip addr add 10.244.{n}.1/24 dev nb{n}"));
         sh(&node, &format!("ip link set nb{n} up"));
         sh(&ns, &format!("ip addr add 10.244.{n}.2/24 dev eth0"));
+        sh(&node, &format!("ip addr add fd00:244:{n}::1/64 dev nb{n} nodad"));
+        sh(&ns, &format!("ip addr add fd00:244:{n}::2/64 dev eth0 nodad"));
         sh(&ns, "ip link set eth0 up");
         sh(&ns, &format!("ip route add default via 10.244.{n}.1"));
+        sh(&ns, &format!("ip -6 route add default via fd00:244:{n}::1"));
+        // IPv6 sockets of their own, beside the IPv4 ones on the same port.
+        sh(&ns, "sysctl -q -w net.ipv6.bindv6only=1");
         let servers = serve(&ns, name);
         list.push((*name, ns, servers));
     }
@@ -128,12 +145,26 @@ fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>)
     }
 }
 
-/// Starts backend `name`'s TCP and UDP servers inside `ns`.
+/// Starts backend `name`'s TCP and UDP servers inside `ns`, on IPv4 and,
+/// where the namespace has IPv6 sockets of their own (`bindv6only`), IPv6.
 pub fn serve(ns: &Netns, name: &'static str) -> Servers {
     let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    let v6 = ns.exec(&["sysctl", "-n", "net.ipv6.bindv6only"]);
+    let mut hosts = vec!["0.0.0.0"];
+    if String::from_utf8_lossy(&v6.stdout).trim() == "1" {
+        hosts.push("::");
+    }
+    for host in hosts {
+        threads.extend(serve_on(ns, name, host, &stop));
+    }
+    Servers { stop, threads }
+}
+
+fn serve_on(ns: &Netns, name: &'static str, host: &'static str, stop: &Arc<AtomicBool>) -> [JoinHandle<()>; 2] {
     let (s1, s2) = (stop.clone(), stop.clone());
     let tcp = spawn_in(ns, move |ready| {
-        let l = match TcpListener::bind(("0.0.0.0", BACKEND_PORT)) {
+        let l = match TcpListener::bind((host, BACKEND_PORT)) {
             Ok(l) => l,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };
@@ -151,7 +182,7 @@ pub fn serve(ns: &Netns, name: &'static str) -> Servers {
         }
     });
     let udp = spawn_in(ns, move |ready| {
-        let s = match UdpSocket::bind(("0.0.0.0", BACKEND_PORT)) {
+        let s = match UdpSocket::bind((host, BACKEND_PORT)) {
             Ok(s) => s,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };
@@ -164,7 +195,7 @@ pub fn serve(ns: &Netns, name: &'static str) -> Servers {
             }
         }
     });
-    Servers { stop, threads: vec![tcp, udp] }
+    [tcp, udp]
 }
 
 // ----------------------------------------------------------------- clients
@@ -227,7 +258,7 @@ pub fn udp_exchange(sock: &UdpSocket) -> Answer {
 
 /// One UDP exchange from a fresh socket (a new conntrack entry each time).
 pub fn udp_ask(to: SocketAddr, wait: Duration) -> Answer {
-    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let s = UdpSocket::bind(if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
     s.connect(to).map_err(|e| e.kind())?;
     s.set_read_timeout(Some(wait)).unwrap();
     udp_exchange(&s)
