@@ -329,3 +329,59 @@ pub fn render_dry_run(
         ProxyMode::Nftables => "# nftables mode is not supported\n".to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodePortAddresses;
+
+    fn cfg(node_port_addresses: &[&str]) -> KubeProxyConfiguration {
+        KubeProxyConfiguration {
+            node_port_addresses: node_port_addresses.iter().map(|s| s.to_string()).collect(),
+            ..KubeProxyConfiguration::default()
+        }
+    }
+
+    #[test]
+    fn both_families_run_where_both_work_else_the_primary_alone() {
+        let c = cfg(&[]);
+        let ok = || Ok(());
+        assert_eq!(choose_families(&c, IpFamily::V4, ok(), ok()).unwrap(), Families::dual(IpFamily::V4));
+        assert_eq!(choose_families(&c, IpFamily::V6, ok(), ok()).unwrap().secondary, Some(IpFamily::V4));
+        let no_v6 = Err(FamilyUnsupported::Kernel("net.ipv6.conf.all.disable_ipv6 is 1".into()));
+        assert_eq!(choose_families(&c, IpFamily::V4, ok(), no_v6).unwrap(), Families::single(IpFamily::V4));
+        let no_ipt = || Err(FamilyUnsupported::Iptables("ip6tables: not found".into()));
+        assert_eq!(choose_families(&c, IpFamily::V4, ok(), no_ipt()).unwrap(), Families::single(IpFamily::V4));
+        let err = choose_families(&c, IpFamily::V6, no_ipt(), ok()).unwrap_err().to_string();
+        assert_eq!(err, "no support for primary IP family IPv6: no iptables support: ip6tables: not found");
+    }
+
+    #[test]
+    fn node_port_addresses_are_split_by_family() {
+        let c = cfg(&["10.0.0.0/8", "fd00::/64"]);
+        let cidrs = |f| match c.node_port_addresses_for(f) {
+            NodePortAddresses::Cidrs(n) => n.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(cidrs(IpFamily::V4), ["10.0.0.0/8"]);
+        assert_eq!(cidrs(IpFamily::V6), ["fd00::/64"]);
+        // No CIDR of a family: every address of it (upstream's zero CIDR).
+        let c = cfg(&["10.0.0.0/8"]);
+        assert_eq!(c.node_port_addresses_for(IpFamily::V6), NodePortAddresses::All);
+    }
+
+    #[test]
+    fn the_secondary_familys_headings_name_it() {
+        let families = Families::dual(IpFamily::V4);
+        assert_eq!(families.suffix(IpFamily::V4), "");
+        assert_eq!(families.suffix(IpFamily::V6), " ipv6");
+        assert_eq!(Families::dual(IpFamily::V6).suffix(IpFamily::V4), " ipv4");
+        let text =
+            "# ipvs\n-A -t [fd00::1]:80 -s rr\n# ipset\n# addresses kube-ipvs0\nfd00::1\n# iptables\n*nat\nCOMMIT\n";
+        assert_eq!(
+            with_heading_suffix(text, " ipv6"),
+            "# ipvs ipv6\n-A -t [fd00::1]:80 -s rr\n# ipset ipv6\n# addresses kube-ipvs0 ipv6\nfd00::1\n# iptables ipv6\n*nat\nCOMMIT\n"
+        );
+        assert_eq!(with_heading_suffix(text, ""), text);
+    }
+}

@@ -195,6 +195,12 @@ impl Lab {
 
     /// Starts the daemon in the node namespace with the lab's config and manifests.
     fn start(&mut self) -> Daemon {
+        let manifests = self.manifests();
+        self.start_with(&["--manifests".as_ref(), manifests.as_os_str()])
+    }
+
+    /// Starts the daemon in the node namespace with the lab's config and `source` arguments.
+    fn start_with(&mut self, source: &[&std::ffi::OsStr]) -> Daemon {
         self.started += 1;
         let log = self.dir.path().join(format!("daemon-{}.log", self.started));
         let out = std::fs::File::create(&log).unwrap();
@@ -203,8 +209,7 @@ impl Lab {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.node.name, &bin(), "--config"])
             .arg(&config)
-            .arg("--manifests")
-            .arg(self.manifests())
+            .args(source)
             .env("PATH", self.path_env())
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -1033,4 +1038,78 @@ fn a_node_without_ipv6_runs_single_stack_and_says_why() {
     let log = daemon.stop();
     assert!(log.contains("No kernel support for family") && log.contains("IPv6"), "{log}");
     assert!(log.contains("kube-proxy running in single-stack mode"), "{log}");
+}
+
+/// The test API server (tests/common/apiserver) on a thread inside `ns`,
+/// so a daemon there reaches it on its own loopback; runs until the
+/// returned sender is dropped.
+fn api_server_in(ns: &Netns) -> (common::apiserver::ApiServer, std::sync::mpsc::Sender<()>) {
+    let path = format!("/run/netns/{}", ns.name);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            tx.send(common::apiserver::ApiServer::start().await).expect("send the server");
+            // Serve until the test drops the sender.
+            let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+        });
+    });
+    (rx.recv().expect("API server started"), stop_tx)
+}
+
+/// (dual-stack) The Kubernetes API source end to end: the daemon with a
+/// kubeconfig pointing at the test API server (real list/watch, kube-rs's
+/// watcher) programs a RequireDualStack Service in both families, follows
+/// an update of its IPv6 EndpointSlice, and removes both families' rules
+/// when the Service is deleted.
+#[test]
+fn the_api_source_programs_a_dual_stack_service() {
+    let mut lab = Lab::new("dsapi", Flavour::Nft, &["b1", "b2"]);
+    let (api, _serving) = api_server_in(&lab.node);
+    let kubeconfig = lab.dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n\
+             contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n\
+             users:\n- name: t\n  user: {{}}\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    api.create(&dual_stack_node_manifest()).unwrap();
+    let web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    for item in web["items"].as_array().unwrap() {
+        api.create(item).unwrap();
+    }
+    // With --config, the kubeconfig comes from the file (clientConnection), as upstream.
+    let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
+    config.push_str(&format!("clientConnection:\n  kubeconfig: {}\n", kubeconfig.display()));
+    std::fs::write(lab.config_path(), config).unwrap();
+    let mut daemon = lab.start_with(&[]);
+    lab.wait_sync(&mut daemon, 0, START_WAIT);
+    lab.wait_traffic("10.96.0.40:80", false, &["b1", "b2"], CHANGE_WAIT);
+    lab.wait_traffic("[fd00:96::40]:80", false, &["b1", "b2"], CHANGE_WAIT);
+    lab.wait_traffic("[fd00:50::1]:30040", true, &["b1", "b2"], CHANGE_WAIT);
+
+    let mut v6_slice = web["items"][2].clone();
+    assert_eq!(v6_slice["addressType"], "IPv6");
+    v6_slice["endpoints"] = json!([v6_slice["endpoints"][1].clone()]);
+    api.update(&v6_slice).unwrap();
+    lab.wait_traffic("[fd00:96::40]:80", false, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.40:80", false, &["b1", "b2"], CHANGE_WAIT);
+
+    api.delete(&web["items"][0]).unwrap();
+    wait_for("both families' rules for web gone", CHANGE_WAIT, || {
+        let (v4, v6) = (lab.save(Some("nat")), lab.save6());
+        if v4.contains("10.96.0.40") || v6.contains("fd00:96::40") {
+            Err("still there".to_string())
+        } else {
+            Ok(())
+        }
+    });
+    daemon.stop();
 }

@@ -380,3 +380,110 @@ fn a_slice_moving_to_another_service_leaves_the_first() {
     assert!(m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp)).is_empty());
     assert_eq!(m.endpoints(&spn("kube-system", "other", "dns", Protocol::Udp)).len(), 1);
 }
+
+/// A model per family, as the daemon runs on a dual-stack node.
+fn family_models() -> [Model; 2] {
+    [IpFamily::V4, IpFamily::V6].map(|f| {
+        let mut m = Model::new(f, "node-a");
+        m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+        m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
+        m
+    })
+}
+
+/// The dns Service with `ips` as its clusterIPs and the matching ipFamilies.
+fn dns_with_ips(ips: &[&str], policy: &str) -> k8s_openapi::api::core::v1::Service {
+    let mut s = dns();
+    let spec = s.spec.as_mut().unwrap();
+    spec.cluster_ip = Some(ips[0].into());
+    spec.cluster_ips = Some(ips.iter().map(|s| s.to_string()).collect());
+    spec.ip_families = Some(ips.iter().map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" }.to_string()).collect());
+    spec.ip_family_policy = Some(policy.into());
+    s
+}
+
+/// Each family's cluster IP of the dns UDP port, if the family has it.
+fn cluster_ips(models: &[Model; 2]) -> [Option<IpAddr>; 2] {
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    [0, 1].map(|i| models[i].service_port(&udp).map(|sp| sp.cluster_ip))
+}
+
+#[test]
+fn a_service_whose_families_change_is_split_between_the_family_models() {
+    let mut models = family_models();
+    // (clusterIPs, ipFamilyPolicy, what the IPv4 and IPv6 models see)
+    type Step<'a> = (&'a [&'a str], &'a str, [Option<&'a str>; 2]);
+    let steps: [Step; 4] = [
+        (&["10.96.0.10"], "SingleStack", [Some("10.96.0.10"), None]),
+        (&["10.96.0.10", "fd00::10"], "PreferDualStack", [Some("10.96.0.10"), Some("fd00::10")]),
+        (&["10.96.0.10"], "SingleStack", [Some("10.96.0.10"), None]),
+        (&["fd00::10", "10.96.0.10"], "RequireDualStack", [Some("10.96.0.10"), Some("fd00::10")]),
+    ];
+    for (ips, policy, want) in steps {
+        let ev = applied_service(dns_with_ips(ips, policy));
+        for m in &mut models {
+            m.record(&ev).unwrap();
+            m.apply();
+        }
+        assert_eq!(cluster_ips(&models), want.map(|w| w.map(ip)), "{policy} {ips:?}");
+    }
+    // Deleted: gone from both.
+    let ev = deleted_service(dns_with_ips(&["fd00::10", "10.96.0.10"], "RequireDualStack"));
+    for m in &mut models {
+        m.record(&ev).unwrap();
+        m.apply();
+    }
+    assert_eq!(cluster_ips(&models), [None, None]);
+}
+
+#[test]
+fn external_ips_and_load_balancer_ips_go_to_their_own_family() {
+    let mut s = dns_with_ips(&["10.96.0.10", "fd00::10"], "RequireDualStack");
+    let spec = s.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_ips = Some(vec!["192.168.60.20".into(), "fd00:60::20".into()]);
+    s.status = Some(from_json(serde_json::json!({"loadBalancer": {"ingress": [
+        {"ip": "192.168.60.10"}, {"ip": "fd00:60::10"}
+    ]}})));
+    let mut models = family_models();
+    for m in &mut models {
+        m.record(&applied_service(s.clone())).unwrap();
+        m.apply();
+    }
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    let [v4, v6] = [0, 1].map(|i| models[i].service_port(&udp).cloned().expect("in both families"));
+    assert_eq!(
+        (v4.external_ips.clone(), v4.load_balancer_vips.clone()),
+        (vec![ip("192.168.60.20")], vec![ip("192.168.60.10")])
+    );
+    assert_eq!(
+        (v6.external_ips.clone(), v6.load_balancer_vips.clone()),
+        (vec![ip("fd00:60::20")], vec![ip("fd00:60::10")])
+    );
+}
+
+#[test]
+fn endpoint_slices_of_both_address_types_feed_their_own_family() {
+    let mut models = family_models();
+    let v4 = dns_slice("dns-v4", &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]);
+    let mut v6 = dns_slice("dns-v6", &[ep("fd00:244::5", "node-a")]);
+    v6.address_type = "IPv6".into();
+    let svc = applied_service(dns_with_ips(&["10.96.0.10", "fd00::10"], "RequireDualStack"));
+    for m in &mut models {
+        for ev in [&svc, &applied_slice(v4.clone()), &applied_slice(v6.clone())] {
+            m.record(ev).unwrap();
+        }
+        m.apply();
+    }
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    let ips = |m: &Model| m.endpoints(&udp).iter().map(|e| e.ip).collect::<Vec<_>>();
+    assert_eq!(ips(&models[0]), [ip("10.244.0.5"), ip("10.244.1.5")]);
+    assert_eq!(ips(&models[1]), [ip("fd00:244::5")]);
+    // The IPv6 slice deleted: IPv4 keeps its endpoints.
+    for m in &mut models {
+        m.record(&deleted_slice(v6.clone())).unwrap();
+        m.apply();
+    }
+    assert_eq!(ips(&models[0]).len(), 2);
+    assert!(ips(&models[1]).is_empty());
+}
