@@ -2,6 +2,7 @@
 //! generator, used by the `kpr-bench` binary and by tests that need a
 //! realistic cluster of a given size.
 
+pub mod dual;
 pub mod gen;
 pub mod iptables_kernel;
 pub mod ipvs_kernel;
@@ -16,8 +17,13 @@ const FAMILY: IpFamily = IpFamily::V4;
 
 /// The planner's settings of the bench node ([`gen::THIS_NODE`]).
 pub fn plan_settings() -> PlanSettings {
+    plan_settings_for(FAMILY)
+}
+
+/// [`plan_settings`] of one family's proxier (dual-stack benches).
+pub fn plan_settings_for(family: IpFamily) -> PlanSettings {
     PlanSettings {
-        family: FAMILY,
+        family,
         node_name: THIS_NODE.into(),
         scheduler: String::new(),
         node_ports: NodePortFilter::All,
@@ -28,6 +34,16 @@ pub fn plan_settings() -> PlanSettings {
 /// virtual servers are planned on it; IPVS does not need it on a link).
 pub fn local_addrs() -> Vec<LocalAddr> {
     vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }]
+}
+
+/// [`local_addrs`] and their IPv6 twins ([`dual::v6_of`]): the bench
+/// node's addresses on a dual-stack cluster.
+pub fn local_addrs_dual() -> Vec<LocalAddr> {
+    let v4 = node_ip(0);
+    vec![
+        LocalAddr { ifname: "eth0".into(), ip: v4.into() },
+        LocalAddr { ifname: "eth0".into(), ip: dual::v6_of(v4).into() },
+    ]
 }
 
 /// IPVS mode's iptables rules settings: the generator's pod range is local;

@@ -29,12 +29,12 @@ use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
 use kube_proxy_rs::bench::stats::quantile;
-use kube_proxy_rs::bench::{local_addrs, plan_settings, rules_config};
+use kube_proxy_rs::bench::{dual, local_addrs, local_addrs_dual, plan_settings, plan_settings_for, rules_config};
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::context::plan_context;
+use kube_proxy_rs::plan::context::{plan_context, LocalAddr};
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
 
 #[derive(Parser)]
@@ -54,6 +54,11 @@ struct Cli {
     /// Endpoints per service.
     #[arg(long, global = true, default_value_t = 10)]
     endpoints: usize,
+    /// `plan` and `rss`: the cluster's dual-stack twin (every Service
+    /// RequireDualStack, every slice with an IPv6 twin), planned by one
+    /// proxier per family as the daemon does; rows say which family.
+    #[arg(long, global = true)]
+    dual_stack: bool,
 }
 
 #[derive(Subcommand)]
@@ -250,15 +255,20 @@ struct Planned {
 }
 
 fn build_and_plan(events: &[SourceEvent]) -> anyhow::Result<Planned> {
+    build_and_plan_family(events, IpFamily::V4, &local_addrs())
+}
+
+/// [`build_and_plan`] for one family's proxier on a dual-stack cluster.
+fn build_and_plan_family(events: &[SourceEvent], family: IpFamily, addrs: &[LocalAddr]) -> anyhow::Result<Planned> {
     let t = Instant::now();
-    let mut model = Model::new(IpFamily::V4, THIS_NODE);
+    let mut model = Model::new(family, THIS_NODE);
     record_all(&mut model, events)?;
     let record = t.elapsed();
     let t = Instant::now();
     let changes = model.apply();
     let apply = t.elapsed();
     let t = Instant::now();
-    let mut planner = IpvsPlanner::new(plan_context(&plan_settings(), model.node(), &local_addrs()));
+    let mut planner = IpvsPlanner::new(plan_context(&plan_settings_for(family), model.node(), addrs));
     let d = planner.update(&model, &changes.ports);
     let plan = t.elapsed();
     let t = Instant::now();
@@ -269,7 +279,47 @@ fn build_and_plan(events: &[SourceEvent]) -> anyhow::Result<Planned> {
     Ok(Planned { model, planner, record, apply, plan, desired: desired_t, ops })
 }
 
+/// `plan --dual-stack`: each family's proxier on the dual-stack twin of
+/// the cluster, the same figures per family.
+fn bench_plan_dual(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> anyhow::Result<()> {
+    for &n in sizes {
+        let mut cluster = Cluster::new(spec(cli, n))?;
+        let events = dual::dual_stack(&cluster.initial_events());
+        let batches: Vec<Vec<SourceEvent>> =
+            (0..changes).map(|_| dual::dual_stack(&cluster.next_endpoint_change().1)).collect();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let label = kube_proxy_rs::metrics::ip_family_label(family);
+            let p = build_and_plan_family(&events, family, &local_addrs_dual())?;
+            let (mut model, mut planner) = (p.model, p.planner);
+            let total = p.record + p.apply + p.plan;
+            let cold = format!("dual-stack {label}: cold full plan (record + apply + plan)");
+            r.target("plan", n, &cold, ms(total), "ms", 500.0);
+            r.add("plan", n, &format!("dual-stack {label}: cold: planned kernel objects"), p.ops as f64, "ops");
+            let mut times = Vec::with_capacity(changes);
+            let mut ops = Vec::with_capacity(changes);
+            for evs in &batches {
+                let t = Instant::now();
+                record_all(&mut model, evs)?;
+                let c = model.apply();
+                let d = planner.update(&model, &c.ports);
+                times.push(t.elapsed());
+                ops.push(d.len());
+            }
+            let p50 = format!("dual-stack {label}: endpoint change: p50 (record + apply + plan)");
+            r.add("plan", n, &p50, us(quantile(&times, 0.5)), "µs");
+            r.add("plan", n, &format!("dual-stack {label}: endpoint change: p99"), us(quantile(&times, 0.99)), "µs");
+            let mean = ops.iter().sum::<usize>() as f64 / ops.len().max(1) as f64;
+            let m = format!("dual-stack {label}: endpoint change: kernel ops, mean");
+            r.add("plan", n, &m, (mean * 100.0).round() / 100.0, "ops");
+        }
+    }
+    Ok(())
+}
+
 fn bench_plan(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> anyhow::Result<()> {
+    if cli.dual_stack {
+        return bench_plan_dual(cli, sizes, changes, r);
+    }
     for &n in sizes {
         let mut cluster = Cluster::new(spec(cli, n))?;
         let events = cluster.initial_events();
@@ -415,14 +465,22 @@ fn bench_rss(cli: &Cli, n: usize, r: &mut Report) -> anyhow::Result<()> {
     let base = status_kb("VmRSS:").unwrap_or(0.0);
     let cluster = Cluster::new(spec(cli, n))?;
     let events = cluster.initial_events();
+    let events = if cli.dual_stack { dual::dual_stack(&events) } else { events };
     drop(cluster);
     let with_events = status_kb("VmRSS:").unwrap_or(0.0);
     let p = build_and_plan(&events)?;
+    // Dual-stack: the second family's proxier too, as the daemon runs it.
+    let p6 = match cli.dual_stack {
+        true => Some(build_and_plan_family(&events, IpFamily::V6, &local_addrs_dual())?),
+        false => None,
+    };
     let planned = status_kb("VmRSS:").unwrap_or(0.0);
     let desired = p.planner.desired();
+    let desired6 = p6.as_ref().map(|p| p.planner.desired());
     let hwm = status_kb("VmHWM:").unwrap_or(0.0);
     drop(events);
     drop(desired);
+    drop(desired6);
     let after = status_kb("VmRSS:").unwrap_or(0.0);
     r.add("rss", n, "RSS at start", (base / 1024.0 * 10.0).round() / 10.0, "MB");
     r.add(
