@@ -1113,3 +1113,46 @@ fn the_api_source_programs_a_dual_stack_service() {
     });
     daemon.stop();
 }
+
+/// (dual-stack) SIGHUP applies a reloaded config to both families:
+/// `iptables.masqueradeAll` turned on makes both families' ClusterIP rules
+/// mark every packet for masquerade, not only the off-cluster ones.
+#[test]
+fn sighup_reconfigures_both_families() {
+    let mut lab = Lab::new("dshup", Flavour::Legacy, &["b1"]);
+    lab.put("node", &dual_stack_node_manifest());
+    let config = std::fs::read_to_string(lab.config_path()).unwrap();
+    let dual = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
+    std::fs::write(lab.config_path(), &dual).unwrap();
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
+    // The cluster IP rules that mark for masquerade, per family.
+    let marks = |saved: &str, ip: &str| -> Vec<String> {
+        saved
+            .lines()
+            .filter(|l| l.contains(&format!("-d {ip}")) && l.contains("cluster IP") && l.ends_with("-j KUBE-MARK-MASQ"))
+            .map(String::from)
+            .collect()
+    };
+    let before = (marks(&lab.save(Some("nat")), "10.96.0.40/32"), marks(&lab.save6(), "fd00:96::40/128"));
+    assert!(before.0.iter().chain(&before.1).all(|l| l.contains("! -s ")), "only off-cluster traffic: {before:?}");
+    assert!(!before.0.is_empty() && !before.1.is_empty(), "{before:?}");
+
+    std::fs::write(lab.config_path(), dual.replace("iptables:\n", "iptables:\n  masqueradeAll: true\n")).unwrap();
+    let pid = daemon.child.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    wait_for("masqueradeAll in both families", CHANGE_WAIT, || {
+        daemon.assert_running();
+        let after = (marks(&lab.save(Some("nat")), "10.96.0.40/32"), marks(&lab.save6(), "fd00:96::40/128"));
+        let all = |v: &Vec<String>| !v.is_empty() && v.iter().all(|l| !l.contains("! -s "));
+        if all(&after.0) && all(&after.1) {
+            Ok(())
+        } else {
+            Err(format!("{after:?}"))
+        }
+    });
+    lab.wait_traffic("10.96.0.40:80", false, &["b1"], CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(log.contains("config reloaded: applying"), "{log}");
+}

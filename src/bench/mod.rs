@@ -22,12 +22,7 @@ pub fn plan_settings() -> PlanSettings {
 
 /// [`plan_settings`] of one family's proxier (dual-stack benches).
 pub fn plan_settings_for(family: IpFamily) -> PlanSettings {
-    PlanSettings {
-        family,
-        node_name: THIS_NODE.into(),
-        scheduler: String::new(),
-        node_ports: NodePortFilter::All,
-    }
+    PlanSettings { family, node_name: THIS_NODE.into(), scheduler: String::new(), node_ports: NodePortFilter::All }
 }
 
 /// This node's interface addresses: one, node-0's InternalIP (NodePort
