@@ -1156,3 +1156,39 @@ fn sighup_reconfigures_both_families() {
     let log = daemon.stop();
     assert!(log.contains("config reloaded: applying"), "{log}");
 }
+
+/// (dual-stack) A dual-stack LoadBalancer service with
+/// `externalTrafficPolicy: Local`: its healthCheckNodePort answers on both
+/// node IPs, with the local endpoint count (the families' larger one).
+#[test]
+fn health_check_node_port_answers_on_both_families() {
+    let mut lab = Lab::new("dshc", Flavour::Nft, &["b1", "b2"]);
+    lab.put("node", &dual_stack_node_manifest());
+    let mut web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    web["items"][0]["spec"]["type"] = json!("LoadBalancer");
+    web["items"][0]["spec"]["externalTrafficPolicy"] = json!("Local");
+    web["items"][0]["spec"]["healthCheckNodePort"] = json!(32040);
+    lab.put("web", &web);
+    let daemon = lab.start_synced();
+    for to in ["192.168.50.1:32040", "[fd00:50::1]:32040"] {
+        let body = wait_for(&format!("health check on {to}"), CHANGE_WAIT, || {
+            lab.client.run(|| {
+                let mut s = TcpStream::connect_timeout(&addr(to), Duration::from_secs(1)).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+                let mut text = String::new();
+                s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+                if text.starts_with("HTTP/1.1 200") {
+                    Ok(text)
+                } else {
+                    Err(text)
+                }
+            })
+        });
+        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        // Two local endpoints × two ports, counted per port as upstream's
+        // LocalReadyEndpoints does; one family's count, not both added.
+        assert!(compact.contains("\"localEndpoints\":4"), "{to}: {body}");
+    }
+    daemon.stop();
+}
