@@ -100,7 +100,12 @@ impl SyncHooks {
         for ev in events {
             match ev {
                 SourceEvent::Service(_) => services += 1,
-                SourceEvent::EndpointSlice(_) => slices += 1,
+                // As upstream's metaproxier, which hands each slice to its
+                // address type's proxier only (Services go to both).
+                SourceEvent::EndpointSlice(c) if c.object().address_type == self.family.slice_address_type() => {
+                    slices += 1
+                }
+                SourceEvent::EndpointSlice(_) => {}
                 SourceEvent::Node(change) => self.node_event(change, model.node_name()),
                 SourceEvent::Synced(_) => {}
             }
