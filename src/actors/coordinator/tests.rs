@@ -34,9 +34,14 @@ struct Harness {
 }
 
 fn start(min: Duration, max: Duration) -> Harness {
+    start_family(IpFamily::V4, min, max)
+}
+
+/// One family's proxier (a dual-stack node runs one per family).
+fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
     let journal = Journal::default();
     let sets: BTreeMap<IpvsSet, MemIpset> =
-        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
+        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(family)))).collect();
     let k = MemKernels {
         journal: journal.clone(),
         ipvs: MemIpvs::new(&journal),
@@ -57,7 +62,7 @@ fn start(min: Duration, max: Duration) -> Harness {
     );
     let settings = Settings {
         plan: PlanSettings {
-            family: IpFamily::V4,
+            family,
             node_name: "node-a".into(),
             scheduler: String::new(),
             node_ports: NodePortFilter::All,
@@ -66,7 +71,12 @@ fn start(min: Duration, max: Duration) -> Harness {
         max_sync: max,
         burst: 2,
     };
-    let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: "192.168.50.2".parse().unwrap() }]);
+    let addrs: AddrSource = Box::new(|| {
+        ["192.168.50.2", "fd00:50::2"]
+            .iter()
+            .map(|ip| LocalAddr { ifname: "eth0".into(), ip: ip.parse().unwrap() })
+            .collect()
+    });
     // A stand-in renderer: the rules name the cluster-IP set once it has members.
     let rules: RulesRenderer = Box::new(|p: &IpvsPlanner, _: &crate::model::NodeInfo| {
         let extra = if p.set_has_members(IpvsSet::ClusterIp) {
@@ -440,4 +450,40 @@ mod iptables_mode {
             assert!(!r[1].contains(&stale), "gone after the first restore:\n{}", r[1]);
         });
     }
+}
+
+/// Dual-stack: the two families' proxiers get the same events; the IPv6
+/// one's IPVS refuses everything, and the IPv4 one syncs on time regardless
+/// (its own schedule, no waiting on the other family's acks or retries).
+#[test]
+fn a_failing_family_does_not_hold_back_the_other() {
+    run_paused(|| async {
+        let v4 = start_family(IpFamily::V4, Duration::ZERO, Duration::from_secs(30));
+        let v6 = start_family(IpFamily::V6, Duration::ZERO, Duration::from_secs(30));
+        v6.k.journal.fail("ipvs", u32::MAX);
+        let dual = |name: &str, ips: [&str; 2]| {
+            let mut svc = service("default", name, ips[0], &[("http", "TCP", 80, 0)]);
+            let spec = svc.spec.as_mut().unwrap();
+            spec.cluster_ips = Some(ips.iter().map(|s| s.to_string()).collect());
+            spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+            applied_service(svc)
+        };
+        let mut first = synced();
+        first.push(dual("web", ["10.96.0.20", "fd00::20"]));
+        for h in [&v4, &v6] {
+            h.send(first.clone()).await;
+        }
+        sleep(Duration::from_secs(5)).await;
+        for h in [&v4, &v6] {
+            h.send(vec![dual("api", ["10.96.0.21", "fd00::21"])]).await;
+        }
+        sleep(10 * MS).await;
+        assert_eq!(v4.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::ZERO]);
+        assert_eq!(v4.at("ipvs -A -t 10.96.0.21:80"), vec![Duration::from_secs(5)], "on time despite IPv6");
+        assert!(v4.syncs().await.iter().all(|s| s.failed == 0));
+        let v6_syncs = v6.syncs().await;
+        assert!(v6_syncs.len() >= 2 && v6_syncs.iter().all(|s| s.failed > 0), "{v6_syncs:?}");
+        assert!(v6.at("FAILED ipvs -A -t [fd00::20]:80").len() >= 2, "IPv6 retried on its own schedule");
+        assert!(v4.k.journal.lines().iter().all(|l| !l.contains("fd00::")), "nothing of IPv6 in IPv4's kernels");
+    });
 }
