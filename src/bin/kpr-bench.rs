@@ -279,6 +279,26 @@ fn build_and_plan_family(events: &[SourceEvent], family: IpFamily, addrs: &[Loca
     Ok(Planned { model, planner, record, apply, plan, desired: desired_t, ops })
 }
 
+/// Applies each batch to the model and planner: per batch, the time taken
+/// (record + apply + plan) and the kernel ops planned.
+fn time_changes(
+    model: &mut Model,
+    planner: &mut IpvsPlanner,
+    batches: &[Vec<SourceEvent>],
+) -> anyhow::Result<(Vec<Duration>, Vec<usize>)> {
+    let mut times = Vec::with_capacity(batches.len());
+    let mut ops = Vec::with_capacity(batches.len());
+    for evs in batches {
+        let t = Instant::now();
+        record_all(model, evs)?;
+        let c = model.apply();
+        let d = planner.update(model, &c.ports);
+        times.push(t.elapsed());
+        ops.push(d.len());
+    }
+    Ok((times, ops))
+}
+
 /// `plan --dual-stack`: each family's proxier on the dual-stack twin of
 /// the cluster, the same figures per family.
 fn bench_plan_dual(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> anyhow::Result<()> {
@@ -295,16 +315,7 @@ fn bench_plan_dual(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -
             let cold = format!("dual-stack {label}: cold full plan (record + apply + plan)");
             r.target("plan", n, &cold, ms(total), "ms", 500.0);
             r.add("plan", n, &format!("dual-stack {label}: cold: planned kernel objects"), p.ops as f64, "ops");
-            let mut times = Vec::with_capacity(changes);
-            let mut ops = Vec::with_capacity(changes);
-            for evs in &batches {
-                let t = Instant::now();
-                record_all(&mut model, evs)?;
-                let c = model.apply();
-                let d = planner.update(&model, &c.ports);
-                times.push(t.elapsed());
-                ops.push(d.len());
-            }
+            let (times, ops) = time_changes(&mut model, &mut planner, &batches)?;
             let p50 = format!("dual-stack {label}: endpoint change: p50 (record + apply + plan)");
             r.add("plan", n, &p50, us(quantile(&times, 0.5)), "µs");
             r.add("plan", n, &format!("dual-stack {label}: endpoint change: p99"), us(quantile(&times, 0.99)), "µs");
@@ -333,16 +344,7 @@ fn bench_plan(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> any
         r.target("plan", n, "cold full plan (record + apply + plan)", ms(total), "ms", 500.0);
         r.add("plan", n, "cold: planned kernel objects", p.ops as f64, "ops");
         let batches: Vec<Vec<SourceEvent>> = (0..changes).map(|_| cluster.next_endpoint_change().1).collect();
-        let mut times = Vec::with_capacity(changes);
-        let mut ops = Vec::with_capacity(changes);
-        for evs in &batches {
-            let t = Instant::now();
-            record_all(&mut model, evs)?;
-            let c = model.apply();
-            let d = planner.update(&model, &c.ports);
-            times.push(t.elapsed());
-            ops.push(d.len());
-        }
+        let (times, ops) = time_changes(&mut model, &mut planner, &batches)?;
         r.add("plan", n, "endpoint change: p50 (record + apply + plan)", us(quantile(&times, 0.5)), "µs");
         r.add("plan", n, "endpoint change: p99", us(quantile(&times, 0.99)), "µs");
         r.add("plan", n, "endpoint change: max", us(quantile(&times, 1.0)), "µs");
