@@ -2,6 +2,7 @@
 //! generator, used by the `kpr-bench` binary and by tests that need a
 //! realistic cluster of a given size.
 
+pub mod daemon_run;
 pub mod dual;
 pub mod gen;
 pub mod iptables_kernel;

@@ -96,6 +96,25 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// The real daemon binary (iptables mode) on a generated cluster from
+    /// manifest files, in a network namespace of its own (root): time to
+    /// first sync, the tool's own restore of the same rules, idle CPU, VmHWM.
+    Daemon {
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        /// iptables flavour the daemon runs.
+        #[arg(long, default_value = "legacy", value_parser = ["legacy", "nft"])]
+        flavour: String,
+        /// Seconds of idle watched after the first sync.
+        #[arg(long, default_value_t = 60)]
+        idle: u64,
+        /// The config's syncPeriod, seconds.
+        #[arg(long, default_value_t = 30)]
+        sync_period: u64,
+        /// The daemon binary (default: kube-proxy-rs beside this binary).
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+    },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
     Ipvs {
@@ -604,6 +623,28 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
+        Cmd::Daemon { services, flavour, idle, sync_period, binary } => {
+            let binary = match binary {
+                Some(b) => b.clone(),
+                None => std::env::current_exe()
+                    .map(|p| p.with_file_name("kube-proxy-rs"))
+                    .unwrap_or_else(|_| "kube-proxy-rs".into()),
+            };
+            services.iter().try_for_each(|&n| {
+                let opts = kube_proxy_rs::bench::daemon_run::Options {
+                    spec: spec(&cli, n),
+                    binary: binary.clone(),
+                    flavour: flavour.clone(),
+                    idle: Duration::from_secs(*idle),
+                    dual_stack: cli.dual_stack,
+                    sync_period: Duration::from_secs(*sync_period),
+                };
+                for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
+                    r.add("daemon", n, &f.metric, f.value, f.unit);
+                }
+                Ok(())
+            })
+        }
         Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),
         Cmd::Ipvs { services, changes, warmup, work_dir, no_verify, no_breakdown, json_out } => {
             let opts = ipvs_kernel::Options {

@@ -1,0 +1,289 @@
+//! `kpr-bench daemon`: the real daemon binary on a generated cluster, as an
+//! operator runs it. The cluster is written as manifest files (one
+//! `kind: List` file per 500 objects, plus the Node), the daemon runs in
+//! iptables mode inside a network namespace of its own (`ip netns exec`,
+//! so the host's tables are never touched), and the bench reads what a
+//! user sees:
+//!
+//! - time from start to the first sync finished (every family the daemon
+//!   runs: the log's `sync finished` lines with generation 1);
+//! - the iptables tool's own restore of the same rules (`iptables-save` of
+//!   the namespace after the first sync, restored with `--noflush` into a
+//!   fresh namespace, as the daemon's restore does), for comparison;
+//! - CPU of the daemon and its children (iptables-restore, iptables-save;
+//!   `/proc/PID/stat` utime+stime+cutime+cstime) while nothing changes, over
+//!   `idle` seconds after the first sync;
+//! - peak RSS (VmHWM) of the daemon at the end.
+//!
+//! Needs root and the iptables tools of the chosen flavour.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use serde_json::Value;
+
+use super::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use crate::msgs::{Change, SourceEvent};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub spec: ClusterSpec,
+    /// The daemon binary.
+    pub binary: PathBuf,
+    /// `legacy` or `nft`: the iptables the daemon finds first on its PATH.
+    pub flavour: String,
+    /// How long to watch the idle daemon.
+    pub idle: Duration,
+    /// The cluster's dual-stack twin ([`super::dual`]).
+    pub dual_stack: bool,
+    /// The config's syncPeriod.
+    pub sync_period: Duration,
+}
+
+/// One figure.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub metric: String,
+    pub value: f64,
+    pub unit: &'static str,
+}
+
+/// A network namespace, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> anyhow::Result<Netns> {
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run("ip", &["netns", "add", &name])?;
+        let ns = Netns(name);
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec!["netns", "exec", &self.0];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    /// `args` with `input` on stdin; how long it took.
+    fn pipe(&self, args: &[&str], input: &str) -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("{args:?}"))?;
+        child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+        let out = child.wait_with_output()?;
+        ensure!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(t.elapsed())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+fn run(bin: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bin).args(args).output().with_context(|| format!("{bin} {args:?}"))?;
+    ensure!(out.status.success(), "{bin} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The object a source event carries, as manifest JSON.
+fn object(ev: &SourceEvent) -> Option<Value> {
+    let applied = |v: Result<Value, serde_json::Error>, api: &str, kind: &str| {
+        let mut v = v.ok()?;
+        v["apiVersion"] = Value::from(api);
+        v["kind"] = Value::from(kind);
+        Some(v)
+    };
+    match ev {
+        SourceEvent::Service(Change::Applied(s)) => applied(serde_json::to_value(&**s), "v1", "Service"),
+        SourceEvent::EndpointSlice(Change::Applied(s)) => {
+            applied(serde_json::to_value(&**s), "discovery.k8s.io/v1", "EndpointSlice")
+        }
+        SourceEvent::Node(Change::Applied(n)) => applied(serde_json::to_value(&**n), "v1", "Node"),
+        _ => None,
+    }
+}
+
+/// Writes the events' objects as manifest files in `dir`.
+fn write_manifests(dir: &Path, events: &[SourceEvent]) -> anyhow::Result<usize> {
+    let objects: Vec<Value> = events.iter().filter_map(object).collect();
+    for (i, chunk) in objects.chunks(500).enumerate() {
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": chunk});
+        std::fs::write(dir.join(format!("objects-{i:04}.json")), serde_json::to_vec(&list)?)?;
+    }
+    Ok(objects.len())
+}
+
+/// utime + stime + cutime + cstime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14 → index 11.
+    let ticks: f64 = f[11..15].iter().map(|v| v.parse::<f64>().unwrap_or(0.0)).sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    Ok(ticks / hz)
+}
+
+fn vm_hwm_mb(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("VmHWM")?;
+    let kb: f64 = line.split_whitespace().nth(1).context("VmHWM value")?.parse()?;
+    Ok(kb / 1024.0)
+}
+
+/// Generation-1 `sync finished` lines in the log, one per family.
+fn first_syncs(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("sync finished") && l.contains("generation=1 "))
+        .count()
+}
+
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the measurement; figures in the order measured.
+pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
+    let mut out = Vec::new();
+    let mut fig = |metric: &str, value: f64, unit: &'static str| {
+        out.push(Figure { metric: metric.to_string(), value: (value * 1000.0).round() / 1000.0, unit })
+    };
+    let work = tempfile_dir()?;
+    let manifests = work.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let cluster = Cluster::new(opts.spec)?;
+    let events = cluster.initial_events();
+    let events = if opts.dual_stack { super::dual::dual_stack(&events) } else { events };
+    drop(cluster);
+    let objects = write_manifests(&manifests, &events)?;
+    drop(events);
+    fig("objects in the manifest files", objects as f64, "objects");
+
+    let pid = std::process::id();
+    let node = Netns::new(format!("kpr-bd-{pid}"))?;
+    // The node's address (NodePorts are planned on it), and its IPv6 twin.
+    node.exec(&["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"])?;
+    node.exec(&["ip", "addr", "add", &format!("{}/16", node_ip(0)), "dev", "eth0"])?;
+    if opts.dual_stack {
+        let v6 = super::dual::v6_of(node_ip(0));
+        node.exec(&["ip", "addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"])?;
+    }
+    if !opts.dual_stack {
+        // Single-stack as measured before dual-stack existed: no IPv6 proxier.
+        node.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
+    }
+    node.exec(&["ip", "link", "set", "eth0", "up"])?;
+    node.exec(&["ip", "link", "set", "eth1", "up"])?;
+    // The flavour first on the daemon's PATH.
+    let shims = work.join("bin");
+    std::fs::create_dir_all(&shims)?;
+    for base in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let target = format!("/usr/sbin/{base}-{}{suffix}", opts.flavour);
+            ensure!(Path::new(&target).exists(), "{target} not found");
+            std::os::unix::fs::symlink(&target, shims.join(format!("{base}{suffix}")))?;
+        }
+    }
+    let cidr = if opts.dual_stack { "10.0.0.0/8,fd00::/16" } else { "10.0.0.0/8" };
+    let config = work.join("config.yaml");
+    let period = format!("{}s", opts.sync_period.as_secs());
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
+             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\niptables:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n"
+        ),
+    )?;
+    let log = work.join("daemon.log");
+    let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
+    let t0 = Instant::now();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &node.0])
+        .arg(&opts.binary)
+        .arg("--config")
+        .arg(&config)
+        .arg("--manifests")
+        .arg(&manifests)
+        .env("PATH", &path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", opts.binary.display()))?;
+    let mut daemon = Running { child, log: log.clone() };
+    let families = if opts.dual_stack { 2 } else { 1 };
+    let deadline = t0 + Duration::from_secs(600);
+    while first_syncs(&log) < families {
+        if let Ok(Some(status)) = daemon.child.try_wait() {
+            bail!("the daemon exited ({status}); log {}", daemon.log.display());
+        }
+        if Instant::now() > deadline {
+            bail!("no first sync in 600 s; log {}", daemon.log.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fig("start → first sync finished (every family)", t0.elapsed().as_secs_f64(), "s");
+
+    // The tool alone, on the same rules.
+    for (tool, label) in [("iptables", "IPv4"), ("ip6tables", "IPv6")].iter().take(families) {
+        let saved = node.exec(&[&format!("{tool}-{}-save", opts.flavour)])?;
+        let fresh = Netns::new(format!("kpr-bdt-{pid}"))?;
+        let took = fresh.pipe(&[&format!("{tool}-{}-restore", opts.flavour), "-w", "5", "--noflush"], &saved)?;
+        fig(&format!("{label}: {tool}-{}-restore of the same rules alone", opts.flavour), took.as_secs_f64(), "s");
+        fig(&format!("{label}: rules"), saved.lines().filter(|l| l.starts_with("-A")).count() as f64, "rules");
+    }
+
+    let daemon_pid = daemon.child.id();
+    let (c0, w0) = (cpu_seconds(daemon_pid)?, Instant::now());
+    std::thread::sleep(opts.idle);
+    let (c1, wall) = (cpu_seconds(daemon_pid)?, w0.elapsed());
+    let pct = 100.0 * (c1 - c0) / wall.as_secs_f64();
+    fig(&format!("idle CPU over {} s (daemon + its children)", wall.as_secs()), pct, "% of a core");
+    let syncs = std::fs::read_to_string(&log).unwrap_or_default().matches("sync finished").count();
+    fig("syncs logged by the end (every family)", syncs as f64, "syncs");
+    fig("peak RSS (VmHWM) of the daemon", vm_hwm_mb(daemon_pid)?, "MB");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(out)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kpr-bench-daemon-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    Ok(dir)
+}
