@@ -76,14 +76,19 @@ impl Netns {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.0])
             .args(args)
+            // A lock of its own: the daemon's periodic checks hold the
+            // shared /run/xtables.lock now and then, which is not the tool's cost.
+            .env("XTABLES_LOCKFILE", std::env::temp_dir().join("kpr-bench-tool-xtables.lock"))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("{args:?}"))?;
-        child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+        // A tool that fails early closes its stdin: its stderr says why.
+        let written = child.stdin.take().context("stdin")?.write_all(input.as_bytes());
         let out = child.wait_with_output()?;
         ensure!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        written.with_context(|| format!("{args:?}: writing its input"))?;
         Ok(t.elapsed())
     }
 }

@@ -205,8 +205,14 @@ impl IptablesHandle {
         }
     }
 
-    /// One `iptables-restore --noflush --counters`.
+    /// One `iptables-restore --noflush --counters`. One at a time in this
+    /// process, whichever family: every iptables process takes the same
+    /// host-wide xtables lock and gives up after `-w 5`, so on a dual-stack
+    /// node the families' restores queue here instead of failing each
+    /// other's (a cold restore at 10,000 services holds the lock ≈ 20 s).
     async fn restore(&self, text: &str) -> KResult<()> {
+        static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _turn = ONE_AT_A_TIME.lock().await;
         let lines = text.lines().count();
         self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
         let mut args: Vec<&str> = self.wait_flags().await.restore.clone();
