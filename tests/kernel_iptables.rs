@@ -235,3 +235,39 @@ fn a_failing_restore_names_the_line_and_changes_nothing() {
     assert!(err.message.contains("-A KUBE-SERVICES -j NO-SUCH-CHAIN"), "{err}");
     assert!(!save(&ns, &bins).contains("KUBE-SERVICES"), "nothing committed");
 }
+
+/// Two handles' restores (a dual-stack node's IPv4 and IPv6 iptables) never
+/// overlap in one process: every iptables process takes the same
+/// host-wide xtables lock and gives up after `-w 5`, so the daemon queues
+/// its own restores instead. Fake tools record when each restore runs.
+#[test]
+fn restores_of_both_families_take_turns() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("restores.log");
+    let tool = |name: &str, body: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    };
+    let bins = IptablesBinaries {
+        iptables: tool("iptables", "echo 'iptables v1.8.9 (legacy)'\n".into()),
+        save: tool("iptables-save", "exit 0\n".into()),
+        restore: tool(
+            "iptables-restore",
+            format!(
+                "cat >/dev/null\necho \"start $1$$\" >>{log}\nsleep 0.3\necho \"end $1$$\" >>{log}\n",
+                log = log.display()
+            ),
+        ),
+    };
+    let (v4, v6) = (IptablesHandle::with_binaries(bins.clone()), IptablesHandle::with_binaries(bins));
+    let op = || vec![restore("*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n".into())];
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (a, b) = rt.block_on(async { tokio::join!(v4.apply(op()), v6.apply(op())) });
+    assert!(a.iter().chain(&b).all(Result::is_ok), "{a:?} {b:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let kinds: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(kinds, ["start", "end", "start", "end"], "overlapping restores:\n{text}");
+}

@@ -401,7 +401,93 @@ s_cleanup() {
   ! ipset list -n | grep -q '^KUBE-' || { echo "sets left: $(ipset list -n | tr '\n' ' ')"; return 1; }
   # KUBE-FIREWALL and its jumps are kubelet's (iptables mode ensured them): upstream's cleanup keeps them too.
   local rules; rules=$(iptables-save | grep 'KUBE-' | grep -v 'KUBE-FIREWALL')
-  expect "rules left" "$rules" ""
+  expect "rules left" "$rules" "" || return 1
+  rules=$(ip6tables-save | grep 'KUBE-' | grep -v 'KUBE-FIREWALL')
+  expect "IPv6 rules left" "$rules" ""
+}
+
+# ------------------------------------------------------------ dual-stack ----
+# IPv6 beside the IPv4 lab: the node and the client on fd00:50::/64, pod1 and
+# pod2 at fd00:244::11/12 (host routes, as their IPv4 addresses), each
+# answering its name on TCP 9090 and UDP 9091 in both families.
+dual_topology() {
+  sysctl -qw net.ipv6.conf.all.forwarding=1
+  ip -6 addr add fd00:50::2/64 dev lan0 nodad
+  in_ns client ip -6 addr add fd00:50::10/64 dev eth0 nodad
+  in_ns client ip -6 route add default via fd00:50::2
+  local p n
+  for p in pod1:11 pod2:12; do
+    n=${p#*:}; p=${p%:*}
+    in_ns "$p" ip -6 addr add "fd00:244::$n/128" dev eth0 nodad
+    ip -6 addr add fd00:244::1/128 dev "v$p" nodad 2>/dev/null
+    ip -6 route add "fd00:244::$n/128" dev "v$p"
+    in_ns "$p" ip -6 route add fd00:244::1/128 dev eth0
+    in_ns "$p" ip -6 route add default via fd00:244::1
+    in_ns "$p" socat TCP4-LISTEN:9090,bind=10.244.0.$n,reuseaddr,fork "SYSTEM:echo $p" &
+    in_ns "$p" socat "TCP6-LISTEN:9090,bind=[fd00:244::$n],reuseaddr,fork" "SYSTEM:echo $p" &
+    in_ns "$p" socat -T2 UDP4-RECVFROM:9091,bind=10.244.0.$n,reuseaddr,fork "SYSTEM:echo $p" &
+    in_ns "$p" socat -T2 "UDP6-RECVFROM:9091,bind=[fd00:244::$n],reuseaddr,fork" "SYSTEM:echo $p" &
+  done
+  sleep 0.5
+}
+at() { # at NS CMD...: in NS, or on the node itself for NS "node"
+  local ns=$1; shift
+  if [ "$ns" = node ]; then "$@"; else in_ns "$ns" "$@"; fi
+}
+tcp_name() { # tcp_name NS ADDR PORT (ADDR bracketed for IPv6) -> the answering pod
+  local fam=TCP4; case $2 in \[*) fam=TCP6 ;; esac
+  at "$1" timeout 4 socat -t2 -T3 - "$fam:$2:$3" </dev/null 2>/dev/null | tr -d '\r'
+}
+udp_name() { # udp_name NS ADDR PORT [SRCPORT] -> the answering pod
+  local fam=UDP4 sp=${4:+,sourceport=$4}; case $2 in \[*) fam=UDP6 ;; esac
+  echo x | at "$1" timeout 3 socat -T1 - "$fam:$2:$3$sp" 2>/dev/null | tr -d '\r'
+}
+
+s_dual_stack() {
+  dual_topology
+  grep -q 'dual-stack mode' "$LOG" || { echo "the daemon is not dual-stack: $(grep -m3 -i 'stack\|support for' $LOG)"; return 1; }
+  cp /scenarios/dual/dual.yaml "$M/"
+  wait_for 15 ipvs_has "-A -t [fd00:96::30]:80" || { echo "no IPv6 virtual server: $(ipvsadm -S -n | grep fd00)"; return 1; }
+  wait_for 10 ipvs_has "-a -t [fd00:96::31]:80 -r [fd00:244::11]:9090" || { echo "no IPv6-only service"; return 1; }
+  local to ns got
+  for ns in client node; do
+    for to in 10.96.0.130:80 "[fd00:96::30]:80" 192.168.50.2:30300 "[fd00:50::2]:30300"; do
+      got=$(distinct 16 tcp_name "$ns" "${to%:*}" "${to##*:}")
+      expect "TCP from $ns to $to" "$got" "pod1 pod2 " || return 1
+    done
+  done
+  got=$(distinct 12 udp_name client "[fd00:96::30]" 81)
+  expect "UDP from client to [fd00:96::30]:81" "$got" "pod1 pod2 " || return 1
+  got=$(distinct 12 udp_name client "[fd00:50::2]" 30301)
+  expect "UDP from client to [fd00:50::2]:30301" "$got" "pod1 pod2 " || return 1
+  got=$(distinct 8 tcp_name client "[fd00:96::31]" 80)
+  expect "IPv6-only service" "$got" "pod1 " || return 1
+  # Kernel state of the IPv6 proxier, beside the IPv4 one's.
+  ip -6 addr show dev kube-ipvs0 | grep -q 'fd00:96::30/128' || { echo "no IPv6 address on kube-ipvs0"; return 1; }
+  ! ip -6 addr show dev kube-ipvs0 | grep -q tentative || { echo "tentative: $(ip -6 addr show dev kube-ipvs0)"; return 1; }
+  ip addr show dev kube-ipvs0 | grep -q '10.96.0.130/32' || { echo "IPv4 address missing"; return 1; }
+  ipset list -t KUBE-6-CLUSTER-IP | grep -q 'family inet6' || { echo "no KUBE-6-CLUSTER-IP inet6: $(ipset list -n | tr '\n' ' ')"; return 1; }
+  ipset list KUBE-6-CLUSTER-IP | grep -q 'fd00:96::30,tcp:80' || { echo "no member: $(ipset list KUBE-6-CLUSTER-IP)"; return 1; }
+  ! ipset list KUBE-CLUSTER-IP | grep -q 'fd00' || { echo "IPv6 in the IPv4 set"; return 1; }
+  ip6tables-save -t nat | grep -q -- '-A KUBE-SERVICES .*KUBE-6-CLUSTER-IP' || { echo "no ip6tables rules: $(ip6tables-save -t nat | head -20)"; return 1; }
+  ! iptables-save | grep -q 'KUBE-6-' || { echo "IPv6 sets in iptables"; return 1; }
+}
+
+s_dual_stack_udp_flow_moves() {
+  local first second ip
+  first=$(udp_name client "[fd00:96::30]" 81 40600)
+  [ -n "$first" ] || first=$(udp_name client "[fd00:96::30]" 81 40600)
+  [ -n "$first" ] || { echo "no UDP reply"; return 1; }
+  [ "$(udp_name client "[fd00:96::30]" 81 40600)" = "$first" ] || { echo "flow not sticky before the change"; return 1; }
+  case $first in pod1) ip=fd00:244::11 ;; pod2) ip=fd00:244::12 ;; esac
+  sed -i "/- addresses: \[\"$ip\"\]/,+2d" "$M/dual.yaml"
+  wait_for 10 ipvs_lacks "-a -u [fd00:96::30]:81 -r [$ip]:9091" || { echo "real server $ip kept"; return 1; }
+  second=$(udp_name client "[fd00:96::30]" 81 40600)
+  [ -n "$second" ] || second=$(udp_name client "[fd00:96::30]" 81 40600)
+  [ -n "$second" ] && [ "$second" != "$first" ] || { echo "flow stayed on '$first' (now '$second')"; return 1; }
+  # IPv4 untouched.
+  got=$(distinct 12 tcp_name client 10.96.0.130 80)
+  expect "IPv4 side after the IPv6 change" "$got" "pod1 pod2 "
 }
 
 # ----------------------------------------------------------------- main ----
@@ -417,6 +503,8 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run lb-ingress-ip s_load_balancer
   run lb-source-ranges s_source_ranges
   run external-ip s_external_ip
+  run dual-stack-both-families s_dual_stack
+  run dual-stack-ipv6-udp-flow-moves s_dual_stack_udp_flow_moves
   run client-ip-affinity s_affinity
   run local-policy-no-local-endpoint-drops s_local_policy_without_local_endpoint
   run no-endpoints-refused s_no_endpoints
