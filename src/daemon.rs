@@ -245,6 +245,17 @@ pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
     })
 }
 
+/// `--manifests DIR` must name a readable directory: checked at start,
+/// before anything touches the node.
+pub fn check_manifest_dir(dir: &Path) -> Result<(), StartError> {
+    let bad = |why: String| StartError::Unsupported(format!("--manifests {}: {why}", dir.display()));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(dir).map(|_| ()).map_err(|e| bad(e.to_string())),
+        Ok(_) => Err(bad("not a directory".into())),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
 /// `--dry-run`: plan a full sync from an empty kernel and render it, for
 /// each family the node would run (the primary one where the probes fail,
 /// e.g. without privileges).

@@ -24,6 +24,10 @@ fn main() -> ExitCode {
 
 fn run(flags: &Flags) -> Result<(), StartError> {
     let cfg = config::load(flags)?;
+    // Before anything touches the node (sysctls, ports, the kernel).
+    if let Some(dir) = &flags.manifests {
+        daemon::check_manifest_dir(dir)?;
+    }
     if let Some(path) = &flags.write_config_to {
         let yaml = config::to_yaml(&cfg)?;
         std::fs::write(path, yaml).map_err(|e| StartError::Unsupported(format!("writing {}: {e}", path.display())))?;

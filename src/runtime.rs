@@ -181,8 +181,16 @@ async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader
     };
     tracing::info!(mode = mode.as_str(), node = %node_name, families = ?families.all().collect::<Vec<_>>(), "kube-proxy-rs started");
     run_until_stopped(&mut live, &reload).await;
-    // Stop taking events, let the batches in flight finish, leave the kernel as it is.
-    futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown())).await;
+    // Stop taking events, let the batches in flight finish, leave the kernel
+    // as it is; a second SIGTERM or SIGINT meanwhile exits at once.
+    let shutdown = futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown()));
+    tokio::select! {
+        _ = shutdown => {}
+        signal = second_signal() => {
+            tracing::warn!(signal, "second signal while the sync in flight finishes: exiting at once; kernel state left as it is");
+            std::process::exit(1);
+        }
+    }
     tracing::info!("shutting down; kernel state left in place");
     match running {
         Running::Api(task) => task.abort(),
@@ -475,6 +483,18 @@ impl Live {
         for (family, engine) in &self.engines {
             engine.reconfigure(&self.cfg, *family, &self.node_name).await;
         }
+    }
+}
+
+/// The next SIGTERM or SIGINT (pending forever if they cannot be watched).
+async fn second_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
     }
 }
 

@@ -219,3 +219,23 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
         "{err}"
     );
 }
+
+/// A `--manifests` path that is missing or a file: exit 1 with one line
+/// naming it, before anything touches the node (no sysctl set, no port bound).
+#[test]
+fn a_bad_manifests_path_is_refused_before_touching_the_node() {
+    let ns = Netns::new("kpr-badm");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let missing = "/nonexistent/kube-proxy-rs-manifests";
+    for path in [missing, file.path().to_str().unwrap()] {
+        let out = ns.exec(&[&bin(), "--proxy-mode", "iptables", "--manifests", path, "--hostname-override", "n"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{path}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].contains("--manifests") && lines[0].contains(path), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let localnet = ns.ok(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"]);
+    assert_eq!(localnet.trim(), "0", "route_localnet untouched");
+}

@@ -1192,3 +1192,41 @@ fn health_check_node_port_answers_on_both_families() {
     }
     daemon.stop();
 }
+
+/// A second SIGTERM while the first waits for a long sync in flight exits
+/// at once (exit code 1, logged), leaving the kernel as it is.
+#[test]
+fn a_second_sigterm_during_a_long_sync_exits_at_once() {
+    use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec};
+    let mut lab = Lab::new("sig2", Flavour::Legacy, &["b1"]);
+    lab.node.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+    // Big enough that the first sync (planning and one iptables-restore) takes seconds.
+    let spec = ClusterSpec { services: 6000, endpoints_per_service: 10, nodes: 100, seed: 1 };
+    let events = Cluster::new(spec).unwrap().initial_events();
+    kube_proxy_rs::bench::daemon_run::write_manifests(&lab.manifests(), &events).unwrap();
+    let manifests = lab.manifests();
+    let mut daemon = lab.start_with(&["--manifests".as_ref(), manifests.as_os_str(), "--v".as_ref(), "2".as_ref()]);
+    wait_for("the first sync to start", START_WAIT, || {
+        daemon.assert_running();
+        if daemon.log().contains("sync started") {
+            Ok(())
+        } else {
+            Err(daemon.log())
+        }
+    });
+    let mut child = daemon.child.take().unwrap();
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let log = daemon.log();
+    assert!(!log.contains("sync finished"), "the first sync ended before the second signal; make it longer:\n{log}");
+    let sent = Instant::now();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = wait_for("the daemon to exit", Duration::from_secs(2), || {
+        child.try_wait().unwrap().ok_or_else(|| "still running".to_string())
+    });
+    let log = daemon.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(sent.elapsed() < Duration::from_secs(2));
+    assert!(log.contains("second signal") && log.contains("exiting at once"), "{log}");
+}

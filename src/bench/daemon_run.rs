@@ -124,7 +124,7 @@ fn object(ev: &SourceEvent) -> Option<Value> {
 }
 
 /// Writes the events' objects as manifest files in `dir`.
-fn write_manifests(dir: &Path, events: &[SourceEvent]) -> anyhow::Result<usize> {
+pub fn write_manifests(dir: &Path, events: &[SourceEvent]) -> anyhow::Result<usize> {
     let objects: Vec<Value> = events.iter().filter_map(object).collect();
     for (i, chunk) in objects.chunks(500).enumerate() {
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": chunk});
