@@ -29,6 +29,8 @@ pub enum StartError {
     Addresses(#[source] std::io::Error),
     #[error("Kubernetes API: {0}")]
     Kube(#[from] crate::actors::source::kube::KubeSourceError),
+    #[error(transparent)]
+    Instance(#[from] crate::instance::InstanceError),
     #[error("{0}")]
     Unsupported(String),
 }

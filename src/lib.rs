@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fixtures;
 pub mod health;
 pub mod http;
+pub mod instance;
 pub mod kernel;
 pub mod metrics;
 pub mod model;

@@ -115,6 +115,8 @@ enum Running {
 }
 
 async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
+    // One daemon per network namespace, checked before anything is touched.
+    crate::instance::acquire()?;
     let mode = cfg.proxy_mode();
     let ipvs = match mode {
         ProxyMode::Ipvs => {

@@ -1230,3 +1230,40 @@ fn a_second_sigterm_during_a_long_sync_exits_at_once() {
     assert!(sent.elapsed() < Duration::from_secs(2));
     assert!(log.contains("second signal") && log.contains("exiting at once"), "{log}");
 }
+
+/// One daemon per network namespace: a second one refuses to start, naming
+/// the first one's PID, and writes nothing; `--dry-run` and `--cleanup`
+/// are not blocked (here `--dry-run`).
+#[test]
+fn a_second_daemon_in_the_namespace_refuses_to_start() {
+    let mut lab = Lab::new("inst", Flavour::Nft, &["b1"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let first = lab.start_synced();
+    let pid = first.child.as_ref().unwrap().id();
+    let before = lab.save(Some("nat"));
+    let out = lab.run_binary(&[
+        "--config",
+        lab.config_path().to_str().unwrap(),
+        "--manifests",
+        lab.manifests().to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("another kube-proxy-rs (pid {pid}) already runs in this network namespace")),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let dry = lab.run_binary(&[
+        "--config",
+        lab.config_path().to_str().unwrap(),
+        "--manifests",
+        lab.manifests().to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).map(String::from).collect::<Vec<_>>();
+    assert_eq!(strip(&lab.save(Some("nat"))), strip(&before), "the second daemon wrote nothing");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    first.stop();
+}
