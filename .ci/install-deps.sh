@@ -5,6 +5,8 @@
 #
 #   bash .ci/install-deps.sh      install; prints the PATH line for cargo if needed
 #   . .ci/install-deps.sh         same, and also puts cargo on the caller's PATH
+#   bash .ci/install-deps.sh --demo   only what the README's demo needs
+#                                 (deploy/demo/netns.sh: no qemu, no chromium)
 #
 # The VM harness (tests/vm/run-vm-test.sh) needs qemu + the network tools that
 # it copies into the guest's initramfs; the guest kernel itself is fetched by
@@ -14,6 +16,7 @@
 
 _kprs_install_deps() (
   set -euo pipefail
+  demo=(iproute2 iptables ipset conntrack socat procps kmod)
   pkgs=(
     qemu-system-x86     # qemu-system-x86_64 (TCG; KVM where real VT-x/AMD-V exists)
     busybox-static      # guest userland (sh applets, httpd, nc, wget, modprobe, ...)
@@ -27,6 +30,7 @@ _kprs_install_deps() (
     binutils            # strip --strip-debug for binaries copied into the guest
     chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
   )
+  if [ "${1:-}" = --demo ]; then pkgs=("${demo[@]}"); fi
   missing=()
   for p in "${pkgs[@]}"; do
     [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null)" = "ii " ] || missing+=("$p")
@@ -51,7 +55,7 @@ _kprs_install_deps() (
   echo "install-deps: done"
 )
 
-_kprs_install_deps
+_kprs_install_deps "$@"
 _kprs_rc=$?
 if [ $_kprs_rc -eq 0 ] && ! command -v cargo >/dev/null 2>&1; then
   if [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then

@@ -326,9 +326,17 @@ try_target() {
   local host=${hostport%:*} port=${hostport##*:}
   case $proto in
     http)
-      out=$(printf 'GET / HTTP/1.0\r\nHost: %s\r\nUser-Agent: netns.sh\r\n\r\n' "$host" |
+      if ! out=$(printf 'GET / HTTP/1.0\r\nHost: %s\r\nUser-Agent: netns.sh\r\n\r\n' "$host" |
         in_ns "$ns" timeout "$((TIMEOUT + 1))" socat -t "$TIMEOUT" -T "$TIMEOUT" - \
-          "TCP:$hostport,connect-timeout=$TIMEOUT" 2>&1) || die "no answer from $proto://$hostport (from $ns): ${out:-none within ${TIMEOUT}s}"
+          "TCP:$hostport,connect-timeout=$TIMEOUT" 2>&1); then
+        # A service without endpoints is rejected (upstream's REJECT rule): that is the point.
+        if [ "$target" = no-endpoints ] && [[ $out == *"Connection refused"* ]]; then
+          echo "refused, as expected: a service without endpoints rejects connections (Connection refused)"
+          return 0
+        fi
+        die "no answer from $proto://$hostport (from $ns): ${out:-none within ${TIMEOUT}s}"
+      fi
+      [ "$target" != no-endpoints ] || die "no-endpoints answered, but it has no endpoints: $out"
       case $out in
         HTTP/*) out=$(printf '%s\n' "$out" | sed '1,/^\r*$/d') ;;
       esac

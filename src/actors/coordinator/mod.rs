@@ -245,7 +245,14 @@ impl<D: Dataplane> Coordinator<D> {
                 rules: f.rules,
             });
         }
-        let rec = SyncRecord { generation, full, duration_ms: took.as_secs_f64() * 1000.0, ports_changed, ops, failed };
+        let rec = SyncRecord {
+            generation,
+            full,
+            duration_ms: (took.as_secs_f64() * 1e6).round() / 1000.0,
+            ports_changed,
+            ops,
+            failed,
+        };
         tracing::info!(
             ip_family = self.ip_family(),
             generation,
