@@ -172,7 +172,9 @@ async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader
     let mut live = Live { cfg, node_name: node_name.clone(), engines, observe };
     // Every family's coordinator sees every event (objects are shared, not
     // copied) and keeps what is of its family.
+    let metrics = live.observe.metrics.clone();
     let sink = move |b: SourceBatch| {
+        report_ignored(&b, &metrics);
         for s in &sinks {
             s.do_send(b.clone());
         }
@@ -200,6 +202,19 @@ async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader
     }
     System::current().stop();
     Ok(())
+}
+
+/// Logs and counts the objects every proxier ignores, once each (not once
+/// per family).
+fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics) {
+    for n in batch.0.iter().filter_map(crate::model::notice::ignored) {
+        if n.warn {
+            tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
+        } else {
+            tracing::debug!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
+        }
+        metrics.object_ignored(n.kind, n.reason);
+    }
 }
 
 /// The running mode's coordinator.

@@ -1267,3 +1267,35 @@ fn a_second_daemon_in_the_namespace_refuses_to_start() {
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     first.stop();
 }
+
+/// Nothing dropped silently: an EndpointSlice of an unknown address type is
+/// warned about once (not once per family) and counted; one without the
+/// service-name label is counted (debug log, as upstream ignores it); the
+/// other services keep working.
+#[test]
+fn ignored_slices_are_logged_once_and_counted() {
+    let mut lab = Lab::new("ign", Flavour::Nft, &["b1"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let mut bogus = service_manifest("odd", "10.96.0.11", &["b1"]);
+    bogus["items"][1]["addressType"] = json!("Bogus");
+    lab.put("odd", &bogus);
+    let mut unlabelled = service_manifest("nolabel", "10.96.0.12", &["b1"]);
+    unlabelled["items"][1]["metadata"]["labels"] = json!({});
+    lab.put("nolabel", &unlabelled);
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let text = http_get(&lab.node, "/metrics").unwrap();
+    let sample = |reason: &str| {
+        text.lines()
+            .find(|l| l.starts_with("kube_proxy_rs_source_objects_ignored_total{") && l.contains(reason))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(String::from)
+    };
+    assert_eq!(sample("unknown_address_type").as_deref(), Some("1"), "{text}");
+    assert_eq!(sample("no_service_name_label").as_deref(), Some("1"), "{text}");
+    let log = daemon.stop();
+    let warned: Vec<&str> =
+        log.lines().filter(|l| l.contains("ignoring object") && l.contains("default/odd-abcde")).collect();
+    assert_eq!(warned.len(), 1, "one warning, whatever the families:\n{log}");
+    assert!(warned[0].contains("WARN") && warned[0].contains("Bogus"), "{log}");
+}

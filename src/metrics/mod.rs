@@ -124,6 +124,7 @@ struct ServerMetrics {
     livez: CounterFamily,
     bind_failures: CounterFamily,
     config_reload_failures: prometheus_client::metrics::counter::Counter,
+    objects_ignored: CounterFamily,
 }
 
 impl SyncMetrics {
@@ -335,6 +336,12 @@ impl ProxyMetrics {
         self.server.config_reload_failures.inc();
     }
 
+    /// A source object that every proxier ignores (see `model::notice`).
+    pub fn object_ignored(&self, kind: &str, reason: &str) {
+        let labels = vec![("kind", kind.to_string()), ("reason", reason.to_string())];
+        self.server.objects_ignored.get_or_create(&labels).inc();
+    }
+
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
     pub fn bind_failed(&self, server: &str) {
         self.server.bind_failures.get_or_create(&vec![("server", server.to_string())]).inc();
@@ -461,6 +468,11 @@ fn register_server(r: &mut Registrar, s: &ServerMetrics) {
         "kube_proxy_rs_config_reload_failures_total",
         "Configuration reloads refused (the running configuration was kept)",
         s.config_reload_failures.clone(),
+    );
+    r.add(
+        "kube_proxy_rs_source_objects_ignored_total",
+        "Source objects every proxier ignores, by kind and reason (an EndpointSlice without the service-name label or of an unknown address type)",
+        s.objects_ignored.clone(),
     );
 }
 
