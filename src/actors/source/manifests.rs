@@ -290,9 +290,23 @@ impl ManifestDir {
         touched.into_iter().filter_map(|key| self.settle(key)).collect()
     }
 
-    /// Brings `current[key]` in line with the winning file; the event, if any.
+    /// Brings `current[key]` in line with the winning file (the first, in
+    /// file name order, that has it; the others' copies are refused with a
+    /// warning naming both files); the event, if any.
     fn settle(&mut self, key: ObjectKey) -> Option<SourceEvent> {
-        let winner = (self.files.values().rev()).find_map(|file| file.objects.get(&key));
+        let mut holders = self.files.iter().filter_map(|(path, file)| file.objects.get(&key).map(|o| (path, o)));
+        let first = holders.next();
+        if let Some((kept, _)) = first {
+            for (refused, _) in holders {
+                warn!(
+                    object = %key,
+                    kept = %kept.display(),
+                    refused = %refused.display(),
+                    "the same object in two manifest files: the first file's is used, the other refused"
+                );
+            }
+        }
+        let winner = first.map(|(_, o)| o);
         match winner {
             Some(object) if self.current.get(&key) == Some(object) => None,
             Some(object) => {
@@ -621,8 +635,13 @@ fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Object
     };
     let key =
         object.key().ok_or_else(|| DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind)))?;
-    if out.insert(key.clone(), object).is_some() {
-        debug!(object = %key, location = %at, "object repeated in one file; the last one wins");
+    match out.entry(key) {
+        std::collections::btree_map::Entry::Vacant(slot) => {
+            slot.insert(object);
+        }
+        std::collections::btree_map::Entry::Occupied(slot) => {
+            warn!(object = %slot.key(), location = %at, "the same object twice in one file: the first one is used, this one refused");
+        }
     }
     Ok(())
 }
@@ -1235,7 +1254,7 @@ items:
     }
 
     #[test]
-    fn the_last_file_in_name_order_wins() {
+    fn the_first_file_in_name_order_wins_and_the_other_is_refused() {
         let dir = TempDir::new().unwrap();
         write(&dir, "a.yaml", &service("web", "10.96.0.1"));
         write(&dir, "b.yaml", &service("web", "10.96.0.2"));
@@ -1244,14 +1263,28 @@ items:
             Some(Object::Service(s)) => s.spec.as_ref().and_then(|s| s.cluster_ip.clone()),
             _ => None,
         };
-        assert_eq!(cluster_ip(&manifests).as_deref(), Some("10.96.0.2"));
-        // Editing the losing file changes nothing.
-        write(&dir, "a.yaml", &service("web", "10.96.0.9"));
+        assert_eq!(cluster_ip(&manifests).as_deref(), Some("10.96.0.1"));
+        // Editing the refused copy changes nothing.
+        write(&dir, "b.yaml", &service("web", "10.96.0.9"));
         assert!(manifests.scan().events.is_empty());
-        // Removing the winner brings back the other.
-        fs::remove_file(dir.path().join("b.yaml")).unwrap();
+        // Removing the first brings in the other.
+        fs::remove_file(dir.path().join("a.yaml")).unwrap();
         assert_eq!(changes(manifests.scan()), ["applied Service default/web"]);
         assert_eq!(cluster_ip(&manifests).as_deref(), Some("10.96.0.9"));
+    }
+
+    #[test]
+    fn the_first_copy_in_one_file_wins() {
+        let dir = TempDir::new().unwrap();
+        let text = format!("{}---\n{}", service("web", "10.96.0.1"), service("web", "10.96.0.2"));
+        write(&dir, "a.yaml", &text);
+        let (manifests, _) = first_scan(&dir);
+        match manifests.current.values().next() {
+            Some(Object::Service(s)) => {
+                assert_eq!(s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()), Some("10.96.0.1"))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
