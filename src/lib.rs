@@ -18,4 +18,5 @@ pub mod plan;
 pub mod reload;
 pub mod runtime;
 pub mod schedule;
+pub mod signals;
 pub mod sync;

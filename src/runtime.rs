@@ -95,8 +95,10 @@ pub enum Source {
 
 /// Runs the configured mode until SIGTERM or SIGINT.
 pub fn run(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
+    // Before the runtime's threads exist: they inherit the blocked signals.
+    let stop = crate::signals::watch().map_err(|e| StartError::Unsupported(format!("watching signals: {e}")))?;
     let system = actix_rt::System::new();
-    system.block_on(async move { run_async(cfg, source, reload).await })
+    system.block_on(async move { run_async(cfg, source, reload, stop).await })
 }
 
 /// A source ready to start.
@@ -114,7 +116,12 @@ enum Running {
     Api(actix_rt::task::JoinHandle<()>),
 }
 
-async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
+async fn run_async(
+    cfg: KubeProxyConfiguration,
+    source: Source,
+    reload: Reloader,
+    mut stop: crate::signals::Stop,
+) -> Result<(), StartError> {
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
     let mode = cfg.proxy_mode();
@@ -184,17 +191,10 @@ async fn run_async(cfg: KubeProxyConfiguration, source: Source, reload: Reloader
         Ready::Manifests(dir) => Running::Manifests(manifests::spawn(dir, sink)?),
     };
     tracing::info!(mode = mode.as_str(), node = %node_name, families = ?families.all().collect::<Vec<_>>(), "kube-proxy-rs started");
-    run_until_stopped(&mut live, &reload).await;
+    run_until_stopped(&mut live, &reload, &mut stop).await;
     // Stop taking events, let the batches in flight finish, leave the kernel
-    // as it is; a second SIGTERM or SIGINT meanwhile exits at once.
-    let shutdown = futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown()));
-    tokio::select! {
-        _ = shutdown => {}
-        signal = second_signal() => {
-            tracing::warn!(signal, "second signal while the sync in flight finishes: exiting at once; kernel state left as it is");
-            std::process::exit(1);
-        }
-    }
+    // as it is; a second SIGTERM or SIGINT meanwhile exits at once (crate::signals).
+    futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown())).await;
     tracing::info!("shutting down; kernel state left in place");
     match running {
         Running::Api(task) => task.abort(),
@@ -503,32 +503,18 @@ impl Live {
     }
 }
 
-/// The next SIGTERM or SIGINT (pending forever if they cannot be watched).
-async fn second_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(mut term), Ok(mut int)) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        },
-        _ => std::future::pending().await,
-    }
-}
-
 /// Serves SIGHUP (reload) until SIGTERM or SIGINT.
-async fn run_until_stopped(live: &mut Live, reload: &Reloader) {
+async fn run_until_stopped(live: &mut Live, reload: &Reloader, stop: &mut crate::signals::Stop) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
-    else {
-        tracing::error!("cannot install signal handlers; running until killed");
-        std::future::pending::<()>().await;
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot watch SIGHUP; no reloads");
+        let signal = stop.recv().await.unwrap_or("signal watcher gone");
+        tracing::info!(signal, "stopping");
         return;
     };
     loop {
         tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM"); return; }
-            _ = int.recv() => { tracing::info!("SIGINT"); return; }
+            signal = stop.recv() => { tracing::info!(signal = signal.unwrap_or("signal watcher gone"), "stopping"); return; }
             _ = hup.recv() => { tracing::info!("SIGHUP: reloading the configuration"); live.reload(reload).await; }
         }
     }

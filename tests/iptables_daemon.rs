@@ -189,6 +189,7 @@ impl Lab {
             .args(["netns", "exec", &self.node.name, &bin()])
             .args(args)
             .env("PATH", self.path_env())
+            .env("XTABLES_LOCKFILE", self.dir.path().join("xtables.lock"))
             .output()
             .expect("run kube-proxy-rs")
     }
@@ -211,6 +212,10 @@ impl Lab {
             .arg(&config)
             .args(source)
             .env("PATH", self.path_env())
+            // A lock of this lab's own: iptables-legacy takes one host-wide
+            // lock for every namespace, and the labs run in parallel (one
+            // restores 6,000 services); each lab's tables are its own anyway.
+            .env("XTABLES_LOCKFILE", self.dir.path().join("xtables.lock"))
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(out)
