@@ -5,8 +5,12 @@
 //! - A requested sync runs at once while the burst allows, then no closer
 //!   than `min` apart (a token bucket of `burst` tokens refilled one per
 //!   `min`, as upstream's flowcontrol rate limiter).
-//! - A sync runs at least every `max` (the syncPeriod); that periodic one,
-//!   and any sync `max` after the last full one, is a full resync.
+//! - A sync runs at least every `max` (the syncPeriod). That periodic sync
+//!   is a partial one with cheap drift checks ([`SyncKind::Periodic`]), as
+//!   upstream's newest proxiers do; a full resync comes when asked for
+//!   (start, reload, topology, drift, a failure) and once per
+//!   [`FULL_SYNC_PERIOD`] (upstream's `FullSyncPeriod`), unless the
+//!   dataplane turns that off (iptables mode's large-cluster mode).
 //! - After a failed sync a retry comes after a backoff that starts at
 //!   max(min, 1s), doubles, and never exceeds `max`.
 
@@ -14,10 +18,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Full resync (read the kernel, repair drift) or partial (apply deltas).
+/// Upstream's `FullSyncPeriod`: a full resync at least this often.
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+/// What kind of sync is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncKind {
+    /// Read the kernel, repair drift, rewrite everything.
     Full,
+    /// The syncPeriod's sync: the deltas plus each actor's cheap check.
+    Periodic,
+    /// The deltas only.
     Partial,
 }
 
@@ -32,6 +43,8 @@ pub struct SyncScheduler {
     requested: bool,
     full_requested: bool,
     running: bool,
+    /// A full resync at least this often (None: only when asked for).
+    full_period: Option<Duration>,
     periodic_at: Option<Instant>,
     retry_at: Option<Instant>,
     last_full: Option<Instant>,
@@ -49,6 +62,7 @@ impl SyncScheduler {
             requested: false,
             full_requested: true,
             running: false,
+            full_period: Some(FULL_SYNC_PERIOD),
             periodic_at: None,
             retry_at: None,
             last_full: None,
@@ -60,6 +74,12 @@ impl SyncScheduler {
     pub fn set_periods(&mut self, min: Duration, max: Duration) {
         self.min = min;
         self.max = max.max(Duration::from_millis(1));
+    }
+
+    /// How often a full resync happens unasked (None: never; upstream's
+    /// large-cluster mode).
+    pub fn set_full_period(&mut self, period: Option<Duration>) {
+        self.full_period = period;
     }
 
     /// The source's initial list is complete: syncs may start.
@@ -115,8 +135,14 @@ impl SyncScheduler {
         let base = self.tat.map_or(now, |t| t.max(now));
         self.tat = Some(base + self.min);
         let periodic = self.periodic_at.is_some_and(|p| p <= now);
-        let stale_full = self.last_full.is_none_or(|f| now.duration_since(f) >= self.max);
-        let kind = if self.full_requested || periodic || stale_full { SyncKind::Full } else { SyncKind::Partial };
+        let stale_full = self.full_period.is_some_and(|p| self.last_full.is_none_or(|f| now.duration_since(f) >= p));
+        let kind = if self.full_requested || stale_full {
+            SyncKind::Full
+        } else if periodic {
+            SyncKind::Periodic
+        } else {
+            SyncKind::Partial
+        };
         self.requested = false;
         self.full_requested = false;
         self.retry_at = None;
@@ -205,26 +231,60 @@ mod tests {
         assert_eq!(s.poll(t0 + 1000 * MS), None, "coalesced: nothing left to do");
     }
 
+    const S: Duration = Duration::from_secs(1);
+
     #[test]
-    fn periodic_full_resync_every_sync_period() {
+    fn the_sync_period_brings_a_periodic_partial_sync_not_a_full_one() {
         let (mut s, t0) = sched();
         s.request();
-        run(&mut s, t0);
-        assert_eq!(s.next_wakeup(t0 + MS), Some(t0 + Duration::from_secs(30)));
-        assert_eq!(run(&mut s, t0 + Duration::from_secs(30)), Some(SyncKind::Full));
+        assert_eq!(run(&mut s, t0), Some(SyncKind::Full));
+        assert_eq!(s.next_wakeup(t0 + MS), Some(t0 + 30 * S));
+        assert_eq!(run(&mut s, t0 + 30 * S), Some(SyncKind::Periodic));
+        assert_eq!(s.next_wakeup(t0 + 30 * S), Some(t0 + 60 * S), "and again a syncPeriod later");
+        assert_eq!(run(&mut s, t0 + 60 * S), Some(SyncKind::Periodic));
     }
 
     #[test]
-    fn partial_syncs_turn_full_once_sync_period_passed_since_last_full() {
+    fn a_full_resync_comes_once_per_full_sync_period() {
         let (mut s, t0) = sched();
         s.request();
         run(&mut s, t0);
-        for i in 1..=29 {
-            s.request();
-            assert_eq!(run(&mut s, t0 + Duration::from_secs(i)), Some(SyncKind::Partial));
+        let mut t = t0;
+        let mut kinds = Vec::new();
+        while t < t0 + FULL_SYNC_PERIOD + 30 * S {
+            t += 30 * S;
+            kinds.push(run(&mut s, t).expect("periodic sync due"));
         }
+        let fulls: Vec<usize> = (0..kinds.len()).filter(|i| kinds[*i] == SyncKind::Full).collect();
+        assert_eq!(fulls, vec![119], "the sync at 60 min is the only full one: {kinds:?}");
+        let first = kinds.iter().position(|k| *k == SyncKind::Full).unwrap();
+        assert_eq!(t0 + 30 * S * (first as u32 + 1), t0 + FULL_SYNC_PERIOD);
+    }
+
+    #[test]
+    fn partial_syncs_turn_full_once_the_full_sync_period_passed() {
+        let (mut s, t0) = sched();
         s.request();
-        assert_eq!(run(&mut s, t0 + Duration::from_secs(30)), Some(SyncKind::Full));
+        run(&mut s, t0);
+        s.request();
+        assert_eq!(run(&mut s, t0 + 10 * S), Some(SyncKind::Partial));
+        s.request();
+        assert_eq!(run(&mut s, t0 + FULL_SYNC_PERIOD), Some(SyncKind::Full));
+    }
+
+    #[test]
+    fn without_a_full_sync_period_only_requests_bring_full_syncs() {
+        let (mut s, t0) = sched();
+        s.set_full_period(None);
+        s.request();
+        assert_eq!(run(&mut s, t0), Some(SyncKind::Full), "the first one still is");
+        let mut t = t0;
+        for _ in 0..300 {
+            t += 30 * S;
+            assert_eq!(run(&mut s, t), Some(SyncKind::Periodic));
+        }
+        s.request_full();
+        assert_eq!(run(&mut s, t + S), Some(SyncKind::Full), "drift, reload, failure still ask for one");
     }
 
     #[test]

@@ -232,7 +232,11 @@ async fn check_page(b: &Browser, base: &str) {
     let page = wait_for(b, Duration::from_secs(10), "three syncs", |p| p.syncs.len() >= 3).await;
     let generations: Vec<f64> = page.syncs.iter().map(|r| number(&r.first().cloned()).unwrap_or(0.0)).collect();
     assert!(generations.windows(2).all(|w| w[0] > w[1]), "newest first: {generations:?}");
-    assert!(page.syncs.iter().all(|r| r.len() == 6 && (r[1] == "full" || r[1] == "partial")), "{:?}", page.syncs);
+    assert!(
+        page.syncs.iter().all(|r| r.len() == 6 && (r[1] == "full" || r[1] == "partial" || r[1] == "periodic")),
+        "{:?}",
+        page.syncs
+    );
     assert!(page.resources.iter().all(|r| r.starts_with(base)), "outside resources: {:?}", page.resources);
 }
 

@@ -285,6 +285,8 @@ impl Lab {
             .map(|s| SyncRec {
                 generation: s["generation"].as_u64().unwrap(),
                 full: s["full"].as_bool().unwrap(),
+                periodic: s["periodic"].as_bool().unwrap(),
+                ops: s["ops"].as_u64().unwrap(),
                 ports_changed: s["ports_changed"].as_u64().unwrap(),
                 failed: s["failed"].as_u64().unwrap(),
             })
@@ -344,6 +346,8 @@ impl Lab {
 struct SyncRec {
     generation: u64,
     full: bool,
+    periodic: bool,
+    ops: u64,
     ports_changed: u64,
     failed: u64,
 }
@@ -722,8 +726,9 @@ fn take_over_removes_stale_chains_keeps_foreign_ones_with_iptables_nft() {
 /// this). The canary check notices within its interval, the full resync
 /// that follows puts everything back (jumps included), and new connections
 /// through the ClusterIP work again — all within the canary interval plus
-/// a little.
-fn canary(flavour: Flavour, tag: &str, tables: &[&str]) {
+/// a little. `delete`: the chains are deleted too (`-X`); without it only
+/// flushed (the canary chains stay; the check finds our jumps gone).
+fn canary(flavour: Flavour, tag: &str, tables: &[&str], delete: bool) {
     let mut lab = Lab::new(tag, flavour, &["b1"]);
     lab.config("iptables", "60s");
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
@@ -733,12 +738,14 @@ fn canary(flavour: Flavour, tag: &str, tables: &[&str]) {
     let last = before[0].generation;
 
     let tool = flavour.tool("iptables", "");
+    let x = if delete { "-X" } else { "-Z" };
     let mut script: Vec<String> =
-        tables.iter().map(|t| format!("{tool} -w 5 -t {t} -F && {tool} -w 5 -t {t} -X")).collect();
+        tables.iter().map(|t| format!("{tool} -w 5 -t {t} -F && {tool} -w 5 -t {t} {x}")).collect();
     script.extend(tables.iter().map(|t| format!("{tool}-save -t {t}")));
     let flushed = Instant::now();
     let after_flush = lab.node.ok(&["sh", "-c", &script.join(" && ")]);
-    assert!(!after_flush.contains("KUBE-"), "flushed: {after_flush}");
+    let ours = if delete { "KUBE-" } else { "-j KUBE-" };
+    assert!(!after_flush.contains(ours), "flushed: {after_flush}");
 
     let bound = CANARY_INTERVAL + Duration::from_secs(3);
     let resync = lab.wait_sync(&mut daemon, last, bound);
@@ -754,12 +761,46 @@ fn canary(flavour: Flavour, tag: &str, tables: &[&str]) {
 
 #[test]
 fn a_flushed_nat_table_is_repaired_by_the_canary_with_iptables_nft() {
-    canary(Flavour::Nft, "cnn", &["nat"]);
+    canary(Flavour::Nft, "cnn", &["nat"], true);
+}
+
+#[test]
+fn a_nat_table_flushed_without_deleting_chains_is_repaired_with_iptables_legacy() {
+    canary(Flavour::Legacy, "cnf", &["nat"], false);
 }
 
 #[test]
 fn flushed_mangle_nat_and_filter_tables_are_repaired_by_the_canary_with_iptables_legacy() {
-    canary(Flavour::Legacy, "cnl", &["mangle", "nat", "filter"]);
+    canary(Flavour::Legacy, "cnl", &["mangle", "nat", "filter"], true);
+}
+
+/// A quiet cluster: each syncPeriod brings a periodic partial sync that
+/// writes nothing (no restore: the rules are as the last one left them).
+#[test]
+fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
+    let mut lab = Lab::new("qui", Flavour::Legacy, &["b1"]);
+    lab.config("iptables", "2s");
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let first = lab.syncs().expect("syncs")[0].generation;
+    // The counters of the rules the traffic above went through (the test's
+    // own /dashboard polls only pass OUTPUT and POSTROUTING): a restore
+    // rewriting them would have reset them.
+    let counters = |lab: &Lab| -> Vec<String> {
+        let saved = lab.node.ok(&["iptables-legacy-save", "-c", "-t", "nat"]);
+        let hit = ["-A PREROUTING ", "-A KUBE-SVC-", "-A KUBE-SEP-", "-A KUBE-SERVICES -d "];
+        saved.lines().filter(|l| hit.iter().any(|h| l.contains(h))).map(str::to_string).collect()
+    };
+    let before = counters(&lab);
+    assert!(before.iter().any(|l| !l.starts_with("[0:0]")), "the traffic shows in the counters: {before:?}");
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        seen.push(lab.wait_sync(&mut daemon, seen.last().map_or(first, |s: &SyncRec| s.generation), CHANGE_WAIT));
+    }
+    assert!(seen.iter().all(|s| s.periodic && !s.full && s.ops == 0), "{seen:?}");
+    assert_eq!(counters(&lab), before, "no restore touched the nat table (its counters are as they were)");
+    daemon.stop();
 }
 
 /// (4) `kube-proxy-rs --cleanup` after the daemon ran: no chain of ours is

@@ -175,6 +175,38 @@ fn reconcile_removes_extras_and_adds_what_is_missing() {
     );
 }
 
+/// The syncPeriod's check: the member count from `ipset list -t` when it
+/// matches (nothing written), a reconcile when the set was flushed or
+/// destroyed.
+#[test]
+fn verify_repairs_a_flushed_or_destroyed_set_and_writes_nothing_otherwise() {
+    let ns = Netns::new("kpr-ipset-verify");
+    let s = spec("KUBE-CLUSTER-IP", SetType::HashIpPort, IpFamily::V4);
+    let desired: Vec<IpsetOp> =
+        (1..=20u16).map(|p| IpsetOp::Add(SetEntry::IpPort(ip("10.96.0.1"), Protocol::Tcp, p))).collect();
+    let h = IpsetHandle::new(s.clone());
+    let (quiet, after_flush) = ns.block_on(|| async {
+        h.reconcile(desired.clone()).await.expect("reconcile");
+        let quiet = h.verify(desired.clone()).await.expect("verify");
+        ns_flush();
+        (quiet, h.verify(desired.clone()).await.expect("verify after flush"))
+    });
+    assert!(quiet.applied.is_empty() && !quiet.drift, "nothing to do: {:?}", quiet.applied);
+    assert_eq!(after_flush.applied.len(), 20, "every member added back");
+    all_ok(&after_flush.results);
+    assert!(!after_flush.drift, "repaired in place");
+    ns.ok(&["ipset", "destroy", "KUBE-CLUSTER-IP"]);
+    let after_destroy = ns.block_on(|| async { h.verify(desired.clone()).await.expect("verify after destroy") });
+    assert_eq!(after_destroy.applied.len(), 20);
+    assert_eq!(saved(&ns, "KUBE-CLUSTER-IP").len(), 20);
+}
+
+/// `ipset flush KUBE-CLUSTER-IP` from inside the namespace's thread.
+fn ns_flush() {
+    let out = std::process::Command::new("ipset").args(["flush", "KUBE-CLUSTER-IP"]).output().expect("ipset");
+    assert!(out.status.success(), "{out:?}");
+}
+
 #[test]
 fn a_bad_entry_in_the_middle_of_a_batch_fails_only_its_op() {
     let ns = Netns::new("kpr-ipset-bad");

@@ -18,6 +18,7 @@ mod common;
 use common::Netns;
 use kube_proxy_rs::kernel::ipset::IpsetHandle;
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle};
+use kube_proxy_rs::kernel::xtables_gen::{self, Backend};
 use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
 use kube_proxy_rs::net::IpFamily;
@@ -179,6 +180,60 @@ fn ipv6_rules_with_ip6tables_legacy() {
 #[test]
 fn ipv6_rules_with_ip6tables_nft() {
     rules_apply_reconcile_detect_flush_and_clean_up(IpFamily::V6, "nft");
+}
+
+/// The iptables actor's periodic check: a fingerprint of the tables (one
+/// syscall or netlink message) says whether anything changed; only then are
+/// the canary and our jumps looked for.
+fn periodic_check_finds_a_flushed_table(family: IpFamily, flavour: &str) {
+    let ns = Netns::new(&format!("kpr-ipt-chk-{flavour}-{}", family.ipset_family()));
+    let bins = IptablesBinaries::variant(family, flavour);
+    let backend = if flavour == "nft" { Backend::Nft } else { Backend::Legacy };
+    create_sets(&ns, family);
+    let h = IptablesHandle::with_binaries(bins.clone());
+    let text = rules(family, h.random_fully());
+    let foreign = match family {
+        IpFamily::V4 => "192.0.2.9",
+        IpFamily::V6 => "2001:db8::9",
+    };
+    let fingerprint = || ns.block_on(|| async { xtables_gen::fingerprint(family, backend).expect("fingerprint") });
+    let (quiet, quiet_again) = ns.block_on(|| async {
+        h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
+        (h.run_periodic().await, h.run_periodic().await)
+    });
+    assert!(!quiet && !quiet_again, "nothing changed");
+    let before = fingerprint();
+    assert_eq!(fingerprint(), before, "stable while nobody writes");
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "filter", "-A", "INPUT", "-s", foreign, "-j", "DROP"]);
+    assert_ne!(fingerprint(), before, "someone else's rule changes it");
+    let foreign_change = ns.block_on(|| async { h.run_periodic().await });
+    assert!(!foreign_change, "someone else's rule is not drift");
+    ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-F"]);
+    let flushed = ns.block_on(|| async { h.run_periodic().await });
+    assert!(flushed, "a flushed nat table (canary chain still there, jumps gone) is drift");
+    // The full resync puts it back, and the check is quiet again.
+    let repaired = ns.block_on(|| async {
+        h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
+        h.run_periodic().await
+    });
+    assert!(!repaired);
+    assert_each_jump_once(&save(&ns, &bins));
+    ns.block_on(|| async { h.cleanup().await.expect("cleanup") });
+}
+
+#[test]
+fn periodic_check_with_iptables_legacy() {
+    periodic_check_finds_a_flushed_table(IpFamily::V4, "legacy");
+}
+
+#[test]
+fn periodic_check_with_iptables_nft() {
+    periodic_check_finds_a_flushed_table(IpFamily::V4, "nft");
+}
+
+#[test]
+fn periodic_check_with_ip6tables_legacy() {
+    periodic_check_finds_a_flushed_table(IpFamily::V6, "legacy");
 }
 
 #[test]

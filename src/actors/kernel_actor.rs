@@ -33,7 +33,7 @@ impl<S: Subsystem> KernelActor<S> {
         self
     }
 
-    fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>) -> Ack<S::Op> {
+    fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>, drift: bool) -> Ack<S::Op> {
         let actor = self.stats.name.as_str();
         let (applied, failed) = match res {
             Ok((ops, results)) => {
@@ -53,7 +53,10 @@ impl<S: Subsystem> KernelActor<S> {
         }
         self.stats.applied(generation, applied, failed.len(), started.elapsed());
         tracing::debug!(actor, generation, ops = applied, failed = failed.len(), "batch applied");
-        Ack { generation, failed }
+        if drift {
+            tracing::warn!(actor, generation, "the kernel changed behind our back: this actor resyncs in full");
+        }
+        Ack { generation, failed, drift }
     }
 }
 
@@ -87,13 +90,17 @@ impl<S: Subsystem> Handler<Batch<S::Op>> for KernelActor<S> {
             match batch.mode {
                 SyncMode::Incremental => {
                     let results = kernel.apply(batch.ops.clone()).await;
-                    Ok((batch.ops, results))
+                    (Ok((batch.ops, results)), false)
                 }
-                SyncMode::Full => kernel.reconcile(batch.ops).await,
+                SyncMode::Full => (kernel.reconcile(batch.ops).await, false),
+                SyncMode::Verify => match kernel.verify(batch.ops).await {
+                    Ok(c) => (Ok((c.applied, c.results)), c.drift),
+                    Err(e) => (Err(e), false),
+                },
             }
         };
         AtomicResponse::new(Box::pin(
-            work.into_actor(self).map(move |res, act, _| act.finish(generation, started, res)),
+            work.into_actor(self).map(move |(res, drift), act, _| act.finish(generation, started, res, drift)),
         ))
     }
 }

@@ -54,6 +54,7 @@ use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
 use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
+use crate::schedule::SyncKind;
 use crate::sync::lock;
 
 /// Which iptables tools the handle runs.
@@ -287,9 +288,15 @@ impl<D: Dataplane> Dataplane for Probed<D> {
     type Outcome = (D::Outcome, SyncSignal);
     type Config = D::Config;
 
-    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Self::Outcome> {
+    fn sync(
+        &mut self,
+        model: &Model,
+        changes: &ModelChanges,
+        kind: SyncKind,
+        generation: u64,
+    ) -> Planned<Self::Outcome> {
         let started = Instant::now();
-        let planned = self.inner.sync(model, changes, full, generation);
+        let planned = self.inner.sync(model, changes, kind, generation);
         let plan = started.elapsed();
         let expected_chains = if planned.full {
             Vec::new()
@@ -334,6 +341,10 @@ impl<D: Dataplane> Dataplane for Probed<D> {
         (sig.syncs, sig.full_syncs, sig.plan_total, sig.run_total) = (t.syncs, t.full_syncs, t.plan_total, t.run_total);
         self.done.send_replace(sig);
         f
+    }
+
+    fn hourly_full_sync(&self) -> bool {
+        self.inner.hourly_full_sync()
     }
 
     fn reconfigure(&mut self, config: D::Config) {

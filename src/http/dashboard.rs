@@ -291,7 +291,7 @@ mod tests {
     }
 
     fn sync(generation: u64, full: bool) -> SyncRecord {
-        SyncRecord { generation, full, duration_ms: 1.5, ports_changed: 2, ops: 7, failed: 0 }
+        SyncRecord { generation, full, periodic: false, duration_ms: 1.5, ports_changed: 2, ops: 7, failed: 0 }
     }
 
     #[test]
@@ -329,8 +329,8 @@ mod tests {
         assert_eq!(
             v["syncs"],
             json!([
-                {"generation": 2, "full": false, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
-                {"generation": 1, "full": true, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
+                {"generation": 2, "full": false, "periodic": false, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
+                {"generation": 1, "full": true, "periodic": false, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
             ])
         );
     }

@@ -23,7 +23,7 @@ use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use super::tool::{self, ToolOutput};
-use super::{set_diff, Applied, IpsetKernel, KFuture, KResult, KernelError, Subsystem};
+use super::{set_diff, Applied, Checked, IpsetKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::msgs::ipset::SetLine;
 use crate::msgs::{IpsetOp, SetEntry, SetSpec, SetType};
 use crate::net::Protocol;
@@ -190,6 +190,29 @@ impl IpsetHandle {
         parse_save(&self.spec, &text).map_err(|m| KernelError::new(format!("save {}", self.spec.name), m))
     }
 
+    /// `ipset list -t NAME`'s "Number of entries" (the header only, no
+    /// members); None when the set is missing or the count unreadable.
+    async fn entry_count(&self) -> Option<usize> {
+        let op = format!("list -t {}", self.spec.name);
+        let out = tool::run(&op, &self.binary, &["list", "-t", &self.spec.name], None).await.ok()?;
+        if !out.success() {
+            return None;
+        }
+        entry_count(&out.stdout)
+    }
+
+    /// The syncPeriod's check: the member count from the set's header; a
+    /// reconcile (`ipset save`) only when it differs or the set is gone.
+    async fn verify_ops(&self, desired: Vec<IpsetOp>) -> KResult<Checked<IpsetOp>> {
+        let want: BTreeSet<SetEntry> =
+            desired.iter().filter_map(|op| if let IpsetOp::Add(e) = op { Some(canonical(*e)) } else { None }).collect();
+        if self.entry_count().await == Some(want.len()) {
+            return Ok(Checked { applied: Vec::new(), results: Vec::new(), drift: false });
+        }
+        let (applied, results) = self.reconcile_ops(desired).await?;
+        Ok(Checked { applied, results, drift: false })
+    }
+
     async fn reconcile_ops(&self, desired: Vec<IpsetOp>) -> Applied<IpsetOp> {
         self.ensure_set().await?;
         let have = self.read_members().await?;
@@ -218,6 +241,16 @@ impl Subsystem for IpsetHandle {
         let me = self.clone();
         Box::pin(async move { me.reconcile_ops(desired).await })
     }
+
+    fn verify(&self, desired: Vec<IpsetOp>) -> KFuture<KResult<Checked<IpsetOp>>> {
+        let me = self.clone();
+        Box::pin(async move { me.verify_ops(desired).await })
+    }
+}
+
+/// "Number of entries: N" from `ipset list -t`.
+fn entry_count(header: &str) -> Option<usize> {
+    header.lines().find_map(|l| l.strip_prefix("Number of entries:")).and_then(|n| n.trim().parse().ok())
 }
 
 impl IpsetKernel for IpsetHandle {
@@ -353,6 +386,13 @@ mod tests {
 
     fn spec(set_type: SetType, family: IpFamily) -> SetSpec {
         SetSpec { name: "KUBE-TEST".into(), set_type, family, comment: "" }
+    }
+
+    #[test]
+    fn reads_the_entry_count_from_a_terse_listing() {
+        let header = "Name: KUBE-CLUSTER-IP\nType: hash:ip,port\nRevision: 6\nHeader: family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1\nSize in memory: 1240\nReferences: 2\nNumber of entries: 17\n";
+        assert_eq!(entry_count(header), Some(17));
+        assert_eq!(entry_count("Name: X\n"), None);
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //!   exist exactly once and never point at a missing chain.
 //! - [`IptablesHandle::canary_present`] tells whether `KUBE-PROXY-CANARY`
 //!   still exists in mangle, nat and filter (an external flush removes it).
+//! - The periodic drift check (every [`CANARY_INTERVAL`]) first compares a
+//!   fingerprint of the tables ([`super::xtables_gen`]: a syscall or one
+//!   netlink message) with the one taken after our last restore; only when
+//!   something changed does it look for the canary and our jumps from the
+//!   built-in chains (`iptables -S`, two `iptables-save`), so a quiet node
+//!   pays microseconds, not a read of a 500,000-rule table.
 //! - [`IptablesHandle::cleanup`] removes the mode's jumps and chains
 //!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
 //!   tells whether a mode's own chains are there.
@@ -28,6 +34,7 @@ use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 
 use super::tool::{self, ToolOutput};
+use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
 use crate::msgs::IptablesOp;
@@ -98,6 +105,8 @@ pub fn present(family: IpFamily) -> Result<(), String> {
 struct WaitFlags {
     iptables: Vec<&'static str>,
     restore: Vec<&'static str>,
+    /// Also from `iptables --version`.
+    backend: Backend,
 }
 
 /// iptables of one family. Cheap to clone; clones share state and counters.
@@ -115,6 +124,8 @@ struct Shared {
     jumps_checked: AtomicBool,
     lines_written: AtomicU64,
     wait: OnceCell<WaitFlags>,
+    /// The tables' fingerprint after our last restore or drift check.
+    fingerprint: std::sync::Mutex<Option<Fingerprint>>,
 }
 
 impl IptablesHandle {
@@ -137,6 +148,55 @@ impl IptablesHandle {
 
     pub fn binaries(&self) -> &IptablesBinaries {
         &self.bins
+    }
+
+    fn family(&self) -> IpFamily {
+        if self.bins.iptables.contains("ip6tables") {
+            IpFamily::V6
+        } else {
+            IpFamily::V4
+        }
+    }
+
+    /// The tables' fingerprint now (None when it cannot be read: then the
+    /// periodic check always looks).
+    async fn fingerprint(&self) -> Option<Fingerprint> {
+        let backend = self.wait_flags().await.backend;
+        match xtables_gen::fingerprint(self.family(), backend) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                debug!(binary = %self.bins.iptables, error = %e, "cannot read the tables' fingerprint");
+                None
+            }
+        }
+    }
+
+    async fn remember_fingerprint(&self) {
+        let f = self.fingerprint().await;
+        *crate::sync::lock(&self.shared.fingerprint) = f;
+    }
+
+    /// The periodic check: drift when the canary or one of our jumps from
+    /// the built-in chains is gone, looked for only when the tables'
+    /// fingerprint changed since our last restore or check.
+    async fn drifted(&self) -> KResult<bool> {
+        let now = self.fingerprint().await;
+        if now.is_some() && *crate::sync::lock(&self.shared.fingerprint) == now {
+            return Ok(false);
+        }
+        if !self.canary_present().await? {
+            info!(binary = %self.bins.iptables, "our canary chain is gone");
+            return Ok(true);
+        }
+        let (nat, filter) = tokio::join!(self.save("nat"), self.save("filter"));
+        let missing = missing_jumps(self.profile, &nat?, &filter?);
+        if !missing.is_empty() {
+            info!(binary = %self.bins.iptables, jumps = missing.len(), "jumps to our chains are gone");
+            return Ok(true);
+        }
+        // Someone else's change: look again only after the next one.
+        *crate::sync::lock(&self.shared.fingerprint) = now;
+        Ok(false)
     }
 
     /// Lines written to `iptables-restore` so far (jumps and cleanup included).
@@ -228,6 +288,7 @@ impl IptablesHandle {
         debug!(%op, "restoring");
         let out = tool::run(&op, &self.bins.restore, &args, Some(text.as_bytes())).await?;
         if out.success() {
+            self.remember_fingerprint().await;
             return Ok(());
         }
         Err(KernelError::new(op, restore_message(&out, text)))
@@ -333,18 +394,19 @@ impl Subsystem for IptablesHandle {
         Some(CANARY_INTERVAL)
     }
 
-    /// Drift when our canary chain vanished after we had written it
-    /// (firewalld-style `-F`/`-X` of whole tables).
+    /// Drift when our canary chain or a jump to our chains vanished after
+    /// we had written them (firewalld-style `-F`/`-X` of whole tables, a
+    /// flushed nat table).
     fn run_periodic(&self) -> KFuture<bool> {
         let me = self.clone();
         Box::pin(async move {
             if !me.shared.jumps_checked.load(Ordering::Acquire) {
                 return false;
             }
-            match me.canary_present().await {
-                Ok(present) => !present,
+            match me.drifted().await {
+                Ok(drifted) => drifted,
                 Err(e) => {
-                    tracing::warn!(actor = "iptables", error = %e, "checking the canary chain failed");
+                    tracing::warn!(actor = "iptables", error = %e, "checking our chains failed");
                     false
                 }
             }
@@ -525,7 +587,7 @@ fn wait_flags(version_text: &str) -> WaitFlags {
         vec![]
     };
     let restore = if v >= (1, 6, 2) { vec!["-w", "5", "-W", "100000"] } else { vec![] };
-    WaitFlags { iptables, restore }
+    WaitFlags { iptables, restore, backend: Backend::from_version(version_text) }
 }
 
 /// The tool's message, plus the input line it names ("Error occurred at
@@ -665,11 +727,17 @@ mod tests {
         let full = vec!["-w", "5", "-W", "100000"];
         assert_eq!(
             wait_flags("iptables v1.8.9 (nf_tables)"),
-            WaitFlags { iptables: full.clone(), restore: full.clone() }
+            WaitFlags { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft }
         );
-        assert_eq!(wait_flags("iptables v1.6.1"), WaitFlags { iptables: full, restore: vec![] });
-        assert_eq!(wait_flags("iptables v1.4.21"), WaitFlags { iptables: vec!["-w"], restore: vec![] });
-        assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![] });
+        assert_eq!(
+            wait_flags("iptables v1.6.1"),
+            WaitFlags { iptables: full, restore: vec![], backend: Backend::Legacy }
+        );
+        assert_eq!(
+            wait_flags("iptables v1.4.21"),
+            WaitFlags { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy }
+        );
+        assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![], backend: Backend::Legacy });
         assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
     }
 

@@ -122,6 +122,16 @@ impl Subsystem for MemIpvs {
             Ok((ops, results))
         })
     }
+
+    /// As the real handle: the virtual servers only, drift when they differ.
+    fn verify(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<Checked<IpvsOp>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let have = me.snapshot().services;
+            let drift = ipvs_services_differ(&desired, have, |_| true);
+            Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
+        })
+    }
 }
 
 impl IpvsKernel for MemIpvs {

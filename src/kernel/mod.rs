@@ -16,6 +16,7 @@ pub mod mem;
 pub mod netlink_acks;
 pub mod sysctl;
 pub mod tool;
+pub mod xtables_gen;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -53,6 +54,14 @@ pub type KFuture<T> = LocalBoxFuture<'static, T>;
 /// The ops a full resync applied, each with its result.
 pub type Applied<Op> = KResult<(Vec<Op>, Vec<KResult<()>>)>;
 
+/// What a cheap check found: the ops it applied to repair (with their
+/// results), and whether drift remains that only a full resync repairs.
+pub struct Checked<Op> {
+    pub applied: Vec<Op>,
+    pub results: Vec<KResult<()>>,
+    pub drift: bool,
+}
+
 /// A real server as dumped, with its connection counts (graceful termination).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DestState {
@@ -79,6 +88,18 @@ pub trait Subsystem: Clone + Unpin + 'static {
     /// into the ops that make the kernel match, removing what we own but
     /// don't want. Returns those ops, applied, with their results.
     fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<Applied<Self::Op>>;
+
+    /// The syncPeriod's check ([`crate::msgs::SyncMode::Verify`]): by
+    /// default a reconcile, for handles whose kernel reads are cheap (the
+    /// dummy link's addresses). Handles whose full read is expensive
+    /// override it with a cheaper comparison.
+    fn verify(&self, desired: Vec<Self::Op>) -> KFuture<KResult<Checked<Self::Op>>> {
+        let reconciled = self.reconcile(desired);
+        Box::pin(async move {
+            let (applied, results) = reconciled.await?;
+            Ok(Checked { applied, results, drift: false })
+        })
+    }
 
     /// Periodic housekeeping the actor runs between batches (graceful
     /// termination of IPVS real servers, the iptables canary), and its interval.
@@ -128,6 +149,34 @@ pub fn set_diff<T: Ord + Clone, Op>(
     let mut ops: Vec<Op> = want.difference(have).cloned().map(add).collect();
     ops.extend(have.difference(want).cloned().map(del));
     ops
+}
+
+/// Whether the virtual servers read from the kernel differ from the
+/// AddService ops in `desired` (a missing, extra or changed one). Services
+/// outside `owned` are not compared.
+pub fn ipvs_services_differ(
+    desired: &[IpvsOp],
+    have: impl IntoIterator<Item = (VsKey, VsSpec)>,
+    owned: impl Fn(&VsKey) -> bool,
+) -> bool {
+    let want: BTreeMap<&VsKey, &VsSpec> = desired
+        .iter()
+        .filter_map(|op| match op {
+            IpvsOp::AddService(k, s) => Some((k, s)),
+            _ => None,
+        })
+        .collect();
+    let mut seen = 0;
+    for (k, s) in have {
+        if !owned(&k) {
+            continue;
+        }
+        match want.get(&k) {
+            Some(w) if **w == s => seen += 1,
+            _ => return true,
+        }
+    }
+    seen != want.len()
 }
 
 /// Ops that turn the dumped IPVS table into `desired` (AddService/AddDest ops).

@@ -28,6 +28,11 @@ pub enum SyncMode {
     /// add what is missing, fix what differs and remove what we own but is
     /// not desired (drift repair).
     Full,
+    /// The syncPeriod's cheap check: the ops are the desired state as for
+    /// `Full` (IPVS: its virtual servers only); the handle compares what it
+    /// can read cheaply, repairs what it can, and acks `drift` when only a
+    /// full batch can repair the rest.
+    Verify,
 }
 
 /// A sync's worth of ops for one actor.
@@ -41,15 +46,18 @@ pub struct Batch<Op> {
 /// What an actor answers: the generation it applied and what failed, with
 /// the kernel's error. A failure without an op is a failed kernel read (a
 /// full resync could not dump the kernel). Empty `failed`: all in place.
+/// `drift`: a `Verify` batch found the kernel changed beyond what it could
+/// repair; this actor needs a full batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack<Op> {
     pub generation: u64,
     pub failed: Vec<(Option<Op>, String)>,
+    pub drift: bool,
 }
 
 impl<Op> Ack<Op> {
     pub fn ok(generation: u64) -> Self {
-        Ack { generation, failed: Vec::new() }
+        Ack { generation, failed: Vec::new(), drift: false }
     }
     pub fn is_ok(&self) -> bool {
         self.failed.is_empty()

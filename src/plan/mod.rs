@@ -272,6 +272,19 @@ impl IpvsPlanner {
         ipvs.extend(self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())));
         ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(vs, d, *s)));
         ipvs.sort_unstable();
+        IpvsDesired { ipvs, sets: self.desired_sets(), addresses: self.desired_addresses() }
+    }
+
+    /// The virtual servers alone (AddService ops, sorted): what the
+    /// syncPeriod's cheap check compares.
+    pub fn desired_services(&self) -> Vec<IpvsOp> {
+        let mut ipvs: Vec<IpvsOp> = self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())).collect();
+        ipvs.sort_unstable();
+        ipvs
+    }
+
+    /// Members of every set (every set present, possibly empty), sorted.
+    pub fn desired_sets(&self) -> BTreeMap<IpvsSet, Vec<SetEntry>> {
         let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> = IpvsSet::ALL
             .iter()
             .map(|s| (*s, Vec::with_capacity(self.set_sizes.get(s).copied().unwrap_or(0))))
@@ -282,9 +295,14 @@ impl IpvsPlanner {
         for v in sets.values_mut() {
             v.sort_unstable();
         }
+        sets
+    }
+
+    /// Addresses bound to kube-ipvs0, sorted.
+    pub fn desired_addresses(&self) -> Vec<IpAddr> {
         let mut addresses: Vec<IpAddr> = self.addresses.iter().map(|(a, ())| *a).collect();
         addresses.sort_unstable();
-        IpvsDesired { ipvs, sets, addresses }
+        addresses
     }
 
     /// Counts of planned objects: (virtual servers, real servers, set entries, addresses).

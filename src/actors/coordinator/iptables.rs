@@ -2,12 +2,16 @@
 //! the conntrack actor.
 //!
 //! Each sync is one restore: a full one (every chain of every service port)
-//! on the first sync, every syncPeriod, when the node's topology labels
-//! change, after a failed restore and after drift (the canary); otherwise a
-//! partial one with the changed service ports' chains and the top-level
-//! chains. Conntrack flushes follow a successful restore (upstream's order:
-//! the rules no longer lead to a removed endpoint when its entries go);
-//! after a failed one they wait for the next sync.
+//! on the first sync, once an hour (not in large-cluster mode, as upstream),
+//! after a reload, when the node's topology labels change, after a failed
+//! restore and after drift (the iptables actor's check); otherwise a partial
+//! one with the changed service ports' chains and the top-level chains. A
+//! partial sync with nothing changed (the syncPeriod's sync of a quiet
+//! cluster) writes nothing: the kernel still holds the last restore, which
+//! the iptables actor's drift check vouches for. Conntrack flushes follow a
+//! successful restore (upstream's order: the rules no longer lead to a
+//! removed endpoint when its entries go); after a failed one they wait for
+//! the next sync.
 
 use futures::FutureExt;
 
@@ -17,6 +21,7 @@ use crate::msgs::*;
 use crate::plan::conntrack::conntrack_ops;
 use crate::plan::context::LocalAddr;
 use crate::plan::iptables::{IptablesContext, IptablesPlanner};
+use crate::schedule::SyncKind;
 
 /// Builds the planner's context from the Node and the node's addresses. The
 /// daemon's closure also sets route_localnet when the context needs it.
@@ -77,17 +82,24 @@ impl Dataplane for IptablesDataplane {
     type Outcome = Outcome;
     type Config = ContextBuilder;
 
-    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Outcome> {
-        let full = full || std::mem::take(&mut self.needs_full);
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
+        let full = kind == SyncKind::Full || std::mem::take(&mut self.needs_full);
         self.partial = !full;
+        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
+        conntrack.extend(conntrack_ops(model, changes));
+        if !full && changes.ports.is_empty() && !self.planner.has_stale_chains() && conntrack.is_empty() {
+            // Nothing to write: the top-level chains would come out as the
+            // last successful restore wrote them.
+            let run =
+                async move { Outcome { restore: Some(Ack::ok(generation)), conntrack: None, deferred: Vec::new() } };
+            return Planned { full, ops: 0, run: run.boxed_local() };
+        }
         let text = if full {
             let ctx = (self.context)(model.node(), &(self.addrs)());
             self.planner.full(model, ctx)
         } else {
             self.planner.partial(model, &changes.ports)
         };
-        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
-        conntrack.extend(conntrack_ops(model, changes));
         let ops = 1 + conntrack.len();
         let mode = if full { SyncMode::Full } else { SyncMode::Incremental };
         let restore = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text })]);
@@ -126,7 +138,12 @@ impl Dataplane for IptablesDataplane {
             iptables_restore_failed: !restore_ok,
             partial_restore_failed: !restore_ok && self.partial,
             rules: restore_ok.then(|| self.planner.rule_counts()),
+            drift: false,
         }
+    }
+
+    fn hourly_full_sync(&self) -> bool {
+        !self.planner.large_cluster_mode()
     }
 
     fn reconfigure(&mut self, context: ContextBuilder) {

@@ -11,6 +11,14 @@
 //!
 //! An actor whose ack reports a failure gets a full batch (reconcile against
 //! the kernel) at the next sync; the others carry on incrementally.
+//!
+//! The syncPeriod's sync adds a cheap check per actor (a `Verify` batch after
+//! its deltas): IPVS compares its virtual servers (one dump, no real servers
+//! read) and asks for a full batch when they differ; each set compares its
+//! member count and reconciles when it differs; the dummy link reconciles
+//! its addresses (one dump), after the address unbinds of stage 2. Full
+//! resyncs of every actor come at start, on reload, drift of the iptables
+//! canary, topology changes, and once an hour.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +30,7 @@ use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::context::{plan_context, PlanSettings};
 use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::schedule::SyncKind;
 
 /// Renders the iptables-restore input for IPVS mode from the current plan
 /// and the Node (its pod CIDR for detect-local NodeCIDR).
@@ -119,9 +128,25 @@ impl IpvsDataplane {
         stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
         stage.conntrack.extend(conntrack_ops(model, changes));
         for id in std::mem::take(&mut self.needs_full) {
-            tracing::info!(?id, generation, "actor gets a full resync after a failure");
+            tracing::info!(?id, generation, "actor gets a full resync after a failure or drift");
         }
         stage
+    }
+
+    /// The syncPeriod's checks, for the actors not already getting a full batch.
+    fn add_checks(&self, stage: &mut Stage) {
+        let generation = stage.generation;
+        if !is_full(stage.ipvs.as_ref()) {
+            stage.check_ipvs = Some(batch(generation, SyncMode::Verify, self.planner.desired_services()));
+        }
+        for (set, members) in self.planner.desired_sets() {
+            if !is_full(stage.sets.get(&set)) {
+                stage.check_sets.insert(set, batch(generation, SyncMode::Verify, adds(Some(&members))));
+            }
+        }
+        if !is_full(stage.binds.as_ref()) {
+            stage.check_link = Some(batch(generation, SyncMode::Verify, binds(&self.planner.desired_addresses())));
+        }
     }
 
     fn render_rules(&self, model: &Model) -> String {
@@ -134,14 +159,25 @@ impl IpvsDataplane {
         let ipvs = stage.ipvs.map(|b| t.ipvs.send(b));
         let sets: Vec<_> =
             stage.sets.into_iter().filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b)))).collect();
+        // Each actor's check queues behind its deltas (mailboxes are FIFO).
+        let check_ipvs = stage.check_ipvs.map(|b| t.ipvs.send(b));
+        let check_sets: Vec<_> =
+            stage.check_sets.into_iter().filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b)))).collect();
         let binds = stage.binds.map(|b| t.link.send(b));
         let (iptables, conntrack_target, link) = (t.iptables.clone(), t.conntrack.clone(), t.link.clone());
         let (generation, rules, conntrack, unbinds) = (stage.generation, stage.rules, stage.conntrack, stage.unbinds);
-        let rules_full = stage.rules_full;
+        let (rules_full, check_link) = (stage.rules_full, stage.check_link);
         async move {
             let mut out = Outcome::default();
             if let Some(f) = ipvs {
-                out.ipvs = Some(f.await);
+                out.ipvs.push(f.await);
+            }
+            if let Some(f) = check_ipvs {
+                out.ipvs.push(f.await);
+            }
+            let (names, futs): (Vec<IpvsSet>, Vec<_>) = check_sets.into_iter().unzip();
+            for (set, ack) in names.into_iter().zip(join_all(futs).await) {
+                out.sets.push((set, ack));
             }
             let (names, futs): (Vec<IpvsSet>, Vec<_>) = sets.into_iter().unzip();
             for (set, ack) in names.into_iter().zip(join_all(futs).await) {
@@ -156,13 +192,16 @@ impl IpvsDataplane {
                 let b = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text: text.clone() })]);
                 out.iptables = Some((text, iptables.send(b).await));
             }
-            let ipvs_ok = out.ipvs.as_ref().is_none_or(|a| a.as_ref().is_some_and(|a| a.is_ok()));
+            let ipvs_ok = out.ipvs.iter().all(|a| a.as_ref().is_some_and(|a| a.is_ok()));
             if ipvs_ok && !conntrack.is_empty() {
                 out.conntrack = Some(conntrack_target.send(batch(generation, SyncMode::Incremental, conntrack)).await);
             } else {
                 out.deferred = conntrack;
             }
             if let Some(b) = unbinds {
+                out.link.push(link.send(b).await);
+            }
+            if let Some(b) = check_link {
                 out.link.push(link.send(b).await);
             }
             out
@@ -174,18 +213,24 @@ impl Dataplane for IpvsDataplane {
     type Outcome = Outcome;
     type Config = (PlanSettings, RulesRenderer);
 
-    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Outcome> {
-        let stage =
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
+        let full = kind == SyncKind::Full;
+        let mut stage =
             if full { self.plan_full(model, generation) } else { self.plan_partial(model, generation, changes) };
+        if kind == SyncKind::Periodic {
+            self.add_checks(&mut stage);
+        }
         Planned { full, ops: stage.ops(), run: self.run_stages(stage).boxed_local() }
     }
 
     fn finished(&mut self, o: Outcome) -> Finished {
-        let mut failed = 0;
-        let mut check = |id: ActorId, ack: Option<usize>, needs: &mut BTreeSet<ActorId>| match ack {
-            Some(0) => {}
-            Some(f) => {
+        let (mut failed, mut drift) = (0, false);
+        let mut needs = BTreeSet::new();
+        let mut check = |id: ActorId, ack: Option<(usize, bool)>| match ack {
+            Some((0, false)) => {}
+            Some((f, d)) => {
                 failed += f;
+                drift |= d;
                 needs.insert(id);
             }
             None => {
@@ -193,15 +238,17 @@ impl Dataplane for IpvsDataplane {
                 needs.insert(id);
             }
         };
-        let mut needs = BTreeSet::new();
-        if let Some(a) = &o.ipvs {
-            check(ActorId::Ipvs, a.as_ref().map(|a| a.failed.len()), &mut needs);
+        fn summary<Op>(a: &Option<Ack<Op>>) -> Option<(usize, bool)> {
+            a.as_ref().map(|a| (a.failed.len(), a.drift))
+        }
+        for a in &o.ipvs {
+            check(ActorId::Ipvs, summary(a));
         }
         for (set, a) in &o.sets {
-            check(ActorId::Set(*set), a.as_ref().map(|a| a.failed.len()), &mut needs);
+            check(ActorId::Set(*set), summary(a));
         }
         for a in &o.link {
-            check(ActorId::Link, a.as_ref().map(|a| a.failed.len()), &mut needs);
+            check(ActorId::Link, summary(a));
         }
         let mut iptables_restore_failed = false;
         if let Some((text, a)) = o.iptables {
@@ -219,13 +266,17 @@ impl Dataplane for IpvsDataplane {
         }
         self.deferred_conntrack.extend(o.deferred);
         self.needs_full.extend(needs);
-        Finished { failed, iptables_restore_failed, ..Finished::default() }
+        Finished { failed, iptables_restore_failed, drift, ..Finished::default() }
     }
 
     fn reconfigure(&mut self, (settings, rules): Self::Config) {
         self.settings = settings;
         self.rules = rules;
     }
+}
+
+fn is_full<Op>(b: Option<&Batch<Op>>) -> bool {
+    b.is_some_and(|b| b.mode == SyncMode::Full)
 }
 
 fn adds(entries: Option<&Vec<SetEntry>>) -> Vec<IpsetOp> {
@@ -247,6 +298,10 @@ struct Stage {
     rules_full: bool,
     conntrack: Vec<ConntrackOp>,
     unbinds: Option<Batch<LinkOp>>,
+    /// The syncPeriod's checks (not counted as ops: they write only what drifted).
+    check_ipvs: Option<Batch<IpvsOp>>,
+    check_sets: BTreeMap<IpvsSet, Batch<IpsetOp>>,
+    check_link: Option<Batch<LinkOp>>,
 }
 
 impl Stage {
@@ -271,6 +326,9 @@ impl Stage {
             rules_full: false,
             conntrack: Vec::new(),
             unbinds: None,
+            check_ipvs: None,
+            check_sets: BTreeMap::new(),
+            check_link: None,
         }
     }
 
@@ -289,7 +347,7 @@ impl Stage {
 /// The acks of one sync (None: the actor could not be reached).
 #[derive(Default)]
 pub struct Outcome {
-    ipvs: Option<Option<Ack<IpvsOp>>>,
+    ipvs: Vec<Option<Ack<IpvsOp>>>,
     sets: Vec<(IpvsSet, Option<Ack<IpsetOp>>)>,
     link: Vec<Option<Ack<LinkOp>>>,
     iptables: Option<(String, Option<Ack<IptablesOp>>)>,

@@ -25,7 +25,7 @@ use crate::metrics::hooks::{SyncHooks, SyncOutcome};
 use crate::model::{Model, ModelChanges};
 use crate::msgs::*;
 use crate::plan::context::{LocalAddr, PlanSettings};
-use crate::schedule::{SyncKind, SyncScheduler};
+use crate::schedule::{SyncKind, SyncScheduler, FULL_SYNC_PERIOD};
 
 pub use self::iptables::{ContextBuilder, IptablesDataplane, IptablesTargets};
 pub use self::ipvs::{IpvsDataplane, RulesRenderer, Targets};
@@ -40,12 +40,25 @@ pub trait Dataplane: Unpin + 'static {
     /// What a configuration reload replaces.
     type Config: Send + 'static;
 
-    /// Plans sync `generation` (a full one if `full`, or if the dataplane
-    /// needs one after a failure) and returns the sends, to be run in order.
-    fn sync(&mut self, model: &Model, changes: &ModelChanges, full: bool, generation: u64) -> Planned<Self::Outcome>;
+    /// Plans sync `generation` of `kind` (a full one also if the dataplane
+    /// needs one after a failure; a periodic one adds each actor's cheap
+    /// drift check) and returns the sends, to be run in order.
+    fn sync(
+        &mut self,
+        model: &Model,
+        changes: &ModelChanges,
+        kind: SyncKind,
+        generation: u64,
+    ) -> Planned<Self::Outcome>;
 
     /// Takes the acks of the sync; failed actors get a full batch next time.
     fn finished(&mut self, outcome: Self::Outcome) -> Finished;
+
+    /// Whether a full resync comes once per [`FULL_SYNC_PERIOD`] (upstream
+    /// turns that off in iptables mode's large-cluster mode).
+    fn hourly_full_sync(&self) -> bool {
+        true
+    }
 
     fn reconfigure(&mut self, config: Self::Config);
 }
@@ -71,6 +84,9 @@ pub struct Finished {
     pub partial_restore_failed: bool,
     /// iptables mode: the rules after a successful restore.
     pub rules: Option<crate::plan::iptables::RuleCounts>,
+    /// A periodic check found drift that the actor's full batch repairs:
+    /// sync again soon.
+    pub drift: bool,
 }
 
 /// Sync timing and planning settings.
@@ -115,6 +131,8 @@ impl<Op: Send + 'static> Target<Op> {
 pub struct SyncRecord {
     pub generation: u64,
     pub full: bool,
+    /// The syncPeriod's sync (with the actors' drift checks).
+    pub periodic: bool,
     pub duration_ms: f64,
     pub ports_changed: usize,
     pub ops: usize,
@@ -208,16 +226,24 @@ impl<D: Dataplane> Coordinator<D> {
         let generation = self.generation;
         let started = Instant::now();
         let changes = self.model.apply();
-        let full = kind == SyncKind::Full || changes.topology_changed;
+        let kind = if changes.topology_changed { SyncKind::Full } else { kind };
         if let Some(h) = self.hooks.as_mut() {
-            h.sync_started(&self.model, &changes, full);
+            h.sync_started(&self.model, &changes, kind == SyncKind::Full);
         }
-        let planned = self.dataplane.sync(&self.model, &changes, full, generation);
+        let planned = self.dataplane.sync(&self.model, &changes, kind, generation);
         let (full, ports_changed, planned_ops) = (planned.full, changes.ports.len(), planned.ops);
-        tracing::debug!(ip_family = self.ip_family(), generation, full, ports = ports_changed, "sync started");
+        let periodic = kind == SyncKind::Periodic;
+        tracing::debug!(
+            ip_family = self.ip_family(),
+            generation,
+            full,
+            periodic,
+            ports = ports_changed,
+            "sync started"
+        );
         let fut = planned.run;
         ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
-            act.sync_done(generation, full, started, (ports_changed, planned_ops), outcome);
+            act.sync_done(generation, (full, periodic), started, (ports_changed, planned_ops), outcome);
             if let Some(waiters) = act.stopping.as_mut() {
                 for w in waiters.drain(..) {
                     let _ = w.send(());
@@ -228,13 +254,24 @@ impl<D: Dataplane> Coordinator<D> {
         }));
     }
 
-    fn sync_done(&mut self, generation: u64, full: bool, started: Instant, counts: (usize, usize), o: D::Outcome) {
+    fn sync_done(
+        &mut self,
+        generation: u64,
+        (full, periodic): (bool, bool),
+        started: Instant,
+        counts: (usize, usize),
+        o: D::Outcome,
+    ) {
         let (ports_changed, ops) = counts;
         let f = self.dataplane.finished(o);
         let failed = f.failed;
         let ok = failed == 0;
         let took = started.elapsed();
         self.sched.finished(Instant::now(), ok);
+        self.sched.set_full_period(self.dataplane.hourly_full_sync().then_some(FULL_SYNC_PERIOD));
+        if f.drift {
+            self.sched.request();
+        }
         if let Some(h) = self.hooks.as_mut() {
             h.sync_finished(SyncOutcome {
                 full,
@@ -248,6 +285,7 @@ impl<D: Dataplane> Coordinator<D> {
         let rec = SyncRecord {
             generation,
             full,
+            periodic,
             duration_ms: (took.as_secs_f64() * 1e6).round() / 1000.0,
             ports_changed,
             ops,
@@ -257,6 +295,7 @@ impl<D: Dataplane> Coordinator<D> {
             ip_family = self.ip_family(),
             generation,
             full,
+            periodic,
             ms = rec.duration_ms,
             ports = ports_changed,
             failed,

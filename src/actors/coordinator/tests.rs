@@ -157,20 +157,82 @@ fn bursts_run_at_once_then_no_closer_than_min_sync_period() {
 }
 
 #[test]
-fn drift_is_repaired_by_the_periodic_full_resync() {
+fn drift_is_repaired_by_the_periodic_checks() {
     run_paused(|| async {
         let h = start(Duration::from_secs(1), Duration::from_secs(30));
         let mut first = synced();
         first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
         h.send(first).await;
         sleep(MS).await;
-        // Someone runs `ipvsadm -C` and `ip addr flush dev kube-ipvs0`.
+        // Someone runs `ipvsadm -C`, `ipset flush KUBE-CLUSTER-IP` and `ip addr flush dev kube-ipvs0`.
         *h.k.ipvs.table.lock().unwrap() = Default::default();
+        *h.k.sets["KUBE-CLUSTER-IP"].members.lock().unwrap() = Some(Default::default());
         h.k.link.addrs.lock().unwrap().clear();
         sleep(Duration::from_secs(31)).await;
-        assert_eq!(h.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::ZERO, Duration::from_secs(30)]);
-        assert_eq!(h.at("bind 10.96.0.20"), vec![Duration::ZERO, Duration::from_secs(30)]);
+        let secs30 = Duration::from_secs(30);
+        assert_eq!(h.at("ipvs -A -t 10.96.0.20:80"), vec![Duration::ZERO, secs30]);
+        assert_eq!(h.at("add KUBE-CLUSTER-IP 10.96.0.20,tcp:80"), vec![Duration::ZERO, secs30]);
+        assert_eq!(h.at("bind 10.96.0.20"), vec![Duration::ZERO, secs30]);
         assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "no full resync of every actor: {syncs:?}");
+        assert!(syncs[1].periodic, "{syncs:?}");
+    });
+}
+
+#[test]
+fn a_quiet_cluster_writes_nothing_at_the_sync_period() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.journal.clear();
+        sleep(Duration::from_secs(95)).await;
+        assert_eq!(h.k.journal.lines(), Vec::<String>::new(), "periodic syncs only read");
+        let syncs = h.syncs().await;
+        let kinds: Vec<(bool, bool, usize)> = syncs.iter().map(|s| (s.full, s.periodic, s.ops)).collect();
+        assert_eq!(kinds, vec![(true, false, 6), (false, true, 0), (false, true, 0), (false, true, 0)]);
+    });
+}
+
+#[test]
+fn a_removed_virtual_server_makes_only_ipvs_resync_in_full() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        first.extend([web_svc("api", "10.96.0.21"), web_slice("api", &["10.244.1.2"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.ipvs.table.lock().unwrap().services.retain(|vs, _| !vs.to_string().contains("10.96.0.21"));
+        h.k.journal.clear();
+        sleep(Duration::from_secs(31)).await;
+        let lines = h.k.journal.lines();
+        assert_eq!(lines, vec!["ipvs -A -t 10.96.0.21:80 -s rr"], "only the missing one is written back");
+        let syncs = h.syncs().await;
+        assert_eq!(syncs.len(), 3, "the periodic check, then the IPVS actor's resync: {syncs:?}");
+        assert!(syncs[1].periodic && !syncs[2].full && !syncs[2].periodic);
+    });
+}
+
+#[test]
+fn a_full_resync_of_every_actor_comes_once_an_hour() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        let hour = crate::schedule::FULL_SYNC_PERIOD;
+        sleep(hour - Duration::from_secs(1)).await;
+        h.k.ipvs.table.lock().unwrap().dests.clear();
+        assert!(h.syncs().await.iter().skip(1).all(|s| !s.full));
+        sleep(Duration::from_secs(2)).await;
+        let last = h.syncs().await.pop().unwrap();
+        assert!(last.full, "{last:?}");
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080"), vec![Duration::ZERO, hour]);
     });
 }
 
@@ -432,6 +494,44 @@ mod iptables_mode {
             let last = h.restores().pop().unwrap();
             assert!(last.contains(":KUBE-PROXY-CANARY") && last.contains("has no endpoints"), "a full sync:\n{last}");
             assert_eq!(last.matches("\n-X KUBE-SEP-").count(), 1, "the removed endpoint's chain, still stale:\n{last}");
+        });
+    }
+
+    #[test]
+    fn the_sync_period_writes_no_restore_on_a_quiet_cluster_and_the_hour_brings_a_full_one() {
+        run_paused(|| async {
+            let h = start_iptables(&[]);
+            h.send(two_services()).await;
+            sleep(Duration::from_secs(95)).await;
+            assert_eq!(h.restores().len(), 1, "only the first, full, restore");
+            let syncs = h.syncs().await;
+            assert_eq!(syncs.iter().map(|s| s.periodic).collect::<Vec<_>>(), vec![false, true, true, true]);
+            assert!(syncs.iter().skip(1).all(|s| !s.full && s.ops == 0));
+            sleep(crate::schedule::FULL_SYNC_PERIOD).await;
+            let r = h.restores();
+            assert_eq!(r.len(), 2, "one full restore in the hour");
+            assert_eq!(service_chains(&r[1]).len(), 2, "every service's chains:\n{}", r[1]);
+            assert!(h.syncs().await.iter().any(|s| s.full && s.generation > 1));
+        });
+    }
+
+    #[test]
+    fn large_cluster_mode_has_no_hourly_full_sync() {
+        run_paused(|| async {
+            let h = start_iptables(&[]);
+            let mut first = synced();
+            for i in 0..11u32 {
+                let name = format!("svc-{i}");
+                first.push(web_svc(&name, &format!("10.96.1.{i}")));
+                let ips: Vec<String> = (0..100u32).map(|j| format!("10.244.{i}.{j}")).collect();
+                first.push(web_slice(&name, &ips.iter().map(String::as_str).collect::<Vec<_>>()));
+            }
+            h.send(first).await;
+            sleep(crate::schedule::FULL_SYNC_PERIOD * 2).await;
+            assert_eq!(h.restores().len(), 1, "1,100 endpoints: large-cluster mode, no periodic full restore");
+            h.send(vec![web_slice("svc-0", &["10.244.0.1"])]).await;
+            sleep(MS).await;
+            assert_eq!(h.restores().len(), 2, "a change is still written");
         });
     }
 

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::kernel::{ipvs_diff, Applied, DestState, IpvsKernel, IpvsTable, KFuture, KResult, KernelError, Subsystem};
+use crate::kernel::{
+    ipvs_diff, ipvs_services_differ, Applied, Checked, DestState, IpvsKernel, IpvsTable, KFuture, KResult, KernelError,
+    Subsystem,
+};
 use crate::msgs::{DestKey, DestSpec, IpvsOp, VsKey, VsSpec};
 use crate::net::{IpFamily, Protocol};
 
@@ -199,6 +202,18 @@ impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
             let ops = ipvs_diff(&desired, &have, |vs| owned.owns(vs));
             let results = me.apply_ops(ops.clone()).await;
             Ok((ops, results))
+        })
+    }
+
+    /// The virtual servers only (one dump; no real servers read): drift
+    /// when one is missing, extra or changed.
+    fn verify(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<Checked<IpvsOp>>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let have = me.backend.services().await?;
+            let owned = me.owned.clone();
+            let drift = ipvs_services_differ(&desired, have, |vs| owned.owns(vs));
+            Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
         })
     }
 

@@ -196,6 +196,12 @@ impl IptablesPlanner {
     }
 
     /// The last rendered restore input was applied: the chains it deleted are gone.
+    /// Whether chains wait to be deleted (a sync must be written even when
+    /// no service port changed).
+    pub fn has_stale_chains(&self) -> bool {
+        !self.stale.is_empty()
+    }
+
     pub fn confirm_applied(&mut self) {
         for c in std::mem::take(&mut self.deleted) {
             self.stale.remove(&c);

@@ -1,0 +1,219 @@
+//! Whether anything changed in a family's iptables since we last looked, for
+//! the price of a syscall or one netlink message, not an `iptables-save`.
+//!
+//! - The legacy backend (`x_tables`): `IPT_SO_GET_INFO` (`IP6T_SO_GET_INFO`)
+//!   gives each table's rule count and blob size without its rules; the
+//!   fingerprint is those of mangle, nat and filter.
+//! - The nf_tables backend: `NFT_MSG_GETGEN` gives the ruleset generation,
+//!   which every nftables transaction (any table, any family) increments.
+//!
+//! Equal fingerprints mean nobody touched the tables (counters aside); a
+//! different one says only that something changed, ours or not: the caller
+//! then runs its real check.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::net::IpFamily;
+
+/// Which kernel interface the installed `iptables` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Legacy,
+    Nft,
+}
+
+impl Backend {
+    /// From `iptables --version`: "iptables v1.8.9 (nf_tables)" or "(legacy)";
+    /// versions before 1.8 name neither and are legacy.
+    pub fn from_version(text: &str) -> Backend {
+        if text.contains("nf_tables") {
+            Backend::Nft
+        } else {
+            Backend::Legacy
+        }
+    }
+}
+
+/// A cheap summary of the tables' state; see the module doc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(Vec<u64>);
+
+/// The tables a legacy fingerprint covers.
+const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
+
+/// Reads the fingerprint of `family`'s tables on `backend`, in the calling
+/// thread's network namespace.
+pub fn fingerprint(family: IpFamily, backend: Backend) -> io::Result<Fingerprint> {
+    match backend {
+        Backend::Legacy => legacy(family),
+        Backend::Nft => nft_generation().map(|g| Fingerprint(vec![u64::from(g)])),
+    }
+}
+
+fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) has no memory arguments; a non-negative result is a
+    // descriptor we own from here on.
+    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `struct ipt_getinfo` / `ip6t_getinfo`: name[32], valid_hooks,
+/// hook_entry[5], underflow[5], num_entries, size (all u32).
+const GETINFO_LEN: usize = 32 + 4 + 20 + 20 + 4 + 4;
+/// `IPT_SO_GET_INFO` and `IP6T_SO_GET_INFO` (IPT_BASE_CTL).
+const SO_GET_INFO: i32 = 64;
+
+fn legacy(family: IpFamily) -> io::Result<Fingerprint> {
+    let (domain, level) = match family {
+        IpFamily::V4 => (libc::AF_INET, libc::SOL_IP),
+        IpFamily::V6 => (libc::AF_INET6, libc::SOL_IPV6),
+    };
+    let sock = socket(domain, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
+    let mut out = Vec::with_capacity(TABLES.len() * 2);
+    for table in TABLES {
+        let mut info = [0u8; GETINFO_LEN];
+        info[..table.len()].copy_from_slice(table.as_bytes());
+        let mut len = GETINFO_LEN as libc::socklen_t;
+        // SAFETY: `info` is GETINFO_LEN writable bytes and `len` says so; the
+        // kernel writes at most `len` bytes and updates `len`.
+        let rc = unsafe { libc::getsockopt(sock.as_raw_fd(), level, SO_GET_INFO, info.as_mut_ptr().cast(), &mut len) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            // A table never loaded: nothing in it, ours included.
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                out.extend([u64::MAX, u64::MAX]);
+                continue;
+            }
+            return Err(e);
+        }
+        let word = |at: usize| u64::from(u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]));
+        out.extend([word(GETINFO_LEN - 8), word(GETINFO_LEN - 4)]);
+    }
+    Ok(Fingerprint(out))
+}
+
+const NETLINK_NETFILTER: i32 = 12;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+
+/// The GETGEN request: nlmsghdr + nfgenmsg (AF_UNSPEC, NFNETLINK_V0).
+fn getgen_request(seq: u32) -> [u8; 20] {
+    let mut m = [0u8; 20];
+    m[0..4].copy_from_slice(&20u32.to_ne_bytes());
+    m[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+    m[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    m
+}
+
+/// The generation in a NEWGEN reply, or the errno of an error reply.
+fn parse_getgen_reply(buf: &[u8]) -> io::Result<u32> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected nftables GETGEN reply");
+    if buf.len() < 16 {
+        return Err(bad());
+    }
+    let len = (u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize).min(buf.len());
+    let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+    if ty == NLMSG_ERROR {
+        let errno = buf.get(16..20).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or_else(bad)?;
+        return Err(io::Error::from_raw_os_error(-errno));
+    }
+    if ty != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+        return Err(bad());
+    }
+    // Attributes after nlmsghdr (16) and nfgenmsg (4).
+    let mut at = 20;
+    while at + 4 <= len {
+        let alen = u16::from_ne_bytes([buf[at], buf[at + 1]]) as usize;
+        let aty = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & 0x3fff;
+        if alen < 4 || at + alen > len {
+            break;
+        }
+        if aty == NFTA_GEN_ID && alen >= 8 {
+            return Ok(u32::from_be_bytes([buf[at + 4], buf[at + 5], buf[at + 6], buf[at + 7]]));
+        }
+        at += (alen + 3) & !3;
+    }
+    Err(bad())
+}
+
+fn nft_generation() -> io::Result<u32> {
+    let sock = socket(libc::AF_NETLINK, libc::SOCK_RAW, NETLINK_NETFILTER)?;
+    let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
+    // SAFETY: a timeval of the size given, read by the kernel.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let req = getgen_request(1);
+    // SAFETY: `req` is readable for its length; an unbound netlink socket
+    // sends to the kernel (pid 0) and is bound on first send.
+    let sent = unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: `buf` is writable for its length.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    parse_getgen_reply(&buf[..n as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_comes_from_the_version_line() {
+        assert_eq!(Backend::from_version("iptables v1.8.9 (nf_tables)\n"), Backend::Nft);
+        assert_eq!(Backend::from_version("iptables v1.8.9 (legacy)\n"), Backend::Legacy);
+        assert_eq!(Backend::from_version("iptables v1.6.1\n"), Backend::Legacy);
+    }
+
+    #[test]
+    fn getgen_request_is_an_nftables_request() {
+        let m = getgen_request(7);
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 20);
+        assert_eq!(u16::from_ne_bytes(m[4..6].try_into().unwrap()), 0x0a10);
+        assert_eq!(u16::from_ne_bytes(m[6..8].try_into().unwrap()), 1);
+        assert_eq!(u32::from_ne_bytes(m[8..12].try_into().unwrap()), 7);
+        assert_eq!(&m[16..20], &[0, 0, 0, 0]);
+    }
+
+    fn reply(ty: u16, payload: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend(((16 + payload.len()) as u32).to_ne_bytes());
+        m.extend(ty.to_ne_bytes());
+        m.extend([0u8; 10]);
+        m.extend(payload);
+        m
+    }
+
+    #[test]
+    fn reads_the_generation_and_kernel_errors() {
+        let mut payload = vec![0u8; 4]; // nfgenmsg
+        payload.extend(8u16.to_ne_bytes());
+        payload.extend((NFTA_GEN_ID).to_ne_bytes());
+        payload.extend(4242u32.to_be_bytes());
+        assert_eq!(parse_getgen_reply(&reply(0x0a0f, &payload)).unwrap(), 4242);
+        let err = reply(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
+        assert_eq!(parse_getgen_reply(&err).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert!(parse_getgen_reply(&reply(0x0a0f, &[0u8; 4])).is_err(), "no generation attribute");
+        assert!(parse_getgen_reply(&[1, 2, 3]).is_err());
+    }
+}
