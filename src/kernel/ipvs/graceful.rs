@@ -85,25 +85,34 @@ impl<B: IpvsBackend> GracefulIpvs<B> {
     /// Turns the coordinator's ops into kernel ops; returns, for each kernel
     /// op, the index of the coordinator op it answers for.
     async fn translate(&self, ops: &[IpvsOp]) -> (Vec<IpvsOp>, Vec<usize>) {
-        let mut conns: BTreeMap<VsKey, BTreeMap<DestKey, DestState>> = BTreeMap::new();
+        // None: the dump failed; its real servers count as having connections.
+        let mut conns: BTreeMap<VsKey, Option<BTreeMap<DestKey, DestState>>> = BTreeMap::new();
         let mut out = Vec::with_capacity(ops.len());
         let mut owner = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
             match op {
                 IpvsOp::DelDest(vs, d) if needs_graceful(vs.protocol) => {
                     if !conns.contains_key(vs) {
-                        let dump = self.backend.dests(*vs).await.unwrap_or_default();
-                        conns.insert(*vs, dump.into_iter().collect());
+                        let dump = match self.backend.dests(*vs).await {
+                            Ok(dump) => Some(dump.into_iter().collect()),
+                            Err(e) => {
+                                tracing::warn!(actor = "ipvs", vs = %vs, error = %e,
+                                    "reading real servers' connections failed: draining them as if they had some");
+                                None
+                            }
+                        };
+                        conns.insert(*vs, dump);
                     }
-                    match conns.get(vs).and_then(|m| m.get(d)) {
-                        Some(st) if st.active + st.inactive > 0 => {
-                            lock(&self.terminating).insert((*vs, *d));
-                            out.push(IpvsOp::EditDest(*vs, *d, DestSpec { weight: 0 }));
-                        }
-                        _ => {
-                            lock(&self.terminating).remove(&(*vs, *d));
-                            out.push(op.clone());
-                        }
+                    let busy = match conns.get(vs) {
+                        Some(Some(m)) => m.get(d).is_some_and(|st| st.active + st.inactive > 0),
+                        _ => true,
+                    };
+                    if busy {
+                        lock(&self.terminating).insert((*vs, *d));
+                        out.push(IpvsOp::EditDest(*vs, *d, DestSpec { weight: 0 }));
+                    } else {
+                        lock(&self.terminating).remove(&(*vs, *d));
+                        out.push(op.clone());
                     }
                     owner.push(i);
                 }
@@ -348,6 +357,42 @@ mod tests {
         assert_eq!(g.check_terminating().await.len(), 1);
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), None);
         assert!(g.terminating().is_empty());
+    }
+
+    /// MemIpvs whose real-server dumps fail while `failing` is set.
+    #[derive(Clone)]
+    struct FailingDests(MemIpvs, Arc<std::sync::atomic::AtomicBool>);
+
+    impl IpvsBackend for FailingDests {
+        fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+            self.0.apply_raw(ops)
+        }
+        fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+            self.0.services()
+        }
+        fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
+            if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+                return Box::pin(async { Err(KernelError::new("-L -n", "reply lost")) });
+            }
+            self.0.dests(vs)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_connection_dump_drains_instead_of_deleting() {
+        let (_, mem) = setup(Protocol::Tcp).await;
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let g = GracefulIpvs::new(
+            FailingDests(mem.clone(), failing.clone()),
+            Ownership { family: IpFamily::V4, exclude: vec![] },
+        );
+        let r = g.apply(vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(1))]).await;
+        assert!(r.iter().all(|r| r.is_ok()));
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(0), "kept with weight 0: connections unknown");
+        assert!(g.check_terminating().await.is_empty(), "still unknown: kept");
+        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(g.check_terminating().await.len(), 1, "no connections once it can read them: deleted");
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), None);
     }
 
     #[tokio::test]
