@@ -1,7 +1,8 @@
 //! Assembles one iptables-restore input from per-service-port fragments, in
 //! the order upstream's syncProxyRules fills its four line buffers
 //! (filterChains, filterRules, natChains, natRules) and writes them: the
-//! filter table, then nat. We add a mangle section, and the canary chain in
+//! filter table, then nat; the per-service nat chains are declared in name
+//! order (faster for the legacy tool, see `nat_table`). We add a mangle section, and the canary chain in
 //! every table, on full syncs only (upstream's iptables Monitor creates the
 //! canary with separate commands; leaving it out of partial syncs keeps an
 //! external flush visible until the next full sync).
@@ -112,12 +113,16 @@ fn nat_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fr
     if frame.full {
         chain_line(out, CANARY);
     }
-    for (chains, _) in ports.clone().filter_map(|p| p.own) {
-        for c in chains {
-            chain_line(out, c);
-        }
-    }
-    for c in frame.stale {
+    // The per-service chains declared in name order: legacy iptables-restore
+    // inserts each new chain into its sorted chain list, and at 10,000
+    // services took 14.9 s on upstream's (encounter) order against 9.9 s on
+    // this one (the same input otherwise). The order has no meaning to the
+    // kernel; the rules below keep upstream's.
+    let mut declared: Vec<&str> =
+        ports.clone().filter_map(|p| p.own).flat_map(|(chains, _)| chains.iter().map(String::as_str)).collect();
+    declared.extend(frame.stale.iter().map(String::as_str));
+    declared.sort_unstable();
+    for c in declared {
         chain_line(out, c);
     }
     let m = &ctx.mark;

@@ -161,7 +161,7 @@ fn full_sync_matches_upstreams_overall_fixture() {
 }
 
 #[test]
-fn full_sync_writes_upstreams_emission_order_and_our_canary() {
+fn full_sync_writes_upstreams_rule_order_sorted_chain_declarations_and_our_canary() {
     let events = [
         svc("ns1", "svc1", json!({"type": "ClusterIP", "clusterIP": "172.30.0.41", "ports": [port(80, 0)]}), json!({})),
         eps80("ns1", "svc1", &[remote("10.180.0.1"), remote("10.180.0.2")]),
@@ -215,10 +215,12 @@ fn one_endpoint_change_among_1000_services_rewrites_only_that_services_chains() 
     let text = p.partial(&model, &changed);
     let new_sep = endpoint_chain(&s7, &model.endpoints(&s7)[0]);
     let declared: Vec<&str> = text.lines().filter(|l| l.starts_with(":KUBE-S")).collect();
-    // filter and nat KUBE-SERVICES, then svc7's SVC, new SEP, and old SEP (to delete).
+    // filter and nat KUBE-SERVICES, then, in name order, svc7's SVC, new SEP, and old SEP (to delete).
     let svc = ServiceChains::new(&s7).svc;
+    let mut own_chains = [svc.as_str(), &new_sep, &old_sep];
+    own_chains.sort_unstable();
     let want: Vec<String> =
-        ["KUBE-SERVICES", "KUBE-SERVICES", &svc, &new_sep, &old_sep].iter().map(|c| format!(":{c} - [0:0]")).collect();
+        ["KUBE-SERVICES", "KUBE-SERVICES"].iter().chain(&own_chains).map(|c| format!(":{c} - [0:0]")).collect();
     assert_eq!(declared, want);
     // Every per-service rule is svc7's; the top-level chains still list all 1000.
     let own: Vec<&str> =
