@@ -53,7 +53,22 @@ impl ToolOutput {
 /// for errors. A tool that cannot be started, or runs past [`TOOL_TIMEOUT`],
 /// is an error; a non-zero exit is not (the caller reads the output).
 pub async fn run(op: &str, binary: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<ToolOutput, KernelError> {
-    trace!(binary, ?args, stdin_bytes = stdin.map_or(0, <[u8]>::len), "running tool");
+    match stdin {
+        Some(data) => run_with_input(op, binary, args, Some(&[data])).await,
+        None => run_with_input(op, binary, args, None).await,
+    }
+}
+
+/// [`run`] with the input in parts, written one after the other (a restore
+/// input with lines inserted, without copying it into one buffer).
+pub async fn run_with_input(
+    op: &str,
+    binary: &str,
+    args: &[&str],
+    stdin: Option<&[&[u8]]>,
+) -> Result<ToolOutput, KernelError> {
+    let bytes: usize = stdin.map_or(0, |parts| parts.iter().map(|p| p.len()).sum());
+    trace!(binary, ?args, stdin_bytes = bytes, "running tool");
     let mut child = Command::new(binary)
         .args(args)
         .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
@@ -64,8 +79,10 @@ pub async fn run(op: &str, binary: &str, args: &[&str], stdin: Option<&[u8]>) ->
         .map_err(|e| io_error(op, &format!("cannot run {binary}"), &e))?;
     let input = child.stdin.take();
     let write = async {
-        if let (Some(mut pipe), Some(data)) = (input, stdin) {
-            pipe.write_all(data).await?;
+        if let (Some(mut pipe), Some(parts)) = (input, stdin) {
+            for data in parts {
+                pipe.write_all(data).await?;
+            }
             pipe.shutdown().await?;
         }
         Ok::<(), std::io::Error>(())

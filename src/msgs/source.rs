@@ -25,7 +25,9 @@ impl std::fmt::Display for ResourceKind {
     }
 }
 
-/// One object created/changed (the whole new object) or deleted (its last state).
+/// One object created/changed (the whole new object) or deleted (at least
+/// its identity, name and namespace: the sources keep no more of the objects
+/// they sent; our own Node is kept and sent whole).
 #[derive(Debug, Clone)]
 pub enum Change<T> {
     Applied(Arc<T>),
