@@ -858,7 +858,7 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
     let bins = IptablesBinaries::variant(IpFamily::V4, lab.flavour.name());
     let (_, results) = lab.node.block_on(|| async {
         let ipvs_mode = IptablesHandle::with_binaries(bins);
-        ipvs_mode.reconcile(vec![IptablesOp::Restore(RestoreInput { text: rules })]).await.expect("reconcile")
+        ipvs_mode.reconcile(vec![IptablesOp::Restore(RestoreInput::new(rules))]).await.expect("reconcile")
     });
     assert_eq!(results, [Ok(())]);
     let ipvs_only = [

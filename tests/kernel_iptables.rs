@@ -59,7 +59,7 @@ fn rules(family: IpFamily, random_fully: bool) -> String {
 }
 
 fn restore(text: String) -> IptablesOp {
-    IptablesOp::Restore(RestoreInput { text })
+    IptablesOp::Restore(RestoreInput::new(text))
 }
 
 // Every iptables command below waits for the xtables lock (`-w`): the

@@ -386,7 +386,7 @@ impl Recording {
         if !self.capture.load(Ordering::Relaxed) {
             return (String::new(), Duration::ZERO);
         }
-        let text = ops.iter().map(|IptablesOp::Restore(r)| r.text.as_str()).collect();
+        let text = ops.iter().map(|IptablesOp::Restore(r)| r.text()).collect();
         (text, t.elapsed())
     }
 

@@ -898,8 +898,7 @@ fn handles_one_at_a_time(n: usize, desired: &IpvsDesired, rules: &str, f: &mut F
 
         let iptables = IptablesHandle::new(FAMILY);
         let t = Instant::now();
-        let (_, results) =
-            iptables.reconcile(vec![IptablesOp::Restore(RestoreInput { text: rules.to_string() })]).await?;
+        let (_, results) = iptables.reconcile(vec![IptablesOp::Restore(RestoreInput::new(rules.to_string()))]).await?;
         let took = t.elapsed();
         ensure!(results.iter().all(Result::is_ok), "iptables handle alone: failed");
         f.add(n, "handle alone: iptables (2 iptables-save, 1 iptables-restore)", ms(took), "ms");

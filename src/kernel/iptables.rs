@@ -37,7 +37,7 @@ use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
-use crate::msgs::IptablesOp;
+use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
 use crate::plan::chains::{ChainProfile, Jump};
 use crate::plan::iptables::is_service_chain;
@@ -227,9 +227,11 @@ impl IptablesHandle {
 
     /// Applies one restore input, first adding the missing jumps if they
     /// have not been checked since the last full resync.
-    async fn apply_restore(&self, text: &str) -> KResult<()> {
+    async fn apply_restore(&self, input: &RestoreInput) -> KResult<()> {
         let check = !self.shared.jumps_checked.load(Ordering::Acquire);
-        let parts = if check { self.with_missing_jumps(text).await? } else { vec![Cow::Borrowed(text)] };
+        let given: Vec<&str> = input.parts().collect();
+        let parts =
+            if check { self.with_missing_jumps(&given).await? } else { given.into_iter().map(Cow::Borrowed).collect() };
         let parts: Vec<&str> = parts.iter().map(|p| p.as_ref()).filter(|p| !p.is_empty()).collect();
         if !parts.is_empty() {
             self.restore(&parts).await?;
@@ -242,14 +244,14 @@ impl IptablesHandle {
 
     /// `text` plus `-I CHAIN 1 ...` lines for the jumps `iptables-save` lacks,
     /// as parts of the input (the text itself is not copied).
-    async fn with_missing_jumps<'a>(&self, text: &'a str) -> KResult<Vec<Cow<'a, str>>> {
+    async fn with_missing_jumps<'a>(&self, parts: &[&'a str]) -> KResult<Vec<Cow<'a, str>>> {
         let (nat, filter) = tokio::join!(self.save("nat"), self.save("filter"));
         let (nat, filter) = (nat?, filter?);
         let missing = missing_jumps(self.profile, &nat, &filter);
         if !missing.is_empty() {
             info!(binary = %self.bins.restore, jumps = missing.len(), "inserting missing jumps to our chains");
         }
-        Ok(jump_parts(text, &missing, &nat, &filter))
+        Ok(jump_parts(parts, &missing, &nat, &filter))
     }
 
     /// One `iptables-save -t TABLE`, parsed.
@@ -300,7 +302,7 @@ impl IptablesHandle {
     async fn apply_ops(&self, ops: &[IptablesOp]) -> Vec<KResult<()>> {
         let mut results = Vec::with_capacity(ops.len());
         for IptablesOp::Restore(r) in ops {
-            results.push(self.apply_restore(&r.text).await);
+            results.push(self.apply_restore(r).await);
         }
         results
     }
@@ -308,7 +310,7 @@ impl IptablesHandle {
     async fn reconcile_ops(&self, desired: Vec<IptablesOp>) -> Applied<IptablesOp> {
         self.shared.jumps_checked.store(false, Ordering::Release);
         if desired.is_empty() {
-            self.apply_restore("").await?;
+            self.apply_restore(&RestoreInput::default()).await?;
         }
         let results = self.apply_ops(&desired).await;
         Ok((desired, results))
@@ -477,31 +479,28 @@ fn missing_jumps(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) 
 /// table's section in `text` (a table `text` lacks gets a section of its
 /// own), declaring target chains that neither the kernel nor `text` has.
 fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> String {
-    jump_parts(text, missing, nat, filter).concat()
+    jump_parts(&[text], missing, nat, filter).concat()
 }
 
-/// `text` with the missing jumps' lines inserted, as parts in input order:
-/// slices of `text` and the inserted lines (declarations of target chains
-/// neither the kernel nor the input has, right after `*table`; the `-I`
-/// lines before its `COMMIT`; a section of its own for a table the input
-/// lacks). At 10,000 services the text is ≈ 55 MB: it is not copied.
-fn jump_parts<'a>(text: &'a str, missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> Vec<Cow<'a, str>> {
-    let mut at: Vec<(usize, String)> = Vec::new();
+/// A place in an input given in parts: (part, byte offset in it).
+type At = (usize, usize);
+
+/// The input `parts` with the missing jumps' lines inserted, as parts in
+/// input order: slices of `parts` and the inserted lines (declarations of
+/// target chains neither the kernel nor the input has, right after
+/// `*table`; the `-I` lines before its `COMMIT`; a section of its own for a
+/// table the input lacks). At 10,000 services the input is ≈ 55 MB: it is
+/// not copied. Each part must end at a line end.
+fn jump_parts<'a>(parts: &[&'a str], missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> Vec<Cow<'a, str>> {
+    let mut at: Vec<(At, String)> = Vec::new();
     let mut tail = String::new();
     for (table, saved) in [("nat", nat), ("filter", filter)] {
         let jumps: Vec<Jump> = missing.iter().copied().filter(|j| j.table == table).collect();
         if jumps.is_empty() {
             continue;
         }
-        let section = section_bounds(text, table);
         let mut targets: BTreeSet<&str> = jumps.iter().map(|j| j.to).filter(|c| !saved.chains.contains(*c)).collect();
-        if let Some((start, end)) = section {
-            for line in text[start..end].lines() {
-                if let Some(decl) = line.strip_prefix(':') {
-                    targets.remove(decl.split(' ').next().unwrap_or(""));
-                }
-            }
-        }
+        let section = section_bounds(parts, table, &mut targets);
         let decls: String = targets.iter().map(|c| format!(":{c} - [0:0]\n")).collect();
         let inserts: String = jumps.iter().map(|j| format!("{}\n", j.insert_line())).collect();
         match section {
@@ -512,39 +511,50 @@ fn jump_parts<'a>(text: &'a str, missing: &[Jump], nat: &SavedTable, filter: &Sa
             None => tail.push_str(&format!("*{table}\n{decls}{inserts}COMMIT\n")),
         }
     }
-    at.sort_by_key(|(offset, _)| *offset);
-    let mut parts = Vec::with_capacity(2 * at.len() + 3);
-    let mut pos = 0;
-    for (offset, lines) in at {
-        parts.push(Cow::Borrowed(&text[pos..offset]));
-        parts.push(Cow::Owned(lines));
-        pos = offset;
-    }
-    parts.push(Cow::Borrowed(&text[pos..]));
-    if !tail.is_empty() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            parts.push(Cow::Borrowed("\n"));
+    at.sort_by_key(|(place, _)| *place);
+    let mut out = Vec::with_capacity(parts.len() + 2 * at.len() + 2);
+    let mut inserts = at.into_iter().peekable();
+    for (i, part) in parts.iter().enumerate() {
+        let mut pos = 0;
+        while let Some(((_, offset), lines)) = inserts.next_if(|((p, _), _)| *p == i) {
+            out.push(Cow::Borrowed(&part[pos..offset]));
+            out.push(Cow::Owned(lines));
+            pos = offset;
         }
-        parts.push(Cow::Owned(tail));
+        out.push(Cow::Borrowed(&part[pos..]));
     }
-    parts.retain(|p| !p.is_empty());
-    parts
+    if !tail.is_empty() {
+        if parts.iter().rev().find(|p| !p.is_empty()).is_some_and(|p| !p.ends_with('\n')) {
+            out.push(Cow::Borrowed("\n"));
+        }
+        out.push(Cow::Owned(tail));
+    }
+    out.retain(|p| !p.is_empty());
+    out
 }
 
-/// Byte offsets in `text` of the line after `*table` and of the `COMMIT`
-/// line ending that section.
-fn section_bounds(text: &str, table: &str) -> Option<(usize, usize)> {
+/// Where `*table`'s section of the input starts (after its header line) and
+/// its `COMMIT` line begins; removes from `targets` the chains the section
+/// declares.
+fn section_bounds(parts: &[&str], table: &str, targets: &mut BTreeSet<&str>) -> Option<(At, At)> {
     let header = format!("*{table}");
-    let mut offset = 0;
     let mut start = None;
-    for line in text.split_inclusive('\n') {
-        let next = offset + line.len();
-        match start {
-            None if line.trim() == header => start = Some(next),
-            Some(s) if line.trim() == "COMMIT" => return Some((s, offset)),
-            _ => {}
+    for (i, part) in parts.iter().enumerate() {
+        let mut offset = 0;
+        for line in part.split_inclusive('\n') {
+            let next = offset + line.len();
+            match start {
+                None if line.trim() == header => start = Some((i, next)),
+                Some(s) if line.trim() == "COMMIT" => return Some((s, (i, offset))),
+                Some(_) => {
+                    if let Some(decl) = line.strip_prefix(':') {
+                        targets.remove(decl.split(' ').next().unwrap_or(""));
+                    }
+                }
+                None => {}
+            }
+            offset = next;
         }
-        offset = next;
     }
     None
 }
@@ -682,6 +692,26 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(insert_jumps(text, &[], &nat, &filter), text);
         assert_eq!(insert_jumps("", &[], &nat, &filter), "");
+    }
+
+    #[test]
+    fn jumps_go_into_an_input_in_parts_as_into_the_whole() {
+        let nat = saved(FRESH_NAT);
+        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        let missing = missing_jumps(&crate::plan::iptables::PROFILE, &nat, &filter);
+        let parts = [
+            "*filter\n:KUBE-SERVICES - [0:0]\n",
+            "-A KUBE-SERVICES -j RETURN\nCOMMIT\n*nat\n",
+            ":KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n",
+            "COMMIT\n",
+        ];
+        let whole = parts.concat();
+        let got: String = jump_parts(&parts, &missing, &nat, &filter).concat();
+        assert_eq!(got, insert_jumps(&whole, &missing, &nat, &filter));
+        assert!(got.contains("-I PREROUTING 1"), "{got}");
+        // The parts themselves are borrowed, not copied.
+        let out = jump_parts(&parts, &missing, &nat, &filter);
+        assert!(out.iter().any(|p| matches!(p, Cow::Borrowed(b) if *b == parts[2])), "{out:?}");
     }
 
     #[test]

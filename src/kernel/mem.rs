@@ -296,9 +296,9 @@ impl Subsystem for MemIptables {
         Box::pin(async move {
             ops.iter()
                 .map(|IptablesOp::Restore(r)| {
-                    let lines = r.text.lines().count();
+                    let lines = r.lines().count();
                     me.journal.attempt(format!("iptables-restore {lines} lines"))?;
-                    lock(&me.restores).push(r.text.clone());
+                    lock(&me.restores).push(r.text());
                     Ok(())
                 })
                 .collect()

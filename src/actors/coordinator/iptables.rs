@@ -96,13 +96,13 @@ impl Dataplane for IptablesDataplane {
         }
         let text = if full {
             let ctx = (self.context)(model.node(), &(self.addrs)());
-            self.planner.full(model, ctx)
+            self.planner.full_input(model, ctx)
         } else {
-            self.planner.partial(model, &changes.ports)
+            self.planner.partial_input(model, &changes.ports)
         };
         let ops = 1 + conntrack.len();
         let mode = if full { SyncMode::Full } else { SyncMode::Incremental };
-        let restore = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text })]);
+        let restore = batch(generation, mode, vec![IptablesOp::Restore(text)]);
         let (iptables, conntrack_target) = (self.targets.iptables.clone(), self.targets.conntrack.clone());
         let run = async move {
             let restore = iptables.send(restore).await;

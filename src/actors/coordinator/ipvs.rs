@@ -189,7 +189,7 @@ impl IpvsDataplane {
             if let Some(text) = rules {
                 // A full batch makes the handle check the jumps from the built-in chains too.
                 let mode = if rules_full { SyncMode::Full } else { SyncMode::Incremental };
-                let b = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput { text: text.clone() })]);
+                let b = batch(generation, mode, vec![IptablesOp::Restore(RestoreInput::new(text.clone()))]);
                 out.iptables = Some((text, iptables.send(b).await));
             }
             let ipvs_ok = out.ipvs.iter().all(|a| a.as_ref().is_some_and(|a| a.is_ok()));

@@ -40,6 +40,7 @@ pub mod service;
 #[cfg(test)]
 mod tests;
 
+use crate::msgs::RestoreInput;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub use crate::plan::chains::{Jump, JUMP_POSITION};
@@ -218,6 +219,12 @@ impl IptablesPlanner {
     /// of every service port, the canary, and deletion of stale chains.
     /// `ctx` replaces the context (node addresses or settings may have changed).
     pub fn full(&mut self, model: &Model, ctx: IptablesContext) -> String {
+        self.full_input(model, ctx).text()
+    }
+
+    /// [`full`](Self::full) as the restore input in parts (what the
+    /// iptables actor gets: the per-service rules are not copied).
+    pub fn full_input(&mut self, model: &Model, ctx: IptablesContext) -> RestoreInput {
         self.ctx = ctx;
         let ports: Vec<ServicePortName> =
             self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
@@ -228,11 +235,20 @@ impl IptablesPlanner {
     /// ports (added, updated or removed; e.g. `ModelChanges::ports`), and
     /// the deletion of chains no longer used.
     pub fn partial<'a>(&mut self, model: &Model, changed: impl IntoIterator<Item = &'a ServicePortName>) -> String {
+        self.partial_input(model, changed).text()
+    }
+
+    /// [`partial`](Self::partial) as the restore input in parts.
+    pub fn partial_input<'a>(
+        &mut self,
+        model: &Model,
+        changed: impl IntoIterator<Item = &'a ServicePortName>,
+    ) -> RestoreInput {
         let ports = changed.into_iter().cloned().collect();
         self.sync(model, ports, false)
     }
 
-    fn sync(&mut self, model: &Model, ports: Vec<ServicePortName>, full: bool) -> String {
+    fn sync(&mut self, model: &Model, ports: Vec<ServicePortName>, full: bool) -> RestoreInput {
         let ports: BTreeSet<ServicePortName> = ports.into_iter().collect();
         for spn in &ports {
             self.update_count(model, spn);
@@ -246,17 +262,17 @@ impl IptablesPlanner {
         }
         self.deleted = self.stale.iter().cloned().collect();
         let frame = Frame { ctx: &self.ctx, full, stale: &self.deleted };
-        let fragments = self.ports.iter().map(|(spn, c)| Fragment {
-            filter: &c.filter,
-            nat_top: &c.nat_top,
-            own: own.get(spn).map(|(chains, rules)| (chains.as_slice(), rules.as_str())),
-        });
-        let text = restore_input(&frame, fragments);
-        let (filter_last, nat_last) = count_rules(&text);
         let unwritten: usize =
             self.ports.iter().filter(|(spn, _)| !own.contains_key(*spn)).map(|(_, c)| c.own_rules).sum();
+        let fragments: Vec<Fragment> = self
+            .ports
+            .iter()
+            .map(|(spn, c)| Fragment { filter: &c.filter, nat_top: &c.nat_top, own: own.remove(spn) })
+            .collect();
+        let input = RestoreInput::from_parts(restore_input(&frame, fragments));
+        let (filter_last, nat_last) = count_rules(input.lines());
         self.counts = RuleCounts { filter_total: filter_last, filter_last, nat_total: nat_last + unwritten, nat_last };
-        text
+        input
     }
 
     /// Keeps the total endpoint count (large-cluster mode) current for `spn`.
@@ -299,9 +315,9 @@ impl IptablesPlanner {
 }
 
 /// `-A` lines in the filter and nat sections of a restore input.
-fn count_rules(text: &str) -> (usize, usize) {
+fn count_rules<'a>(lines: impl Iterator<Item = &'a str>) -> (usize, usize) {
     let (mut table, mut filter, mut nat) = ("", 0, 0);
-    for line in text.lines() {
+    for line in lines {
         if let Some(t) = line.strip_prefix('*') {
             table = if t == "filter" {
                 "filter"

@@ -27,8 +27,34 @@ pub const NAT_TOP: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING,
 pub struct Fragment<'a> {
     pub filter: &'a str,
     pub nat_top: &'a str,
-    /// `Some((chains, rules))` when this port's chains are written.
-    pub own: Option<(&'a [String], &'a str)>,
+    /// `Some((chains, rules))` when this port's chains are written; the
+    /// rules are moved into the restore input as a part of their own.
+    pub own: Option<(Vec<String>, String)>,
+}
+
+/// The restore input being written: finished parts and the current one.
+#[derive(Default)]
+struct Parts {
+    done: Vec<String>,
+    buf: String,
+}
+
+impl Parts {
+    /// Moves `text` (whole lines) in as a part of its own, after what is
+    /// written so far.
+    fn push_part(&mut self, text: String) {
+        if !self.buf.is_empty() {
+            self.done.push(std::mem::take(&mut self.buf));
+        }
+        self.done.push(text);
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        if !self.buf.is_empty() {
+            self.done.push(self.buf);
+        }
+        self.done
+    }
 }
 
 /// What a sync writes besides the services.
@@ -45,15 +71,16 @@ pub fn chain_line(out: &mut String, chain: &str) {
     let _ = writeln!(out, ":{chain} - [0:0]");
 }
 
-/// Renders the restore input. `ports` come in emission order.
-pub fn restore_input<'a>(frame: &Frame, ports: impl Iterator<Item = Fragment<'a>> + Clone) -> String {
-    let mut out = String::new();
+/// Renders the restore input, in parts (see [`crate::msgs::RestoreInput`]).
+/// `ports` come in emission order.
+pub fn restore_input(frame: &Frame, ports: Vec<Fragment>) -> Vec<String> {
+    let mut out = Parts::default();
     if frame.full {
-        let _ = writeln!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT");
+        let _ = writeln!(out.buf, "*mangle\n:{CANARY} - [0:0]\nCOMMIT");
     }
-    filter_table(&mut out, frame, ports.clone());
+    filter_table(&mut out.buf, frame, ports.iter());
     nat_table(&mut out, frame, ports);
-    out
+    out.finish()
 }
 
 /// Upstream's localhost-NodePort guard (KUBE-FIREWALL; a copy of kubelet's rule).
@@ -61,7 +88,7 @@ fn localhost_guard(ctx: &IptablesContext) -> bool {
     ctx.family == IpFamily::V4 && ctx.localhost_node_ports
 }
 
-fn filter_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fragment<'a>>) {
+fn filter_table<'a, 'b: 'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = &'a Fragment<'b>>) {
     let ctx = frame.ctx;
     out.push_str("*filter\n");
     for c in FILTER_TOP {
@@ -104,8 +131,9 @@ fn filter_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item =
     out.push_str("COMMIT\n");
 }
 
-fn nat_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fragment<'a>> + Clone) {
+fn nat_table(parts: &mut Parts, frame: &Frame, ports: Vec<Fragment>) {
     let ctx = frame.ctx;
+    let out = &mut parts.buf;
     out.push_str("*nat\n");
     for c in NAT_TOP {
         chain_line(out, c);
@@ -119,7 +147,7 @@ fn nat_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fr
     // this one (the same input otherwise). The order has no meaning to the
     // kernel; the rules below keep upstream's.
     let mut declared: Vec<&str> =
-        ports.clone().filter_map(|p| p.own).flat_map(|(chains, _)| chains.iter().map(String::as_str)).collect();
+        ports.iter().filter_map(|p| p.own.as_ref()).flat_map(|(chains, _)| chains.iter().map(String::as_str)).collect();
     declared.extend(frame.stale.iter().map(String::as_str));
     declared.sort_unstable();
     for c in declared {
@@ -135,11 +163,12 @@ fn nat_table<'a>(out: &mut String, frame: &Frame, ports: impl Iterator<Item = Fr
     );
     let _ = writeln!(out, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {m}");
     for p in ports {
-        out.push_str(p.nat_top);
+        parts.buf.push_str(p.nat_top);
         if let Some((_, rules)) = p.own {
-            out.push_str(rules);
+            parts.push_part(rules);
         }
     }
+    let out = &mut parts.buf;
     for c in frame.stale {
         let _ = writeln!(out, "-X {c}");
     }
