@@ -263,7 +263,8 @@ impl ManifestDir {
                 let kept: Objects = objects.iter().map(|(key, held)| (key.clone(), held.kept())).collect();
                 let old = std::mem::replace(&mut file.objects, kept);
                 pass.touch_differences(&old, &file.objects);
-                pass.fresh.extend(objects.into_iter().map(|(key, held)| ((path.clone(), key), held.object)));
+                let whole = objects.into_iter().filter_map(|(key, held)| Some(((path.clone(), key), held.object?)));
+                pass.fresh.extend(whole);
             }
             // The file's last good objects stay.
             Err(err) => pass.report(err),
@@ -299,7 +300,7 @@ impl ManifestDir {
             return Some(object.clone());
         }
         let again = fs::read(path).ok().and_then(|bytes| parse_file(path, &bytes).ok());
-        let object = again.and_then(|mut objects| objects.remove(key)).map(|held| held.object);
+        let object = again.and_then(|mut objects| objects.remove(key)).and_then(|held| held.object);
         if object.is_none() {
             warn!(object = %key, path = %path.display(), "cannot read the object again; the next scan retries");
         }
@@ -330,7 +331,7 @@ impl ManifestDir {
                 self.current.insert(key, held);
                 Some(event)
             }
-            None => self.current.remove(&key).map(|held| held.object.deleted()),
+            None => self.current.remove(&key).map(|held| held.object.unwrap_or_else(|| key.identity()).deleted()),
         }
     }
 }
@@ -495,7 +496,8 @@ enum Object {
 #[derive(Debug, Clone)]
 struct Held {
     digest: u64,
-    object: Object,
+    /// None: only the identity (the key) is kept.
+    object: Option<Object>,
 }
 
 impl PartialEq for Held {
@@ -505,24 +507,30 @@ impl PartialEq for Held {
 }
 
 impl Held {
-    /// Name and namespace only (all a deletion needs); our Node whole, as
-    /// its deletion reports its last state.
+    /// The key alone (all a deletion needs) for Services and
+    /// EndpointSlices; our Node whole, as its deletion reports its last state.
     fn kept(&self) -> Held {
-        let object = match &self.object {
-            Object::Service(o) => Object::Service(Arc::new(identity(o.as_ref()))),
-            Object::EndpointSlice(o) => Object::EndpointSlice(Arc::new(identity(o.as_ref()))),
-            Object::Node(o) => Object::Node(o.clone()),
-        };
+        let object = self.object.as_ref().filter(|o| matches!(o, Object::Node(_))).cloned();
         Held { digest: self.digest, object }
     }
 }
 
-fn identity<T: Metadata<Ty = ObjectMeta> + Default>(object: &T) -> T {
-    let mut kept = T::default();
-    let meta = kept.metadata_mut();
-    meta.name = object.metadata().name.clone();
-    meta.namespace = object.metadata().namespace.clone();
-    kept
+impl ObjectKey {
+    /// An object with this key's name and namespace and nothing else: what
+    /// a deletion carries.
+    fn identity(&self) -> Object {
+        fn meta(key: &ObjectKey) -> ObjectMeta {
+            let namespace = (!key.namespace.is_empty()).then(|| key.namespace.clone());
+            ObjectMeta { name: Some(key.name.clone()), namespace, ..ObjectMeta::default() }
+        }
+        match self.kind {
+            ResourceKind::Service => Object::Service(Arc::new(Service { metadata: meta(self), ..Service::default() })),
+            ResourceKind::EndpointSlice => {
+                Object::EndpointSlice(Arc::new(EndpointSlice { metadata: meta(self), ..EndpointSlice::default() }))
+            }
+            ResourceKind::Node => Object::Node(Arc::new(Node { metadata: meta(self), ..Node::default() })),
+        }
+    }
 }
 
 /// A digest of a manifest object as parsed (maps are ordered, so equal
@@ -735,7 +743,7 @@ fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Object
         object.key().ok_or_else(|| DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind)))?;
     match out.entry(key) {
         std::collections::btree_map::Entry::Vacant(slot) => {
-            slot.insert(Held { digest: value_digest(&value), object });
+            slot.insert(Held { digest: value_digest(&value), object: Some(object) });
         }
         std::collections::btree_map::Entry::Occupied(slot) => {
             warn!(object = %slot.key(), location = %at, "the same object twice in one file: the first one is used, this one refused");
@@ -1111,11 +1119,9 @@ spec:
         write(&dir, "a.yaml", &service("web", "10.96.0.1"));
         let (manifests, _) = first_scan(&dir);
         let held: Vec<&Held> = manifests.current.values().collect();
-        let [Held { object: Object::Service(kept), .. }] = &held[..] else { panic!("{held:?}") };
-        assert_eq!(kept.metadata.name.as_deref(), Some("web"));
-        assert_eq!(kept.spec, None);
+        assert!(matches!(held[..], [Held { object: None, .. }]), "{held:?}");
         let file = manifests.files.values().next().unwrap();
-        assert!(file.objects.values().all(|h| matches!(&h.object, Object::Service(s) if s.spec.is_none())));
+        assert!(file.objects.values().all(|h| h.object.is_none()));
     }
 
     #[test]

@@ -150,6 +150,7 @@ fn nat_table(parts: &mut Parts, frame: &Frame, ports: Vec<Fragment>) {
         ports.iter().filter_map(|p| p.own.as_ref()).flat_map(|(chains, _)| chains.iter().map(String::as_str)).collect();
     declared.extend(frame.stale.iter().map(String::as_str));
     declared.sort_unstable();
+    out.reserve(declared.iter().map(|c| c.len() + 10).sum());
     for c in declared {
         chain_line(out, c);
     }
