@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     let json = flags.logging_format.as_deref() == Some("json");
     daemon::init_logging(flags.v.unwrap_or(0), json);
     ignore_sighup_until_ready();
+    raise_open_files_limit();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
     match run(&flags) {
         Ok(()) => ExitCode::SUCCESS,
@@ -61,5 +62,23 @@ fn ignore_sighup_until_ready() {
     // SAFETY: SIG_IGN installs no handler code, so nothing runs in signal context.
     if let Err(e) = unsafe { signal(Signal::SIGHUP, SigHandler::SigIgn) } {
         tracing::warn!(error = %e, "cannot ignore SIGHUP during start-up");
+    }
+}
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime
+/// does for upstream kube-proxy (the default soft limit, often 1,024, is
+/// what a flood of connections or a large cluster's pipes would exhaust).
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the one struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let from = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from, to = lim.rlim_max, "raised the open files limit");
+        }
     }
 }

@@ -12,7 +12,7 @@ use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::config::{KubeProxyConfiguration, ProxyMode};
 use kube_proxy_rs::health::ProxyHealth;
 use kube_proxy_rs::http::{
-    health_routes, metrics_routes, start_http_servers, text_response, Configz, HttpError, Routes, Server,
+    health_routes, metrics_routes, start_http_servers, text_response, Configz, HttpError, Limits, Routes, Server,
     ServiceHealthServers,
 };
 use kube_proxy_rs::metrics::ProxyMetrics;
@@ -287,4 +287,68 @@ fn servers_run_inside_the_actix_system_runtime() {
         get_ok(addr, "/livez").await
     });
     assert_eq!(got.status, 200, "{}", got.body);
+}
+
+/// Whether the server closed `stream` within `within` (EOF or reset on read).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(within, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+/// A flood of idle and slowloris clients: connections past the cap are
+/// closed at once, a client that never finishes its headers is cut after the
+/// header timeout, an idle one at the end of its lifetime, and once the
+/// flood is over the server answers at once.
+#[tokio::test]
+async fn a_flood_of_idle_and_slow_clients_is_bounded_and_passes() {
+    use tokio::io::AsyncWriteExt;
+    let limits = Limits {
+        max_connections: 8,
+        header_read_timeout: Duration::from_secs(1),
+        connection_lifetime: Duration::from_secs(3),
+    };
+    let server = Server::new(
+        "healthz",
+        loopback0(),
+        Routes::new().route("/healthz", |_| text_response(200, "text/plain", "ok")),
+    )
+    .limits(limits)
+    .spawn()
+    .expect("bind");
+    let addr = server.local_addr().expect("bound");
+    // 4 slowloris clients (a header that never ends), then 60 idle ones.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.expect("write");
+        slow.push(c);
+    }
+    let mut idle = Vec::new();
+    for _ in 0..60 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut refused = 0;
+    let mut kept = Vec::new();
+    for mut c in idle {
+        if closed_within(&mut c, Duration::from_millis(50)).await {
+            refused += 1;
+        } else {
+            kept.push(c);
+        }
+    }
+    assert_eq!(kept.len(), 4, "8 served at once: 4 slow + 4 idle; {refused} closed at once");
+    for c in &mut slow {
+        assert!(closed_within(c, Duration::from_millis(2500)).await, "a header that never ends is cut");
+    }
+    for c in &mut kept {
+        assert!(closed_within(c, Duration::from_secs(4)).await, "an idle connection ends with its lifetime");
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(get_ok(addr, "/healthz").await.body, "ok");
+    assert!(started.elapsed() < Duration::from_secs(1));
 }

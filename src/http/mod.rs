@@ -10,6 +10,14 @@
 //! port that can't be bound is logged, counted and retried every 5 s,
 //! unless `bindAddressHardFail` is set: then [`Server::spawn`] returns the
 //! error and the daemon exits.
+//!
+//! Every server is bounded ([`Limits`]): at most [`MAX_CONNECTIONS`] at once
+//! (more are accepted and closed at once, so neither the backlog nor the
+//! daemon's file descriptors fill up), request headers must arrive within
+//! [`HEADER_READ_TIMEOUT`], and a connection lives at most
+//! [`CONNECTION_LIFETIME`] (a keep-alive client reconnects). The healthz
+//! port listens on every address by default: no number of idle or slow
+//! clients may starve the kernel work or the sources of descriptors.
 
 pub mod dashboard;
 mod endpoints;
@@ -35,6 +43,31 @@ pub use service_health::{health_check_listen_ips, service_health_body, ServiceHe
 
 /// How long upstream waits before retrying a port it couldn't bind.
 pub const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Connections one server serves at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Time for a client to send a request's headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection is kept, idle or not.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+
+/// What one server allows its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub connection_lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            connection_lifetime: CONNECTION_LIFETIME,
+        }
+    }
+}
 
 /// Errors starting a server.
 #[derive(Debug, thiserror::Error)]
@@ -84,11 +117,18 @@ pub struct Server {
     routes: Routes,
     hard_fail: bool,
     metrics: Option<Arc<ProxyMetrics>>,
+    limits: Limits,
 }
 
 impl Server {
     pub fn new(name: &'static str, addr: SocketAddr, routes: Routes) -> Server {
-        Server { name, addr, routes, hard_fail: false, metrics: None }
+        Server { name, addr, routes, hard_fail: false, metrics: None, limits: Limits::default() }
+    }
+
+    /// Other limits than the defaults (tests).
+    pub fn limits(mut self, limits: Limits) -> Server {
+        self.limits = limits;
+        self
     }
 
     /// `bindAddressHardFail`: a bind failure is returned instead of retried.
@@ -106,7 +146,7 @@ impl Server {
     /// Binds now and serves on the current tokio runtime. A bind failure is
     /// returned under hard-fail, else logged and retried every [`BIND_RETRY`].
     pub fn spawn(self) -> Result<ServerHandle, HttpError> {
-        let Server { name, addr, routes, hard_fail, metrics } = self;
+        let Server { name, addr, routes, hard_fail, metrics, limits } = self;
         let rt = tokio::runtime::Handle::try_current().map_err(|_| HttpError::NoRuntime { server: name })?;
         let local_addr = Arc::new(OnceLock::new());
         let routes = Arc::new(routes);
@@ -119,7 +159,7 @@ impl Server {
                 let bound_addr = listener.local_addr().unwrap_or(addr);
                 let _ = local_addr.set(bound_addr);
                 tracing::info!(server = name, addr = %bound_addr, "serving HTTP");
-                rt.spawn(serve(name, listener, routes))
+                rt.spawn(serve(name, listener, routes, limits))
             }
             Err(e) => {
                 if let Some(m) = &metrics {
@@ -129,7 +169,7 @@ impl Server {
                     return Err(e);
                 }
                 tracing::error!(server = name, error = %e, "cannot bind; retrying every 5s");
-                rt.spawn(bind_later(name, addr, routes, local_addr.clone(), metrics))
+                rt.spawn(bind_later(name, addr, (routes, limits), local_addr.clone(), metrics))
             }
         };
         Ok(ServerHandle { name, local_addr, task })
@@ -151,7 +191,7 @@ fn bind(server: &'static str, addr: SocketAddr) -> Result<std::net::TcpListener,
 async fn bind_later(
     name: &'static str,
     addr: SocketAddr,
-    routes: Arc<Routes>,
+    (routes, limits): (Arc<Routes>, Limits),
     local_addr: Arc<OnceLock<SocketAddr>>,
     metrics: Option<Arc<ProxyMetrics>>,
 ) {
@@ -161,7 +201,7 @@ async fn bind_later(
             Ok(listener) => {
                 let _ = local_addr.set(listener.local_addr().unwrap_or(addr));
                 tracing::info!(server = name, %addr, "serving HTTP after retrying the bind");
-                return serve(name, listener, routes).await;
+                return serve(name, listener, routes, limits).await;
             }
             Err(e) => {
                 tracing::warn!(server = name, %addr, error = %e, "still cannot bind; retrying");
@@ -174,13 +214,22 @@ async fn bind_later(
 }
 
 /// Accepts connections until aborted; aborting drops every connection too.
-async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>) {
+async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>, limits: Limits) {
     let mut connections = JoinSet::new();
+    let mut refused: u64 = 0;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) if connections.len() >= limits.max_connections => {
+                    drop(stream);
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(server = name, %peer, refused, max = limits.max_connections,
+                            "too many connections: closing new ones");
+                    }
+                }
                 Ok((stream, _peer)) => {
-                    connections.spawn(serve_connection(name, stream, routes.clone()));
+                    connections.spawn(serve_connection(name, stream, routes.clone(), limits));
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -193,13 +242,18 @@ async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>) {
     }
 }
 
-async fn serve_connection(name: &'static str, stream: tokio::net::TcpStream, routes: Arc<Routes>) {
+async fn serve_connection(name: &'static str, stream: tokio::net::TcpStream, routes: Arc<Routes>, limits: Limits) {
     let service = hyper::service::service_fn(move |req| {
         let routes = routes.clone();
         async move { Ok::<_, std::convert::Infallible>(routes.dispatch(req).await) }
     });
-    let conn = http1::Builder::new().timer(TokioTimer::new()).serve_connection(TokioIo::new(stream), service);
-    if let Err(e) = conn.await {
-        tracing::debug!(server = name, error = %e, "connection ended with an error");
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(limits.connection_lifetime, conn).await {
+        Ok(Err(e)) => tracing::debug!(server = name, error = %e, "connection ended with an error"),
+        Ok(Ok(())) => {}
+        Err(_) => tracing::debug!(server = name, "connection closed at the end of its lifetime"),
     }
 }

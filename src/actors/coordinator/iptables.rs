@@ -44,6 +44,9 @@ pub struct IptablesDataplane {
     /// The sync in flight is a partial one.
     partial: bool,
     deferred_conntrack: Vec<ConntrackOp>,
+    /// The node's addresses of the last full sync (nodePortAddresses rules
+    /// name them): read again at each periodic sync.
+    last_addrs: Vec<LocalAddr>,
 }
 
 impl IptablesDataplane {
@@ -67,6 +70,7 @@ impl IptablesDataplane {
             needs_full: false,
             partial: false,
             deferred_conntrack: Vec::new(),
+            last_addrs: Vec::new(),
         }
     }
 }
@@ -83,7 +87,12 @@ impl Dataplane for IptablesDataplane {
     type Config = ContextBuilder;
 
     fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
-        let full = kind == SyncKind::Full || std::mem::take(&mut self.needs_full);
+        let mut full = kind == SyncKind::Full || std::mem::take(&mut self.needs_full);
+        let addrs = (full || kind == SyncKind::Periodic).then(|| (self.addrs)());
+        if kind == SyncKind::Periodic && !full && addrs.as_ref() != Some(&self.last_addrs) {
+            tracing::info!(generation, "the node's addresses changed: full resync");
+            full = true;
+        }
         self.partial = !full;
         let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
         conntrack.extend(conntrack_ops(model, changes));
@@ -94,8 +103,9 @@ impl Dataplane for IptablesDataplane {
                 async move { Outcome { restore: Some(Ack::ok(generation)), conntrack: None, deferred: Vec::new() } };
             return Planned { full, ops: 0, run: run.boxed_local() };
         }
-        let text = if full {
-            let ctx = (self.context)(model.node(), &(self.addrs)());
+        let text = if let (true, Some(addrs)) = (full, addrs) {
+            let ctx = (self.context)(model.node(), &addrs);
+            self.last_addrs = addrs;
             self.planner.full_input(model, ctx)
         } else {
             self.planner.partial_input(model, &changes.ports)

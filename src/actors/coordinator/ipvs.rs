@@ -28,7 +28,7 @@ use futures::FutureExt;
 use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
-use crate::plan::context::{plan_context, PlanSettings};
+use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
 use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::SyncKind;
 
@@ -64,6 +64,9 @@ pub struct IpvsDataplane {
     needs_full: BTreeSet<ActorId>,
     last_rules: Option<String>,
     deferred_conntrack: Vec<ConntrackOp>,
+    /// The node's addresses the plan was made with (NodePort virtual
+    /// servers are per address): read again at each periodic sync.
+    last_addrs: Vec<LocalAddr>,
 }
 
 impl IpvsDataplane {
@@ -78,12 +81,13 @@ impl IpvsDataplane {
             needs_full: BTreeSet::new(),
             last_rules: None,
             deferred_conntrack: Vec::new(),
+            last_addrs: Vec::new(),
         }
     }
 
-    fn plan_full(&mut self, model: &Model, generation: u64) -> Stage {
-        let addrs = (self.addrs)();
+    fn plan_full(&mut self, model: &Model, generation: u64, addrs: Vec<LocalAddr>) -> Stage {
         let ctx = plan_context(&self.settings, model.node(), &addrs);
+        self.last_addrs = addrs;
         self.planner.replan_all(model, ctx);
         self.needs_full.clear();
         let desired = self.planner.desired();
@@ -214,10 +218,17 @@ impl Dataplane for IpvsDataplane {
     type Config = (PlanSettings, RulesRenderer);
 
     fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
-        let full = kind == SyncKind::Full;
-        let mut stage =
-            if full { self.plan_full(model, generation) } else { self.plan_partial(model, generation, changes) };
-        if kind == SyncKind::Periodic {
+        let mut full = kind == SyncKind::Full;
+        let addrs = (full || kind == SyncKind::Periodic).then(|| (self.addrs)());
+        if kind == SyncKind::Periodic && addrs.as_ref() != Some(&self.last_addrs) {
+            tracing::info!(generation, "the node's addresses changed: full resync");
+            full = true;
+        }
+        let mut stage = match addrs {
+            Some(addrs) if full => self.plan_full(model, generation, addrs),
+            _ => self.plan_partial(model, generation, changes),
+        };
+        if kind == SyncKind::Periodic && !full {
             self.add_checks(&mut stage);
         }
         Planned { full, ops: stage.ops(), run: self.run_stages(stage).boxed_local() }

@@ -31,6 +31,8 @@ struct Harness {
     coord: Addr<Coordinator>,
     k: MemKernels,
     t0: Instant,
+    /// The node's interface addresses the coordinator reads.
+    addrs: std::sync::Arc<std::sync::Mutex<Vec<LocalAddr>>>,
 }
 
 fn start(min: Duration, max: Duration) -> Harness {
@@ -71,12 +73,13 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         max_sync: max,
         burst: 2,
     };
-    let addrs: AddrSource = Box::new(|| {
-        ["192.168.50.2", "fd00:50::2"]
-            .iter()
-            .map(|ip| LocalAddr { ifname: "eth0".into(), ip: ip.parse().unwrap() })
-            .collect()
-    });
+    let node_addrs: Vec<LocalAddr> = ["192.168.50.2", "fd00:50::2"]
+        .iter()
+        .map(|ip| LocalAddr { ifname: "eth0".into(), ip: ip.parse().unwrap() })
+        .collect();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(node_addrs));
+    let read = shared.clone();
+    let addrs: AddrSource = Box::new(move || read.lock().unwrap().clone());
     // A stand-in renderer: the rules name the cluster-IP set once it has members.
     let rules: RulesRenderer = Box::new(|p: &IpvsPlanner, _: &crate::model::NodeInfo| {
         let extra = if p.set_has_members(IpvsSet::ClusterIp) {
@@ -87,7 +90,7 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
     });
     let coord = Coordinator::new(settings, targets, addrs, rules).start();
-    Harness { coord, k, t0: Instant::now() }
+    Harness { coord, k, t0: Instant::now(), addrs: shared }
 }
 
 impl Harness {
@@ -214,6 +217,28 @@ fn a_removed_virtual_server_makes_only_ipvs_resync_in_full() {
         let syncs = h.syncs().await;
         assert_eq!(syncs.len(), 3, "the periodic check, then the IPVS actor's resync: {syncs:?}");
         assert!(syncs[1].periodic && !syncs[2].full && !syncs[2].periodic);
+    });
+}
+
+/// NodePort virtual servers are per node address: an address added to an
+/// interface is picked up by the next periodic sync (as upstream's IPVS
+/// proxier, which reads the addresses at every sync).
+#[test]
+fn a_new_node_address_gets_its_node_ports_at_the_next_periodic_sync() {
+    run_paused(|| async {
+        let h = start(Duration::from_secs(1), Duration::from_secs(30));
+        let mut first = synced();
+        let svc = service("default", "np", "10.96.0.30", &[("http", "TCP", 80, 30080)]);
+        let mut svc = svc;
+        svc.spec.as_mut().unwrap().type_ = Some("NodePort".into());
+        first.extend([applied_service(svc), web_slice("np", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        assert_eq!(h.at("ipvs -A -t 192.168.50.2:30080"), vec![Duration::ZERO]);
+        h.addrs.lock().unwrap().push(LocalAddr { ifname: "eth1".into(), ip: "192.168.60.2".parse().unwrap() });
+        sleep(Duration::from_secs(31)).await;
+        assert_eq!(h.at("ipvs -A -t 192.168.60.2:30080"), vec![Duration::from_secs(30)]);
+        assert!(h.syncs().await.last().unwrap().full, "an address change is a full resync");
     });
 }
 
