@@ -774,6 +774,43 @@ fn flushed_mangle_nat_and_filter_tables_are_repaired_by_the_canary_with_iptables
     canary(Flavour::Legacy, "cnl", &["mangle", "nat", "filter"], true);
 }
 
+/// A manifest file rewritten in place in two writes, the first of which is
+/// valid on its own and lacks the second Service (issue 15's half-written
+/// file): the daemon reads the file only once it has been quiet for the
+/// settle time, so the second Service keeps answering throughout and no
+/// sync deletes it.
+#[test]
+fn a_manifest_rewritten_in_place_in_two_writes_deletes_nothing() {
+    let mut lab = Lab::new("hlf", Flavour::Legacy, &["b1", "b2"]);
+    lab.config("iptables", "60s");
+    let web = service_manifest("web", "10.96.0.10", &["b1"]);
+    let api = service_manifest("api", "10.96.0.11", &["b2"]);
+    let text =
+        |parts: &[&Value]| parts.iter().map(|v| serde_json::to_string_pretty(v).unwrap() + "\n").collect::<String>();
+    let file = lab.manifests().join("both.json");
+    let tmp = lab.dir.path().join("both.json.tmp");
+    std::fs::write(&tmp, text(&[&web, &api])).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.11:80", false, &["b2"], CHANGE_WAIT);
+    let last = lab.syncs().expect("syncs")[0].generation;
+    // The first write (web only), then the rest 300 ms later, in place.
+    std::fs::write(&file, text(&[&web])).unwrap();
+    let half_written = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = lab.ask("10.96.0.11:80", 4, false);
+    std::fs::write(&file, text(&[&web, &api])).unwrap();
+    assert!(during.iter().all(Result::is_ok), "api answered while the file was half written: {during:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    lab.wait_traffic("10.96.0.11:80", false, &["b2"], CHANGE_WAIT);
+    let syncs = lab.syncs().expect("syncs");
+    let new: Vec<&SyncRec> = syncs.iter().filter(|s| s.generation > last).collect();
+    assert!(new.iter().all(|s| s.ports_changed == 0), "no sync changed a service: {new:?}");
+    assert!(half_written.elapsed() >= Duration::from_secs(2));
+    daemon.stop();
+}
+
 /// A quiet cluster: each syncPeriod brings a periodic partial sync that
 /// writes nothing (no restore: the rules are as the last one left them).
 #[test]

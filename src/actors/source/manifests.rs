@@ -29,9 +29,16 @@
 //!   returns a [`ManifestError`]. If the file parsed before, its last good
 //!   objects stay; the error is reported once per version of the file.
 //! - A deleted file deletes its objects.
-//! - The same kind/namespace/name in several files: the file that sorts last
-//!   by name (byte order, as `LC_ALL=C ls`) wins; within one file, the last
-//!   document wins. Deleting the winner brings back the next one.
+//! - The same kind/namespace/name in several files: the first file by name
+//!   (byte order, as `LC_ALL=C ls`) wins and the other copies are refused
+//!   with a warning naming both files; within one file, the first document
+//!   wins. Deleting the winner brings in the next one.
+//! - A file written in place is read once it has been quiet for [`SETTLE`]
+//!   (1 s after its last write), so a half-written file that happens to be
+//!   valid YAML never deletes the objects of its missing half; a file
+//!   renamed into place (its inode changed after its last write: ctime
+//!   later than mtime) is read at once. The directory's first scan reads
+//!   every file as it is.
 //!
 //! # Structure
 //!
@@ -65,6 +72,8 @@ use tracing::{debug, warn};
 
 use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
 
+/// How long a file written in place must be quiet before it is read.
+pub const SETTLE: Duration = Duration::from_secs(1);
 /// How long the directory must be quiet after a change before a rescan.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The longest a stream of changes can delay a rescan.
@@ -173,6 +182,8 @@ pub struct ScanResult {
     pub events: Vec<SourceEvent>,
     /// Files (or the directory) that could not be used, each already logged.
     pub errors: Vec<ManifestError>,
+    /// Files still being written were left for later: scan again after this.
+    pub settle_again: Option<Duration>,
 }
 
 /// The synchronous core of the manifest source: a directory and what was
@@ -184,12 +195,19 @@ pub struct ManifestDir {
     /// What the events so far have told the consumer: the winning objects.
     current: Objects,
     synced: bool,
+    settle: Duration,
 }
 
 impl ManifestDir {
     /// A manifest directory not scanned yet.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false }
+        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false, settle: SETTLE }
+    }
+
+    /// Another settle time than [`SETTLE`] (zero: read files as they are).
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
     }
 
     /// The directory this reads.
@@ -215,7 +233,7 @@ impl ManifestDir {
                 [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced),
             );
         }
-        ScanResult { events, errors: pass.errors }
+        ScanResult { events, errors: pass.errors, settle_again: pass.settle_again }
     }
 
     fn refresh_all(&mut self, listing: Listing, pass: &mut Pass) {
@@ -236,6 +254,13 @@ impl ManifestDir {
     fn refresh(&mut self, path: PathBuf, stamp: Stamp, now: SystemTime, pass: &mut Pass) {
         if self.files.get(&path).is_some_and(|f| f.is_fresh(stamp)) {
             return;
+        }
+        if self.synced {
+            if let Some(wait) = stamp.settling(now, self.settle) {
+                debug!(path = %path.display(), ?wait, "manifest still being written; reading it once quiet");
+                pass.settle_again = Some(pass.settle_again.map_or(wait, |w| w.min(wait)));
+                return;
+            }
         }
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
@@ -344,6 +369,8 @@ struct Pass {
     errors: Vec<ManifestError>,
     /// The whole objects parsed this scan, by file.
     fresh: Fresh,
+    /// The soonest a file left to settle is quiet enough.
+    settle_again: Option<Duration>,
 }
 
 /// Whole objects by file and key.
@@ -401,6 +428,19 @@ struct Stamp {
 }
 
 impl Stamp {
+    /// How much longer a file written in place (not renamed since its last
+    /// write) must stay quiet before it is read; None: read it now.
+    fn settling(&self, now: SystemTime, settle: Duration) -> Option<Duration> {
+        let mtime = self.mtime?;
+        let ctime = SystemTime::UNIX_EPOCH
+            .checked_add(Duration::new(u64::try_from(self.ctime.0).ok()?, u32::try_from(self.ctime.1).ok()?))?;
+        if ctime > mtime {
+            return None;
+        }
+        let age = now.duration_since(mtime).unwrap_or(Duration::ZERO);
+        settle.checked_sub(age).filter(|wait| !wait.is_zero())
+    }
+
     fn of(meta: &fs::Metadata) -> Self {
         Self {
             len: meta.len(),
@@ -903,7 +943,7 @@ where
     F: Fn(SourceBatch) + Send + 'static,
 {
     let mut manifests = ManifestDir::new(dir);
-    let ScanResult { events, errors } = manifests.scan();
+    let ScanResult { events, errors, .. } = manifests.scan();
     if let Some(err) = (errors.into_iter()).find(|e| matches!(e, ManifestError::ReadDir { .. })) {
         return Err(err);
     }
@@ -913,7 +953,7 @@ where
         Backend::Poll => (None, None),
     };
     let (stop, stopped) = crossbeam_channel::bounded(0);
-    let worker = Worker { manifests, sink, stop: stopped, events, _watcher: watcher };
+    let worker = Worker { manifests, sink, stop: stopped, events, _watcher: watcher, settle_again: None };
     let thread = std::thread::Builder::new()
         .name("manifest-watch".to_owned())
         .spawn(move || worker.run())
@@ -946,6 +986,8 @@ struct Worker<F> {
     /// inotify events; `None` when polling.
     events: Option<NotifyEvents>,
     _watcher: Option<RecommendedWatcher>,
+    /// When files left to settle may be read.
+    settle_again: Option<Instant>,
 }
 
 /// Why the watcher thread woke up.
@@ -968,7 +1010,9 @@ impl<F: Fn(SourceBatch)> Worker<F> {
     }
 
     fn rescan(&mut self) {
-        let events = self.manifests.scan().events;
+        let result = self.manifests.scan();
+        self.settle_again = result.settle_again.map(|d| Instant::now() + d);
+        let events = result.events;
         if !events.is_empty() {
             debug!(events = events.len(), "manifest changes");
             (self.sink)(SourceBatch(events));
@@ -991,6 +1035,10 @@ impl<F: Fn(SourceBatch)> Worker<F> {
         let (events, tick) = match &self.events {
             Some(events) => (events.clone(), RESYNC_INTERVAL),
             None => (never(), POLL_INTERVAL),
+        };
+        let tick = match self.settle_again {
+            Some(at) => tick.min(at.saturating_duration_since(Instant::now())),
+            None => tick,
         };
         select! {
             recv(self.stop) -> _ => Wake::Stop,
@@ -1164,8 +1212,10 @@ spec:
         lines
     }
 
+    /// The first scan, with no settle time (these tests write in place and
+    /// scan at once; the settle tests set their own).
     fn first_scan(dir: &TempDir) -> (ManifestDir, ScanResult) {
-        let mut manifests = ManifestDir::new(dir.path());
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(Duration::ZERO);
         let result = manifests.scan();
         (manifests, result)
     }
@@ -1528,6 +1578,62 @@ items:
     #[test]
     fn the_polling_watcher_picks_up_new_and_deleted_files() {
         check_watcher(Backend::Poll);
+    }
+
+    /// A scanned directory with a settle time, after its first scan.
+    fn settling(dir: &TempDir, settle: Duration) -> ManifestDir {
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(settle);
+        manifests.scan();
+        manifests
+    }
+
+    #[test]
+    fn a_file_written_in_place_is_read_once_quiet() {
+        let dir = TempDir::new().unwrap();
+        let mut manifests = settling(&dir, Duration::from_millis(400));
+        write(&dir, "web.yaml", &service("web", "10.96.0.1"));
+        let result = manifests.scan();
+        assert!(result.events.is_empty(), "{:?}", summary(&result.events));
+        let wait = result.settle_again.expect("asked to scan again");
+        assert!(wait <= Duration::from_millis(400) && !wait.is_zero(), "{wait:?}");
+        std::thread::sleep(wait + Duration::from_millis(20));
+        let result = manifests.scan();
+        assert_eq!(changes(result), ["applied Service default/web"]);
+    }
+
+    #[test]
+    fn a_file_renamed_into_place_is_read_at_once() {
+        let dir = TempDir::new().unwrap();
+        let mut manifests = settling(&dir, Duration::from_secs(5));
+        write(&dir, "web.yaml.tmp", &service("web", "10.96.0.1"));
+        // The rename must come after the write by more than the kernel's
+        // timestamp granularity (a clock tick) for ctime to tell.
+        std::thread::sleep(Duration::from_millis(30));
+        fs::rename(dir.path().join("web.yaml.tmp"), dir.path().join("web.yaml")).unwrap();
+        let result = manifests.scan();
+        assert_eq!(result.settle_again, None);
+        assert_eq!(changes(result), ["applied Service default/web"]);
+    }
+
+    /// The case: a file rewritten in place in two writes, the first
+    /// half valid YAML on its own. Nothing is deleted in between.
+    #[test]
+    fn a_half_written_file_deletes_nothing() {
+        let dir = TempDir::new().unwrap();
+        let both = format!("{}---\n{}", service("web", "10.96.0.1"), service("api", "10.96.0.2"));
+        write(&dir, "svc.yaml", &both);
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(Duration::from_millis(300));
+        assert_eq!(changes(manifests.scan()), ["applied Service default/api", "applied Service default/web"]);
+        std::thread::sleep(Duration::from_millis(30));
+        write(&dir, "svc.yaml", &service("web", "10.96.0.1"));
+        assert!(manifests.scan().events.is_empty(), "the first half is not read");
+        std::thread::sleep(Duration::from_millis(100));
+        write(&dir, "svc.yaml", &both);
+        assert!(manifests.scan().events.is_empty());
+        std::thread::sleep(Duration::from_millis(350));
+        let result = manifests.scan();
+        assert!(result.events.is_empty(), "the whole file is what it was: {:?}", summary(&result.events));
+        assert_eq!(result.settle_again, None);
     }
 
     #[test]
