@@ -791,7 +791,7 @@ fn a_manifest_rewritten_in_place_in_two_writes_deletes_nothing() {
     let tmp = lab.dir.path().join("both.json.tmp");
     std::fs::write(&tmp, text(&[&web, &api])).unwrap();
     std::fs::rename(&tmp, &file).unwrap();
-    let mut daemon = lab.start_synced();
+    let daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     lab.wait_traffic("10.96.0.11:80", false, &["b2"], CHANGE_WAIT);
     let last = lab.syncs().expect("syncs")[0].generation;
