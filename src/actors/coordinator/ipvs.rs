@@ -3,7 +3,8 @@
 //! Ordering between actors is explicit, in two stages:
 //!
 //! 1. IPVS (virtual servers before their real servers: op order within the
-//!    batch), every ipset, and address binds on kube-ipvs0;
+//!    batch), every ipset, and address binds on kube-ipvs0 (a full batch of
+//!    addresses, which also unbinds, only once IPVS acked without failure);
 //! 2. once stage 1 has acked: iptables (rules name sets that now exist),
 //!    conntrack flushes (only after the IPVS actor acked the real-server
 //!    removals, else they wait for the next sync), and address unbinds
@@ -167,7 +168,13 @@ impl IpvsDataplane {
         let check_ipvs = stage.check_ipvs.map(|b| t.ipvs.send(b));
         let check_sets: Vec<_> =
             stage.check_sets.into_iter().filter_map(|(s, b)| t.sets.get(&s).map(|tg| (s, tg.send(b)))).collect();
-        let binds = stage.binds.map(|b| t.link.send(b));
+        // A full batch of addresses also unbinds what is not desired: it goes
+        // after IPVS acked (virtual servers deleted first), and not at all
+        // when IPVS failed (an address stays while its virtual server may).
+        let (binds, full_binds) = match stage.binds {
+            Some(b) if b.mode == SyncMode::Full => (None, Some(b)),
+            other => (other.map(|b| t.link.send(b)), None),
+        };
         let (iptables, conntrack_target, link) = (t.iptables.clone(), t.conntrack.clone(), t.link.clone());
         let (generation, rules, conntrack, unbinds) = (stage.generation, stage.rules, stage.conntrack, stage.unbinds);
         let (rules_full, check_link) = (stage.rules_full, stage.check_link);
@@ -189,6 +196,14 @@ impl IpvsDataplane {
             }
             if let Some(f) = binds {
                 out.link.push(f.await);
+            }
+            if let Some(b) = full_binds {
+                if out.ipvs.iter().all(|a| a.as_ref().is_some_and(|a| a.is_ok())) {
+                    out.link.push(link.send(b).await);
+                } else {
+                    tracing::warn!(generation, "IPVS failed: kube-ipvs0's full resync waits for the next sync");
+                    out.link.push(None);
+                }
             }
             if let Some(text) = rules {
                 // A full batch makes the handle check the jumps from the built-in chains too.

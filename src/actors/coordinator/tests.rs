@@ -317,6 +317,44 @@ fn ordering_between_actors() {
     });
 }
 
+/// DESIGN's order holds in full syncs too: a virtual server found in the
+/// kernel but not desired is deleted before its address is unbound, and
+/// when the delete fails the address stays.
+#[test]
+fn full_syncs_delete_virtual_servers_before_unbinding_and_keep_the_address_when_that_fails() {
+    for fail in [false, true] {
+        run_paused(|| async move {
+            let h = start(Duration::ZERO, Duration::from_secs(30));
+            let stale: crate::msgs::VsKey =
+                VsKey { addr: "10.96.0.99".parse().unwrap(), protocol: crate::net::Protocol::Tcp, port: 80 };
+            let spec = VsSpec { scheduler: "rr".into(), flags: 0, timeout: 0 };
+            h.k.ipvs.table.lock().unwrap().services.insert(stale, spec);
+            h.k.link.addrs.lock().unwrap().insert("10.96.0.99".parse().unwrap());
+            if fail {
+                h.k.journal.fail("ipvs -D -t 10.96.0.99:80", 1);
+            }
+            let mut first = synced();
+            first.push(web_svc("web", "10.96.0.20"));
+            h.send(first).await;
+            sleep(MS).await;
+            let j = &h.k.journal;
+            if fail {
+                assert!(j.pos("FAILED ipvs -D -t 10.96.0.99:80").is_some(), "{:?}", j.lines());
+                assert!(
+                    j.pos("unbind 10.96.0.99").is_none(),
+                    "unbound though its virtual server may remain: {:?}",
+                    j.lines()
+                );
+                assert!(h.k.link.snapshot().contains(&"10.96.0.99".parse().unwrap()));
+            } else {
+                let del = j.pos("ipvs -D -t 10.96.0.99:80").expect("stale virtual server deleted");
+                let unbind = j.pos("unbind 10.96.0.99").expect("stale address unbound");
+                assert!(del < unbind, "{:?}", j.lines());
+            }
+        });
+    }
+}
+
 #[test]
 fn conntrack_waits_for_a_failed_real_server_removal() {
     run_paused(|| async {
