@@ -326,3 +326,115 @@ fn restores_of_both_families_take_turns() {
     let kinds: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
     assert_eq!(kinds, ["start", "end", "start", "end"], "overlapping restores:\n{text}");
 }
+
+/// iptables-mode rules of `services` services with five endpoints each, in
+/// upstream's form (KUBE-SERVICES → KUBE-SVC → KUBE-SEP), as one restore;
+/// `stale` chains are deleted.
+fn many_services(services: usize, tag: &str, stale: &[&str]) -> String {
+    let sep = |s: usize, e: usize| format!("KUBE-SEP-{tag}{s:05}X{e}");
+    let svc = |s: usize| format!("KUBE-SVC-{s:05}");
+    let mut t = String::from("*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n");
+    t += "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n";
+    for s in 0..services {
+        t += &format!(":{} - [0:0]\n", svc(s));
+        for e in 0..5 {
+            t += &format!(":{} - [0:0]\n", sep(s, e));
+        }
+    }
+    for c in stale {
+        t += &format!(":{c} - [0:0]\n");
+    }
+    t += "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n";
+    for s in 0..services {
+        let ip = format!("10.96.{}.{}", s / 250, s % 250 + 1);
+        t += &format!("-A KUBE-SERVICES -d {ip}/32 -p tcp -m tcp --dport 80 -j {}\n", svc(s));
+        for e in 0..5 {
+            let rest = 5 - e;
+            if rest > 1 {
+                t += &format!(
+                    "-A {} -m statistic --mode random --probability {:.11} -j {}\n",
+                    svc(s),
+                    1.0 / rest as f64,
+                    sep(s, e)
+                );
+            } else {
+                t += &format!("-A {} -j {}\n", svc(s), sep(s, e));
+            }
+            let pod = format!("10.244.{}.{}", s / 50, (s % 50) * 5 + e + 1);
+            t += &format!("-A {} -s {pod}/32 -j KUBE-MARK-MASQ\n", sep(s, e));
+            t += &format!("-A {} -p tcp -m tcp -j DNAT --to-destination {pod}:8080\n", sep(s, e));
+        }
+    }
+    t += "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n";
+    for c in stale {
+        t += &format!("-X {c}\n");
+    }
+    t + "COMMIT\n"
+}
+
+/// The nat table as chain → its rules in order (`iptables-save -t nat`).
+fn nat_chains(ns: &Netns, bins: &IptablesBinaries) -> std::collections::BTreeMap<String, Vec<String>> {
+    let saved = ns.ok(&[&bins.save, "-t", "nat"]);
+    let mut chains = std::collections::BTreeMap::new();
+    for line in saved.lines() {
+        if let Some(decl) = line.strip_prefix(':') {
+            chains.entry(decl.split_whitespace().next().unwrap_or_default().to_string()).or_insert_with(Vec::new);
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let chain = rule.split_whitespace().next().unwrap_or_default().to_string();
+            chains.entry(chain).or_insert_with(Vec::new).push(line.to_string());
+        }
+    }
+    chains
+}
+
+/// A restore too large for one iptables-nft transaction (README,
+/// "iptables-nft at scale") is written in several, and leaves the same
+/// rules as iptables-legacy's single restore of the same input: a node
+/// taken over (old rules in some service chains, a stale chain KUBE-SERVICES
+/// jumps to, someone else's chain) ends with the new rules, the stale chain
+/// gone and the foreign one kept.
+#[test]
+fn a_large_restore_on_iptables_nft_is_split_into_transactions_with_the_same_result() {
+    let mut results = Vec::new();
+    for flavour in ["legacy", "nft"] {
+        let ns = Netns::new(&format!("kpr-ipt-split-{flavour}"));
+        let bins = IptablesBinaries::variant(IpFamily::V4, flavour);
+        ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-N", "FOREIGN"]);
+        ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-A", "OUTPUT", "-j", "FOREIGN"]);
+        let h = IptablesHandle::with_binaries(bins.clone()).for_mode(&kube_proxy_rs::plan::iptables::PROFILE);
+        // The earlier run: 20 services, their endpoints under other names, and a chain that goes.
+        let old = many_services(20, "OLD", &[])
+            .replace(":KUBE-NODEPORTS - [0:0]\n", ":KUBE-NODEPORTS - [0:0]\n:KUBE-SVC-STALE - [0:0]\n");
+        let old =
+            old.replace("-A KUBE-MARK-MASQ", "-A KUBE-SERVICES -d 10.96.99.1/32 -j KUBE-SVC-STALE\n-A KUBE-MARK-MASQ");
+        let mut stale: Vec<String> =
+            (0..20).flat_map(|s| (0..5).map(move |e| format!("KUBE-SEP-OLD{s:05}X{e}"))).collect();
+        stale.push("KUBE-SVC-STALE".into());
+        let new = many_services(800, "NEW", &stale.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(new.lines().count() > kube_proxy_rs::kernel::nft_split::SPLIT_FROM, "{} lines", new.lines().count());
+        let generations = ns.block_on(|| async {
+            let (_, r) = h.reconcile(vec![restore(old)]).await.expect("the earlier run");
+            assert_eq!(r, [Ok(())]);
+            let before = xtables_gen::nft_generation().ok();
+            let (_, r) = h.reconcile(vec![restore(new.clone())]).await.expect("take-over");
+            assert_eq!(r, [Ok(())]);
+            before.zip(xtables_gen::nft_generation().ok()).map(|(b, a)| a.wrapping_sub(b))
+        });
+        if flavour == "nft" {
+            let transactions = generations.expect("nftables generation");
+            assert!(transactions > 5, "{transactions} nftables transactions for {} lines", new.lines().count());
+        }
+        let chains = nat_chains(&ns, &bins);
+        assert!(!chains.contains_key("KUBE-SVC-STALE"), "stale chain deleted");
+        assert!(!chains.keys().any(|c| c.contains("OLD")), "the earlier endpoints' chains deleted");
+        assert_eq!(chains["KUBE-SVC-00007"].len(), 5, "refilled");
+        let output = &chains["OUTPUT"];
+        assert!(output[0].ends_with("-j KUBE-SERVICES") && output[1] == "-A OUTPUT -j FOREIGN", "{output:?}");
+        results.push(chains);
+    }
+    let (legacy, nft) = (&results[0], &results[1]);
+    assert_eq!(legacy.len(), nft.len());
+    for (chain, rules) in legacy {
+        assert_eq!(Some(rules), nft.get(chain), "{chain}");
+    }
+}

@@ -14,6 +14,7 @@ pub mod ipvs;
 pub mod link;
 pub mod mem;
 pub mod netlink_acks;
+pub mod nft_split;
 pub mod sysctl;
 pub mod tool;
 pub mod xtables_gen;

@@ -145,7 +145,8 @@ fn parse_getgen_reply(buf: &[u8]) -> io::Result<u32> {
     Err(bad())
 }
 
-fn nft_generation() -> io::Result<u32> {
+/// A netlink netfilter socket whose receives time out after a second.
+fn nfnetlink() -> io::Result<OwnedFd> {
     let sock = socket(libc::AF_NETLINK, libc::SOCK_RAW, NETLINK_NETFILTER)?;
     let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
     // SAFETY: a timeval of the size given, read by the kernel.
@@ -158,6 +159,13 @@ fn nft_generation() -> io::Result<u32> {
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
+    Ok(sock)
+}
+
+/// The nftables ruleset generation of the calling thread's network
+/// namespace (every transaction increments it).
+pub fn nft_generation() -> io::Result<u32> {
+    let sock = nfnetlink()?;
     let req = getgen_request(1);
     // SAFETY: `req` is readable for its length; an unbound netlink socket
     // sends to the kernel (pid 0) and is bound on first send.
@@ -172,6 +180,109 @@ fn nft_generation() -> io::Result<u32> {
         return Err(io::Error::last_os_error());
     }
     parse_getgen_reply(&buf[..n as usize])
+}
+
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NLMSG_DONE: u16 = 3;
+
+/// The names of the chains in the nf_tables table `table` of `family`
+/// (iptables-nft's `ip`/`ip6` tables): one netlink dump, where
+/// `iptables-nft-save` needs minutes once a table holds 100,000 chains.
+/// Empty when the table does not exist.
+pub fn nft_chains(family: IpFamily, table: &str) -> io::Result<std::collections::BTreeSet<String>> {
+    let sock = nfnetlink()?;
+    let req = getchain_request(family, 1);
+    // SAFETY: `req` is readable for its length (see nft_generation).
+    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut chains = std::collections::BTreeSet::new();
+    let mut buf = vec![0u8; 1 << 17];
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if parse_chain_dump(&buf[..n as usize], table, &mut chains)? {
+            return Ok(chains);
+        }
+    }
+}
+
+/// A GETCHAIN dump request for every chain of `family`.
+fn getchain_request(family: IpFamily, seq: u32) -> [u8; 20] {
+    let mut m = [0u8; 20];
+    m[0..4].copy_from_slice(&20u32.to_ne_bytes());
+    m[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN).to_ne_bytes());
+    m[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    m[16] = match family {
+        IpFamily::V4 => libc::NFPROTO_IPV4 as u8,
+        IpFamily::V6 => libc::NFPROTO_IPV6 as u8,
+    };
+    m
+}
+
+/// Adds the names of `table`'s chains in one datagram of a chain dump to
+/// `out`; true once the dump is done.
+fn parse_chain_dump(mut buf: &[u8], table: &str, out: &mut std::collections::BTreeSet<String>) -> io::Result<bool> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected nftables chain dump");
+    while buf.len() >= 16 {
+        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len < 16 || len > buf.len() {
+            return Err(bad());
+        }
+        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+        match ty {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let errno = buf.get(16..20).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])).ok_or_else(bad)?;
+                // No nf_tables at all: no chains.
+                if -errno == libc::ENOENT || -errno == libc::EAFNOSUPPORT {
+                    return Ok(true);
+                }
+                return Err(io::Error::from_raw_os_error(-errno));
+            }
+            t if t == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN => {
+                let (mut in_table, mut name) = (false, None);
+                for (aty, value) in attributes(&buf[20.min(len)..len]) {
+                    let text = value.split(|b| *b == 0).next().unwrap_or_default();
+                    match aty {
+                        NFTA_CHAIN_TABLE => in_table = text == table.as_bytes(),
+                        NFTA_CHAIN_NAME => name = Some(String::from_utf8_lossy(text).into_owned()),
+                        _ => {}
+                    }
+                }
+                if let (true, Some(name)) = (in_table, name) {
+                    out.insert(name);
+                }
+            }
+            _ => {}
+        }
+        buf = &buf[((len + 3) & !3).min(buf.len())..];
+    }
+    Ok(false)
+}
+
+/// The (type, value) attributes in `buf`.
+fn attributes(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if buf.len() < 4 {
+            return None;
+        }
+        let alen = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+        let aty = u16::from_ne_bytes([buf[2], buf[3]]) & 0x3fff;
+        if alen < 4 || alen > buf.len() {
+            return None;
+        }
+        let value = &buf[4..alen];
+        buf = &buf[((alen + 3) & !3).min(buf.len())..];
+        Some((aty, value))
+    })
 }
 
 #[cfg(test)]
@@ -215,5 +326,39 @@ mod tests {
         assert_eq!(parse_getgen_reply(&err).unwrap_err().raw_os_error(), Some(libc::EPERM));
         assert!(parse_getgen_reply(&reply(0x0a0f, &[0u8; 4])).is_err(), "no generation attribute");
         assert!(parse_getgen_reply(&[1, 2, 3]).is_err());
+    }
+
+    fn attr(ty: u16, value: &[u8]) -> Vec<u8> {
+        let mut a = Vec::new();
+        a.extend(((4 + value.len()) as u16).to_ne_bytes());
+        a.extend(ty.to_ne_bytes());
+        a.extend(value);
+        while a.len() % 4 != 0 {
+            a.push(0);
+        }
+        a
+    }
+
+    #[test]
+    fn a_chain_dump_gives_the_names_of_one_tables_chains() {
+        let chain = |table: &str, name: &str| {
+            let mut p = vec![2u8, 0, 0, 0];
+            p.extend(attr(NFTA_CHAIN_TABLE, format!("{table}\0").as_bytes()));
+            p.extend(attr(NFTA_CHAIN_NAME, format!("{name}\0").as_bytes()));
+            reply(0x0a03, &p)
+        };
+        let mut datagram = chain("nat", "KUBE-SERVICES");
+        datagram.extend(chain("filter", "KUBE-FORWARD"));
+        datagram.extend(chain("nat", "KUBE-SVC-ABC"));
+        let mut out = std::collections::BTreeSet::new();
+        assert!(!parse_chain_dump(&datagram, "nat", &mut out).unwrap(), "not done yet");
+        assert_eq!(out.into_iter().collect::<Vec<_>>(), ["KUBE-SERVICES", "KUBE-SVC-ABC"]);
+        let mut out = std::collections::BTreeSet::new();
+        assert!(parse_chain_dump(&reply(NLMSG_DONE, &[0u8; 4]), "nat", &mut out).unwrap());
+        let err = reply(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
+        assert_eq!(parse_chain_dump(&err, "nat", &mut out).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        let m = getchain_request(IpFamily::V6, 3);
+        assert_eq!(u16::from_ne_bytes(m[4..6].try_into().unwrap()), 0x0a04);
+        assert_eq!(m[16], 10);
     }
 }
