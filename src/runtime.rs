@@ -180,8 +180,12 @@ async fn run_async(
     // Every family's coordinator sees every event (objects are shared, not
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
+    let claims = std::sync::Mutex::new(crate::model::node_ports::NodePortClaims::default());
     let sink = move |b: SourceBatch| {
         report_ignored(&b, &metrics);
+        let (events, conflicts) = crate::sync::lock(&claims).filter(b.0);
+        report_conflicts(&conflicts, &metrics);
+        let b = SourceBatch(events);
         for s in &sinks {
             s.do_send(b.clone());
         }
@@ -213,7 +217,16 @@ fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics) {
         } else {
             tracing::debug!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
         }
-        metrics.object_ignored(n.kind, n.reason);
+        metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
+    }
+}
+
+/// Logs and counts the nodePorts refused because another Service holds them.
+fn report_conflicts(conflicts: &[crate::model::node_ports::Conflict], metrics: &ProxyMetrics) {
+    for c in conflicts {
+        let detail = format!("port {}: nodePort {} is already used by Service {}", c.port, c.node_port, c.holder);
+        tracing::warn!(kind = "Service", object = %c.service, reason = %detail, "refusing a nodePort");
+        metrics.object_ignored("Service", &c.service, "node_port_conflict", &detail);
     }
 }
 

@@ -1382,3 +1382,40 @@ fn ignored_slices_are_logged_once_and_counted() {
     assert_eq!(warned.len(), 1, "one warning, whatever the families:\n{log}");
     assert!(warned[0].contains("WARN") && warned[0].contains("Bogus"), "{log}");
 }
+
+/// Two Services asking for one nodePort (the API server would refuse the
+/// second; a manifest file can hold both): the first read keeps it, the
+/// other loses only that port (its ClusterIP still answers), with a warning
+/// naming both, a count in /metrics and a line on the dashboard; when the
+/// holder goes, the other gets the port.
+#[test]
+fn a_node_port_held_by_another_service_is_refused_and_named() {
+    let mut lab = Lab::new("npc", Flavour::Legacy, &["b1", "b2"]);
+    lab.put("a", &dual_stack_service_manifest("a", &["10.96.0.50"], 30050, &["b1"]));
+    lab.put("b", &dual_stack_service_manifest("b", &["10.96.0.51"], 30050, &["b2"]));
+    let daemon = lab.start_synced();
+    let node_port = format!("{NODE_IP}:30050");
+    lab.wait_traffic(&node_port, false, &["b1"], CHANGE_WAIT);
+    lab.wait_traffic(&node_port, true, &["b1"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.51:80", false, &["b2"], CHANGE_WAIT);
+    let log = daemon.log();
+    let line =
+        log.lines().find(|l| l.contains("refusing a nodePort")).unwrap_or_else(|| panic!("no warning in\n{log}"));
+    assert!(
+        line.contains("default/b") && line.contains("nodePort 30050 is already used by Service default/a"),
+        "{line}"
+    );
+    let metrics = http_get(&lab.node, "/metrics").expect("/metrics");
+    let sample = "kube_proxy_rs_source_objects_ignored_total{kind=\"Service\",reason=\"node_port_conflict\"}";
+    let counted: Vec<&str> = metrics.lines().filter(|l| l.starts_with(sample)).collect();
+    // Each Service's two ports (TCP and UDP) share the nodePort: two refusals.
+    assert_eq!(counted, [format!("{sample} 2")], "{metrics}");
+    let refused = lab.dashboard().expect("dashboard")["refused"].clone();
+    assert_eq!(refused[0]["object"], "default/b", "{refused}");
+    assert_eq!(refused[0]["reason"], "node_port_conflict", "{refused}");
+
+    // The holder goes: the port is the other Service's.
+    lab.remove("a");
+    lab.wait_traffic(&node_port, false, &["b2"], CHANGE_WAIT);
+    daemon.stop();
+}

@@ -141,13 +141,31 @@ impl ActorStats {
     }
 }
 
-/// Every actor's stats, by name.
+/// Every actor's stats, by name, and the input the daemon refused lately.
 #[derive(Debug, Default, Clone)]
 pub struct StatsRegistry {
     actors: Arc<Mutex<BTreeMap<String, Arc<ActorStats>>>>,
     /// Appended to the names registered through this handle.
     suffix: String,
+    refusals: Arc<Mutex<std::collections::VecDeque<Refusal>>>,
 }
+
+/// An input object (or part of one) the daemon refused or ignored, for
+/// the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Refusal {
+    /// When, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    pub kind: String,
+    /// `namespace/name`.
+    pub object: String,
+    /// The metric's `reason` label.
+    pub reason: String,
+    pub detail: String,
+}
+
+/// How many refusals the dashboard lists.
+pub const REFUSALS_KEPT: usize = 50;
 
 impl StatsRegistry {
     pub fn register(&self, name: &str) -> Arc<ActorStats> {
@@ -160,7 +178,21 @@ impl StatsRegistry {
     /// The same registry, naming what registers through it `NAME{suffix}`
     /// (the secondary family's actors: `ipvs ipv6`).
     pub fn with_suffix(&self, suffix: &str) -> StatsRegistry {
-        StatsRegistry { actors: self.actors.clone(), suffix: suffix.to_string() }
+        StatsRegistry { actors: self.actors.clone(), suffix: suffix.to_string(), refusals: self.refusals.clone() }
+    }
+
+    /// Remembers a refusal (the newest [`REFUSALS_KEPT`]).
+    pub fn refused(&self, r: Refusal) {
+        let mut list = lock(&self.refusals);
+        if list.len() == REFUSALS_KEPT {
+            list.pop_front();
+        }
+        list.push_back(r);
+    }
+
+    /// The remembered refusals, newest first.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        lock(&self.refusals).iter().rev().cloned().collect()
     }
 
     pub fn snapshot(&self) -> Vec<StatsSnapshot> {

@@ -8,7 +8,7 @@
 //! - `GET /dashboard/data`: the JSON the page polls ([`DashboardData`]):
 //!   every actor's [`StatsSnapshot`] plus message and op rates computed here
 //!   from successive snapshots, and the coordinator's recent syncs, newest
-//!   first.
+//!   first, and the input refused lately ([`Refusal`]).
 //!
 //! Rates are computed server-side against the newest sample at least
 //! [`RATE_BASE`] old, so any client (or `curl` in a loop) gets them; samples
@@ -26,7 +26,7 @@ use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
 use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
-use crate::actors::stats::{StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
+use crate::actors::stats::{Refusal, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("dashboard.html");
@@ -69,6 +69,10 @@ pub struct DashboardData {
     pub syncs: Vec<SyncRecord>,
     /// False when the coordinator did not answer in time (`syncs` is empty).
     pub syncs_available: bool,
+    /// Input the daemon refused or ignored lately (a nodePort another
+    /// Service holds, an EndpointSlice of an unknown addressType, ...),
+    /// newest first.
+    pub refused: Vec<Refusal>,
 }
 
 /// One actor's panel.
@@ -158,7 +162,9 @@ impl State {
             .map(|a| (a.name.clone(), a.apply_histogram().buckets.iter().map(|(_, n)| *n).collect()))
             .collect();
         let rates = lock(&self.rates).observe(Instant::now(), &snaps);
-        dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs)
+        let mut data = dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs);
+        data.refused = self.registry.refusals();
+        data
     }
 }
 
@@ -199,6 +205,7 @@ pub fn dashboard_data(
         actors,
         syncs,
         syncs_available,
+        refused: Vec::new(),
     }
 }
 

@@ -164,6 +164,8 @@ impl BackendMetrics {
 #[derive(Debug)]
 pub struct ProxyMetrics {
     registry: Registry,
+    /// Where refusals are listed for the dashboard.
+    actors: StatsRegistry,
     /// Trigger times before this are not observed (upstream's tracker start time).
     started: SystemTime,
     sync: SyncMetrics,
@@ -198,9 +200,9 @@ impl ProxyMetrics {
         register_sync(&mut r, &sync);
         register_backend(&mut r, &backend, mode);
         register_server(&mut r, &server);
-        registry.register_collector(Box::new(actors::ActorCollector::new(actors)));
+        registry.register_collector(Box::new(actors::ActorCollector::new(actors.clone())));
         registry.register_collector(Box::new(process::ProcessCollector));
-        ProxyMetrics { registry, started: SystemTime::now(), sync, backend, server }
+        ProxyMetrics { registry, actors, started: SystemTime::now(), sync, backend, server }
     }
 
     /// The exposition in the Prometheus text format 0.0.4 (what `/metrics`
@@ -336,10 +338,20 @@ impl ProxyMetrics {
         self.server.config_reload_failures.inc();
     }
 
-    /// A source object that every proxier ignores (see `model::notice`).
-    pub fn object_ignored(&self, kind: &str, reason: &str) {
+    /// A source object (or a part of one) that every proxier ignores (see
+    /// `model::notice`, `model::node_ports`): counted, and listed on the
+    /// dashboard.
+    pub fn object_ignored(&self, kind: &str, object: &str, reason: &str, detail: &str) {
         let labels = vec![("kind", kind.to_string()), ("reason", reason.to_string())];
         self.server.objects_ignored.get_or_create(&labels).inc();
+        let unix_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.actors.refused(crate::actors::stats::Refusal {
+            unix_ms,
+            kind: kind.to_string(),
+            object: object.to_string(),
+            reason: reason.to_string(),
+            detail: detail.to_string(),
+        });
     }
 
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
