@@ -213,10 +213,25 @@ async fn bind_later(
     }
 }
 
+/// Gives the heap's free memory back to the system (glibc's `malloc_trim`).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only walks malloc's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A burst of at least this many connections at once is followed by a heap
+/// trim once it is over.
+const TRIM_AFTER: usize = 32;
+
 /// Accepts connections until aborted; aborting drops every connection too.
 async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>, limits: Limits) {
     let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
+    // The most connections at once since the server was last idle.
+    let mut peak = 0;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -230,6 +245,7 @@ async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>, l
                 }
                 Ok((stream, _peer)) => {
                     connections.spawn(serve_connection(name, stream, routes.clone(), limits));
+                    peak = peak.max(connections.len());
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -237,7 +253,18 @@ async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>, l
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                if connections.is_empty() && peak >= TRIM_AFTER {
+                    // A burst (a flood, most likely) is over: give the
+                    // buffers it left in malloc's free lists back to the
+                    // system, so RSS returns to its level.
+                    tracing::debug!(server = name, peak, "connections burst over; trimming the heap");
+                    trim_heap();
+                }
+                if connections.is_empty() {
+                    peak = 0;
+                }
+            }
         }
     }
 }
