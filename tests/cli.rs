@@ -221,14 +221,17 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
 }
 
 /// A `--manifests` path that is missing or a file: exit 1 with one line
-/// naming it, before anything touches the node (no sysctl set, no port bound).
+/// naming it, before anything touches the node: no sysctl set, no port
+/// bound (each HTTP server logs a `serving HTTP` line when it binds; one
+/// line in all means none did).
 #[test]
 fn a_bad_manifests_path_is_refused_before_touching_the_node() {
     let ns = Netns::new("kpr-badm");
     let file = tempfile::NamedTempFile::new().unwrap();
     let missing = "/nonexistent/kube-proxy-rs-manifests";
     for path in [missing, file.path().to_str().unwrap()] {
-        let out = ns.exec(&[&bin(), "--proxy-mode", "iptables", "--manifests", path, "--hostname-override", "n"]);
+        let daemon = [&bin(), "--proxy-mode", "iptables", "--manifests", path, "--hostname-override", "n"];
+        let out = ns.exec(&[&["timeout", "20"][..], &daemon[..]].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{path}: {err}");
         let lines: Vec<&str> = err.lines().collect();
