@@ -1333,40 +1333,49 @@ fn a_second_sigterm_during_a_long_sync_exits_at_once() {
     assert_eq!(strip(&lab.save(Some("nat"))), strip(&before), "the kernel is as the first run left it");
 }
 
-/// One daemon per network namespace: a second one refuses to start, naming
-/// the first one's PID, and writes nothing; `--dry-run` and `--cleanup`
-/// are not blocked (here `--dry-run`).
+/// One daemon per network namespace: a second one refuses to start (exit
+/// 1, one line naming the first one's PID) and writes nothing, while the
+/// first keeps running and serving; `--dry-run` and `--cleanup` in the same
+/// namespace are not blocked; a daemon in another namespace starts.
 #[test]
 fn a_second_daemon_in_the_namespace_refuses_to_start() {
     let mut lab = Lab::new("inst", Flavour::Nft, &["b1"]);
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
-    let first = lab.start_synced();
+    let mut first = lab.start_synced();
     let pid = first.child.as_ref().unwrap().id();
     let before = lab.save(Some("nat"));
-    let out = lab.run_binary(&[
-        "--config",
-        lab.config_path().to_str().unwrap(),
-        "--manifests",
-        lab.manifests().to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let mut second = lab.start();
+    let status = second.wait_exit(START_WAIT);
+    let err = second.log();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!("another kube-proxy-rs (pid {pid}) already runs in this network namespace")),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    let dry = lab.run_binary(&[
-        "--config",
-        lab.config_path().to_str().unwrap(),
-        "--manifests",
-        lab.manifests().to_str().unwrap(),
-        "--dry-run",
-    ]);
-    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).map(String::from).collect::<Vec<_>>();
     assert_eq!(strip(&lab.save(Some("nat"))), strip(&before), "the second daemon wrote nothing");
+    first.assert_running();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+
+    let (config, manifests) = (lab.config_path(), lab.manifests());
+    let dry = lab.run_binary(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(dry.status.success(), "--dry-run: {}", String::from_utf8_lossy(&dry.stderr));
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("10.96.0.10"));
+
+    // Another namespace is another instance: its daemon starts and syncs.
+    let mut other = Lab::new("inst2", Flavour::Nft, &[]);
+    other.start_synced().stop();
+
+    let cleanup = lab.run_binary(&["--cleanup"]);
+    assert!(cleanup.status.success(), "--cleanup: {}", String::from_utf8_lossy(&cleanup.stderr));
+    assert!(!lab.save(Some("nat")).contains("KUBE-SERVICES"), "--cleanup removed the rules");
     first.stop();
 }
 
