@@ -3,12 +3,16 @@
 //! start the daemon binds the abstract unix socket `@kube-proxy-rs`, which
 //! exists once per network namespace (and vanishes with the process, so a
 //! killed daemon leaves nothing stale); it answers every connection with
-//! its PID. A second daemon fails to bind, asks the socket for the first
-//! one's PID, and refuses to start naming it.
+//! its PID. A second daemon fails to bind, connects, and refuses to start
+//! naming the first one's PID: the kernel's (`SO_PEERCRED`, in the second
+//! one's PID namespace), or when that PID is not visible from there (the
+//! first runs in a pod of its own) the one it answered with.
 
 use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+
+use nix::sys::socket::{getsockopt, sockopt};
 
 /// The abstract socket's name.
 pub const NAME: &[u8] = b"kube-proxy-rs";
@@ -36,8 +40,14 @@ pub fn acquire_named(name: &[u8]) -> Result<(), InstanceError> {
             std::thread::Builder::new()
                 .name("instance-socket".into())
                 .spawn(move || {
-                    for mut conn in listener.incoming().flatten() {
-                        let _ = conn.write_all(std::process::id().to_string().as_bytes());
+                    for conn in listener.incoming() {
+                        match conn {
+                            Ok(mut conn) => {
+                                let _ = conn.write_all(std::process::id().to_string().as_bytes());
+                            }
+                            // EMFILE and the like: not a reason to spin.
+                            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+                        }
                     }
                 })
                 .map_err(InstanceError::Socket)?;
@@ -48,21 +58,24 @@ pub fn acquire_named(name: &[u8]) -> Result<(), InstanceError> {
     }
 }
 
-/// The holder's PID as it answers, or "unknown".
+/// The holder's PID: as the kernel gives it for our PID namespace, else
+/// as it answers (its own namespace's), else "unknown".
 fn holder(addr: &SocketAddr) -> String {
-    let mut pid = String::new();
-    match UnixStream::connect_addr(addr) {
-        Ok(mut s) => {
-            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
-            let _ = s.read_to_string(&mut pid);
-        }
-        Err(_) => return "unknown".into(),
+    let Ok(mut s) = UnixStream::connect_addr(addr) else {
+        return "unknown".into();
+    };
+    let seen = getsockopt(&s, sockopt::PeerCredentials).map(|c| c.pid()).unwrap_or(0);
+    if seen > 0 {
+        return seen.to_string();
     }
-    let pid = pid.trim();
+    let mut answer = String::new();
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+    let _ = s.read_to_string(&mut answer);
+    let pid = answer.trim();
     if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
         "unknown".into()
     } else {
-        pid.to_string()
+        format!("{pid} in another PID namespace")
     }
 }
 

@@ -98,7 +98,15 @@ pub fn run(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Res
     // Before the runtime's threads exist: they inherit the blocked signals.
     let stop = crate::signals::watch().map_err(|e| StartError::Unsupported(format!("watching signals: {e}")))?;
     let system = actix_rt::System::new();
-    system.block_on(async move { run_async(cfg, source, reload, stop).await })
+    let result = system.block_on(async move { run_async(cfg, source, reload, stop).await });
+    // Actors that a late start-up error left behind are dropped with the
+    // system, and actix starts them while dropping: inside the runtime's
+    // context, or it panics ("there is no reactor running") instead of
+    // logging the error.
+    let runtime = system.runtime().tokio_runtime().handle().clone();
+    let _inside = runtime.enter();
+    drop(system);
+    result
 }
 
 /// A source ready to start.

@@ -31,7 +31,7 @@ pub fn watch() -> Result<Stop, nix::Error> {
                 tracing::info!(%signal, "stopping: the sync in flight finishes first; a second SIGTERM or SIGINT exits at once");
                 let _ = tx.send(signal.as_str());
             } else {
-                tracing::warn!(%signal, "second signal while the sync in flight finishes: exiting at once; kernel state left as it is");
+                tracing::warn!(%signal, "second signal: exiting now, leaving the kernel as it is");
                 std::process::exit(1);
             }
         }

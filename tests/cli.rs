@@ -221,14 +221,17 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
 }
 
 /// A `--manifests` path that is missing or a file: exit 1 with one line
-/// naming it, before anything touches the node (no sysctl set, no port bound).
+/// naming it, before anything touches the node: no sysctl set, no port
+/// bound (each HTTP server logs a `serving HTTP` line when it binds; one
+/// line in all means none did).
 #[test]
 fn a_bad_manifests_path_is_refused_before_touching_the_node() {
     let ns = Netns::new("kpr-badm");
     let file = tempfile::NamedTempFile::new().unwrap();
     let missing = "/nonexistent/kube-proxy-rs-manifests";
     for path in [missing, file.path().to_str().unwrap()] {
-        let out = ns.exec(&[&bin(), "--proxy-mode", "iptables", "--manifests", path, "--hostname-override", "n"]);
+        let daemon = [&bin(), "--proxy-mode", "iptables", "--manifests", path, "--hostname-override", "n"];
+        let out = ns.exec(&[&["timeout", "20"][..], &daemon[..]].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{path}: {err}");
         let lines: Vec<&str> = err.lines().collect();
@@ -238,4 +241,53 @@ fn a_bad_manifests_path_is_refused_before_touching_the_node() {
     }
     let localnet = ns.ok(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"]);
     assert_eq!(localnet.trim(), "0", "route_localnet untouched");
+}
+
+/// A second daemon names the first by the PID the first has in the
+/// second's PID namespace (`SO_PEERCRED`), not by the one the first has in
+/// its own: here the first runs in a PID namespace of its own, as in a pod,
+/// where it is PID 1.
+#[test]
+fn a_second_daemon_names_a_first_in_another_pid_namespace_by_its_pid_here() {
+    let ns = Netns::new("kpr-pidns");
+    let dir = tempfile::tempdir().unwrap();
+    let daemon =
+        [&bin(), "--proxy-mode", "iptables", "--manifests", dir.path().to_str().unwrap(), "--hostname-override", "n"];
+    // --kill-child: the daemon goes with unshare, which the guard kills whatever happens.
+    let unshare = ["ip", "netns", "exec", &ns.name, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let first = Kill(
+        Command::new(unshare[0])
+            .args(&unshare[1..])
+            .args(daemon)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("unshare"),
+    );
+    let children = format!("/proc/{0}/task/{0}/children", first.0.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let pid = loop {
+        let pid = std::fs::read_to_string(&children).unwrap_or_default().trim().to_string();
+        let bound = ns.ok(&["cat", "/proc/net/unix"]).contains("@kube-proxy-rs");
+        if bound && !pid.is_empty() {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the first daemon never bound @kube-proxy-rs");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = ns.exec(&[&["timeout", "20"][..], &daemon[..]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("another kube-proxy-rs (pid {pid}) already runs in this network namespace")),
+        "{err}"
+    );
 }

@@ -373,6 +373,13 @@ impl Daemon {
         }
     }
 
+    /// Waits up to `timeout` for the daemon to exit by itself; panics
+    /// (the log is printed on drop) if it keeps running.
+    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("daemon was started");
+        wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
+    }
+
     /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
     fn stop(mut self) -> String {
         let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
@@ -1276,78 +1283,99 @@ fn health_check_node_port_answers_on_both_families() {
     daemon.stop();
 }
 
-/// A second SIGTERM while the first waits for a long sync in flight exits
-/// at once (exit code 1, logged), leaving the kernel as it is.
+/// A second SIGTERM while the first waits for the sync in flight exits at
+/// once (exit code 1, one warning), leaving the kernel as it is. The sync
+/// is kept in flight by an `iptables-restore` on the daemon's PATH that
+/// writes its PID and sleeps (a restore that takes a minute).
 #[test]
 fn a_second_sigterm_during_a_long_sync_exits_at_once() {
-    use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec};
-    let mut lab = Lab::new("sig2", Flavour::Legacy, &["b1"]);
-    lab.node.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-    // Big enough that the first sync (planning and one iptables-restore) takes seconds.
-    let spec = ClusterSpec { services: 6000, endpoints_per_service: 10, nodes: 100, seed: 1 };
-    let events = Cluster::new(spec).unwrap().initial_events();
-    kube_proxy_rs::bench::daemon_run::write_manifests(&lab.manifests(), &events).unwrap();
-    let manifests = lab.manifests();
-    let mut daemon = lab.start_with(&["--manifests".as_ref(), manifests.as_os_str(), "--v".as_ref(), "2".as_ref()]);
-    wait_for("the first sync to start", START_WAIT, || {
+    let mut lab = Lab::new("sig2", Flavour::Nft, &["b1"]);
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    lab.start_synced().stop();
+    let before = lab.save(Some("nat"));
+    let started = lab.dir.path().join("restore.pid");
+    let shim = lab.shims().join("iptables-restore");
+    std::fs::remove_file(&shim).unwrap();
+    std::fs::write(&shim, format!("#!/bin/sh\necho $$ > {}\nexec sleep 60\n", started.display())).unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut daemon = lab.start();
+    let restore_pid = wait_for("the first sync's restore", START_WAIT, || {
         daemon.assert_running();
-        if daemon.log().contains("sync started") {
-            Ok(())
-        } else {
-            Err(daemon.log())
-        }
+        let pid = std::fs::read_to_string(&started).unwrap_or_default();
+        Some(pid.trim().to_string()).filter(|p| !p.is_empty()).ok_or_else(|| daemon.log())
     });
-    let mut child = daemon.child.take().unwrap();
-    let pid = child.id().to_string();
+    // The shim outlives the daemon (nothing kills a running restore): ended here, whatever happens.
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-KILL", &self.0]).status();
+        }
+    }
+    let _restore = Kill(restore_pid);
+    let pid = daemon.child.as_ref().unwrap().id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let log = daemon.log();
-    assert!(!log.contains("sync finished"), "the first sync ended before the second signal; make it longer:\n{log}");
+    std::thread::sleep(Duration::from_millis(500));
+    daemon.assert_running(); // the first SIGTERM waits for the sync in flight
     let sent = Instant::now();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let status = wait_for("the daemon to exit", Duration::from_secs(2), || {
-        child.try_wait().unwrap().ok_or_else(|| "still running".to_string())
-    });
+    let status = daemon.wait_exit(Duration::from_secs(3));
+    let waited = sent.elapsed();
     let log = daemon.log();
     assert_eq!(status.code(), Some(1), "{log}");
-    assert!(sent.elapsed() < Duration::from_secs(2));
-    assert!(log.contains("second signal") && log.contains("exiting at once"), "{log}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains("second signal")).collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(
+        warned[0].contains("WARN") && warned[0].contains("second signal: exiting now, leaving the kernel as it is")
+    );
+    assert!(!log.contains("kernel state left in place"), "no orderly shutdown:\n{log}");
+    let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).map(String::from).collect::<Vec<_>>();
+    assert_eq!(strip(&lab.save(Some("nat"))), strip(&before), "the kernel is as the first run left it");
 }
 
-/// One daemon per network namespace: a second one refuses to start, naming
-/// the first one's PID, and writes nothing; `--dry-run` and `--cleanup`
-/// are not blocked (here `--dry-run`).
+/// One daemon per network namespace: a second one refuses to start (exit
+/// 1, one line naming the first one's PID) and writes nothing, while the
+/// first keeps running and serving; `--dry-run` and `--cleanup` in the same
+/// namespace are not blocked; a daemon in another namespace starts.
 #[test]
 fn a_second_daemon_in_the_namespace_refuses_to_start() {
     let mut lab = Lab::new("inst", Flavour::Nft, &["b1"]);
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
-    let first = lab.start_synced();
+    let mut first = lab.start_synced();
     let pid = first.child.as_ref().unwrap().id();
     let before = lab.save(Some("nat"));
-    let out = lab.run_binary(&[
-        "--config",
-        lab.config_path().to_str().unwrap(),
-        "--manifests",
-        lab.manifests().to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let mut second = lab.start();
+    let status = second.wait_exit(START_WAIT);
+    let err = second.log();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!("another kube-proxy-rs (pid {pid}) already runs in this network namespace")),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    let dry = lab.run_binary(&[
-        "--config",
-        lab.config_path().to_str().unwrap(),
-        "--manifests",
-        lab.manifests().to_str().unwrap(),
-        "--dry-run",
-    ]);
-    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).map(String::from).collect::<Vec<_>>();
     assert_eq!(strip(&lab.save(Some("nat"))), strip(&before), "the second daemon wrote nothing");
+    first.assert_running();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+
+    let (config, manifests) = (lab.config_path(), lab.manifests());
+    let dry = lab.run_binary(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(dry.status.success(), "--dry-run: {}", String::from_utf8_lossy(&dry.stderr));
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("10.96.0.10"));
+
+    // Another namespace is another instance: its daemon starts and syncs.
+    let mut other = Lab::new("inst2", Flavour::Nft, &[]);
+    other.start_synced().stop();
+
+    let cleanup = lab.run_binary(&["--cleanup"]);
+    assert!(cleanup.status.success(), "--cleanup: {}", String::from_utf8_lossy(&cleanup.stderr));
+    assert!(!lab.save(Some("nat")).contains("KUBE-SERVICES"), "--cleanup removed the rules");
     first.stop();
 }
 
