@@ -54,8 +54,8 @@ fn file_name(path: &Path) -> String {
 /// Each non-empty YAML document of `text`, as JSON.
 fn documents(text: &str, origin: &str) -> Vec<Value> {
     let mut out = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let yaml = serde_yaml::Value::deserialize(document).unwrap_or_else(|e| panic!("{origin} document {i}: {e}"));
+    for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let yaml = yaml_serde::Value::deserialize(document).unwrap_or_else(|e| panic!("{origin} document {i}: {e}"));
         if yaml.is_null() {
             continue;
         }
@@ -483,7 +483,7 @@ struct KustomizeImage {
 #[test]
 fn kustomization_lists_every_manifest_and_sets_the_image() {
     let text = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).expect("kustomization.yaml");
-    let kustomization: Kustomization = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let kustomization: Kustomization = yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(kustomization.api_version, "kustomize.config.k8s.io/v1beta1");
     assert_eq!(kustomization.kind, "Kustomization");
     let listed: BTreeSet<String> = kustomization.resources.iter().cloned().collect();

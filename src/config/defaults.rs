@@ -239,7 +239,7 @@ winkernel:
 
     #[test]
     fn defaults_match_upstream_defaulted_object() {
-        let upstream: KubeProxyConfiguration = serde_yaml::from_str(UPSTREAM_DEFAULTS).unwrap();
+        let upstream: KubeProxyConfiguration = yaml_serde::from_str(UPSTREAM_DEFAULTS).unwrap();
         assert_eq!(KubeProxyConfiguration::with_defaults(), upstream);
     }
 

@@ -36,7 +36,7 @@
 
 use std::path::Path;
 
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::flags::Flags;
 use super::types::{KubeProxyConfiguration, API_VERSION, KIND};
@@ -99,9 +99,9 @@ fn warn_ignored_flags(flags: &Flags) {
 /// errors (a file name).
 pub fn parse_str(text: &str, origin: &str) -> Result<KubeProxyConfiguration, ConfigError> {
     let parse_error = |source| ConfigError::Parse { origin: origin.to_string(), source };
-    let raw: Value = serde_yaml::from_str(text).map_err(parse_error)?;
+    let raw: Value = yaml_serde::from_str(text).map_err(parse_error)?;
     check_type_meta(&raw).map_err(|error| ConfigError::TypeMeta { origin: origin.to_string(), error })?;
-    serde_yaml::from_str(text).map_err(parse_error)
+    yaml_serde::from_str(text).map_err(parse_error)
 }
 
 /// apiVersion and kind must be ours (checked before the strict parse, so a
@@ -115,7 +115,7 @@ fn check_type_meta(raw: &Value) -> Result<(), FieldError> {
             Some(Value::String(s)) if s == want => {}
             Some(Value::String(s)) => return Err(FieldError::not_supported(field, s, &[want])),
             Some(other) => {
-                let shown = serde_yaml::to_string(other).unwrap_or_default();
+                let shown = yaml_serde::to_string(other).unwrap_or_default();
                 return Err(FieldError::not_supported(field, shown.trim(), &[want]));
             }
         }
@@ -141,8 +141,8 @@ pub fn to_yaml(cfg: &KubeProxyConfiguration) -> Result<String, ConfigError> {
     let mut cfg = cfg.clone();
     cfg.api_version = API_VERSION.to_string();
     cfg.kind = KIND.to_string();
-    let value = serde_yaml::to_value(&cfg).map_err(|source| ConfigError::Serialize { source })?;
-    serde_yaml::to_string(&sort_keys(value)).map_err(|source| ConfigError::Serialize { source })
+    let value = yaml_serde::to_value(&cfg).map_err(|source| ConfigError::Serialize { source })?;
+    yaml_serde::to_string(&sort_keys(value)).map_err(|source| ConfigError::Serialize { source })
 }
 
 fn sort_keys(value: Value) -> Value {

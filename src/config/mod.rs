@@ -60,7 +60,7 @@ pub enum ConfigError {
         origin: String,
         /// The parser's error.
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// apiVersion or kind is missing or not ours.
     #[error("{origin}: {error}")]
@@ -99,7 +99,7 @@ pub enum ConfigError {
     Serialize {
         /// The serializer's error.
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
 }
 

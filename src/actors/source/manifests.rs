@@ -111,7 +111,7 @@ pub enum ManifestError {
     Yaml {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// A JSON file is not valid JSON; it is skipped.
     #[error("{}: invalid JSON: {source}", path.display())]
@@ -169,7 +169,7 @@ impl ManifestError {
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error(transparent)]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] yaml_serde::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
 }
@@ -666,7 +666,7 @@ fn parse_file(path: &Path, bytes: &[u8]) -> Result<Objects, ManifestError> {
 /// Splits a file into documents, each as a generic JSON value.
 fn read_documents(path: &Path, format: Format, bytes: &[u8]) -> Result<Vec<Value>, ManifestError> {
     match format {
-        Format::Yaml => serde_yaml::Deserializer::from_slice(bytes)
+        Format::Yaml => yaml_serde::Deserializer::from_slice(bytes)
             .map(Value::deserialize)
             .collect::<Result<_, _>>()
             .map_err(|source| ManifestError::Yaml { path: path.to_owned(), source }),
@@ -825,7 +825,7 @@ fn describe(value: &Value, type_meta: &TypeMeta) -> String {
 fn relocate<T: DeserializeOwned>(format: Format, bytes: &[u8], document: usize) -> Option<DecodeError> {
     match format {
         Format::Yaml => {
-            let document = serde_yaml::Deserializer::from_slice(bytes).nth(document)?;
+            let document = yaml_serde::Deserializer::from_slice(bytes).nth(document)?;
             T::deserialize(document).err().map(DecodeError::Yaml)
         }
         // Later values of a JSON stream may be other kinds; only the first
