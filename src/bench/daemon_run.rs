@@ -1,7 +1,7 @@
 //! `kpr-bench daemon`: the real daemon binary on a generated cluster, as an
 //! operator runs it. The cluster is written as manifest files (one
 //! `kind: List` file per 500 objects, plus the Node), the daemon runs in
-//! iptables mode inside a network namespace of its own (`ip netns exec`,
+//! iptables mode (or IPVS mode, in the VM) inside a network namespace of its own (`ip netns exec`,
 //! so the host's tables are never touched), and the bench reads what a
 //! user sees:
 //!
@@ -38,6 +38,8 @@ pub struct Options {
     pub binary: PathBuf,
     /// `legacy` or `nft`: the iptables the daemon finds first on its PATH.
     pub flavour: String,
+    /// The proxy mode: `iptables` or `ipvs` (no tool comparison then).
+    pub mode: String,
     /// How long to watch the idle daemon.
     pub idle: Duration,
     /// The cluster's dual-stack twin ([`super::dual`]).
@@ -242,8 +244,9 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     std::fs::write(
         &config,
         format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
-             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\niptables:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n"
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
+             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\n{mode}:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n",
+            mode = opts.mode
         ),
     )?;
     let log = work.join("daemon.log");
@@ -283,7 +286,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     // `iptables-nft-save` of 10,000 services takes more than 15 minutes and
     // a `--noflush` restore of it longer still, so the rules are the
     // daemon's own `--dry-run` text, restored plainly (flushing the tables).
-    let dry = if opts.flavour == "nft" {
+    let dry = if opts.flavour == "nft" && opts.mode == "iptables" {
         let out = Command::new("ip")
             .args(["netns", "exec", &node.0])
             .arg(&opts.binary)
@@ -301,7 +304,8 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     } else {
         Vec::new()
     };
-    for (i, (tool, label)) in [("iptables", "IPv4"), ("ip6tables", "IPv6")].iter().take(families).enumerate() {
+    let compared = if opts.mode == "iptables" { families } else { 0 };
+    for (i, (tool, label)) in [("iptables", "IPv4"), ("ip6tables", "IPv6")].iter().take(compared).enumerate() {
         let fresh = Netns::new(format!("kpr-bdt-{pid}"))?;
         let restore = format!("{tool}-{}-restore", opts.flavour);
         let (rules, took, how) = match dry.get(i) {

@@ -105,6 +105,10 @@ enum Cmd {
         /// iptables flavour the daemon runs.
         #[arg(long, default_value = "legacy", value_parser = ["legacy", "nft"])]
         flavour: String,
+        /// The daemon's proxy mode (ipvs needs the ip_vs module: run it in
+        /// the VM, README "Performance").
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "ipvs"])]
+        mode: String,
         /// Seconds of idle watched after the first sync.
         #[arg(long, default_value_t = 60)]
         idle: u64,
@@ -623,7 +627,7 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
-        Cmd::Daemon { services, flavour, idle, sync_period, binary } => {
+        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary } => {
             let binary = match binary {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()
@@ -635,6 +639,7 @@ fn main() {
                     spec: spec(&cli, n),
                     binary: binary.clone(),
                     flavour: flavour.clone(),
+                    mode: mode.clone(),
                     idle: Duration::from_secs(*idle),
                     dual_stack: cli.dual_stack,
                     sync_period: Duration::from_secs(*sync_period),

@@ -1,0 +1,15 @@
+#!/bin/bash
+# kpr-bench daemon inside the VM, as /test.sh: the real daemon binary in
+# IPVS mode (the host kernel has no IPVS) on a generated cluster. Its
+# arguments go to `kpr-bench daemon`; the table goes to /out/daemon.md.
+# Run from the host:
+#   cargo build --release --bins
+#   tests/vm/run-vm-test.sh --mem 3072 --timeout 3600 --outdir target/bench-daemon \
+#     --bin target/release/kpr-bench --bin target/release/kube-proxy-rs \
+#     tests/vm/guest/bench-daemon.sh -- --mode ipvs --services 1000,10000 --idle 30
+set -u
+kpr-bench daemon --binary /usr/local/bin/kube-proxy-rs "$@" >/out/daemon.md
+rc=$?
+cat /out/daemon.md
+echo "kpr-bench daemon: exit $rc"
+exit $rc
