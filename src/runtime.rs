@@ -200,7 +200,12 @@ async fn run_async(
     };
     let running = match ready {
         Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
-        Ready::Manifests(dir) => Running::Manifests(manifests::spawn(dir, sink)?),
+        Ready::Manifests(dir) => {
+            let metrics = live.observe.metrics.clone();
+            let report =
+                move |d: &manifests::Duplicate| metrics.object_ignored(&d.kind, &d.object, "duplicate", &d.detail);
+            Running::Manifests(manifests::spawn_reporting(dir, sink, report)?)
+        }
     };
     tracing::info!(mode = mode.as_str(), node = %node_name, families = ?families.all().collect::<Vec<_>>(), "kube-proxy-rs started");
     run_until_stopped(&mut live, &reload, &mut stop).await;

@@ -1552,3 +1552,30 @@ fn a_connection_flood_on_healthz_delays_nothing_and_leaves_no_memory_behind() {
     assert!(!log.contains("Too many open files"), "{log}");
     daemon.stop();
 }
+
+/// The same Service in two manifest files: the first file's copy is used,
+/// the other refused with a warning naming both files, counted in /metrics
+/// and listed on the dashboard.
+#[test]
+fn a_service_in_two_manifest_files_is_refused_once_counted_and_listed() {
+    let mut lab = Lab::new("dup", Flavour::Legacy, &["b1"]);
+    lab.put("a-web", &service_manifest("web", "10.96.0.70", &["b1"]));
+    lab.put("b-web", &service_manifest("web", "10.96.0.71", &["b1"]));
+    let daemon = lab.start_synced();
+    lab.wait_traffic("10.96.0.70:80", false, &["b1"], CHANGE_WAIT);
+    assert!(!lab.save(Some("nat")).contains("10.96.0.71"), "the refused copy is not programmed");
+    let metrics = http_get(&lab.node, "/metrics").expect("/metrics");
+    let sample = "kube_proxy_rs_source_objects_ignored_total{kind=\"Service\",reason=\"duplicate\"}";
+    assert!(metrics.lines().any(|l| l == format!("{sample} 1")), "{metrics}");
+    let refused = lab.dashboard().expect("dashboard")["refused"].clone();
+    let listed = refused
+        .as_array()
+        .expect("refused list")
+        .iter()
+        .find(|r| r["reason"] == "duplicate" && r["kind"] == "Service")
+        .cloned();
+    let listed = listed.unwrap_or_else(|| panic!("no duplicate in {refused}"));
+    assert_eq!(listed["object"], "default/web");
+    assert!(listed["detail"].as_str().is_some_and(|d| d.contains("b-web") && d.contains("a-web")), "{listed}");
+    daemon.stop();
+}

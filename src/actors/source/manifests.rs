@@ -184,6 +184,27 @@ pub struct ScanResult {
     pub errors: Vec<ManifestError>,
     /// Files still being written were left for later: scan again after this.
     pub settle_again: Option<Duration>,
+    /// Copies of objects refused because another copy is used, each already logged.
+    pub refused: Vec<Duplicate>,
+}
+
+/// A second copy of an object (same kind, namespace and name), refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: String,
+    /// `namespace/name` (a Node: its name).
+    pub object: String,
+    /// Where the used copy and the refused one are.
+    pub detail: String,
+}
+
+impl Duplicate {
+    fn of(key: &ObjectKey, detail: String) -> Duplicate {
+        let object =
+            if key.namespace.is_empty() { key.name.clone() } else { format!("{}/{}", key.namespace, key.name) };
+        Duplicate { kind: key.kind.to_string(), object, detail }
+    }
 }
 
 /// The synchronous core of the manifest source: a directory and what was
@@ -226,14 +247,14 @@ impl ManifestDir {
             Ok(listing) => self.refresh_all(listing, &mut pass),
             Err(err) => pass.report(err),
         }
-        let mut events = self.settle_all(pass.touched, &pass.fresh);
+        let mut events = self.settle_all(std::mem::take(&mut pass.touched), &pass.fresh, &mut pass.refused);
         if pass.listed && !self.synced {
             self.synced = true;
             events.extend(
                 [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced),
             );
         }
-        ScanResult { events, errors: pass.errors, settle_again: pass.settle_again }
+        ScanResult { events, errors: pass.errors, settle_again: pass.settle_again, refused: pass.refused }
     }
 
     fn refresh_all(&mut self, listing: Listing, pass: &mut Pass) {
@@ -283,7 +304,7 @@ impl ManifestDir {
             return;
         }
         file.hash = Some(hash);
-        match parse_file(&path, &bytes) {
+        match parse_file(&path, &bytes, &mut pass.refused) {
             Ok(objects) => {
                 let kept: Objects = objects.iter().map(|(key, held)| (key.clone(), held.kept())).collect();
                 let old = std::mem::replace(&mut file.objects, kept);
@@ -314,8 +335,13 @@ impl ManifestDir {
         }
     }
 
-    fn settle_all(&mut self, touched: BTreeSet<ObjectKey>, fresh: &Fresh) -> Vec<SourceEvent> {
-        touched.into_iter().filter_map(|key| self.settle(key, fresh)).collect()
+    fn settle_all(
+        &mut self,
+        touched: BTreeSet<ObjectKey>,
+        fresh: &Fresh,
+        refused: &mut Vec<Duplicate>,
+    ) -> Vec<SourceEvent> {
+        touched.into_iter().filter_map(|key| self.settle(key, fresh, refused)).collect()
     }
 
     /// The whole object `key` of the file at `path`: parsed this scan, or
@@ -324,7 +350,7 @@ impl ManifestDir {
         if let Some(object) = fresh.get(&(path.to_path_buf(), key.clone())) {
             return Some(object.clone());
         }
-        let again = fs::read(path).ok().and_then(|bytes| parse_file(path, &bytes).ok());
+        let again = fs::read(path).ok().and_then(|bytes| parse_file(path, &bytes, &mut Vec::new()).ok());
         let object = again.and_then(|mut objects| objects.remove(key)).and_then(|held| held.object);
         if object.is_none() {
             warn!(object = %key, path = %path.display(), "cannot read the object again; the next scan retries");
@@ -335,7 +361,7 @@ impl ManifestDir {
     /// Brings `current[key]` in line with the winning file (the first, in
     /// file name order, that has it; the others' copies are refused with a
     /// warning naming both files); the event, if any.
-    fn settle(&mut self, key: ObjectKey, fresh: &Fresh) -> Option<SourceEvent> {
+    fn settle(&mut self, key: ObjectKey, fresh: &Fresh, duplicates: &mut Vec<Duplicate>) -> Option<SourceEvent> {
         let mut holders = self.files.iter().filter_map(|(path, file)| file.objects.get(&key).map(|o| (path, o)));
         let first = holders.next();
         if let Some((kept, _)) = first {
@@ -346,6 +372,8 @@ impl ManifestDir {
                     refused = %refused.display(),
                     "the same object in two manifest files: the first file's is used, the other refused"
                 );
+                let detail = format!("also in {}; the copy in {} is used", refused.display(), kept.display());
+                duplicates.push(Duplicate::of(&key, detail));
             }
         }
         match first {
@@ -371,6 +399,7 @@ struct Pass {
     fresh: Fresh,
     /// The soonest a file left to settle is quiet enough.
     settle_again: Option<Duration>,
+    refused: Vec<Duplicate>,
 }
 
 /// Whole objects by file and key.
@@ -653,14 +682,27 @@ impl Object {
 }
 
 /// Parses one file into its objects; any problem rejects the whole file.
-fn parse_file(path: &Path, bytes: &[u8]) -> Result<Objects, ManifestError> {
+/// The objects of one file; copies of an object already read from it are
+/// refused (logged, and added to `duplicates`).
+fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplicate>) -> Result<Objects, ManifestError> {
     let format = Format::of(path).unwrap_or(Format::Yaml);
     let mut objects = Objects::new();
+    let mut twice = Vec::new();
     for (index, document) in read_documents(path, format, bytes)?.into_iter().enumerate() {
         let at = Location { document: index, item: None };
-        add_document(document, at, &mut objects).map_err(|failure| failure.into_error(path, format, bytes))?;
+        let mut out = Out { objects: &mut objects, twice: &mut twice };
+        add_document(document, at, &mut out).map_err(|failure| failure.into_error(path, format, bytes))?;
     }
+    duplicates.extend(twice.into_iter().map(|(key, at)| {
+        Duplicate::of(&key, format!("twice in {}; the first is used, the one at {at} refused", path.display()))
+    }));
     Ok(objects)
+}
+
+/// Where a file's documents go: its objects, and the copies refused.
+struct Out<'a> {
+    objects: &'a mut Objects,
+    twice: &'a mut Vec<(ObjectKey, Location)>,
 }
 
 /// Splits a file into documents, each as a generic JSON value.
@@ -734,7 +776,7 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-fn add_document(document: Value, at: Location, out: &mut Objects) -> Result<(), DocFailure> {
+fn add_document(document: Value, at: Location, out: &mut Out) -> Result<(), DocFailure> {
     if document.is_null() {
         return Ok(());
     }
@@ -745,7 +787,7 @@ fn add_document(document: Value, at: Location, out: &mut Objects) -> Result<(), 
     add_object(document, &type_meta, at, out)
 }
 
-fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Objects) -> Result<(), DocFailure> {
+fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
     let item_type = type_meta.list_item();
     let items = match list {
         Value::Object(mut map) => map.remove("items").unwrap_or_default(),
@@ -767,7 +809,7 @@ fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Objects) 
     Ok(())
 }
 
-fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Objects) -> Result<(), DocFailure> {
+fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
     let object = match (type_meta.api_version.as_str(), type_meta.kind.as_str()) {
         ("v1", "Service") => Object::Service(Arc::new(namespaced(decode(&value, type_meta, at)?))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -781,12 +823,13 @@ fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Object
     };
     let key =
         object.key().ok_or_else(|| DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind)))?;
-    match out.entry(key) {
+    match out.objects.entry(key) {
         std::collections::btree_map::Entry::Vacant(slot) => {
             slot.insert(Held { digest: value_digest(&value), object: Some(object) });
         }
         std::collections::btree_map::Entry::Occupied(slot) => {
             warn!(object = %slot.key(), location = %at, "the same object twice in one file: the first one is used, this one refused");
+            out.twice.push((slot.key().clone(), at));
         }
     }
     Ok(())
@@ -915,7 +958,18 @@ impl Drop for ManifestWatcher {
 /// `sink` with each non-empty batch. Fails if the directory cannot be listed
 /// or the thread cannot be started; bad files are only logged.
 pub fn spawn(dir: PathBuf, sink: impl Fn(SourceBatch) + Send + 'static) -> Result<ManifestWatcher, ManifestError> {
-    start(dir, sink, Backend::Inotify)
+    start(dir, sink, |_: &Duplicate| {}, Backend::Inotify)
+}
+
+/// Like [`spawn`], and each refused copy of an object (already logged) is
+/// also given to `report` (the daemon counts them and lists them on the
+/// dashboard).
+pub fn spawn_reporting(
+    dir: PathBuf,
+    sink: impl Fn(SourceBatch) + Send + 'static,
+    report: impl Fn(&Duplicate) + Send + 'static,
+) -> Result<ManifestWatcher, ManifestError> {
+    start(dir, sink, report, Backend::Inotify)
 }
 
 /// Like [`spawn`], but always polls (every second) instead of using
@@ -924,7 +978,7 @@ pub fn spawn_polling(
     dir: PathBuf,
     sink: impl Fn(SourceBatch) + Send + 'static,
 ) -> Result<ManifestWatcher, ManifestError> {
-    start(dir, sink, Backend::Poll)
+    start(dir, sink, |_: &Duplicate| {}, Backend::Poll)
 }
 
 /// How the watcher learns about changes.
@@ -938,12 +992,14 @@ enum Backend {
 
 type NotifyEvents = Receiver<notify::Result<notify::Event>>;
 
-fn start<F>(dir: PathBuf, sink: F, backend: Backend) -> Result<ManifestWatcher, ManifestError>
+fn start<F, R>(dir: PathBuf, sink: F, report: R, backend: Backend) -> Result<ManifestWatcher, ManifestError>
 where
     F: Fn(SourceBatch) + Send + 'static,
+    R: Fn(&Duplicate) + Send + 'static,
 {
     let mut manifests = ManifestDir::new(dir);
-    let ScanResult { events, errors, .. } = manifests.scan();
+    let ScanResult { events, errors, refused, .. } = manifests.scan();
+    refused.iter().for_each(&report);
     if let Some(err) = (errors.into_iter()).find(|e| matches!(e, ManifestError::ReadDir { .. })) {
         return Err(err);
     }
@@ -953,7 +1009,7 @@ where
         Backend::Poll => (None, None),
     };
     let (stop, stopped) = crossbeam_channel::bounded(0);
-    let worker = Worker { manifests, sink, stop: stopped, events, _watcher: watcher, settle_again: None };
+    let worker = Worker { manifests, sink, report, stop: stopped, events, _watcher: watcher, settle_again: None };
     let thread = std::thread::Builder::new()
         .name("manifest-watch".to_owned())
         .spawn(move || worker.run())
@@ -979,9 +1035,10 @@ fn watch_dir(dir: &Path) -> Option<(RecommendedWatcher, NotifyEvents)> {
 }
 
 /// The watcher thread's state.
-struct Worker<F> {
+struct Worker<F, R> {
     manifests: ManifestDir,
     sink: F,
+    report: R,
     stop: Receiver<()>,
     /// inotify events; `None` when polling.
     events: Option<NotifyEvents>,
@@ -999,7 +1056,7 @@ enum Wake {
     Tick,
 }
 
-impl<F: Fn(SourceBatch)> Worker<F> {
+impl<F: Fn(SourceBatch), R: Fn(&Duplicate)> Worker<F, R> {
     fn run(mut self) {
         // Catch changes made between the first scan and the start of the watch.
         self.rescan();
@@ -1011,6 +1068,7 @@ impl<F: Fn(SourceBatch)> Worker<F> {
 
     fn rescan(&mut self) {
         let result = self.manifests.scan();
+        result.refused.iter().for_each(&self.report);
         self.settle_again = result.settle_again.map(|d| Instant::now() + d);
         let events = result.events;
         if !events.is_empty() {
@@ -1448,6 +1506,10 @@ items:
         write(&dir, "b.yaml", &service("web", "10.96.0.2"));
         let (mut manifests, result) = first_scan(&dir);
         assert_eq!(applied_cluster_ips(&result.events), ["10.96.0.1"]);
+        let refused = &result.refused;
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!((refused[0].kind.as_str(), refused[0].object.as_str()), ("Service", "default/web"));
+        assert!(refused[0].detail.contains("b.yaml") && refused[0].detail.contains("a.yaml"), "{refused:?}");
         // Editing the refused copy changes nothing.
         write(&dir, "b.yaml", &service("web", "10.96.0.9"));
         assert!(manifests.scan().events.is_empty());
@@ -1469,6 +1531,8 @@ items:
         write(&dir, "a.yaml", &text);
         let (_, result) = first_scan(&dir);
         assert_eq!(applied_cluster_ips(&result.events), ["10.96.0.1"]);
+        assert_eq!(result.refused.len(), 1, "{:?}", result.refused);
+        assert!(result.refused[0].detail.starts_with("twice in "), "{:?}", result.refused);
     }
 
     #[test]
@@ -1553,7 +1617,7 @@ items:
         let dir = TempDir::new().unwrap();
         write(&dir, "node.yaml", NODE);
         let (sink, batches) = channel_sink();
-        let watcher = start(dir.path().to_owned(), sink, backend).expect("watcher starts");
+        let watcher = start(dir.path().to_owned(), sink, |_: &Duplicate| {}, backend).expect("watcher starts");
         let first = batches.try_recv().expect("first batch before spawn returns");
         assert_eq!(
             summary(&first.0),
