@@ -35,14 +35,20 @@
 //! `sendInitialEvents` unless configured for streaming lists.
 //!
 //! Errors are `Status` objects with the real codes and reasons (400
-//! BadRequest, 404 NotFound, 405 MethodNotAllowed, 410 Expired).
+//! BadRequest, 404 NotFound, 405 MethodNotAllowed, 410 Expired, 500
+//! InternalError).
 //!
 //! # Test API
 //!
 //! [`ApiServer::start`] binds 127.0.0.1:0; [`ApiServer::client`] is a kube
 //! client for it (`kube::Config::new(url)`, no auth). Writes
 //! ([`ApiServer::create`], [`ApiServer::update`], [`ApiServer::delete`])
-//! take `k8s_openapi` objects and bump one global resourceVersion.
+//! take `k8s_openapi` objects and bump one global resourceVersion. They take
+//! raw JSON (`serde_json::Value`) too, served as written beside the typed
+//! objects: an object our types refuse (`"port": "abc"`), as a conversion
+//! webhook or a version skew may serve it. [`ApiServer::fail_kind`] makes
+//! the lists and watches of one kind answer 500 (a failing webhook or
+//! aggregated API), so that kind never completes its first list.
 //! [`ApiServer::compact`] expires older resourceVersions,
 //! [`ApiServer::cut_watches`] drops every connection streaming a watch,
 //! [`ApiServer::set_reachable`] drops every connection and refuses new ones,
@@ -99,6 +105,8 @@ struct Shared {
     connections: Mutex<Connections>,
     /// `METHOD /path?query` of every request, in order (query decoded).
     requests: Mutex<Vec<String>>,
+    /// Kinds whose lists and watches fail ([`ApiServer::fail_kind`]).
+    failing: Mutex<std::collections::BTreeSet<Kind>>,
 }
 
 #[derive(Default)]
@@ -194,6 +202,16 @@ impl ApiServer {
                 let _ = connection.cut.send(true);
             }
         }
+    }
+
+    /// While `failing`, new lists and watches of `kind` answer 500
+    /// InternalError (gets by name still work; open watches go on).
+    pub fn fail_kind(&self, kind: Kind, failing: bool) {
+        let mut kinds = lock(&self.shared.failing);
+        match failing {
+            true => kinds.insert(kind),
+            false => kinds.remove(&kind),
+        };
     }
 
     /// Sends a BOOKMARK at the current resourceVersion on every watch that
@@ -334,6 +352,10 @@ fn route_request(
     let route = Route::parse(request.uri().path())
         .ok_or_else(|| ApiError::not_found("the server could not find the requested resource".into()))?;
     let params = Params::parse(request.uri().query().unwrap_or_default());
+    if route.name.is_none() && lock(&shared.failing).contains(&route.kind) {
+        let message = format!("Internal error occurred: the test API server fails {}", route.kind.plural());
+        return Err(ApiError { code: StatusCode::INTERNAL_SERVER_ERROR, reason: "InternalError", message });
+    }
     match (&route.name, params.watch) {
         (Some(name), _) => get(shared, &route, name),
         (None, true) => open_watch(shared, connection, &route, &params),
