@@ -189,6 +189,7 @@ async fn run_async(
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
     let claims = std::sync::Mutex::new(crate::model::node_ports::NodePortClaims::default());
+    let source_metrics = metrics.clone();
     let sink = move |b: SourceBatch| {
         report_ignored(&b, &metrics);
         let (events, conflicts) = crate::sync::lock(&claims).filter(b.0);
@@ -199,7 +200,7 @@ async fn run_async(
         }
     };
     let running = match ready {
-        Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), sink))),
+        Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), source_metrics, sink))),
         Ready::Manifests(dir) => {
             let metrics = live.observe.metrics.clone();
             let report =

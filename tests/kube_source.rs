@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort, ServiceSpec};
@@ -16,9 +17,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::task::JoinHandle;
 
 use common::apiserver::selector::{FieldSelector, LabelSelector};
-use common::apiserver::{ApiServer, StoreError};
+use common::apiserver::{ApiServer, Kind, StoreError};
 use kube_proxy_rs::actors::source::kube::{self as source, SERVICE_LABEL_SELECTOR};
+use kube_proxy_rs::actors::stats::StatsRegistry;
+use kube_proxy_rs::config::ProxyMode;
+use kube_proxy_rs::metrics::ProxyMetrics;
 use kube_proxy_rs::msgs::source::{Change, SourceBatch, SourceEvent};
+use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
 /// How long anything may take before a test fails.
@@ -83,6 +88,7 @@ const SYNCED: [&str; 3] = ["synced Service", "synced EndpointSlice", "synced Nod
 struct Source {
     batches: UnboundedReceiver<SourceBatch>,
     task: JoinHandle<()>,
+    metrics: Arc<ProxyMetrics>,
 }
 
 impl Source {
@@ -91,8 +97,16 @@ impl Source {
         let sink = move |batch| {
             let _ = tx.send(batch);
         };
-        let task = tokio::spawn(source::run(server.client(), NODE.into(), sink));
-        Source { batches, task }
+        let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Iptables, StatsRegistry::default()));
+        let task = tokio::spawn(source::run(server.client(), NODE.into(), metrics.clone(), sink));
+        Source { batches, task, metrics }
+    }
+
+    /// `kube_proxy_rs_source_objects_refused_total{kind=...}`.
+    fn refused(&self, kind: &str) -> Option<u64> {
+        let prefix = format!("kube_proxy_rs_source_objects_refused_total{{kind=\"{kind}\"}} ");
+        let text = self.metrics.encode_text();
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.parse().ok())
     }
 
     /// Starts and waits for the first list of every kind; its lines.
@@ -383,6 +397,90 @@ async fn a_list_longer_than_a_page_is_read_whole() {
     assert!(lists.iter().any(|r| r.contains("/api/v1/services?") && r.contains("continue=")), "{lists:?}");
 }
 
+/// A Service as a conversion webhook or a version skew might serve it:
+/// `port` a string where our types (and the API) have an integer.
+fn bad_service(name: &str, cluster_ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"clusterIP": cluster_ip, "ports": [{"port": "abc", "protocol": "TCP"}]},
+    })
+}
+
+#[tokio::test]
+async fn an_object_that_does_not_decode_is_refused_and_every_other_one_flows() {
+    let server = cluster().await;
+    server.create(&bad_service("bad", "10.96.0.66")).unwrap();
+    let (mut source, lines) = Source::synced(&server).await;
+    let expected = [
+        "applied EndpointSlice default/web-abc",
+        "applied Node node-a",
+        "applied Service default/db",
+        "applied Service default/web",
+        "synced EndpointSlice",
+        "synced Node",
+        "synced Service",
+    ];
+    assert_eq!(sorted(lines), expected, "the list went through without the bad Service");
+    assert_eq!(source.refused("Service"), Some(1));
+    assert_eq!(source.refused("EndpointSlice"), Some(0));
+    assert_eq!(source.refused("Node"), Some(0));
+    // The watch goes on: good objects arrive, a bad one is refused.
+    server.create(&service("new", "10.96.0.12", &[])).unwrap();
+    assert_eq!(source.until(&["applied Service default/new"]).await, ["applied Service default/new"]);
+    server.create(&bad_service("bad2", "10.96.0.67")).unwrap();
+    server.create(&service("sentinel", "10.96.0.30", &[])).unwrap();
+    assert_eq!(source.until(&["applied Service default/sentinel"]).await, ["applied Service default/sentinel"]);
+    assert_eq!(source.refused("Service"), Some(2));
+    // A known Service turned bad keeps its last version; its deletion,
+    // by identity, goes through; an unknown bad one's deletion is no news.
+    server.update(&bad_service("web", "10.96.0.10")).unwrap();
+    server.delete(&bad_service("bad", "")).unwrap();
+    server.delete(&bad_service("web", "")).unwrap();
+    assert_eq!(source.until(&["deleted Service default/web"]).await, ["deleted Service default/web"]);
+    assert_eq!(source.refused("Service"), Some(3));
+    // Still following.
+    server.create(&slice("new-abc", "new", &[])).unwrap();
+    let lines = source.until(&["applied EndpointSlice default/new-abc"]).await;
+    assert_eq!(lines, ["applied EndpointSlice default/new-abc"]);
+}
+
+#[tokio::test]
+async fn a_relist_keeps_the_last_readable_version_of_an_object_turned_bad() {
+    let server = cluster().await;
+    let (mut source, _) = Source::synced(&server).await;
+    wait_watching_again(&server, 0, false).await;
+    let before = server.requests().len();
+    // Turned bad while the API server is unreachable, then compacted away:
+    // the relist lists it, refused.
+    server.set_reachable(false);
+    server.update(&bad_service("web", "10.96.0.10")).unwrap();
+    server.create(&bad_service("bad", "10.96.0.66")).unwrap();
+    server.compact();
+    server.set_reachable(true);
+    wait_watching_again(&server, before, true).await;
+    assert_eq!(source.pending(), Vec::<String>::new(), "neither deleted nor changed");
+    assert_eq!(source.refused("Service"), Some(2));
+    // Fixed later: the new version flows.
+    server.update(&service("web", "10.96.0.99", &[])).unwrap();
+    assert_eq!(source.until(&["applied Service default/web"]).await, ["applied Service default/web"]);
+}
+
+#[tokio::test]
+async fn a_kind_whose_lists_fail_never_syncs_and_the_others_do() {
+    let server = cluster().await;
+    server.fail_kind(Kind::EndpointSlice, true);
+    let mut source = Source::start(&server);
+    let lines = source.until(&["synced Service", "synced Node"]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut lines = [lines, source.pending()].concat();
+    lines.retain(|l| l.contains("EndpointSlice"));
+    assert_eq!(lines, Vec::<String>::new(), "no EndpointSlice, no synced EndpointSlice");
+    server.fail_kind(Kind::EndpointSlice, false);
+    let lines = source.until(&["synced EndpointSlice"]).await;
+    assert_eq!(lines, ["applied EndpointSlice default/web-abc", "synced EndpointSlice"]);
+}
+
 // The test API server itself.
 
 #[tokio::test]
@@ -399,6 +497,21 @@ async fn apiserver_lists_and_gets_through_kube_rs() {
     assert!(matches!(missing, kube::Error::Api(ref s) if s.code == 404), "{missing:?}");
     let bad = nodes.list(&ListParams::default().fields("spec.podCIDR=x")).await.unwrap_err();
     assert!(matches!(bad, kube::Error::Api(ref s) if s.code == 400), "{bad:?}");
+}
+
+#[tokio::test]
+async fn apiserver_serves_raw_json_as_written_and_fails_a_kind_on_demand() {
+    let server = cluster().await;
+    server.create(&bad_service("bad", "10.96.0.66")).unwrap();
+    let services: Api<Service> = Api::namespaced(server.client(), "default");
+    let error = services.get("bad").await.unwrap_err();
+    assert!(error.to_string().contains("invalid type: string \"abc\""), "typed reads refuse it: {error}");
+    server.fail_kind(Kind::Service, true);
+    let failed = services.list(&ListParams::default()).await.unwrap_err();
+    assert!(matches!(failed, kube::Error::Api(ref s) if s.code == 500), "{failed:?}");
+    assert_eq!(services.get("web").await.unwrap().metadata.name.as_deref(), Some("web"), "gets still work");
+    server.fail_kind(Kind::Service, false);
+    assert!(services.list(&ListParams::default().labels("app=none")).await.is_ok());
 }
 
 #[tokio::test]

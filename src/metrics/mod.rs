@@ -125,6 +125,7 @@ struct ServerMetrics {
     bind_failures: CounterFamily,
     config_reload_failures: prometheus_client::metrics::counter::Counter,
     objects_ignored: CounterFamily,
+    objects_refused: CounterFamily,
 }
 
 impl SyncMetrics {
@@ -354,6 +355,12 @@ impl ProxyMetrics {
         });
     }
 
+    /// `n` objects of `kind` the API source could not decode (see
+    /// `actors::source::kube`); `n = 0` makes the series exist.
+    pub fn objects_refused(&self, kind: &str, n: u64) {
+        self.server.objects_refused.get_or_create(&vec![("kind", kind.to_string())]).inc_by(n);
+    }
+
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
     pub fn bind_failed(&self, server: &str) {
         self.server.bind_failures.get_or_create(&vec![("server", server.to_string())]).inc();
@@ -485,6 +492,11 @@ fn register_server(r: &mut Registrar, s: &ServerMetrics) {
         "kube_proxy_rs_source_objects_ignored_total",
         "Source objects every proxier ignores, by kind and reason (an EndpointSlice without the service-name label or of an unknown address type)",
         s.objects_ignored.clone(),
+    );
+    r.add(
+        "kube_proxy_rs_source_objects_refused_total",
+        "Objects from the API server that do not decode into their type, by kind (skipped, or their last readable version kept)",
+        s.objects_refused.clone(),
     );
 }
 

@@ -34,6 +34,9 @@ fn touch_all(m: &ProxyMetrics) {
     m.livez_served(503);
     m.config_reload_failed();
     m.bind_failed("metrics");
+    m.objects_refused("Service", 0);
+    m.objects_refused("EndpointSlice", 0);
+    m.objects_refused("EndpointSlice", 2);
 }
 
 #[test]
@@ -146,6 +149,8 @@ fn series_carry_upstreams_labels() {
         "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
         "kubeproxy_proxy_livez_total{code=\"503\"} 1",
         "kube_proxy_rs_bind_failures_total{server=\"metrics\"} 1",
+        "kube_proxy_rs_source_objects_refused_total{kind=\"Service\"} 0",
+        "kube_proxy_rs_source_objects_refused_total{kind=\"EndpointSlice\"} 2",
     ] {
         assert!(has_line(&text, line), "missing line {line}\n{text}");
     }

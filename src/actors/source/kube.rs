@@ -28,7 +28,24 @@
 //! repeats of what is known.
 //!
 //! Each watcher event becomes at most one [`SourceBatch`]; a relist is one
-//! batch. Watcher errors (API server unreachable, RBAC, expired watch) are
+//! batch.
+//!
+//! # One object at a time
+//!
+//! List and watch responses are read as [`Item`]s: each object is decoded
+//! into its `k8s_openapi` type on its own, so one object our types cannot
+//! read (`"port": "abc"`, served by a conversion webhook, an aggregated API
+//! or a version skew) no longer fails the whole list. Such an object is
+//! *refused*: one warning names its kind, `namespace/name`, the field
+//! (`spec.ports[0].port`) and serde's message (capped at
+//! [`REFUSAL_DETAIL_MAX`] bytes), and it is counted in
+//! `kube_proxy_rs_source_objects_refused_total{kind}`. Every other object
+//! flows as before. A refused object that was known keeps its last readable
+//! version (in a watch event and in a relist alike, so a 410 changes
+//! nothing); one never read stays unknown. A deletion needs only the
+//! identity, so a refused object's deletion goes through.
+//!
+//! Watcher errors (API server unreachable, RBAC, expired watch) are
 //! logged and retried with kube-runtime's default backoff (0.8 s doubling to
 //! 30 s, with jitter, as client-go's reflector); meanwhile the consumer keeps
 //! the last state it was told.
@@ -42,6 +59,7 @@
 //! speaks only JSON, so `clientConnection.qps`, `burst`, `contentType` and
 //! `acceptContentTypes` are read but not applied (logged at debug).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt::Debug;
@@ -51,15 +69,19 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use crate::config::ClientConnectionConfiguration;
+use crate::metrics::ProxyMetrics;
 use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
 
 /// Services the proxy handles: not claimed by another proxy (upstream's
@@ -175,15 +197,20 @@ fn log_unsupported_settings(connection: &ClientConnectionConfiguration) {
 
 /// Reads the Node `name`, retrying every second for up to `timeout` while
 /// it is missing or the API server is unreachable (upstream's NodeManager
-/// waits the same way). `None` if it does not exist by then.
+/// waits the same way). `None` if it does not exist by then, or at once if
+/// it does not decode (logged; the Node watcher counts it when it lists it).
 pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Result<Option<Node>, KubeSourceError> {
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Item<Node>> = Api::all(client);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let result = nodes.get_opt(name).await;
         let expired = tokio::time::Instant::now() >= deadline;
         match result {
-            Ok(Some(node)) => return Ok(Some(node)),
+            Ok(Some(Item(Ok(node)))) => return Ok(Some(node)),
+            Ok(Some(Item(Err(refused)))) => {
+                refused.log(ResourceKind::Node, "starting without the Node's addresses and labels");
+                return Ok(None);
+            }
             Ok(None) if expired => return Ok(None),
             Err(source) if expired => return Err(KubeSourceError::Node { name: name.to_owned(), source }),
             Ok(None) => debug!(node = name, "node not registered yet"),
@@ -195,16 +222,26 @@ pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Res
 
 /// Watches Services, EndpointSlices and the Node `node_name` and feeds
 /// `sink` one [`SourceBatch`] per change (a whole relist is one batch).
+/// Objects that do not decode are refused and counted in `metrics`.
 /// Runs until the future is dropped; API errors are logged and retried.
-pub async fn run(client: Client, node_name: String, sink: impl Fn(SourceBatch) + Send + 'static) {
+pub async fn run(
+    client: Client,
+    node_name: String,
+    metrics: Arc<ProxyMetrics>,
+    sink: impl Fn(SourceBatch) + Send + 'static,
+) {
     let node_selector = format!("metadata.name={node_name}");
     let services = watcher::Config::default().labels(SERVICE_LABEL_SELECTOR).fields(SERVICE_FIELD_SELECTOR);
     let slices = watcher::Config::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
     let nodes = watcher::Config::default().fields(&node_selector);
+    for kind in [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node] {
+        // Every series from the start, at 0.
+        metrics.objects_refused(&kind.to_string(), 0);
+    }
     let mut batches = stream::select_all([
-        batches::<Service>(Api::all(client.clone()), services),
-        batches::<EndpointSlice>(Api::all(client.clone()), slices),
-        batches::<Node>(Api::all(client), nodes),
+        batches::<Service>(Api::all(client.clone()), services, metrics.clone()),
+        batches::<EndpointSlice>(Api::all(client.clone()), slices, metrics.clone()),
+        batches::<Node>(Api::all(client), nodes, metrics),
     ]);
     info!(node = %node_name, "watching the API server");
     while let Some(batch) = batches.next().await {
@@ -213,18 +250,27 @@ pub async fn run(client: Client, node_name: String, sink: impl Fn(SourceBatch) +
 }
 
 /// One kind's watcher, turned into batches for the coordinator.
-fn batches<K: Watched>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, SourceBatch> {
+fn batches<K: Watched>(
+    api: Api<Item<K>>,
+    config: watcher::Config,
+    metrics: Arc<ProxyMetrics>,
+) -> BoxStream<'static, SourceBatch> {
     let mut state = RelistState::<K>::new();
+    let kind = K::KIND.to_string();
     watcher(api, config)
         .default_backoff()
         .filter_map(move |event| {
             let events = match event {
-                Ok(event) => state.handle(event),
+                Ok(event) => state.handle_item(event),
                 Err(error) => {
                     log_watch_error(K::KIND, &error);
                     Vec::new()
                 }
             };
+            let refused = state.take_refusals();
+            if refused > 0 {
+                metrics.objects_refused(&kind, refused);
+            }
             futures::future::ready((!events.is_empty()).then_some(SourceBatch(events)))
         })
         .boxed()
@@ -236,6 +282,140 @@ fn log_watch_error(kind: ResourceKind, error: &watcher::Error) {
             info!(%kind, message = %status.message, "watch expired; relisting")
         }
         _ => warn!(%kind, %error, "watching the API server failed; retrying with backoff"),
+    }
+}
+
+/// The most of serde's message a refusal logs: a type error quotes the
+/// value it met, which may be large.
+pub const REFUSAL_DETAIL_MAX: usize = 200;
+
+/// One object as the API server sent it, decoded on its own: the
+/// `k8s_openapi` object, or why it was refused. Lists and watch events are
+/// read as `Item<K>`, so a bad object never fails its list.
+#[derive(Debug, Clone)]
+pub struct Item<K>(pub Result<K, Refused>);
+
+/// An object that does not decode into its type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// What could be read of its identity: name, namespace,
+    /// resourceVersion and uid, where they are strings.
+    pub meta: ObjectMeta,
+    /// Where decoding failed, as serde_path_to_error spells it
+    /// (`spec.ports[0].port`; `.` for the object itself).
+    pub field: String,
+    /// serde's message, at most [`REFUSAL_DETAIL_MAX`] bytes.
+    pub error: String,
+}
+
+impl<K> From<K> for Item<K> {
+    fn from(object: K) -> Self {
+        Item(Ok(object))
+    }
+}
+
+impl<K: DeserializeOwned> Item<K> {
+    /// Decodes one object. The identity is read first (the decode takes
+    /// the value), as a few short strings.
+    pub fn decode(value: Value) -> Self {
+        let text = |pointer: &str| value.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
+        let meta = ObjectMeta {
+            name: text("/metadata/name"),
+            namespace: text("/metadata/namespace"),
+            resource_version: text("/metadata/resourceVersion"),
+            uid: text("/metadata/uid"),
+            ..ObjectMeta::default()
+        };
+        match serde_path_to_error::deserialize::<_, K>(value) {
+            Ok(object) => Item(Ok(object)),
+            Err(error) => {
+                let field = error.path().to_string();
+                let error = capped(error.into_inner().to_string(), REFUSAL_DETAIL_MAX);
+                Item(Err(Refused { meta, field, error }))
+            }
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), `…` added.
+fn capped(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// Any JSON value decodes (only malformed JSON fails, which fails the whole
+/// response anyway); whether it is a `K` is in the item.
+impl<'de, K: DeserializeOwned> Deserialize<'de> for Item<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Item::decode)
+    }
+}
+
+/// `K`'s API resource (same paths, kind and scope); the metadata is the
+/// object's, or what could be read of a refused one's.
+impl<K: Resource<DynamicType = ()>> Resource for Item<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        match &self.0 {
+            Ok(object) => object.meta(),
+            Err(refused) => &refused.meta,
+        }
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match &mut self.0 {
+            Ok(object) => object.meta_mut(),
+            Err(refused) => &mut refused.meta,
+        }
+    }
+}
+
+impl Refused {
+    /// `namespace/name` (`name` for cluster-scoped objects), `<unnamed>`
+    /// without a readable name.
+    pub fn object(&self) -> String {
+        let name = self.meta.name.as_deref().unwrap_or("<unnamed>");
+        match self.meta.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+            _ => name.to_owned(),
+        }
+    }
+
+    /// The one line a refusal logs; `outcome` says what the source did.
+    fn log(&self, kind: ResourceKind, outcome: &str) {
+        warn!(
+            %kind,
+            object = %self.object(),
+            field = %self.field,
+            error = %self.error,
+            resource_version = self.meta.resource_version.as_deref().unwrap_or_default(),
+            "object refused: it does not decode; {outcome}"
+        );
     }
 }
 
@@ -257,14 +437,19 @@ pub trait Watched:
         if object.resource_version().is_none() {
             return object;
         }
-        let mut identity = Self::default();
-        let meta = identity.meta_mut();
-        meta.name = object.meta().name.clone();
-        meta.namespace = object.meta().namespace.clone();
-        meta.resource_version = object.meta().resource_version.clone();
-        meta.uid = object.meta().uid.clone();
-        Arc::new(identity)
+        Arc::new(identity(object.meta()))
     }
+}
+
+/// An object carrying only `meta`'s name, namespace, resourceVersion and uid.
+fn identity<K: Watched>(meta: &ObjectMeta) -> K {
+    let mut identity = K::default();
+    let kept = identity.meta_mut();
+    kept.name = meta.name.clone();
+    kept.namespace = meta.namespace.clone();
+    kept.resource_version = meta.resource_version.clone();
+    kept.uid = meta.uid.clone();
+    identity
 }
 
 impl Watched for Service {
@@ -301,6 +486,11 @@ fn key_of<K: Resource>(object: &K) -> ObjectKey {
     (object.namespace().unwrap_or_default(), object.name_any())
 }
 
+fn refused_key(refused: &Refused) -> ObjectKey {
+    let text = |field: &Option<String>| field.clone().unwrap_or_default();
+    (text(&refused.meta.namespace), text(&refused.meta.name))
+}
+
 /// The same version of an object: equal resourceVersions, or equal
 /// objects when either has none.
 fn same_version<K: Watched>(a: &K, b: &K) -> bool {
@@ -312,7 +502,8 @@ fn same_version<K: Watched>(a: &K, b: &K) -> bool {
 
 /// What one kind's consumer has been told, and the relist in progress: the
 /// pure core of the source. Feed it watcher events; it returns the source
-/// events to send.
+/// events to send, logs the objects it refuses and counts them
+/// ([`RelistState::take_refusals`]).
 #[derive(Debug)]
 pub struct RelistState<K> {
     /// The objects as last sent, as [`Watched::kept`] keeps them.
@@ -320,6 +511,8 @@ pub struct RelistState<K> {
     /// Objects listed since `Init`, until `InitDone`.
     relisting: Option<BTreeMap<ObjectKey, Arc<K>>>,
     synced: bool,
+    /// Objects refused since the last [`RelistState::take_refusals`].
+    refusals: u64,
 }
 
 impl<K: Watched> Default for RelistState<K> {
@@ -331,7 +524,7 @@ impl<K: Watched> Default for RelistState<K> {
 impl<K: Watched> RelistState<K> {
     /// Nothing known, nothing listed yet.
     pub fn new() -> Self {
-        Self { known: BTreeMap::new(), relisting: None, synced: false }
+        Self { known: BTreeMap::new(), relisting: None, synced: false, refusals: 0 }
     }
 
     /// The first list has completed.
@@ -349,21 +542,78 @@ impl<K: Watched> RelistState<K> {
         self.known.is_empty()
     }
 
+    /// How many objects were refused since the last call.
+    pub fn take_refusals(&mut self) -> u64 {
+        std::mem::take(&mut self.refusals)
+    }
+
     /// The source events `event` implies, in order.
     pub fn handle(&mut self, event: Event<K>) -> Vec<SourceEvent> {
+        self.handle_item(match event {
+            Event::Init => Event::Init,
+            Event::InitApply(object) => Event::InitApply(object.into()),
+            Event::InitDone => Event::InitDone,
+            Event::Apply(object) => Event::Apply(object.into()),
+            Event::Delete(object) => Event::Delete(object.into()),
+        })
+    }
+
+    /// [`RelistState::handle`] of objects as read, some maybe refused.
+    pub fn handle_item(&mut self, event: Event<Item<K>>) -> Vec<SourceEvent> {
         match event {
             Event::Init => {
                 self.relisting = Some(BTreeMap::new());
                 Vec::new()
             }
-            Event::InitApply(object) => {
-                let listed = self.relisting.get_or_insert_default();
-                listed.insert(key_of(&object), Arc::new(object));
+            Event::InitApply(item) => {
+                match item.0 {
+                    Ok(object) => {
+                        let listed = self.relisting.get_or_insert_default();
+                        listed.insert(key_of(&object), Arc::new(object));
+                    }
+                    Err(refused) => self.refuse_listed(refused),
+                }
                 Vec::new()
             }
             Event::InitDone => self.swap(),
-            Event::Apply(object) => self.apply(object).into_iter().collect(),
-            Event::Delete(object) => self.delete(object).into_iter().collect(),
+            Event::Apply(item) => match item.0 {
+                Ok(object) => self.apply(object).into_iter().collect(),
+                Err(refused) => {
+                    let known = self.known.contains_key(&refused_key(&refused));
+                    self.refuse(&refused, known);
+                    Vec::new()
+                }
+            },
+            Event::Delete(item) => {
+                let object = match item.0 {
+                    Ok(object) => object,
+                    // The identity is all a deletion needs.
+                    Err(refused) => {
+                        debug!(kind = %K::KIND, object = %refused.object(), field = %refused.field,
+                            "deletion of an object that does not decode, by its identity");
+                        identity(&refused.meta)
+                    }
+                };
+                self.delete(object).into_iter().collect()
+            }
+        }
+    }
+
+    /// Logs and counts a refusal; `known`: the consumer keeps the version
+    /// it was sent before.
+    fn refuse(&mut self, refused: &Refused, known: bool) {
+        self.refusals += 1;
+        refused.log(K::KIND, if known { "keeping the version read before" } else { "skipped" });
+    }
+
+    /// A listed object that does not decode: the version known before (if
+    /// any) counts as listed, so the relist neither deletes nor changes it.
+    fn refuse_listed(&mut self, refused: Refused) {
+        let key = refused_key(&refused);
+        let last = self.known.get(&key).cloned();
+        self.refuse(&refused, last.is_some());
+        if let Some(last) = last {
+            self.relisting.get_or_insert_default().insert(key, last);
         }
     }
 
@@ -629,6 +879,110 @@ mod tests {
         let events = state.handle(Event::Delete(service("a", "6", "10.96.0.1")));
         assert_eq!(summary(&events), ["deleted Service default/a@6"]);
         assert_eq!(state.len(), 1);
+    }
+
+    fn bad_service(name: &str, version: &str) -> Value {
+        serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "resourceVersion": version, "uid": "u-1"},
+            "spec": {"clusterIP": "10.96.0.66", "ports": [{"port": 80}, {"port": "abc"}]},
+        })
+    }
+
+    fn refused(name: &str, version: &str) -> Item<Service> {
+        let item = Item::decode(bad_service(name, version));
+        assert!(item.0.is_err(), "{item:?}");
+        item
+    }
+
+    /// `list` with items that may be refused.
+    fn list_items<K: Watched>(state: &mut RelistState<K>, items: Vec<Item<K>>) -> Vec<String> {
+        let mut events = state.handle_item(Event::Init);
+        for item in items {
+            events.extend(state.handle_item(Event::InitApply(item)));
+        }
+        events.extend(state.handle_item(Event::InitDone));
+        summary(&events)
+    }
+
+    #[test]
+    fn a_refusal_names_the_object_and_the_field() {
+        let Item(Err(refused)) = Item::<Service>::decode(bad_service("bad", "7")) else { panic!("decoded") };
+        assert_eq!(refused.object(), "default/bad");
+        assert_eq!(refused.field, "spec.ports[1].port");
+        assert_eq!(refused.error, "invalid type: string \"abc\", expected i32");
+        assert_eq!(refused.meta.resource_version.as_deref(), Some("7"));
+        assert_eq!(refused.meta.uid.as_deref(), Some("u-1"));
+        let Item(Ok(good)) = Item::<Service>::decode(serde_json::to_value(service("a", "3", "10.96.0.1")).unwrap())
+        else {
+            panic!("refused a good Service")
+        };
+        assert_eq!(good, service("a", "3", "10.96.0.1"));
+    }
+
+    #[test]
+    fn a_refusal_quotes_at_most_a_bounded_part_of_the_value() {
+        let mut value = bad_service("bad", "7");
+        value["spec"]["ports"][1]["port"] = Value::String("é".repeat(10_000));
+        let Item(Err(refused)) = Item::<Service>::decode(value) else { panic!("decoded") };
+        assert!(refused.error.len() <= REFUSAL_DETAIL_MAX + '…'.len_utf8(), "{}", refused.error.len());
+        assert!(refused.error.starts_with("invalid type: string \"éé") && refused.error.ends_with('…'));
+        let mut value = bad_service("bad", "7");
+        value["metadata"]["namespace"] = serde_json::json!(5);
+        let Item(Err(refused)) = Item::<Service>::decode(value) else { panic!("decoded") };
+        assert_eq!(refused.field, "metadata.namespace");
+        assert_eq!(refused.object(), "bad", "an unreadable namespace is left out");
+    }
+
+    #[test]
+    fn a_list_or_a_watch_event_with_a_bad_object_still_decodes() {
+        let list = serde_json::json!({
+            "kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"},
+            "items": [service("a", "3", "10.96.0.1"), bad_service("bad", "4"), service("b", "5", "10.96.0.2")],
+        });
+        let list: kube::core::ObjectList<Item<Service>> = serde_json::from_value(list).expect("the list decodes");
+        let refused: Vec<bool> = list.items.iter().map(|i| i.0.is_err()).collect();
+        assert_eq!(refused, [false, true, false]);
+        // The object before the type: serde buffers it first.
+        let text = format!(r#"{{"object":{},"type":"MODIFIED"}}"#, bad_service("bad", "6"));
+        let event: kube::core::WatchEvent<Item<Service>> = serde_json::from_str(&text).expect("the event decodes");
+        let kube::core::WatchEvent::Modified(Item(Err(refused))) = event else { panic!("{event:?}") };
+        assert_eq!((refused.object(), refused.field.as_str()), ("default/bad".into(), "spec.ports[1].port"));
+    }
+
+    #[test]
+    fn a_refused_object_never_known_is_skipped_and_counted() {
+        let mut state = RelistState::new();
+        let events = list_items(&mut state, vec![service("a", "3", "10.96.0.1").into(), refused("bad", "4")]);
+        assert_eq!(events, ["applied Service default/a@3", "synced Service"]);
+        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.take_refusals(), 0, "taken");
+        assert!(state.handle_item(Event::Apply(refused("bad2", "5"))).is_empty());
+        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.len(), 1);
+    }
+
+    #[test]
+    fn a_known_object_turned_bad_keeps_its_last_version_in_a_watch_and_a_relist() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")]);
+        assert!(state.handle_item(Event::Apply(refused("a", "6"))).is_empty());
+        assert_eq!(state.take_refusals(), 1);
+        // A relist that still refuses it neither deletes nor re-applies it.
+        let events = list_items(&mut state, vec![refused("a", "7"), service("b", "4", "10.96.0.2").into()]);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.len(), 2);
+        // Fixed: the new version flows.
+        let events = state.handle(Event::Apply(service("a", "8", "10.96.0.9")));
+        assert_eq!(summary(&events), ["applied Service default/a@8"]);
+    }
+
+    #[test]
+    fn a_refused_object_is_deleted_by_its_identity() {
+        let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
+        let events = state.handle_item(Event::Delete(refused("a", "9")));
+        assert_eq!(summary(&events), ["deleted Service default/a@9"]);
+        assert_eq!(state.take_refusals(), 0, "a deletion is not refused");
+        assert!(state.is_empty());
     }
 
     #[test]
