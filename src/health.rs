@@ -5,6 +5,13 @@
 //! once an update has waited longer than the health timeout (upstream: 2 ×
 //! syncPeriod).
 //!
+//! One rule of ours: the sync loop's start ([`ProxyHealth::started`]) also
+//! queues an update, the first sync. Upstream queues updates only once its
+//! informers have synced, so a proxy whose first list never completes (an
+//! API server that fails its lists) stays healthy forever with no rules
+//! programmed; here it turns unhealthy once the first sync has not
+//! succeeded within the health timeout of the start.
+//!
 //! - `/livez`: 200 while healthy, else 503.
 //! - `/healthz`: the same, and also 503 while the Node is not eligible
 //!   (being deleted, or tainted `ToBeDeletedByClusterAutoscaler`), so load
@@ -67,6 +74,14 @@ impl HealthState {
     pub fn updated(&mut self, family: IpFamily, now: SystemTime) {
         self.oldest_pending.remove(&family);
         self.last_updated.insert(family, now);
+    }
+
+    /// The sync loop of `family` started: updated now, as upstream marks
+    /// it, and its first sync pending from now, so a family that never
+    /// syncs turns unhealthy after the timeout.
+    pub fn started(&mut self, family: IpFamily, now: SystemTime) {
+        self.updated(family, now);
+        self.queued_update(family, now);
     }
 
     /// A change for `family` arrived; the oldest unsynced one counts.
@@ -208,9 +223,14 @@ impl ProxyHealth {
         lock(&self.state)
     }
 
-    /// A sync of `family` succeeded now (call it also when the sync loop starts).
+    /// A sync of `family` succeeded now.
     pub fn updated(&self, family: IpFamily) {
         self.state().updated(family, SystemTime::now());
+    }
+
+    /// The sync loop of `family` starts now (see [`HealthState::started`]).
+    pub fn started(&self, family: IpFamily) {
+        self.state().started(family, SystemTime::now());
     }
 
     /// A Service or EndpointSlice change for `family` arrived now.
@@ -281,6 +301,22 @@ mod tests {
         let body = json(&r.body);
         assert_eq!(body["nodeEligible"], true);
         assert!(body.get("status").is_none(), "{body}");
+    }
+
+    #[test]
+    fn a_family_that_never_syncs_turns_unhealthy_after_the_timeout() {
+        let mut s = HealthState::default();
+        s.started(IpFamily::V4, at(0));
+        assert_eq!(s.probe(Probe::Healthz, TIMEOUT, at(59)).status, 200, "within the timeout of the start");
+        let r = s.probe(Probe::Healthz, TIMEOUT, at(60));
+        assert_eq!(r.status, 503, "no first sync within the timeout");
+        assert_eq!(json(&r.body)["status"]["IPv4"]["healthy"], false);
+        assert_eq!(s.probe(Probe::Livez, TIMEOUT, at(60)).status, 503);
+        // Changes queued meanwhile do not move the first pending update.
+        s.queued_update(IpFamily::V4, at(100));
+        assert_eq!(s.probe(Probe::Livez, TIMEOUT, at(101)).status, 503);
+        s.updated(IpFamily::V4, at(102));
+        assert_eq!(s.probe(Probe::Healthz, TIMEOUT, at(103)).status, 200, "the first sync heals it");
     }
 
     #[test]

@@ -61,9 +61,10 @@ pub struct SyncHooks {
 
 impl SyncHooks {
     /// Marks `family` updated now, as upstream's sync loop does when it
-    /// starts (so a first sync that never succeeds turns unhealthy).
+    /// starts, with its first sync pending from now (so a first sync that
+    /// never succeeds, or never comes, turns unhealthy after the timeout).
     pub fn new(family: IpFamily, metrics: Arc<ProxyMetrics>, health: Arc<ProxyHealth>) -> SyncHooks {
-        health.updated(family);
+        health.started(family);
         SyncHooks {
             family,
             metrics,
