@@ -1579,3 +1579,131 @@ fn a_service_in_two_manifest_files_is_refused_once_counted_and_listed() {
     assert!(listed["detail"].as_str().is_some_and(|d| d.contains("b-web") && d.contains("a-web")), "{listed}");
     daemon.stop();
 }
+
+/// Points the lab's config at `api` (a kubeconfig in the lab's directory,
+/// `clientConnection.kubeconfig` in the config file): the daemon started
+/// with no source argument reads the API server. Call after `Lab::config`.
+fn use_api_server(lab: &Lab, api: &common::apiserver::ApiServer) {
+    let kubeconfig = lab.dir.path().join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n\
+         contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n\
+         users:\n- name: t\n  user: {{}}\n",
+        api.url()
+    );
+    std::fs::write(&kubeconfig, text).unwrap();
+    let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
+    config.push_str(&format!("clientConnection:\n  kubeconfig: {}\n", kubeconfig.display()));
+    std::fs::write(lab.config_path(), config).unwrap();
+}
+
+/// Creates every item of a `List` manifest in `api`.
+fn create_items(api: &common::apiserver::ApiServer, list: &Value) {
+    for item in list["items"].as_array().unwrap() {
+        api.create(item).unwrap();
+    }
+}
+
+/// `GET path` on `127.0.0.1:port` in `ns`: the status code and body.
+fn http_status(ns: &Netns, port: u16, path: &str) -> Result<(u16, String), String> {
+    ns.run(|| {
+        let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
+        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
+        let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("status line: {head}"))?;
+        Ok((code, body.to_string()))
+    })
+}
+
+/// One Service the API server serves with a string where an integer goes
+/// (`"port": "abc"`, as a conversion webhook or a version skew may serve
+/// it): the daemon refuses that one object with one log line naming it and
+/// the field, counts it, programs every other Service, and goes on
+/// following the watch. (On the previous code the whole ServiceList failed
+/// to decode and the daemon never synced.)
+#[test]
+fn a_service_that_does_not_decode_is_refused_and_the_others_are_programmed() {
+    let mut lab = Lab::new("undec", Flavour::Nft, &["b1", "b2"]);
+    let (api, _serving) = api_server_in(&lab.node);
+    use_api_server(&lab, &api);
+    api.create(&node_manifest()).unwrap();
+    create_items(&api, &service_manifest("web", "10.96.0.10", &["b1"]));
+    let mut bad = service_manifest("bad", "10.96.0.11", &["b2"]);
+    bad["items"][0]["spec"]["ports"][0]["port"] = json!("abc");
+    create_items(&api, &bad);
+    let mut daemon = lab.start_with(&[]);
+    lab.wait_sync(&mut daemon, 0, START_WAIT);
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let refused = || {
+        let text = http_get(&lab.node, "/metrics").unwrap();
+        let prefix = "kube_proxy_rs_source_objects_refused_total{kind=\"Service\"} ";
+        text.lines().find_map(|l| l.strip_prefix(prefix)).map(String::from)
+    };
+    assert_eq!(refused().as_deref(), Some("1"));
+    // A later watch event of a good Service still arrives.
+    create_items(&api, &service_manifest("later", "10.96.0.12", &["b2"]));
+    lab.wait_traffic("10.96.0.12:80", false, &["b2"], CHANGE_WAIT);
+    assert!(!lab.save(Some("nat")).contains("10.96.0.11"), "no rules for the refused Service");
+    assert_eq!(refused().as_deref(), Some("1"));
+    let log = daemon.stop();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("object refused")).collect();
+    assert_eq!(lines.len(), 1, "one line for the one refusal:\n{log}");
+    for part in ["WARN", "kind=Service", "object=default/bad", "field=spec.ports[0].port", "\"abc\""] {
+        assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+    }
+    assert!(lines[0].len() < 400, "{}", lines[0]);
+    assert!(!log.contains("clusterIP"), "no object's JSON in the log:\n{log}");
+}
+
+/// Restarted while the API server fails every EndpointSlice list (a
+/// broken webhook or aggregated API): no first sync can happen, and once
+/// the health timeout (2 × syncPeriod, 2 s here) has passed /healthz and
+/// /livez answer 503 instead of 200, until the lists work and the first
+/// sync is done. (On the previous code they answered 200 throughout.)
+#[test]
+fn healthz_is_503_while_a_restarted_daemon_cannot_sync() {
+    let mut lab = Lab::new("nosync", Flavour::Nft, &["b1"]);
+    lab.config("iptables", "1s");
+    let (api, _serving) = api_server_in(&lab.node);
+    use_api_server(&lab, &api);
+    api.create(&node_manifest()).unwrap();
+    create_items(&api, &service_manifest("web", "10.96.0.10", &["b1"]));
+    let healthz = |lab: &Lab, path: &str| http_status(&lab.node, 10256, path).map(|(code, _)| code);
+    let mut daemon = lab.start_with(&[]);
+    lab.wait_sync(&mut daemon, 0, START_WAIT);
+    wait_for("healthz 200 after the first sync", CHANGE_WAIT, || match healthz(&lab, "/healthz") {
+        Ok(200) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    daemon.stop();
+
+    api.fail_kind(common::apiserver::Kind::EndpointSlice, true);
+    let mut daemon = lab.start_with(&[]);
+    let unhealthy = wait_for("healthz 503 without a first sync", START_WAIT, || {
+        daemon.assert_running();
+        match http_status(&lab.node, 10256, "/healthz") {
+            Ok((503, body)) => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let body: Value = serde_json::from_str(&unhealthy).unwrap();
+    assert_eq!(body["healthy"], json!(false), "{body}");
+    for _ in 0..5 {
+        assert_eq!(healthz(&lab, "/healthz"), Ok(503));
+        assert_eq!(healthz(&lab, "/livez"), Ok(503));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(lab.syncs().map(|s| s.len()), Ok(0), "no sync at all");
+    api.fail_kind(common::apiserver::Kind::EndpointSlice, false);
+    lab.wait_sync(&mut daemon, 0, Duration::from_secs(40));
+    wait_for("healthz 200 after the first sync", CHANGE_WAIT, || match healthz(&lab, "/healthz") {
+        Ok(200) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    daemon.stop();
+}
