@@ -1649,6 +1649,14 @@ fn a_service_that_does_not_decode_is_refused_and_the_others_are_programmed() {
     lab.wait_traffic("10.96.0.12:80", false, &["b2"], CHANGE_WAIT);
     assert!(!lab.save(Some("nat")).contains("10.96.0.11"), "no rules for the refused Service");
     assert_eq!(refused().as_deref(), Some("1"));
+    let listed = lab.dashboard().unwrap()["refused"].clone();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(
+        (&listed[0]["kind"], &listed[0]["object"], &listed[0]["reason"]),
+        (&json!("Service"), &json!("default/bad"), &json!("does_not_decode")),
+        "{listed}"
+    );
+    assert!(listed[0]["detail"].as_str().is_some_and(|d| d.starts_with("spec.ports[0].port: ")), "{listed}");
     let log = daemon.stop();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("object refused")).collect();
     assert_eq!(lines.len(), 1, "one line for the one refusal:\n{log}");

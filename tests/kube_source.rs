@@ -89,6 +89,7 @@ struct Source {
     batches: UnboundedReceiver<SourceBatch>,
     task: JoinHandle<()>,
     metrics: Arc<ProxyMetrics>,
+    registry: StatsRegistry,
 }
 
 impl Source {
@@ -97,9 +98,16 @@ impl Source {
         let sink = move |batch| {
             let _ = tx.send(batch);
         };
-        let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Iptables, StatsRegistry::default()));
+        let registry = StatsRegistry::default();
+        let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Iptables, registry.clone()));
         let task = tokio::spawn(source::run(server.client(), NODE.into(), metrics.clone(), sink));
-        Source { batches, task, metrics }
+        Source { batches, task, metrics, registry }
+    }
+
+    /// The refusals the dashboard lists: `Kind ns/name reason: detail`, newest first.
+    fn listed_refusals(&self) -> Vec<String> {
+        let list = self.registry.refusals();
+        list.iter().map(|r| format!("{} {} {}: {}", r.kind, r.object, r.reason, r.detail)).collect()
     }
 
     /// `kube_proxy_rs_source_objects_refused_total{kind=...}`.
@@ -425,6 +433,10 @@ async fn an_object_that_does_not_decode_is_refused_and_every_other_one_flows() {
     assert_eq!(source.refused("Service"), Some(1));
     assert_eq!(source.refused("EndpointSlice"), Some(0));
     assert_eq!(source.refused("Node"), Some(0));
+    assert_eq!(
+        source.listed_refusals(),
+        ["Service default/bad does_not_decode: spec.ports[0].port: invalid type: string \"abc\", expected i32"]
+    );
     // The watch goes on: good objects arrive, a bad one is refused.
     server.create(&service("new", "10.96.0.12", &[])).unwrap();
     assert_eq!(source.until(&["applied Service default/new"]).await, ["applied Service default/new"]);

@@ -70,8 +70,8 @@ pub struct DashboardData {
     /// False when the coordinator did not answer in time (`syncs` is empty).
     pub syncs_available: bool,
     /// Input the daemon refused or ignored lately (a nodePort another
-    /// Service holds, an EndpointSlice of an unknown addressType, ...),
-    /// newest first.
+    /// Service holds, an EndpointSlice of an unknown addressType, an API
+    /// object that does not decode, ...), newest first.
     pub refused: Vec<Refusal>,
 }
 

@@ -345,6 +345,25 @@ impl ProxyMetrics {
     pub fn object_ignored(&self, kind: &str, object: &str, reason: &str, detail: &str) {
         let labels = vec![("kind", kind.to_string()), ("reason", reason.to_string())];
         self.server.objects_ignored.get_or_create(&labels).inc();
+        self.list_refusal(kind, object, reason, detail);
+    }
+
+    /// The API source watches `kind`: its
+    /// `kube_proxy_rs_source_objects_refused_total` series exists from now, at 0.
+    pub fn refusals_counted(&self, kind: &str) {
+        self.server.objects_refused.get_or_create(&vec![("kind", kind.to_string())]).inc_by(0);
+    }
+
+    /// An object of `kind` the API source could not decode (see
+    /// `actors::source::kube`; `detail`: the field and serde's message):
+    /// counted, and listed on the dashboard (reason `does_not_decode`).
+    pub fn object_refused(&self, kind: &str, object: &str, detail: &str) {
+        self.server.objects_refused.get_or_create(&vec![("kind", kind.to_string())]).inc();
+        self.list_refusal(kind, object, "does_not_decode", detail);
+    }
+
+    /// Lists a refused or ignored object on the dashboard.
+    fn list_refusal(&self, kind: &str, object: &str, reason: &str, detail: &str) {
         let unix_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.actors.refused(crate::actors::stats::Refusal {
             unix_ms,
@@ -353,12 +372,6 @@ impl ProxyMetrics {
             reason: reason.to_string(),
             detail: detail.to_string(),
         });
-    }
-
-    /// `n` objects of `kind` the API source could not decode (see
-    /// `actors::source::kube`); `n = 0` makes the series exist.
-    pub fn objects_refused(&self, kind: &str, n: u64) {
-        self.server.objects_refused.get_or_create(&vec![("kind", kind.to_string())]).inc_by(n);
     }
 
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.

@@ -34,9 +34,10 @@ fn touch_all(m: &ProxyMetrics) {
     m.livez_served(503);
     m.config_reload_failed();
     m.bind_failed("metrics");
-    m.objects_refused("Service", 0);
-    m.objects_refused("EndpointSlice", 0);
-    m.objects_refused("EndpointSlice", 2);
+    m.refusals_counted("Service");
+    m.refusals_counted("EndpointSlice");
+    m.object_refused("EndpointSlice", "default/a", "endpoints: invalid type");
+    m.object_refused("EndpointSlice", "default/b", "endpoints: invalid type");
 }
 
 #[test]

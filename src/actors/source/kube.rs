@@ -235,8 +235,7 @@ pub async fn run(
     let slices = watcher::Config::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
     let nodes = watcher::Config::default().fields(&node_selector);
     for kind in [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node] {
-        // Every series from the start, at 0.
-        metrics.objects_refused(&kind.to_string(), 0);
+        metrics.refusals_counted(&kind.to_string());
     }
     let mut batches = stream::select_all([
         batches::<Service>(Api::all(client.clone()), services, metrics.clone()),
@@ -267,9 +266,8 @@ fn batches<K: Watched>(
                     Vec::new()
                 }
             };
-            let refused = state.take_refusals();
-            if refused > 0 {
-                metrics.objects_refused(&kind, refused);
+            for refused in state.take_refusals() {
+                metrics.object_refused(&kind, &refused.object(), &format!("{}: {}", refused.field, refused.error));
             }
             futures::future::ready((!events.is_empty()).then_some(SourceBatch(events)))
         })
@@ -512,7 +510,7 @@ pub struct RelistState<K> {
     relisting: Option<BTreeMap<ObjectKey, Arc<K>>>,
     synced: bool,
     /// Objects refused since the last [`RelistState::take_refusals`].
-    refusals: u64,
+    refusals: Vec<Refused>,
 }
 
 impl<K: Watched> Default for RelistState<K> {
@@ -524,7 +522,7 @@ impl<K: Watched> Default for RelistState<K> {
 impl<K: Watched> RelistState<K> {
     /// Nothing known, nothing listed yet.
     pub fn new() -> Self {
-        Self { known: BTreeMap::new(), relisting: None, synced: false, refusals: 0 }
+        Self { known: BTreeMap::new(), relisting: None, synced: false, refusals: Vec::new() }
     }
 
     /// The first list has completed.
@@ -542,8 +540,9 @@ impl<K: Watched> RelistState<K> {
         self.known.is_empty()
     }
 
-    /// How many objects were refused since the last call.
-    pub fn take_refusals(&mut self) -> u64 {
+    /// The objects refused (and logged) since the last call, for the
+    /// metric and the dashboard.
+    pub fn take_refusals(&mut self) -> Vec<Refused> {
         std::mem::take(&mut self.refusals)
     }
 
@@ -580,7 +579,7 @@ impl<K: Watched> RelistState<K> {
                 Ok(object) => self.apply(object).into_iter().collect(),
                 Err(refused) => {
                     let known = self.known.contains_key(&refused_key(&refused));
-                    self.refuse(&refused, known);
+                    self.refuse(refused, known);
                     Vec::new()
                 }
             },
@@ -599,11 +598,11 @@ impl<K: Watched> RelistState<K> {
         }
     }
 
-    /// Logs and counts a refusal; `known`: the consumer keeps the version
-    /// it was sent before.
-    fn refuse(&mut self, refused: &Refused, known: bool) {
-        self.refusals += 1;
+    /// Logs a refusal and keeps it for [`RelistState::take_refusals`];
+    /// `known`: the consumer keeps the version it was sent before.
+    fn refuse(&mut self, refused: Refused, known: bool) {
         refused.log(K::KIND, if known { "keeping the version read before" } else { "skipped" });
+        self.refusals.push(refused);
     }
 
     /// A listed object that does not decode: the version known before (if
@@ -611,7 +610,7 @@ impl<K: Watched> RelistState<K> {
     fn refuse_listed(&mut self, refused: Refused) {
         let key = refused_key(&refused);
         let last = self.known.get(&key).cloned();
-        self.refuse(&refused, last.is_some());
+        self.refuse(refused, last.is_some());
         if let Some(last) = last {
             self.relisting.get_or_insert_default().insert(key, last);
         }
@@ -954,10 +953,11 @@ mod tests {
         let mut state = RelistState::new();
         let events = list_items(&mut state, vec![service("a", "3", "10.96.0.1").into(), refused("bad", "4")]);
         assert_eq!(events, ["applied Service default/a@3", "synced Service"]);
-        assert_eq!(state.take_refusals(), 1);
-        assert_eq!(state.take_refusals(), 0, "taken");
+        let taken: Vec<String> = state.take_refusals().iter().map(Refused::object).collect();
+        assert_eq!(taken, ["default/bad"]);
+        assert!(state.take_refusals().is_empty(), "taken");
         assert!(state.handle_item(Event::Apply(refused("bad2", "5"))).is_empty());
-        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.take_refusals().len(), 1);
         assert_eq!(state.len(), 1);
     }
 
@@ -965,11 +965,11 @@ mod tests {
     fn a_known_object_turned_bad_keeps_its_last_version_in_a_watch_and_a_relist() {
         let mut state = listed_state(vec![service("a", "3", "10.96.0.1"), service("b", "4", "10.96.0.2")]);
         assert!(state.handle_item(Event::Apply(refused("a", "6"))).is_empty());
-        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.take_refusals().len(), 1);
         // A relist that still refuses it neither deletes nor re-applies it.
         let events = list_items(&mut state, vec![refused("a", "7"), service("b", "4", "10.96.0.2").into()]);
         assert!(events.is_empty(), "{events:?}");
-        assert_eq!(state.take_refusals(), 1);
+        assert_eq!(state.take_refusals().len(), 1);
         assert_eq!(state.len(), 2);
         // Fixed: the new version flows.
         let events = state.handle(Event::Apply(service("a", "8", "10.96.0.9")));
@@ -981,7 +981,7 @@ mod tests {
         let mut state = listed_state(vec![service("a", "3", "10.96.0.1")]);
         let events = state.handle_item(Event::Delete(refused("a", "9")));
         assert_eq!(summary(&events), ["deleted Service default/a@9"]);
-        assert_eq!(state.take_refusals(), 0, "a deletion is not refused");
+        assert!(state.take_refusals().is_empty(), "a deletion is not refused");
         assert!(state.is_empty());
     }
 
