@@ -1358,16 +1358,8 @@ fn a_second_daemon_in_the_namespace_refuses_to_start() {
     first.assert_running();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
 
-    let (config, manifests) = (lab.config_path(), lab.manifests());
-    let dry = lab.run_binary(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--dry-run",
-    ]);
-    assert!(dry.status.success(), "--dry-run: {}", String::from_utf8_lossy(&dry.stderr));
-    assert!(String::from_utf8_lossy(&dry.stdout).contains("10.96.0.10"));
+    let dry = dry_run(&lab);
+    assert!(dry.iter().any(|(_, text)| text.contains("10.96.0.10")), "{dry:?}");
 
     // Another namespace is another instance: its daemon starts and syncs.
     let mut other = Lab::new("inst2", Flavour::Nft, &[]);

@@ -208,19 +208,22 @@ async fn cluster() -> ApiServer {
     server
 }
 
+/// What the source emits for [`cluster`]'s initial list, sorted.
+const INITIAL_LIST: [&str; 7] = [
+    "applied EndpointSlice default/web-abc",
+    "applied Node node-a",
+    "applied Service default/db",
+    "applied Service default/web",
+    "synced EndpointSlice",
+    "synced Node",
+    "synced Service",
+];
+
 #[tokio::test]
 async fn the_initial_list_emits_every_object_then_synced_for_each_kind() {
     let server = cluster().await;
     let (_source, lines) = Source::synced(&server).await;
-    let expected = [
-        "applied EndpointSlice default/web-abc",
-        "applied Node node-a",
-        "applied Service default/db",
-        "applied Service default/web",
-        "synced EndpointSlice",
-        "synced Node",
-        "synced Service",
-    ];
+    let expected = INITIAL_LIST;
     assert_eq!(sorted(lines.clone()), expected);
     // Within a kind, objects come before its Synced.
     let pos = |l: &str| lines.iter().position(|x| x == l).unwrap();
@@ -420,15 +423,7 @@ async fn an_object_that_does_not_decode_is_refused_and_every_other_one_flows() {
     let server = cluster().await;
     server.create(&bad_service("bad", "10.96.0.66")).unwrap();
     let (mut source, lines) = Source::synced(&server).await;
-    let expected = [
-        "applied EndpointSlice default/web-abc",
-        "applied Node node-a",
-        "applied Service default/db",
-        "applied Service default/web",
-        "synced EndpointSlice",
-        "synced Node",
-        "synced Service",
-    ];
+    let expected = INITIAL_LIST;
     assert_eq!(sorted(lines), expected, "the list went through without the bad Service");
     assert_eq!(source.refused("Service"), Some(1));
     assert_eq!(source.refused("EndpointSlice"), Some(0));
