@@ -13,7 +13,8 @@
 //!    (nothing jumps to them yet);
 //! 2. each per-service chain (`KUBE-SVC-...`, [`is_service_chain`]) with
 //!    its rules in one transaction (and its declaration, when it existed
-//!    before, so it is flushed and refilled atomically); the chains it
+//!    before, so it is flushed and refilled atomically), endpoint chains
+//!    first and the chains that jump to others after them; the chains it
 //!    jumps to exist already;
 //! 3. everything else as it was, in one transaction: the top-level chains
 //!    that jump to the service chains, the deletion of stale chains, the
@@ -45,6 +46,22 @@ pub struct Split<'a> {
     service_chains: Vec<(Option<&'a str>, Vec<&'a str>)>,
     /// Step 3: the other lines, in their order.
     rest: Vec<&'a str>,
+}
+
+/// When a per-service chain is filled: endpoint chains first, then the
+/// service chains that jump to them, then the external and firewall chains
+/// that jump to those (upstream's KUBE-FW → KUBE-EXT → KUBE-SVC/SVL → KUBE-SEP).
+fn fill_rank(chain: &str) -> u8 {
+    use crate::plan::iptables::names::{EXT_PREFIX, FW_PREFIX, SEP_PREFIX};
+    if chain.starts_with(SEP_PREFIX) {
+        0
+    } else if chain.starts_with(EXT_PREFIX) {
+        2
+    } else if chain.starts_with(FW_PREFIX) {
+        3
+    } else {
+        1
+    }
 }
 
 /// The chain a `:CHAIN - [0:0]` declaration names.
@@ -96,6 +113,12 @@ impl<'a> Split<'a> {
             }
             split.rest.push(line);
         }
+        // Jump targets before the chains that jump to them, so a chain
+        // refilled to jump to a new one never meets it empty.
+        split.service_chains.sort_by_key(|(decl, rules)| {
+            let chain = decl.and_then(declared).or_else(|| rules.first().and_then(|r| appended(r)));
+            chain.map_or(0, fill_rank)
+        });
         split
     }
 
@@ -182,10 +205,10 @@ COMMIT
             t,
             [
                 "*nat\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-SEP-BBB - [0:0]\n:KUBE-SEP-CCC - [0:0]\nCOMMIT\n",
-                "*nat\n:KUBE-SVC-AAA - [0:0]\n-A KUBE-SVC-AAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-BBB\n\
-                 -A KUBE-SVC-AAA -j KUBE-SEP-CCC\nCOMMIT\n",
                 "*nat\n-A KUBE-SEP-BBB -s 10.1.0.1/32 -j KUBE-MARK-MASQ\n\
                  -A KUBE-SEP-BBB -p tcp -j DNAT --to-destination 10.1.0.1:80\n-A KUBE-SEP-CCC -p tcp -j DNAT --to-destination 10.1.0.2:80\nCOMMIT\n",
+                "*nat\n:KUBE-SVC-AAA - [0:0]\n-A KUBE-SVC-AAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-BBB\n\
+                 -A KUBE-SVC-AAA -j KUBE-SEP-CCC\nCOMMIT\n",
                 "*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n\
                  :KUBE-MARK-MASQ - [0:0]\n:KUBE-SVC-OLD - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n\
                  -A KUBE-SERVICES -d 10.0.0.1/32 -j KUBE-SVC-AAA\n-X KUBE-SVC-OLD\nCOMMIT\n",
@@ -219,6 +242,19 @@ COMMIT
         );
         let t: Vec<String> = split.transactions(1).collect();
         assert_eq!(t.len(), 4, "three service chains one by one, then the rest: {t:?}");
-        assert!(t[0].starts_with("*nat\n:KUBE-SVC-AAA"));
+        assert!(t[0].starts_with("*nat\n:KUBE-SEP-BBB"));
+    }
+
+    #[test]
+    fn jump_targets_are_filled_before_the_chains_that_jump_to_them() {
+        let input = "*nat\n:KUBE-FW-A - [0:0]\n:KUBE-EXT-A - [0:0]\n:KUBE-SVL-A - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-A - [0:0]\n\
+                     -A KUBE-FW-A -j KUBE-EXT-A\n-A KUBE-EXT-A -j KUBE-SVL-A\n-A KUBE-SVL-A -j KUBE-SEP-A\n\
+                     -A KUBE-SVC-A -j KUBE-SEP-A\n-A KUBE-SEP-A -j DNAT --to-destination 10.1.0.1:80\nCOMMIT\n";
+        let existing = existing(&["KUBE-FW-A", "KUBE-EXT-A", "KUBE-SVL-A", "KUBE-SVC-A", "KUBE-SEP-A"]);
+        let order: Vec<String> = Split::new(input.lines(), &existing)
+            .transactions(1)
+            .filter_map(|t| t.lines().nth(1).and_then(declared).map(str::to_string))
+            .collect();
+        assert_eq!(order, ["KUBE-SEP-A", "KUBE-SVL-A", "KUBE-SVC-A", "KUBE-EXT-A", "KUBE-FW-A"]);
     }
 }
