@@ -431,21 +431,28 @@ fn which(tool: &str) -> PathBuf {
 
 /// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
 fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
+    let (head, body) = http_exchange(ns, 10249, path)?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head);
+    }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Err(format!("chunked bodies are not parsed here: {head}"));
+    }
+    Ok(body)
+}
+
+/// `GET path` on `127.0.0.1:port` in `ns`, one connection: the response's
+/// head and body.
+fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, String), String> {
     ns.run(|| {
-        let mut s = TcpStream::connect_timeout(&addr("127.0.0.1:10249"), Duration::from_secs(1))
+        let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
             .map_err(|e| format!("connect: {e}"))?;
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
         let mut text = String::new();
         s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
         let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
-        if !head.starts_with("HTTP/1.1 200") {
-            return Err(head.to_string());
-        }
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            return Err(format!("chunked bodies are not parsed here: {head}"));
-        }
-        Ok(body.to_string())
+        Ok((head.to_string(), body.to_string()))
     })
 }
 
@@ -1447,24 +1454,6 @@ fn vm_rss_kb(pid: u32) -> u64 {
     line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("kB")
 }
 
-/// `GET /healthz` on 127.0.0.1:10256 in `ns`: the status line.
-fn healthz_status(ns: &Netns) -> Result<String, String> {
-    ns.run(|| {
-        let mut s = TcpStream::connect_timeout(&addr("127.0.0.1:10256"), Duration::from_millis(500))
-            .map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-        write!(s, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text.lines()
-            .next()
-            .map(str::to_string)
-            .filter(|l| l.starts_with("HTTP/1.1"))
-            .ok_or_else(|| format!("no answer: {text:?}"))
-    })
-}
-
 /// Issue 15's flood, on the daemon: 800 connections to the healthz port
 /// (more than three times the server's cap), half idle and half
 /// slowloris-style (a header that never ends), each replaced as soon as
@@ -1480,7 +1469,7 @@ fn a_connection_flood_on_healthz_delays_nothing_and_leaves_no_memory_behind() {
     let mut daemon = lab.start_synced();
     lab.wait_traffic("10.96.0.60:80", false, &["b1"], CHANGE_WAIT);
     let pid = daemon.child.as_ref().expect("running").id();
-    assert!(healthz_status(&lab.node).is_ok_and(|l| l.contains(" 200")));
+    assert!(http_status(&lab.node, 10256, "/healthz").is_ok_and(|(code, _)| code == 200));
     let rss_before = vm_rss_kb(pid);
 
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -1530,7 +1519,7 @@ fn a_connection_flood_on_healthz_delays_nothing_and_leaves_no_memory_behind() {
     });
     let opened = opened.into_inner();
     assert!(opened > FLOOD, "the daemon dropped connections and they were replaced: {opened} opened");
-    wait_for("/healthz after the flood", Duration::from_secs(1), || healthz_status(&lab.node));
+    wait_for("/healthz after the flood", Duration::from_secs(1), || http_status(&lab.node, 10256, "/healthz"));
     let answered = flood_end.elapsed();
     assert!(answered < Duration::from_secs(1), "/healthz answered {answered:?} after the flood");
     daemon.assert_running();
@@ -1598,17 +1587,9 @@ fn create_items(api: &common::apiserver::ApiServer, list: &Value) {
 
 /// `GET path` on `127.0.0.1:port` in `ns`: the status code and body.
 fn http_status(ns: &Netns, port: u16, path: &str) -> Result<(u16, String), String> {
-    ns.run(|| {
-        let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
-            .map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
-        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
-        let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("status line: {head}"))?;
-        Ok((code, body.to_string()))
-    })
+    let (head, body) = http_exchange(ns, port, path)?;
+    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("status line: {head}"))?;
+    Ok((code, body))
 }
 
 /// One Service the API server serves with a string where an integer goes
