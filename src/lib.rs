@@ -19,4 +19,5 @@ pub mod reload;
 pub mod runtime;
 pub mod schedule;
 pub mod signals;
+pub mod stats;
 pub mod sync;

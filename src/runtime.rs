@@ -17,7 +17,6 @@ use crate::actors::coordinator::{
 };
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
-use crate::actors::stats::StatsRegistry;
 use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors_with_drift, IpvsKernels};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
@@ -38,6 +37,7 @@ use crate::net::IpFamily;
 use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures, IptablesSettings};
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
+use crate::stats::StatsRegistry;
 use std::sync::Arc;
 
 /// Test knob: how often terminating real servers are checked (default: upstream's minute).

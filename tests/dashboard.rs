@@ -23,7 +23,6 @@ use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::{BodyExt, Empty};
 use kube_proxy_rs::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
-use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::daemon;
@@ -36,6 +35,7 @@ use kube_proxy_rs::msgs::{ResourceKind, SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::stats::StatsRegistry;
 use serde::Deserialize;
 use webdriver::Browser;
 

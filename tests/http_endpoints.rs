@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::config::{KubeProxyConfiguration, ProxyMode};
 use kube_proxy_rs::health::ProxyHealth;
 use kube_proxy_rs::http::{
@@ -18,6 +17,7 @@ use kube_proxy_rs::http::{
 use kube_proxy_rs::metrics::ProxyMetrics;
 use kube_proxy_rs::model::NamespacedName;
 use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::stats::StatsRegistry;
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 

@@ -19,10 +19,10 @@ use tokio::task::JoinHandle;
 use common::apiserver::selector::{FieldSelector, LabelSelector};
 use common::apiserver::{ApiServer, Kind, StoreError};
 use kube_proxy_rs::actors::source::kube::{self as source, SERVICE_LABEL_SELECTOR};
-use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::config::ProxyMode;
 use kube_proxy_rs::metrics::ProxyMetrics;
 use kube_proxy_rs::msgs::source::{Change, SourceBatch, SourceEvent};
+use kube_proxy_rs::stats::StatsRegistry;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::stats::ActorStats;
 use crate::kernel::{Applied, Subsystem};
 use crate::msgs::{Ack, Batch, DriftDetected, SyncMode};
+use crate::stats::ActorStats;
 
 pub struct KernelActor<S: Subsystem> {
     kernel: S,

@@ -3,5 +3,4 @@
 pub mod coordinator;
 pub mod kernel_actor;
 pub mod source;
-pub mod stats;
 pub mod wiring;

@@ -7,10 +7,10 @@ use actix::prelude::*;
 
 use super::coordinator::{IptablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
-use super::stats::StatsRegistry;
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
 use crate::plan::IpvsSet;
+use crate::stats::StatsRegistry;
 
 /// The kernel handles of IPVS mode, one per actor.
 pub struct IpvsKernels<I, S, L, T, C> {

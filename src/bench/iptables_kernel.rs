@@ -38,7 +38,6 @@ use futures::FutureExt;
 use tokio::sync::watch;
 
 use crate::actors::coordinator::{Coordinator, Dataplane, Finished, IptablesDataplane, Planned};
-use crate::actors::stats::StatsRegistry;
 use crate::actors::wiring::start_iptables_actors_with_drift;
 use crate::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
@@ -55,6 +54,7 @@ use crate::net::IpFamily;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
 use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
 use crate::schedule::SyncKind;
+use crate::stats::StatsRegistry;
 use crate::sync::lock;
 
 /// Which iptables tools the handle runs.

@@ -47,7 +47,6 @@ use anyhow::{bail, ensure, Context as _};
 use serde::Serialize;
 
 use crate::actors::coordinator::{AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord};
-use crate::actors::stats::{StatsRegistry, StatsSnapshot};
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
@@ -67,6 +66,7 @@ use crate::net::IpFamily;
 use crate::plan::context::plan_context;
 use crate::plan::rules_ipvs;
 use crate::plan::{render, IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::stats::{StatsRegistry, StatsSnapshot};
 
 const FAMILY: IpFamily = IpFamily::V4;
 

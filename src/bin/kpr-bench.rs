@@ -23,7 +23,6 @@ use serde::Serialize;
 use kube_proxy_rs::actors::coordinator::{
     AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord,
 };
-use kube_proxy_rs::actors::stats::StatsRegistry;
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::bench::iptables_kernel;
@@ -36,6 +35,7 @@ use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{plan_context, LocalAddr};
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::stats::StatsRegistry;
 
 #[derive(Parser)]
 #[command(name = "kpr-bench", about = "kube-proxy-rs benchmarks (issue 7)")]

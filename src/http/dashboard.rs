@@ -26,7 +26,7 @@ use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
 use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
-use crate::actors::stats::{Refusal, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
+use crate::stats::{Refusal, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("dashboard.html");

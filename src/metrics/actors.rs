@@ -6,7 +6,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use crate::actors::stats::{ActorStats, StatsRegistry, StatsSnapshot};
+use crate::stats::{ActorStats, StatsRegistry, StatsSnapshot};
 
 /// Encodes every registered actor's stats on scrape.
 #[derive(Debug)]

@@ -24,9 +24,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::actors::stats::StatsRegistry;
 use crate::config::ProxyMode;
 use crate::net::IpFamily;
+use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
 pub use hooks::{SyncHooks, SyncOutcome};
@@ -365,7 +365,7 @@ impl ProxyMetrics {
     /// Lists a refused or ignored object on the dashboard.
     fn list_refusal(&self, kind: &str, object: &str, reason: &str, detail: &str) {
         let unix_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.actors.refused(crate::actors::stats::Refusal {
+        self.actors.refused(crate::stats::Refusal {
             unix_ms,
             kind: kind.to_string(),
             object: object.to_string(),

@@ -20,12 +20,12 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use tokio::time::Instant;
 
-use super::stats::ActorStats;
 use crate::metrics::hooks::{SyncHooks, SyncOutcome};
 use crate::model::{Model, ModelChanges};
 use crate::msgs::*;
 use crate::plan::context::{LocalAddr, PlanSettings};
 use crate::schedule::{SyncKind, SyncScheduler, FULL_SYNC_PERIOD};
+use crate::stats::ActorStats;
 
 pub use self::iptables::{ContextBuilder, IptablesDataplane, IptablesTargets};
 pub use self::ipvs::{IpvsDataplane, RulesRenderer, Targets};

@@ -10,13 +10,13 @@ use actix::prelude::*;
 use tokio::time::{sleep, Instant};
 
 use super::*;
-use crate::actors::stats::StatsRegistry;
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::fixtures::*;
 use crate::kernel::mem::*;
 use crate::net::IpFamily;
 use crate::plan::context::NodePortFilter;
 use crate::plan::{IpvsPlanner, IpvsSet};
+use crate::stats::StatsRegistry;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -4,12 +4,12 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
-use crate::actors::stats::StatsRegistry;
 use crate::config::ProxyMode;
 use crate::fixtures::*;
 use crate::health::Probe;
 use crate::http::ServiceHealthServers;
 use crate::msgs::ResourceKind;
+use crate::stats::StatsRegistry;
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
