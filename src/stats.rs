@@ -69,7 +69,25 @@ pub struct ActorStats {
     last_generation: AtomicU64,
     latencies: Mutex<VecDeque<Duration>>,
     apply: ApplyHistogram,
+    /// Ops the kernel refused, waiting for their retry (the coordinator's view).
+    failing: Mutex<Vec<FailingKey>>,
+    failing_count: AtomicU64,
+    retries: AtomicU64,
 }
+
+/// A key whose op the kernel refused, waiting for its retry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FailingKey {
+    /// The op, as the tool would print it.
+    pub op: String,
+    pub attempts: u32,
+    /// Milliseconds until the next attempt (0: in the batch in flight).
+    pub retry_in_ms: u64,
+    pub error: String,
+}
+
+/// How many failing keys an actor's snapshot lists (all are counted).
+pub const FAILING_LISTED: usize = 20;
 
 /// A point-in-time copy of an actor's stats.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -82,6 +100,12 @@ pub struct StatsSnapshot {
     pub last_generation: u64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Keys whose op the kernel refused, waiting for a retry.
+    pub failing_keys: u64,
+    /// The first [`FAILING_LISTED`] of them.
+    pub failing: Vec<FailingKey>,
+    /// Retried ops that went through.
+    pub retries: u64,
 }
 
 impl ActorStats {
@@ -113,6 +137,23 @@ impl ActorStats {
         l.push_back(took);
     }
 
+    /// The keys waiting for a retry after this sync (`count` of them;
+    /// `listed` the first few).
+    pub fn set_failing(&self, count: usize, listed: Vec<FailingKey>) {
+        self.failing_count.store(count as u64, Ordering::Relaxed);
+        *lock(&self.failing) = listed;
+    }
+
+    /// Retried ops went through.
+    pub fn retried(&self, n: usize) {
+        self.retries.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Keys waiting for a retry.
+    pub fn failing_keys(&self) -> u64 {
+        self.failing_count.load(Ordering::Relaxed)
+    }
+
     /// Every apply duration so far, in [`APPLY_BUCKETS`].
     pub fn apply_histogram(&self) -> HistogramSnapshot {
         self.apply.snapshot()
@@ -137,6 +178,9 @@ impl ActorStats {
             last_generation: self.last_generation.load(Ordering::Relaxed),
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
+            failing_keys: self.failing_keys(),
+            failing: lock(&self.failing).clone(),
+            retries: self.retries.load(Ordering::Relaxed),
         }
     }
 }

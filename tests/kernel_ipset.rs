@@ -228,10 +228,10 @@ fn a_bad_entry_in_the_middle_of_a_batch_fails_only_its_op() {
     let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
     assert_eq!(failed, [2, 4], "{results:?}");
     let err = results[2].as_ref().expect_err("ipv6 entry");
-    assert_eq!(err.op, "add KUBE-LOAD-BALANCER fd00::1,tcp:80");
-    assert!(err.message.contains("fd00::1"), "the tool's message: {err}");
+    assert_eq!(err.op(), "add KUBE-LOAD-BALANCER fd00::1,tcp:80");
+    assert!(err.cause().to_string().contains("fd00::1"), "the tool's message: {err}");
     let err = results[4].as_ref().expect_err("wrong type");
-    assert_eq!(err.op, "add KUBE-LOAD-BALANCER 10.0.0.3");
+    assert_eq!(err.op(), "add KUBE-LOAD-BALANCER 10.0.0.3");
     assert_eq!(
         saved(&ns, "KUBE-LOAD-BALANCER"),
         [
@@ -256,7 +256,7 @@ fn ops_on_a_missing_set_fail_alike_without_a_retry_per_op() {
     assert_eq!(results.len(), 10);
     for r in &results {
         let err = r.as_ref().expect_err("no such set");
-        assert!(err.message.contains("does not exist"), "{err}");
+        assert!(err.cause().to_string().contains("does not exist"), "{err}");
     }
     assert_eq!(lines, 10, "one restore");
 }
@@ -271,8 +271,8 @@ fn a_set_of_another_type_or_family_is_a_clear_error() {
         let b = IpsetHandle::new(spec("KUBE-EXTERNAL-IP", SetType::HashIpPort, IpFamily::V4));
         (a.ensure().await.expect_err("type differs"), b.reconcile(Vec::new()).await.expect_err("family differs"))
     });
-    assert_eq!(ensure_err.message, "set KUBE-CLUSTER-IP exists with type hash:ip, want hash:ip,port");
-    assert_eq!(members_err.message, "set KUBE-EXTERNAL-IP exists with family inet6, want inet");
+    assert_eq!(ensure_err.cause().to_string(), "set KUBE-CLUSTER-IP exists with type hash:ip, want hash:ip,port");
+    assert_eq!(members_err.cause().to_string(), "set KUBE-EXTERNAL-IP exists with family inet6, want inet");
 }
 
 #[test]

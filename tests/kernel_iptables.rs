@@ -286,8 +286,8 @@ fn a_failing_restore_names_the_line_and_changes_nothing() {
     let bad = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n-A KUBE-SERVICES -j NO-SUCH-CHAIN\nCOMMIT\n";
     let results = ns.block_on(|| async { h.apply(vec![restore(bad.to_string())]).await });
     let err = results[0].as_ref().expect_err("bad rule");
-    assert!(err.op.starts_with("iptables-legacy-restore -w 5 -W 100000 --noflush --counters"), "{err}");
-    assert!(err.message.contains("-A KUBE-SERVICES -j NO-SUCH-CHAIN"), "{err}");
+    assert!(err.op().starts_with("iptables-legacy-restore -w 5 -W 100000 --noflush --counters"), "{err}");
+    assert!(err.cause().to_string().contains("-A KUBE-SERVICES -j NO-SUCH-CHAIN"), "{err}");
     assert!(!save(&ns, &bins).contains("KUBE-SERVICES"), "nothing committed");
 }
 

@@ -94,8 +94,8 @@ fn a_link_that_is_not_a_dummy_is_never_deleted() {
         let link = DummyLink::new().expect("rtnetlink");
         link.delete_link().await.expect_err("a veth")
     });
-    assert_eq!(err.op, "delete link kube-ipvs0");
-    assert_eq!(err.message, "kube-ipvs0 is a veth, not a dummy: not deleting it");
+    assert_eq!(err.op(), "delete link kube-ipvs0");
+    assert_eq!(err.cause().to_string(), "kube-ipvs0 is a veth, not a dummy: not deleting it");
     ns.ok(&["ip", "link", "show", "dev", "kube-ipvs0"]);
 }
 
@@ -117,8 +117,8 @@ fn ensure_creates_a_down_dummy_link_or_names_the_missing_support() {
         }
         Err(e) => {
             eprintln!("this kernel has no dummy links: {e}");
-            assert_eq!(e.op, "create kube-ipvs0 type dummy");
-            assert_eq!(e.errno, Some(95), "EOPNOTSUPP: {e}");
+            assert_eq!(e.op(), "create kube-ipvs0 type dummy");
+            assert_eq!(e.errno_value(), Some(95), "EOPNOTSUPP: {e}");
             assert!(!ns.exec(&["ip", "link", "show", "dev", "kube-ipvs0"]).status.success());
         }
     }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use crate::kernel::{Applied, Subsystem};
-use crate::msgs::{Ack, Batch, DriftDetected, SyncMode};
+use crate::msgs::{Ack, Batch, DriftDetected, KernelError, SyncMode};
 use crate::stats::ActorStats;
 
 pub struct KernelActor<S: Subsystem> {
@@ -38,18 +38,15 @@ impl<S: Subsystem> KernelActor<S> {
         let (applied, failed) = match res {
             Ok((ops, results)) => {
                 let n = ops.len();
-                let failed: Vec<(Option<S::Op>, String)> = ops
-                    .into_iter()
-                    .zip(results)
-                    .filter_map(|(op, r)| r.err().map(|e| (Some(op), e.to_string())))
-                    .collect();
+                let failed: Vec<(Option<S::Op>, KernelError)> =
+                    ops.into_iter().zip(results).filter_map(|(op, r)| r.err().map(|e| (Some(op), e))).collect();
                 (n, failed)
             }
-            Err(e) => (0, vec![(None, e.to_string())]),
+            Err(e) => (0, vec![(None, e)]),
         };
         for (op, err) in &failed {
-            let op = op.as_ref().map(|o| o.to_string()).unwrap_or_else(|| "read kernel state".into());
-            tracing::warn!(actor, generation, op = %op, error = %err, "kernel op failed");
+            let what = if op.is_some() { "kernel op failed" } else { "reading the kernel's state failed" };
+            tracing::warn!(actor, generation, error = %err, outcome_known = err.outcome_known(), "{what}");
         }
         self.stats.applied(generation, applied, failed.len(), started.elapsed());
         tracing::debug!(actor, generation, ops = applied, failed = failed.len(), "batch applied");

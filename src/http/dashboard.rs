@@ -321,6 +321,7 @@ mod tests {
             json!({
                 "name": "ipvs", "mailbox_depth": 2, "received": 12, "ops": 30, "errors": 1,
                 "last_generation": 9, "p50_ms": 0.5, "p99_ms": 3.25,
+                "failing_keys": 0, "failing": [], "retries": 0,
                 "msgs_per_sec": 4.0, "ops_per_sec": 10.0, "apply_buckets": vec![1; 19],
             })
         );

@@ -46,14 +46,20 @@ enum RestoreFailure {
     Line(usize, String),
     /// The tool failed without naming a line.
     Unplaced(String),
-    /// Every line would fail alike: the set is missing, the tool can't run.
+    /// Every line would fail alike: the set is missing.
     All(String),
+    /// The tool could not run, or its outcome is unknown (killed).
+    Tool(KernelError),
 }
 
 impl RestoreFailure {
-    fn into_message(self) -> String {
+    /// The failure as `op`'s.
+    fn for_op(self, op: String) -> KernelError {
         match self {
-            RestoreFailure::Line(_, m) | RestoreFailure::Unplaced(m) | RestoreFailure::All(m) => m,
+            RestoreFailure::Line(_, m) | RestoreFailure::Unplaced(m) | RestoreFailure::All(m) => {
+                KernelError::refused(op, m)
+            }
+            RestoreFailure::Tool(e) => e.for_op(op),
         }
     }
 }
@@ -91,7 +97,7 @@ impl IpsetHandle {
         if out.stderr.contains("does not exist") {
             return Ok(false);
         }
-        Err(KernelError::new(op, out.message()))
+        Err(KernelError::refused(op, out.message()))
     }
 
     fn line(&self, op: &IpsetOp) -> String {
@@ -108,7 +114,7 @@ impl IpsetHandle {
                 Err(RestoreFailure::Line(k, message)) if k < pending.len() => {
                     let i = pending.remove(k);
                     debug!(set = %self.spec.name, op = %self.line(&ops[i]), %message, "ipset op failed; retrying the rest");
-                    results[i] = Err(KernelError::new(self.line(&ops[i]), message));
+                    results[i] = Err(KernelError::refused(self.line(&ops[i]), message));
                 }
                 Err(RestoreFailure::Unplaced(message)) if pending.len() > 1 => {
                     debug!(set = %self.spec.name, %message, "ipset restore failed without a line; one op at a time");
@@ -117,9 +123,8 @@ impl IpsetHandle {
                     }
                 }
                 Err(failure) => {
-                    let message = failure.into_message();
                     for i in pending.drain(..) {
-                        results[i] = Err(KernelError::new(self.line(&ops[i]), message.clone()));
+                        results[i] = Err(failure.clone().for_op(self.line(&ops[i])));
                     }
                 }
             }
@@ -129,7 +134,7 @@ impl IpsetHandle {
 
     /// One op in a restore of its own.
     async fn apply_alone(&self, op: &IpsetOp) -> KResult<()> {
-        self.restore(std::iter::once(op)).await.map_err(|f| KernelError::new(self.line(op), f.into_message()))
+        self.restore(std::iter::once(op)).await.map_err(|f| f.for_op(self.line(op)))
     }
 
     /// One `ipset restore -exist` with `ops` on stdin.
@@ -145,7 +150,7 @@ impl IpsetHandle {
         let op = format!("ipset restore ({count} lines for {})", self.spec.name);
         let out = tool::run(&op, &self.binary, &["restore", "-exist"], Some(input.as_bytes()))
             .await
-            .map_err(|e| RestoreFailure::All(e.message))?;
+            .map_err(RestoreFailure::Tool)?;
         if out.success() {
             return Ok(());
         }
@@ -161,13 +166,13 @@ impl IpsetHandle {
             return Ok(());
         }
         if !out.stderr.contains("already exists") {
-            return Err(KernelError::new(create, out.message()));
+            return Err(KernelError::refused(create, out.message()));
         }
         // Same name, other type or parameters: say which.
         let have = self.save().await?;
         let have_create = have.lines().find(|l| l.starts_with("create ")).unwrap_or("").trim();
         match header_mismatch(&self.spec, have_create) {
-            Some(why) => Err(KernelError::new(create, why)),
+            Some(why) => Err(KernelError::refused(create, why)),
             None => {
                 warn!(set = %self.spec.name, have = have_create, want = %create, "ipset exists with other parameters; using it");
                 Ok(())
@@ -180,14 +185,14 @@ impl IpsetHandle {
         let op = format!("save {}", self.spec.name);
         let out = tool::run(&op, &self.binary, &["save", &self.spec.name], None).await?;
         if !out.success() {
-            return Err(KernelError::new(op, out.message()));
+            return Err(KernelError::refused(op, out.message()));
         }
         Ok(out.stdout)
     }
 
     async fn read_members(&self) -> KResult<BTreeSet<SetEntry>> {
         let text = self.save().await?;
-        parse_save(&self.spec, &text).map_err(|m| KernelError::new(format!("save {}", self.spec.name), m))
+        parse_save(&self.spec, &text).map_err(|m| KernelError::refused(format!("save {}", self.spec.name), m))
     }
 
     /// `ipset list -t NAME`'s "Number of entries" (the header only, no
@@ -491,8 +496,8 @@ mod tests {
         let results = h.apply_ops(&adds(&["10.0.0.1", "10.0.0.66", "10.0.0.3", "10.1.0.66"])).await;
         assert_eq!(failed(&results), [1, 3]);
         let err = results[1].as_ref().expect_err("bad");
-        assert_eq!(err.op, "add KUBE-TEST 10.0.0.66");
-        assert_eq!(err.message, "Syntax error: add KUBE-TEST 10.0.0.66");
+        assert_eq!(err.op(), "add KUBE-TEST 10.0.0.66");
+        assert_eq!(err.cause().to_string(), "Syntax error: add KUBE-TEST 10.0.0.66");
         // 4 lines, then 3, then 2.
         assert_eq!(h.lines_written(), 9);
     }
@@ -504,7 +509,7 @@ mod tests {
         let results = h.apply_ops(&adds(&["10.0.0.1", "10.0.0.2", "10.0.0.66", "10.0.0.4"])).await;
         assert_eq!(failed(&results), [2]);
         let err = results[2].as_ref().expect_err("bad");
-        assert_eq!(err.message, "ipset v7: Syntax error: add KUBE-TEST 10.0.0.66");
+        assert_eq!(err.cause().to_string(), "ipset v7: Syntax error: add KUBE-TEST 10.0.0.66");
         // 4 lines, then each alone.
         assert_eq!(h.lines_written(), 8);
         assert!(h.apply_ops(&[]).await.is_empty());

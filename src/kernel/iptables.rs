@@ -268,7 +268,7 @@ impl IptablesHandle {
         let op = format!("{} -t {table}", self.bins.save);
         let out = tool::run(&op, &self.bins.save, &["-t", table], None).await?;
         if !out.success() {
-            return Err(KernelError::new(op, out.message()));
+            return Err(KernelError::refused(op, out.message()));
         }
         Ok(SavedTable::parse(&out.stdout))
     }
@@ -281,7 +281,7 @@ impl IptablesHandle {
     /// (iptables 1.8.9).
     async fn nft_listing(&self, table: &str) -> KResult<SavedTable> {
         let chains = xtables_gen::nft_chains(self.family(), table)
-            .map_err(|e| KernelError::new(format!("list the chains of nf_tables table {table}"), e.to_string()))?;
+            .map_err(|e| KernelError::refused(format!("list the chains of nf_tables table {table}"), e.to_string()))?;
         let mut rules = Vec::new();
         for chain in builtin_chains(table).iter().filter(|c| chains.contains(**c)) {
             let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
@@ -289,7 +289,7 @@ impl IptablesHandle {
             let op = format!("{} {}", self.bins.iptables, args.join(" "));
             let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
             if !out.success() {
-                return Err(KernelError::new(op, out.message()));
+                return Err(KernelError::refused(op, out.message()));
             }
             rules.extend(out.stdout.lines().filter(|l| l.starts_with("-A ")).map(|l| l.trim_end().to_string()));
         }
@@ -300,7 +300,7 @@ impl IptablesHandle {
     /// (e.g. no IPv6 netfilter) is empty: nothing of ours can be in it.
     async fn saved_or_absent(&self, table: &str) -> KResult<SavedTable> {
         match self.save(table).await {
-            Err(e) if table_unavailable(&e.message) => {
+            Err(e) if table_unavailable(&e.cause().to_string()) => {
                 info!(binary = %self.bins.save, table, error = %e, "table not available: nothing to clean");
                 Ok(SavedTable::default())
             }
@@ -336,14 +336,14 @@ impl IptablesHandle {
             self.remember_fingerprint().await;
             return Ok(());
         }
-        Err(KernelError::new(op, restore_message(&out, parts)))
+        Err(KernelError::refused(op, restore_message(&out, parts)))
     }
 
     /// A large input on the nf_tables backend, as the transactions of
     /// [`nft_split`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
         let existing = xtables_gen::nft_chains(self.family(), "nat")
-            .map_err(|e| KernelError::new("list the chains of nf_tables table nat", e.to_string()))?;
+            .map_err(|e| KernelError::refused("list the chains of nf_tables table nat", e.to_string()))?;
         let split = nft_split::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);
         let mut transactions = 0;
@@ -397,7 +397,7 @@ impl IptablesHandle {
             // "No chain/target/match by that name" (iptables-nft 1.8 says
             // "chain ... is incompatible" for a missing chain; same exit code).
             Some(1) => Ok(false),
-            _ => Err(KernelError::new(op, out.message())),
+            _ => Err(KernelError::refused(op, out.message())),
         }
     }
 

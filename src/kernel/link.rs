@@ -60,12 +60,8 @@ impl DummyLink {
     /// one, this is an error). Touches nothing yet.
     pub fn new() -> KResult<DummyLink> {
         const OP: &str = "open rtnetlink socket";
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| KernelError::new(OP, e.to_string()))?;
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| KernelError {
-            op: OP.into(),
-            errno: e.raw_os_error(),
-            message: e.to_string(),
-        })?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| KernelError::refused(OP, e.to_string()))?;
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| KernelError::io(OP, e))?;
         runtime.spawn(conn);
         Ok(DummyLink { handle, name: Arc::from(DUMMY_LINK), family: None, shared: Arc::default() })
     }
@@ -102,10 +98,9 @@ impl DummyLink {
             return self.remember(&link);
         }
         self.create().await?;
-        let link = self
-            .find()
-            .await?
-            .ok_or_else(|| KernelError::new(format!("create {} type dummy", self.name), "link gone after creation"))?;
+        let link = self.find().await?.ok_or_else(|| {
+            KernelError::refused(format!("create {} type dummy", self.name), "link gone after creation")
+        })?;
         self.remember(&link)
     }
 
@@ -122,7 +117,7 @@ impl DummyLink {
         match links.try_next().await {
             Ok(link) => Ok(link),
             Err(e) if errno_of(&e) == Some(Errno::ENODEV as i32) => Ok(None),
-            Err(e) => Err(nl_error(format!("get link {}", self.name), &e)),
+            Err(e) => Err(nl_error(format!("get link {}", self.name), e)),
         }
     }
 
@@ -136,7 +131,7 @@ impl DummyLink {
             }
             // Created by someone else meanwhile: use it.
             Err(e) if errno_of(&e) == Some(Errno::EEXIST as i32) => Ok(()),
-            Err(e) => Err(nl_error(op, &e)),
+            Err(e) => Err(nl_error(op, e)),
         }
     }
 
@@ -150,7 +145,10 @@ impl DummyLink {
             Some(InfoKind::Dummy) => {}
             kind => {
                 let kind = kind.map_or_else(|| "device".to_string(), |k| k.to_string());
-                return Err(KernelError::new(op, format!("{} is a {kind}, not a dummy: not deleting it", self.name)));
+                return Err(KernelError::refused(
+                    op,
+                    format!("{} is a {kind}, not a dummy: not deleting it", self.name),
+                ));
             }
         }
         self.count();
@@ -161,7 +159,7 @@ impl DummyLink {
                 Ok(true)
             }
             Err(e) if errno_of(&e) == Some(Errno::ENODEV as i32) => Ok(false),
-            Err(e) => Err(nl_error(op, &e)),
+            Err(e) => Err(nl_error(op, e)),
         }
     }
 
@@ -180,11 +178,11 @@ impl DummyLink {
         }
         let index = match self.index().await {
             Ok(i) => i,
-            Err(e) => return ops.iter().map(|op| Err(KernelError::new(op, e.to_string()))).collect(),
+            Err(e) => return ops.iter().map(|op| Err(KernelError::refused(op, e.to_string()))).collect(),
         };
         let results: Vec<KResult<()>> =
             futures::stream::iter(ops).map(|op| self.apply_one(index, *op)).buffered(IN_FLIGHT).collect().await;
-        if results.iter().any(|r| matches!(r, Err(e) if e.errno == Some(Errno::ENODEV as i32))) {
+        if results.iter().any(|r| matches!(r, Err(e) if e.errno_value() == Some(Errno::ENODEV as i32))) {
             // The link went away: look it up again next time.
             *lock(&self.shared.index) = None;
         }
@@ -216,7 +214,7 @@ impl DummyLink {
                 debug!(%op, error = %e, "already done");
                 Ok(())
             }
-            Err(e) => Err(nl_error(op, &e)),
+            Err(e) => Err(nl_error(op, e)),
         }
     }
 
@@ -234,7 +232,7 @@ impl DummyLink {
             .execute()
             .try_collect()
             .await
-            .map_err(|e| nl_error(format!("dump addresses of {}", self.name), &e))?;
+            .map_err(|e| nl_error(format!("dump addresses of {}", self.name), e))?;
         let mut prefixes = HashMap::new();
         let addrs = msgs
             .iter()
@@ -348,11 +346,11 @@ fn errno_of(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-fn nl_error(op: impl std::fmt::Display, e: &rtnetlink::Error) -> KernelError {
-    match errno_of(e) {
-        Some(errno) => KernelError::errno(op, errno),
-        None => KernelError::new(op, e.to_string()),
-    }
+/// Refused when the kernel answered with an errno; otherwise (the socket
+/// failed, no answer) the outcome is unknown.
+fn nl_error(op: impl std::fmt::Display, e: rtnetlink::Error) -> KernelError {
+    let errno = errno_of(&e);
+    KernelError::library(op, errno.is_some(), errno, e)
 }
 
 #[cfg(test)]
@@ -394,7 +392,7 @@ mod tests {
     #[test]
     fn outside_a_runtime_opening_is_an_error_not_a_panic() {
         let err = DummyLink::new().expect_err("no runtime");
-        assert_eq!(err.op, "open rtnetlink socket");
+        assert_eq!(err.op(), "open rtnetlink socket");
     }
 
     /// The handle needs a runtime and a socket; creating it touches nothing.

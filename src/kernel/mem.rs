@@ -19,6 +19,8 @@ use crate::msgs::ipset::SetLine;
 pub struct Journal {
     entries: Arc<Mutex<Vec<(Instant, String)>>>,
     faults: Arc<Mutex<Vec<(String, u32)>>>,
+    /// Ops that take effect but whose reply is lost (outcome unknown).
+    lost: Arc<Mutex<Vec<(String, u32)>>>,
 }
 
 impl Journal {
@@ -48,6 +50,18 @@ impl Journal {
         lock(&self.faults).push((pattern.to_string(), times));
     }
 
+    /// The next `times` IPVS ops whose journal line contains `pattern`
+    /// take effect, but their reply is lost: they fail with an unknown outcome.
+    pub fn lose(&self, pattern: &str, times: u32) {
+        lock(&self.lost).push((pattern.to_string(), times));
+    }
+
+    fn reply_lost(&self, line: &str) -> bool {
+        let mut lost = lock(&self.lost);
+        let hit = lost.iter_mut().find(|(p, n)| *n > 0 && line.contains(p.as_str()));
+        hit.map(|f| f.1 -= 1).is_some()
+    }
+
     /// Checks for an injected fault; records the op if it goes through.
     fn attempt(&self, line: String) -> KResult<()> {
         let mut faults = lock(&self.faults);
@@ -68,11 +82,13 @@ impl Journal {
 pub struct MemIpvs {
     pub journal: Journal,
     pub table: Arc<Mutex<IpvsTable>>,
+    /// Full reads of the table (a full resync dumps it).
+    pub dumps: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl MemIpvs {
     pub fn new(journal: &Journal) -> MemIpvs {
-        MemIpvs { journal: journal.clone(), table: Arc::default() }
+        MemIpvs { journal: journal.clone(), table: Arc::default(), dumps: Arc::default() }
     }
 
     pub fn snapshot(&self) -> IpvsTable {
@@ -80,7 +96,16 @@ impl MemIpvs {
     }
 
     fn apply_one(&self, op: &IpvsOp) -> KResult<()> {
-        self.journal.attempt(format!("ipvs {op}"))?;
+        let line = format!("ipvs {op}");
+        self.journal.attempt(line.clone())?;
+        self.change(op)?;
+        match self.journal.reply_lost(&line) {
+            true => Err(KernelError::unknown(op, "reply lost")),
+            false => Ok(()),
+        }
+    }
+
+    fn change(&self, op: &IpvsOp) -> KResult<()> {
         let mut t = lock(&self.table);
         match op {
             IpvsOp::AddService(k, s) | IpvsOp::EditService(k, s) => {
@@ -136,6 +161,7 @@ impl Subsystem for MemIpvs {
 
 impl IpvsKernel for MemIpvs {
     fn dump(&self) -> KFuture<KResult<IpvsTable>> {
+        self.dumps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = self.snapshot();
         Box::pin(async move { Ok(t) })
     }
@@ -163,7 +189,7 @@ impl MemIpset {
         self.journal.attempt(format!("ipset {line}"))?;
         let mut m = lock(&self.members);
         let Some(set) = m.as_mut() else {
-            return Err(KernelError::new(line, "The set with the given name does not exist"));
+            return Err(KernelError::refused(line, "The set with the given name does not exist"));
         };
         match op {
             IpsetOp::Add(e) => set.insert(*e),
@@ -214,7 +240,7 @@ impl IpsetKernel for MemIpset {
     fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>> {
         let m = self.snapshot();
         let name = self.spec.name.clone();
-        Box::pin(async move { m.ok_or_else(|| KernelError::new(format!("list {name}"), "no such set")) })
+        Box::pin(async move { m.ok_or_else(|| KernelError::refused(format!("list {name}"), "no such set")) })
     }
 }
 

@@ -29,26 +29,7 @@ use crate::msgs::{
     ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec,
 };
 
-/// A failed kernel operation: which op, the errno if there was one, and
-/// what the kernel or the tool said.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{op}: {message}{}", errno.map(|e| format!(" (errno {e})")).unwrap_or_default())]
-pub struct KernelError {
-    pub op: String,
-    pub errno: Option<i32>,
-    pub message: String,
-}
-
-impl KernelError {
-    pub fn new(op: impl fmt::Display, message: impl Into<String>) -> KernelError {
-        KernelError { op: op.to_string(), errno: None, message: message.into() }
-    }
-
-    pub fn errno(op: impl fmt::Display, errno: i32) -> KernelError {
-        let message = std::io::Error::from_raw_os_error(errno).to_string();
-        KernelError { op: op.to_string(), errno: Some(errno), message }
-    }
-}
+pub use crate::msgs::error::{Cause, KernelError};
 
 pub type KResult<T> = Result<T, KernelError>;
 pub type KFuture<T> = LocalBoxFuture<'static, T>;

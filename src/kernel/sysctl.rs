@@ -20,10 +20,9 @@ pub fn ensure_sysctl(path: &str, value: i32) -> Result<bool, KernelError> {
 pub fn ensure_sysctl_at(root: &Path, path: &str, value: i32) -> Result<bool, KernelError> {
     let file = root.join(path);
     let op = format!("sysctl {path}={value}");
-    let io_err = |what: &str, e: std::io::Error| KernelError {
-        op: op.clone(),
-        errno: e.raw_os_error(),
-        message: format!("{what} {}: {e}", file.display()),
+    let io_err = |what: &str, e: std::io::Error| {
+        let context = std::io::Error::new(e.kind(), format!("{what} {}: {e}", file.display()));
+        KernelError::library(&op, true, e.raw_os_error(), context)
     };
     let current = std::fs::read_to_string(&file).map_err(|e| io_err("reading", e))?;
     if current.trim().parse::<i32>().ok() == Some(value) {
@@ -37,10 +36,9 @@ pub fn ensure_sysctl_at(root: &Path, path: &str, value: i32) -> Result<bool, Ker
 /// The running kernel's release (`/proc/sys/kernel/osrelease`), as upstream reads it.
 pub fn kernel_release() -> Result<String, KernelError> {
     let file = Path::new(PROC_SYS).join("kernel/osrelease");
-    std::fs::read_to_string(&file).map(|s| s.trim().to_string()).map_err(|e| KernelError {
-        op: "read kernel release".into(),
-        errno: e.raw_os_error(),
-        message: format!("{}: {e}", file.display()),
+    std::fs::read_to_string(&file).map(|s| s.trim().to_string()).map_err(|e| {
+        let context = std::io::Error::new(e.kind(), format!("{}: {e}", file.display()));
+        KernelError::library("read kernel release", true, e.raw_os_error(), context)
     })
 }
 
@@ -132,7 +130,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&f).expect("read"), "1\n");
         assert_eq!(ensure_sysctl_at(dir.path(), "net/ipv4/ip_forward", 1), Ok(false));
         let err = ensure_sysctl_at(dir.path(), "net/ipv4/vs/conntrack", 1).expect_err("missing");
-        assert_eq!(err.op, "sysctl net/ipv4/vs/conntrack=1");
-        assert_eq!(err.errno, Some(2));
+        assert_eq!(err.op(), "sysctl net/ipv4/vs/conntrack=1");
+        assert_eq!(err.errno_value(), Some(2));
     }
 }

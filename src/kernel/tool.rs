@@ -76,7 +76,7 @@ pub async fn run_with_input(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| io_error(op, &format!("cannot run {binary}"), &e))?;
+        .map_err(|e| io_error(op, true, &format!("cannot run {binary}"), &e))?;
     let input = child.stdin.take();
     let write = async {
         if let (Some(mut pipe), Some(parts)) = (input, stdin) {
@@ -90,8 +90,8 @@ pub async fn run_with_input(
     let both = async { tokio::join!(write, child.wait_with_output()) };
     let (written, output) = tokio::time::timeout(TOOL_TIMEOUT, both)
         .await
-        .map_err(|_| KernelError::new(op, format!("{binary} did not finish within {TOOL_TIMEOUT:?}; killed")))?;
-    let output = output.map_err(|e| io_error(op, &format!("waiting for {binary}"), &e))?;
+        .map_err(|_| KernelError::unknown(op, format!("{binary} did not finish within {TOOL_TIMEOUT:?}; killed")))?;
+    let output = output.map_err(|e| io_error(op, false, &format!("waiting for {binary}"), &e))?;
     let out = ToolOutput {
         status: output.status,
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -101,14 +101,16 @@ pub async fn run_with_input(
     // error is the one to report.
     if let Err(e) = written {
         if out.success() {
-            return Err(io_error(op, &format!("writing to {binary}"), &e));
+            return Err(io_error(op, false, &format!("writing to {binary}"), &e));
         }
     }
     Ok(out)
 }
 
-fn io_error(op: &str, what: &str, e: &std::io::Error) -> KernelError {
-    KernelError { op: op.to_string(), errno: e.raw_os_error(), message: format!("{what}: {e}") }
+/// `known`: the tool never ran (nothing applied), rather than ran with an
+/// outcome we could not read.
+fn io_error(op: &str, known: bool, what: &str, e: &std::io::Error) -> KernelError {
+    KernelError::library(op, known, e.raw_os_error(), std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
 #[cfg(test)]
@@ -133,8 +135,8 @@ mod tests {
     #[tokio::test]
     async fn a_missing_tool_is_an_error_naming_it() {
         let err = run("add x", "/nonexistent/ipset", &[], None).await.expect_err("cannot run");
-        assert_eq!(err.op, "add x");
-        assert_eq!(err.errno, Some(2));
-        assert!(err.message.contains("/nonexistent/ipset"), "{err}");
+        assert_eq!(err.op(), "add x");
+        assert_eq!(err.errno_value(), Some(2));
+        assert!(err.cause().to_string().contains("/nonexistent/ipset"), "{err}");
     }
 }

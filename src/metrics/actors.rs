@@ -25,7 +25,7 @@ impl ActorCollector {
 /// do), type, and what to read from a snapshot.
 type Series = (&'static str, &'static str, MetricType, fn(&StatsSnapshot) -> u64);
 
-const SERIES: [Series; 5] = [
+const SERIES: [Series; 7] = [
     ("kube_proxy_rs_actor_mailbox_depth", "Messages sent to the actor and not yet taken.", MetricType::Gauge, |s| {
         u64::try_from(s.mailbox_depth).unwrap_or(0)
     }),
@@ -38,6 +38,13 @@ const SERIES: [Series; 5] = [
         MetricType::Gauge,
         |s| s.last_generation,
     ),
+    (
+        "kube_proxy_rs_actor_failing_keys",
+        "Keys whose op the kernel refused, waiting to be retried alone.",
+        MetricType::Gauge,
+        |s| s.failing_keys,
+    ),
+    ("kube_proxy_rs_actor_retries", "Refused ops that went through when retried.", MetricType::Counter, |s| s.retries),
 ];
 
 impl Collector for ActorCollector {

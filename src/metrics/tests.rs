@@ -217,6 +217,8 @@ fn actor_series_are_read_from_the_stats_registry_at_scrape_time() {
     ipvs.enqueued();
     ipvs.dequeued();
     ipvs.applied(9, 4, 1, Duration::from_millis(3));
+    ipvs.set_failing(3, Vec::new());
+    ipvs.retried(2);
     let text = m.encode_text();
     assert!(text.contains(&meta(
         "kube_proxy_rs_actor_messages_total",
@@ -234,6 +236,8 @@ fn actor_series_are_read_from_the_stats_registry_at_scrape_time() {
         "kube_proxy_rs_actor_ops_total{actor=\"ipvs\"} 4",
         "kube_proxy_rs_actor_errors_total{actor=\"ipvs\"} 1",
         "kube_proxy_rs_actor_last_acked_generation{actor=\"ipvs\"} 9",
+        "kube_proxy_rs_actor_failing_keys{actor=\"ipvs\"} 3",
+        "kube_proxy_rs_actor_retries_total{actor=\"ipvs\"} 2",
         "kube_proxy_rs_actor_apply_duration_seconds_count{actor=\"ipvs\"} 1",
         "kube_proxy_rs_actor_apply_duration_seconds_bucket{le=\"0.0032\",actor=\"ipvs\"} 1",
         "kube_proxy_rs_actor_apply_duration_seconds_bucket{le=\"+Inf\",actor=\"ipvs\"} 1",

@@ -6,6 +6,7 @@
 //! the ops that failed.
 
 pub mod conntrack;
+pub mod error;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
@@ -13,6 +14,7 @@ pub mod link;
 pub mod source;
 
 pub use conntrack::ConntrackOp;
+pub use error::KernelError;
 pub use ipset::{IpsetOp, SetEntry, SetSpec, SetType};
 pub use iptables::{IptablesOp, RestoreInput};
 pub use ipvs::{DestKey, DestSpec, IpvsOp, VsKey, VsSpec};
@@ -51,7 +53,7 @@ pub struct Batch<Op> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack<Op> {
     pub generation: u64,
-    pub failed: Vec<(Option<Op>, String)>,
+    pub failed: Vec<(Option<Op>, KernelError)>,
     pub drift: bool,
 }
 
@@ -61,6 +63,53 @@ impl<Op> Ack<Op> {
     }
     pub fn is_ok(&self) -> bool {
         self.failed.is_empty()
+    }
+}
+
+/// The kernel object an op is about: a newer op on the same key replaces
+/// an older one that failed (per-key retries), and `covers` says which
+/// keys an op makes moot (deleting a virtual server drops its real servers).
+pub trait Keyed {
+    type Key: Ord + Clone + std::fmt::Debug;
+    fn key(&self) -> Self::Key;
+    /// Whether this op decides the fate of `key` too (by default only its own).
+    fn covers(&self, key: &Self::Key) -> bool {
+        self.key() == *key
+    }
+}
+
+impl Keyed for IpvsOp {
+    /// The virtual server, and the real server for dest ops.
+    type Key = (VsKey, Option<DestKey>);
+    fn key(&self) -> Self::Key {
+        match self {
+            IpvsOp::AddService(k, _) | IpvsOp::EditService(k, _) | IpvsOp::DelService(k) => (*k, None),
+            IpvsOp::AddDest(k, d, _) | IpvsOp::EditDest(k, d, _) | IpvsOp::DelDest(k, d) => (*k, Some(*d)),
+        }
+    }
+    fn covers(&self, key: &Self::Key) -> bool {
+        match self {
+            IpvsOp::DelService(k) => key.0 == *k,
+            _ => self.key() == *key,
+        }
+    }
+}
+
+impl Keyed for IpsetOp {
+    type Key = SetEntry;
+    fn key(&self) -> SetEntry {
+        match self {
+            IpsetOp::Add(e) | IpsetOp::Del(e) => *e,
+        }
+    }
+}
+
+impl Keyed for LinkOp {
+    type Key = std::net::IpAddr;
+    fn key(&self) -> std::net::IpAddr {
+        match self {
+            LinkOp::Bind(a) | LinkOp::Unbind(a) => *a,
+        }
     }
 }
 

@@ -145,6 +145,7 @@ impl Dataplane for IptablesDataplane {
         self.deferred_conntrack.extend(o.deferred);
         Finished {
             failed,
+            resync: failed > 0,
             iptables_restore_failed: !restore_ok,
             partial_restore_failed: !restore_ok && self.partial,
             rules: restore_ok.then(|| self.planner.rule_counts()),

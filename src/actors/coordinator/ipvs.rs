@@ -10,8 +10,12 @@
 //!    removals, else they wait for the next sync), and address unbinds
 //!    (after their virtual servers are gone).
 //!
-//! An actor whose ack reports a failure gets a full batch (reconcile against
-//! the kernel) at the next sync; the others carry on incrementally.
+//! An op the kernel refused is retried alone, with a backoff, in the
+//! actor's next batches ([`Retries`]) until it goes through or a newer op
+//! decides its key; the periodic checks leave those keys out. An actor
+//! whose ack leaves the kernel's state unknown (no reply, a failed read, an
+//! unreachable actor) gets a full batch (reconcile against the kernel) at
+//! the next sync; the others carry on incrementally.
 //!
 //! The syncPeriod's sync adds a cheap check per actor (a `Verify` batch after
 //! its deltas): IPVS compares its virtual servers (one dump, no real servers
@@ -25,13 +29,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures::future::join_all;
 use futures::FutureExt;
+use tokio::time::Instant;
 
+use super::retry::Retries;
 use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
 use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::SyncKind;
+use crate::stats::{FailingKey, FAILING_LISTED};
 
 /// Renders the iptables-restore input for IPVS mode from the current plan
 /// and the Node (its pod CIDR for detect-local NodeCIDR).
@@ -63,6 +70,7 @@ pub struct IpvsDataplane {
     addrs: AddrSource,
     rules: RulesRenderer,
     needs_full: BTreeSet<ActorId>,
+    waiting: Waiting,
     last_rules: Option<String>,
     deferred_conntrack: Vec<ConntrackOp>,
     /// The node's addresses the plan was made with (NodePort virtual
@@ -80,6 +88,7 @@ impl IpvsDataplane {
             addrs,
             rules,
             needs_full: BTreeSet::new(),
+            waiting: Waiting::default(),
             last_rules: None,
             deferred_conntrack: Vec::new(),
             last_addrs: Vec::new(),
@@ -91,6 +100,7 @@ impl IpvsDataplane {
         self.last_addrs = addrs;
         self.planner.replan_all(model, ctx);
         self.needs_full.clear();
+        self.waiting.all_in_flight();
         let desired = self.planner.desired();
         let mut stage = Stage::full(generation, &desired);
         stage.rules = Some(self.render_rules(model));
@@ -100,27 +110,40 @@ impl IpvsDataplane {
     }
 
     fn plan_partial(&mut self, model: &Model, generation: u64, changes: &ModelChanges) -> Stage {
-        let d = self.planner.update(model, &changes.ports);
+        let mut d = self.planner.update(model, &changes.ports);
         let desired = (!self.needs_full.is_empty()).then(|| self.planner.desired());
         let full_of = |id: ActorId| desired.as_ref().filter(|_| self.needs_full.contains(&id));
+        let now = Instant::now();
+        let w = &mut self.waiting;
         let mut stage = Stage::new(generation);
         stage.ipvs = match full_of(ActorId::Ipvs) {
-            Some(des) => Some(batch(generation, SyncMode::Full, des.ipvs.clone())),
-            None => (!d.ipvs.is_empty()).then(|| batch(generation, SyncMode::Incremental, d.ipvs)),
+            Some(des) => {
+                w.ipvs.all_in_flight();
+                Some(batch(generation, SyncMode::Full, des.ipvs.clone()))
+            }
+            None => incremental(generation, with_retries(&mut w.ipvs, d.ipvs, now)),
         };
         for set in IpvsSet::ALL {
+            let waiting = w.sets.entry(set).or_default();
             let b = match full_of(ActorId::Set(set)) {
-                Some(des) => Some(batch(generation, SyncMode::Full, adds(des.sets.get(&set)))),
-                None => d.sets.get(&set).map(|ops| batch(generation, SyncMode::Incremental, ops.clone())),
+                Some(des) => {
+                    waiting.all_in_flight();
+                    Some(batch(generation, SyncMode::Full, adds(des.sets.get(&set))))
+                }
+                None => incremental(generation, with_retries(waiting, d.sets.remove(&set).unwrap_or_default(), now)),
             };
             if let Some(b) = b {
                 stage.sets.insert(set, b);
             }
         }
         match full_of(ActorId::Link) {
-            Some(des) => stage.binds = Some(batch(generation, SyncMode::Full, binds(&des.addresses))),
+            Some(des) => {
+                w.link.all_in_flight();
+                stage.binds = Some(batch(generation, SyncMode::Full, binds(&des.addresses)));
+            }
             None => {
-                let (b, u): (Vec<LinkOp>, Vec<LinkOp>) = d.link.into_iter().partition(|o| matches!(o, LinkOp::Bind(_)));
+                let link = with_retries(&mut w.link, d.link, now);
+                let (b, u): (Vec<LinkOp>, Vec<LinkOp>) = link.into_iter().partition(|o| matches!(o, LinkOp::Bind(_)));
                 stage.binds = (!b.is_empty()).then(|| batch(generation, SyncMode::Incremental, b));
                 stage.unbinds = (!u.is_empty()).then(|| batch(generation, SyncMode::Incremental, u));
             }
@@ -138,19 +161,29 @@ impl IpvsDataplane {
         stage
     }
 
-    /// The syncPeriod's checks, for the actors not already getting a full batch.
+    /// The syncPeriod's checks, for the actors not already getting a full
+    /// batch. Keys waiting for a retry are left out: what the kernel refused
+    /// is not drift, and its retry is already planned.
     fn add_checks(&self, stage: &mut Stage) {
         let generation = stage.generation;
+        let w = &self.waiting;
         if !is_full(stage.ipvs.as_ref()) {
-            stage.check_ipvs = Some(batch(generation, SyncMode::Verify, self.planner.desired_services()));
+            let mut services = self.planner.desired_services();
+            services.retain(|op| !w.ipvs.is_pending(&op.key()));
+            stage.check_ipvs = Some(batch(generation, SyncMode::Verify, services));
         }
-        for (set, members) in self.planner.desired_sets() {
+        for (set, mut members) in self.planner.desired_sets() {
             if !is_full(stage.sets.get(&set)) {
+                if let Some(waiting) = w.sets.get(&set) {
+                    members.retain(|e| !waiting.is_pending(e));
+                }
                 stage.check_sets.insert(set, batch(generation, SyncMode::Verify, adds(Some(&members))));
             }
         }
         if !is_full(stage.binds.as_ref()) {
-            stage.check_link = Some(batch(generation, SyncMode::Verify, binds(&self.planner.desired_addresses())));
+            let mut addresses = self.planner.desired_addresses();
+            addresses.retain(|a| !w.link.is_pending(a));
+            stage.check_link = Some(batch(generation, SyncMode::Verify, binds(&addresses)));
         }
     }
 
@@ -250,32 +283,28 @@ impl Dataplane for IpvsDataplane {
     }
 
     fn finished(&mut self, o: Outcome) -> Finished {
-        let (mut failed, mut drift) = (0, false);
-        let mut needs = BTreeSet::new();
-        let mut check = |id: ActorId, ack: Option<(usize, bool)>| match ack {
-            Some((0, false)) => {}
-            Some((f, d)) => {
-                failed += f;
-                drift |= d;
-                needs.insert(id);
+        let now = Instant::now();
+        let mut tally = Tally::default();
+        let mut refused = Vec::new();
+        for a in o.ipvs {
+            tally.sort(ActorId::Ipvs, a, &mut refused);
+        }
+        settle(&mut self.waiting.ipvs, refused, &self.targets.ipvs, now);
+        let mut by_set: BTreeMap<IpvsSet, Vec<_>> = BTreeMap::new();
+        for (set, a) in o.sets {
+            tally.sort(ActorId::Set(set), a, by_set.entry(set).or_default());
+        }
+        for (set, waiting) in self.waiting.sets.iter_mut() {
+            if let Some(target) = self.targets.sets.get(set) {
+                settle(waiting, by_set.remove(set).unwrap_or_default(), target, now);
             }
-            None => {
-                failed += 1;
-                needs.insert(id);
-            }
-        };
-        fn summary<Op>(a: &Option<Ack<Op>>) -> Option<(usize, bool)> {
-            a.as_ref().map(|a| (a.failed.len(), a.drift))
         }
-        for a in &o.ipvs {
-            check(ActorId::Ipvs, summary(a));
+        let mut refused = Vec::new();
+        for a in o.link {
+            tally.sort(ActorId::Link, a, &mut refused);
         }
-        for (set, a) in &o.sets {
-            check(ActorId::Set(*set), summary(a));
-        }
-        for a in &o.link {
-            check(ActorId::Link, summary(a));
-        }
+        settle(&mut self.waiting.link, refused, &self.targets.link, now);
+        let Tally { mut failed, drift, mut needs } = tally;
         let mut iptables_restore_failed = false;
         if let Some((text, a)) = o.iptables {
             match a {
@@ -291,13 +320,111 @@ impl Dataplane for IpvsDataplane {
             failed += a.failed.len();
         }
         self.deferred_conntrack.extend(o.deferred);
+        let resync = !needs.is_empty();
         self.needs_full.extend(needs);
-        Finished { failed, iptables_restore_failed, drift, ..Finished::default() }
+        Finished { failed, resync, iptables_restore_failed, drift, ..Finished::default() }
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.waiting.next_due()
     }
 
     fn reconfigure(&mut self, (settings, rules): Self::Config) {
         self.settings = settings;
         self.rules = rules;
+    }
+}
+
+/// Refused ops waiting for their retry, per actor.
+#[derive(Default)]
+struct Waiting {
+    ipvs: Retries<IpvsOp>,
+    sets: BTreeMap<IpvsSet, Retries<IpsetOp>>,
+    link: Retries<LinkOp>,
+}
+
+impl Waiting {
+    /// Every actor gets a full batch: it carries every waiting key.
+    fn all_in_flight(&mut self) {
+        self.ipvs.all_in_flight();
+        self.sets.values_mut().for_each(Retries::all_in_flight);
+        self.link.all_in_flight();
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        let sets = self.sets.values().filter_map(Retries::next_due);
+        [self.ipvs.next_due(), self.link.next_due()].into_iter().flatten().chain(sets).min()
+    }
+}
+
+/// The planner's new ops for an actor, after the retries due (older, so
+/// first); the retries those ops decide are dropped.
+fn with_retries<Op: Keyed + Clone + Ord>(waiting: &mut Retries<Op>, delta: Vec<Op>, now: Instant) -> Vec<Op> {
+    waiting.superseded_by(&delta);
+    let mut ops = waiting.take_due(now);
+    ops.extend(delta);
+    ops
+}
+
+fn incremental<Op>(generation: u64, ops: Vec<Op>) -> Option<Batch<Op>> {
+    (!ops.is_empty()).then(|| batch(generation, SyncMode::Incremental, ops))
+}
+
+/// Takes an actor's refused ops into its retries and shows the keys still
+/// failing on its stats (metrics and dashboard).
+fn settle<Op: Keyed + Clone + Ord + std::fmt::Display + Send>(
+    waiting: &mut Retries<Op>,
+    refused: Vec<(Op, KernelError)>,
+    target: &Target<Op>,
+    now: Instant,
+) {
+    let went_through = waiting.settle(refused, now);
+    target.stats.retried(went_through);
+    let listed = waiting
+        .iter()
+        .take(FAILING_LISTED)
+        .map(|p| FailingKey {
+            op: p.op.to_string(),
+            attempts: p.attempts,
+            retry_in_ms: p.due.saturating_duration_since(now).as_millis() as u64,
+            error: p.error.to_string(),
+        })
+        .collect();
+    target.stats.set_failing(waiting.len(), listed);
+}
+
+/// What the acks of a sync said, over all actors.
+#[derive(Default)]
+struct Tally {
+    failed: usize,
+    drift: bool,
+    /// Actors whose kernel state is unknown: they get a full batch.
+    needs: BTreeSet<ActorId>,
+}
+
+impl Tally {
+    /// Counts an ack's failures: refused ops go to `refused` (retried
+    /// alone); a failure of unknown outcome, a failed read, drift or no ack
+    /// at all sends the actor a full batch next time.
+    fn sort<Op>(&mut self, id: ActorId, ack: Option<Ack<Op>>, refused: &mut Vec<(Op, KernelError)>) {
+        let Some(ack) = ack else {
+            self.failed += 1;
+            self.needs.insert(id);
+            return;
+        };
+        self.failed += ack.failed.len();
+        if ack.drift {
+            self.drift = true;
+            self.needs.insert(id);
+        }
+        for (op, err) in ack.failed {
+            match op {
+                Some(op) if err.outcome_known() => refused.push((op, err)),
+                _ => {
+                    self.needs.insert(id);
+                }
+            }
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod iptables;
 pub mod ipvs;
+pub mod retry;
 #[cfg(test)]
 mod tests;
 
@@ -51,8 +52,14 @@ pub trait Dataplane: Unpin + 'static {
         generation: u64,
     ) -> Planned<Self::Outcome>;
 
-    /// Takes the acks of the sync; failed actors get a full batch next time.
+    /// Takes the acks of the sync: refused ops wait for their retry,
+    /// actors whose state is unknown get a full batch next time.
     fn finished(&mut self, outcome: Self::Outcome) -> Finished;
+
+    /// When the next refused op is due for its retry (a partial sync then).
+    fn next_retry(&self) -> Option<Instant> {
+        None
+    }
 
     /// Whether a full resync comes once per [`FULL_SYNC_PERIOD`] (upstream
     /// turns that off in iptables mode's large-cluster mode).
@@ -78,6 +85,10 @@ pub struct Planned<O> {
 pub struct Finished {
     /// Failed ops (an unreachable actor counts one).
     pub failed: usize,
+    /// A failure that only a later sync repairs (an unknown outcome, a
+    /// failed read or restore, an unreachable actor): the scheduler retries
+    /// with its backoff. Refused ops retry on their own ([`Dataplane::next_retry`]).
+    pub resync: bool,
     /// The iptables restore failed (for `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`).
     pub iptables_restore_failed: bool,
     /// It was a partial restore (iptables mode's `..._partial_restore_failures_total`).
@@ -196,7 +207,19 @@ impl<D: Dataplane> Coordinator<D> {
             ctx.cancel_future(h);
         }
         let now = Instant::now();
-        match self.sched.next_wakeup(now) {
+        // A due retry is a requested sync (rate-limited as any other).
+        let retry = match self.dataplane.next_retry() {
+            Some(at) if at <= now => {
+                self.sched.request();
+                None
+            }
+            other => other,
+        };
+        let wakeup = match (self.sched.next_wakeup(now), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match wakeup {
             // Due now: a message to ourselves, not a timer (tokio rounds
             // timers up to the next millisecond); events already in the
             // mailbox are still recorded first and join this sync.
@@ -267,7 +290,7 @@ impl<D: Dataplane> Coordinator<D> {
         let failed = f.failed;
         let ok = failed == 0;
         let took = started.elapsed();
-        self.sched.finished(Instant::now(), ok);
+        self.sched.finished(Instant::now(), !f.resync);
         self.sched.set_full_period(self.dataplane.hourly_full_sync().then_some(FULL_SYNC_PERIOD));
         if f.drift {
             self.sched.request();

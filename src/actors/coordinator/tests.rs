@@ -33,6 +33,7 @@ struct Harness {
     t0: Instant,
     /// The node's interface addresses the coordinator reads.
     addrs: std::sync::Arc<std::sync::Mutex<Vec<LocalAddr>>>,
+    stats: StatsRegistry,
 }
 
 fn start(min: Duration, max: Duration) -> Harness {
@@ -52,6 +53,7 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         iptables: MemIptables::new(&journal),
         conntrack: MemConntrack::new(&journal),
     };
+    let stats = StatsRegistry::default();
     let targets = start_ipvs_actors(
         IpvsKernels {
             ipvs: k.ipvs.clone(),
@@ -60,7 +62,7 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
             iptables: k.iptables.clone(),
             conntrack: k.conntrack.clone(),
         },
-        &StatsRegistry::default(),
+        &stats,
     );
     let settings = Settings {
         plan: PlanSettings {
@@ -90,7 +92,7 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
     });
     let coord = Coordinator::new(settings, targets, addrs, rules).start();
-    Harness { coord, k, t0: Instant::now(), addrs: shared }
+    Harness { coord, k, t0: Instant::now(), addrs: shared, stats }
 }
 
 impl Harness {
@@ -101,6 +103,16 @@ impl Harness {
     /// Offsets from t0 of the journal lines containing `needle`.
     fn at(&self, needle: &str) -> Vec<Duration> {
         self.k.journal.timed().iter().filter(|(_, l)| l.contains(needle)).map(|(t, _)| *t - self.t0).collect()
+    }
+
+    /// Full reads of the IPVS table so far.
+    fn ipvs_dumps(&self) -> usize {
+        self.k.ipvs.dumps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The IPVS actor's stats now.
+    fn ipvs_stats(&self) -> crate::stats::StatsSnapshot {
+        self.stats.snapshot().into_iter().find(|s| s.name == "ipvs").expect("the ipvs actor's stats")
     }
 
     async fn syncs(&self) -> Vec<SyncRecord> {
@@ -262,22 +274,107 @@ fn a_full_resync_of_every_actor_comes_once_an_hour() {
 }
 
 #[test]
-fn a_failed_op_is_retried_with_a_full_resync_of_that_actor_only() {
+fn a_refused_op_is_retried_alone_with_backoff_and_no_full_resync() {
     run_paused(|| async {
         let h = start(Duration::ZERO, Duration::from_secs(30));
         let mut first = synced();
         first.push(web_svc("web", "10.96.0.20"));
         h.send(first).await;
         sleep(MS).await;
-        h.k.journal.fail("-r 10.244.1.1:8080", 1);
+        let dumps = h.ipvs_dumps();
+        h.k.journal.fail("-r 10.244.1.1:8080", 3);
+        h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2"])]).await;
+        sleep(Duration::from_millis(150)).await;
+        let failing = h.ipvs_stats();
+        assert_eq!(failing.failing_keys, 1, "{failing:?}");
+        assert!(failing.failing[0].op.contains("-r 10.244.1.1:8080"), "{failing:?}");
+        assert!(failing.failing[0].error.contains("Input/output error"), "{failing:?}");
+        assert_eq!(failing.failing[0].attempts, 2);
+        sleep(Duration::from_secs(2)).await;
+        let ms = Duration::from_millis;
+        // 100 ms, then 200 ms, then 400 ms after each failure.
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080"), vec![MS, ms(101), ms(301), ms(701)]);
+        assert_eq!(h.at("-r 10.244.1.2:8080").len(), 1, "the other real server is written once");
+        assert_eq!(h.k.ipvs.snapshot().dests.len(), 2);
+        assert_eq!(h.ipvs_dumps(), dumps, "no full resync: the table is never read");
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
+        let retries: Vec<usize> = syncs.iter().skip(2).map(|s| s.ops).collect();
+        assert_eq!(retries, [1, 1, 1], "each retry carries the refused op alone: {syncs:?}");
+        let done = h.ipvs_stats();
+        assert_eq!((done.failing_keys, done.retries), (0, 1), "{done:?}");
+    });
+}
+
+#[test]
+fn a_newer_delta_for_the_key_ends_its_retries() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        h.send(first).await;
+        sleep(MS).await;
+        h.k.journal.fail("-a -t 10.96.0.20:80 -r 10.244.1.1:8080", u32::MAX);
+        h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
+        sleep(Duration::from_millis(150)).await;
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080").len(), 2);
+        // The endpoint goes away: its DelDest decides the key.
+        h.send(vec![web_slice("web", &["10.244.1.2"])]).await;
+        sleep(Duration::from_secs(5)).await;
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080").len(), 2, "no retry after the newer delta");
+        assert_eq!(h.ipvs_stats().failing_keys, 0);
+        let dests: Vec<_> = h.k.ipvs.snapshot().dests.into_keys().map(|(_, d)| d.addr.to_string()).collect();
+        assert_eq!(dests, ["10.244.1.2"]);
+    });
+}
+
+#[test]
+fn a_poison_key_never_turns_periodic_checks_into_full_resyncs() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(MS).await;
+        let dumps = h.ipvs_dumps();
+        // A virtual server this kernel refuses for good (as SCTP without ip_vs_proto_sctp).
+        h.k.journal.fail("-A -t 10.96.0.21:80", u32::MAX);
+        h.send(vec![web_svc("web2", "10.96.0.21"), web_slice("web2", &["10.244.1.2"])]).await;
+        sleep(Duration::from_secs(240)).await;
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().filter(|s| s.periodic).count() >= 3, "{syncs:?}");
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
+        assert_eq!(h.ipvs_dumps(), dumps, "the periodic checks leave the refused key out");
+        // 1 ms, then 100 ms doubling (ten attempts until 51.1 s), then once a minute.
+        assert_eq!(h.at("FAILED ipvs -A -t 10.96.0.21:80").len(), 13);
+        let stats = h.ipvs_stats();
+        assert_eq!(stats.failing_keys, 2, "the virtual server and its real server: {stats:?}");
+        // The other service is untouched by it.
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080").len(), 1);
+    });
+}
+
+#[test]
+fn an_unknown_outcome_resyncs_that_actor_only() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        h.send(first).await;
+        sleep(MS).await;
+        let (dumps, restores) = (h.ipvs_dumps(), h.k.iptables.restores.lock().unwrap().len());
+        h.k.journal.lose("-r 10.244.1.1:8080", 1);
         h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
         sleep(Duration::from_millis(1500)).await;
-        let attempts = h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080");
-        assert_eq!(attempts, vec![MS, MS + Duration::from_secs(1)], "retried after the 1s backoff");
-        assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
         let syncs = h.syncs().await;
-        assert_eq!(syncs.last().map(|s| s.failed), Some(0));
-        assert!(syncs[1].failed > 0);
+        assert!(syncs[1].failed > 0, "{syncs:?}");
+        let retry = &syncs[2];
+        assert!(!retry.full && retry.failed == 0, "the retry is not a full sync of every actor: {syncs:?}");
+        assert_eq!(h.ipvs_dumps(), dumps + 1, "the IPVS actor read the kernel once");
+        assert_eq!(h.k.iptables.restores.lock().unwrap().len(), restores, "iptables was not rewritten");
+        // The lost op had taken effect: the resync found it, nothing written twice.
+        assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080").len(), 1);
+        assert_eq!(h.k.ipvs.snapshot().dests.len(), 1);
     });
 }
 

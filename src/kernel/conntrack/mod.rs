@@ -143,7 +143,7 @@ impl ConntrackError {
 
     /// As the [`Subsystem`] reports it: `op` is the [`ConntrackOp`] that failed.
     pub fn for_op(&self, op: &ConntrackOp) -> KernelError {
-        KernelError { op: op.to_string(), errno: self.errno().map(|e| e.0), message: self.to_string() }
+        KernelError::library(op, !self.is_unknown_outcome(), self.errno().map(|e| e.0), self.clone())
     }
 }
 
@@ -604,11 +604,16 @@ mod tests {
         let op = ConntrackOp::FlushServiceIp { ip: ip("10.96.0.10"), protocol: Protocol::Udp };
         let err = ConntrackError::Kernel { request: Request::Dump(IpFamily::V4), errno: Errno(1) };
         let k = err.for_op(&op);
-        assert_eq!(k.op, "conntrack -D -p udp --orig-dst 10.96.0.10");
-        assert_eq!(k.errno, Some(1));
-        assert_eq!(k.message, "conntrack -L -f ipv4: Operation not permitted (os error 1)");
+        assert_eq!(k.op(), "conntrack -D -p udp --orig-dst 10.96.0.10");
+        assert_eq!(k.errno_value(), Some(1));
+        assert!(k.outcome_known());
+        assert_eq!(
+            k.to_string(),
+            "conntrack -D -p udp --orig-dst 10.96.0.10: conntrack -L -f ipv4: Operation not permitted (os error 1)"
+        );
         let unknown = ConntrackError::NoReply { request: Request::Delete(entry().orig) };
         assert!(unknown.is_unknown_outcome());
-        assert_eq!(unknown.for_op(&op).errno, None);
+        assert_eq!(unknown.for_op(&op).errno_value(), None);
+        assert!(!unknown.for_op(&op).outcome_known());
     }
 }

@@ -296,7 +296,7 @@ impl IpvsBackend for super::netlink::NetlinkIpvs {
 }
 
 fn kernel_error(op: impl std::fmt::Display, e: &super::netlink::IpvsError) -> KernelError {
-    KernelError { op: op.to_string(), errno: e.errno().map(|n| n.0), message: e.to_string() }
+    KernelError::library(op, !e.is_unknown_outcome(), e.errno().map(|n| n.0), e.clone())
 }
 
 #[cfg(test)]
@@ -372,7 +372,7 @@ mod tests {
         }
         fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
             if self.1.load(std::sync::atomic::Ordering::SeqCst) {
-                return Box::pin(async { Err(KernelError::new("-L -n", "reply lost")) });
+                return Box::pin(async { Err(KernelError::unknown("-L -n", "reply lost")) });
             }
             self.0.dests(vs)
         }
