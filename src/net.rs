@@ -133,6 +133,14 @@ impl IpFamily {
     }
 }
 
+/// An address on one of the node's interfaces (the kernel layer reads them,
+/// the planner picks NodePort addresses and the node IP from them).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LocalAddr {
+    pub ifname: String,
+    pub ip: IpAddr,
+}
+
 /// `ip:port`, with brackets for IPv6 (`[fd00::1]:80`), as Go's JoinHostPort.
 pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
     match ip {
