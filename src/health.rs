@@ -32,8 +32,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::{Serialize, Serializer};
 
 use crate::config::KubeProxyConfiguration;
-use crate::metrics::{ip_family_label, ProxyMetrics};
-use crate::net::IpFamily;
+use crate::net::{ip_family_label, IpFamily};
 
 /// The taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -199,12 +198,20 @@ fn go_time_opt<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::
     s.serialize_str(&format_go_time(*t))
 }
 
+/// Counts probe answers (`kubeproxy_proxy_healthz_total` /
+/// `kubeproxy_proxy_livez_total`): the metrics implement it, so health
+/// knows nothing of them.
+pub trait ProbeCounter: Send + Sync + std::fmt::Debug {
+    /// `probe` was answered with `status`.
+    fn probe_served(&self, probe: Probe, status: u16);
+}
+
 /// The shared health: the sync loop writes, the HTTP servers read.
 #[derive(Debug)]
 pub struct ProxyHealth {
     state: Mutex<HealthState>,
     timeout: Duration,
-    metrics: Option<Arc<ProxyMetrics>>,
+    metrics: Option<Arc<dyn ProbeCounter>>,
 }
 
 impl ProxyHealth {
@@ -214,7 +221,7 @@ impl ProxyHealth {
     }
 
     /// Counts probe answers in `kubeproxy_proxy_healthz_total` / `_livez_total`.
-    pub fn with_metrics(mut self, metrics: Arc<ProxyMetrics>) -> ProxyHealth {
+    pub fn with_metrics(mut self, metrics: Arc<dyn ProbeCounter>) -> ProxyHealth {
         self.metrics = Some(metrics);
         self
     }
@@ -267,10 +274,7 @@ impl ProxyHealth {
     pub fn probe(&self, probe: Probe, now: SystemTime) -> ProbeResponse {
         let response = self.state().probe(probe, self.timeout, now);
         if let Some(m) = &self.metrics {
-            match probe {
-                Probe::Healthz => m.healthz_served(response.status),
-                Probe::Livez => m.livez_served(response.status),
-            }
+            m.probe_served(probe, response.status);
         }
         response
     }

@@ -133,6 +133,23 @@ impl IpFamily {
     }
 }
 
+/// Upstream's `v1.IPFamily` spelling (`IPv4`, `IPv6`): the `ip_family`
+/// label of metrics, the keys of the health answers' per-family `status`.
+pub fn ip_family_label(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
+/// An address on one of the node's interfaces (the kernel layer reads them,
+/// the planner picks NodePort addresses and the node IP from them).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LocalAddr {
+    pub ifname: String,
+    pub ip: IpAddr,
+}
+
 /// `ip:port`, with brackets for IPv6 (`[fd00::1]:80`), as Go's JoinHostPort.
 pub fn join_host_port(ip: &IpAddr, port: u16) -> String {
     match ip {

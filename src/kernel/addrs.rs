@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use nix::ifaddrs::getifaddrs;
 
-use crate::plan::context::LocalAddr;
+use crate::net::LocalAddr;
 
 /// Every address on every interface, sorted. Errors are returned, not hidden.
 pub fn local_addrs() -> std::io::Result<Vec<LocalAddr>> {

@@ -42,11 +42,9 @@ use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
+use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
-use crate::plan::chains::{ChainProfile, Jump};
-use crate::plan::iptables::is_service_chain;
-use crate::plan::rules_ipvs::{self, CANARY};
 
 /// The three tools of one iptables flavour and family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,10 +139,10 @@ impl IptablesHandle {
 
     /// Other tools: a flavour ([`IptablesBinaries::variant`]) or paths.
     pub fn with_binaries(bins: IptablesBinaries) -> IptablesHandle {
-        IptablesHandle { bins: Arc::new(bins), profile: &rules_ipvs::PROFILE, shared: Arc::default() }
+        IptablesHandle { bins: Arc::new(bins), profile: &IPVS_PROFILE, shared: Arc::default() }
     }
 
-    /// Serves another mode (its jumps and chains): `plan::iptables::PROFILE`
+    /// Serves another mode (its jumps and chains): `msgs::chains::IPTABLES_PROFILE`
     /// for iptables mode.
     pub fn for_mode(mut self, profile: &'static ChainProfile) -> IptablesHandle {
         self.profile = profile;
@@ -722,6 +720,7 @@ fn restore_message(out: &ToolOutput, input: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::msgs::chains::{IPTABLES_PROFILE, IPVS_JUMPS};
 
     const FRESH_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
                              :POSTROUTING ACCEPT [0:0]\nCOMMIT\n";
@@ -734,13 +733,13 @@ mod tests {
     fn every_jump_is_missing_from_fresh_tables_and_none_once_present() {
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let ipvs = &rules_ipvs::PROFILE;
+        let ipvs = &IPVS_PROFILE;
         assert_eq!(missing_jumps(ipvs, &nat, &filter).len(), ipvs.jumps.len());
         let all: String = ipvs.jumps.iter().map(|j| format!("{}\n", j.save_line())).collect();
         let t = saved(&all);
         assert!(missing_jumps(ipvs, &t, &t).is_empty());
         // The modes share four jumps (nat OUTPUT, PREROUTING, POSTROUTING; filter FORWARD to KUBE-FORWARD).
-        let iptables = &crate::plan::iptables::PROFILE;
+        let iptables = &IPTABLES_PROFILE;
         assert_eq!(missing_jumps(iptables, &t, &t).len(), iptables.jumps.len() + iptables.kept_jumps.len() - 4);
     }
 
@@ -749,7 +748,7 @@ mod tests {
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\nCOMMIT\n");
         let missing: Vec<Jump> =
-            rules_ipvs::JUMPS.into_iter().filter(|j| j.from == "OUTPUT" || j.to == "KUBE-FORWARD").collect();
+            IPVS_JUMPS.into_iter().filter(|j| j.from == "OUTPUT" || j.to == "KUBE-FORWARD").collect();
         let text = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n";
         let got = insert_jumps(text, &missing, &nat, &filter);
         let want = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n\
@@ -766,7 +765,7 @@ mod tests {
     fn jumps_go_into_an_input_in_parts_as_into_the_whole() {
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let missing = missing_jumps(&crate::plan::iptables::PROFILE, &nat, &filter);
+        let missing = missing_jumps(&IPTABLES_PROFILE, &nat, &filter);
         let parts = [
             "*filter\n:KUBE-SERVICES - [0:0]\n",
             "-A KUBE-SERVICES -j RETURN\nCOMMIT\n*nat\n",
@@ -790,18 +789,18 @@ mod tests {
              -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
         );
         let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let got = cleanup_input(&[&rules_ipvs::PROFILE], &empty, &nat, &empty);
+        let got = cleanup_input(&[&IPVS_PROFILE], &empty, &nat, &empty);
         let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
         let want = format!(
             "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
         );
         assert_eq!(got, want);
-        assert_eq!(cleanup_input(&[&rules_ipvs::PROFILE], &empty, &empty, &empty), "");
+        assert_eq!(cleanup_input(&[&IPVS_PROFILE], &empty, &empty, &empty), "");
     }
 
     #[test]
     fn a_missing_target_chain_is_declared_unless_the_kernel_or_the_input_has_it() {
-        let profile = &crate::plan::iptables::PROFILE;
+        let profile = &IPTABLES_PROFILE;
         let nat = saved(FRESH_NAT);
         let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\nCOMMIT\n");
         let missing = missing_jumps(profile, &nat, &filter);
@@ -820,7 +819,7 @@ mod tests {
 
     #[test]
     fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
-        let profile = &crate::plan::iptables::PROFILE;
+        let profile = &IPTABLES_PROFILE;
         let nat = saved(
             "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
              :KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]\n:KUBE-NODE-PORT - [0:0]\n\
@@ -844,14 +843,14 @@ mod tests {
         assert!(!got.contains("KUBE-FIREWALL") && !got.contains("KUBE-NODE-PORT "), "not ours:\n{got}");
         assert!(has_markers(profile, &nat, &filter));
         // Both modes at once: IPVS mode's KUBE-NODE-PORT goes too, in the same restore.
-        let both = cleanup_input(&[profile, &rules_ipvs::PROFILE], &SavedTable::default(), &nat, &filter);
+        let both = cleanup_input(&[profile, &IPVS_PROFILE], &SavedTable::default(), &nat, &filter);
         assert!(both.contains("-X KUBE-NODE-PORT\n") && both.contains("-X KUBE-SVC-ABCDEFGHIJKLMNOP"), "{both}");
         assert_eq!(both.matches("-X KUBE-SERVICES").count(), 1, "shared chains once:\n{both}");
         let deletes = both.lines().filter(|l| l.starts_with("-D PREROUTING")).count();
         assert_eq!(deletes, 1, "a jump both modes use is deleted once:\n{both}");
-        assert!(has_markers(&rules_ipvs::PROFILE, &nat, &filter), "KUBE-NODE-PORT is IPVS mode's");
+        assert!(has_markers(&IPVS_PROFILE, &nat, &filter), "KUBE-NODE-PORT is IPVS mode's");
         let empty = SavedTable::default();
-        assert!(!has_markers(profile, &empty, &empty) && !has_markers(&rules_ipvs::PROFILE, &empty, &empty));
+        assert!(!has_markers(profile, &empty, &empty) && !has_markers(&IPVS_PROFILE, &empty, &empty));
     }
 
     #[test]

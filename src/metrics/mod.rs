@@ -25,6 +25,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets,
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::config::ProxyMode;
+use crate::health::{Probe, ProbeCounter};
 use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
@@ -37,13 +38,7 @@ type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
 type CounterFamily = Family<Labels, Counter>;
 
-/// Upstream's `v1.IPFamily` spelling, the `ip_family` label value.
-pub fn ip_family_label(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
-    }
-}
+pub use crate::net::ip_family_label;
 
 /// Which traffic policy a service with no local endpoints has
 /// (`traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
@@ -377,6 +372,16 @@ impl ProxyMetrics {
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
     pub fn bind_failed(&self, server: &str) {
         self.server.bind_failures.get_or_create(&vec![("server", server.to_string())]).inc();
+    }
+}
+
+/// The health probes' answers, counted.
+impl ProbeCounter for ProxyMetrics {
+    fn probe_served(&self, probe: Probe, status: u16) {
+        match probe {
+            Probe::Healthz => self.healthz_served(status),
+            Probe::Livez => self.livez_served(status),
+        }
     }
 }
 

@@ -9,12 +9,7 @@ use crate::model::NodeInfo;
 use crate::msgs::link::DUMMY_LINK;
 use crate::net::IpFamily;
 
-/// An address on one of the node's interfaces.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LocalAddr {
-    pub ifname: String,
-    pub ip: IpAddr,
-}
+pub use crate::net::LocalAddr;
 
 pub use crate::config::NodePortAddresses as NodePortFilter;
 

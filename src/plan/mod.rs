@@ -1,7 +1,6 @@
 //! Model → desired kernel state, and desired-before vs desired-after →
 //! deltas. Pure: no I/O, no async.
 
-pub mod chains;
 pub mod claims;
 pub mod conntrack;
 pub mod context;

@@ -13,12 +13,14 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::chains::{jump, ChainProfile, Jump};
 use super::IpvsSet;
 use crate::net::{IpFamily, Protocol};
 
-/// The canary chain, in mangle, nat and filter.
-pub const CANARY: &str = "KUBE-PROXY-CANARY";
+/// The chain vocabulary IPVS mode shares with the iptables handle.
+pub use crate::msgs::chains::{
+    CANARY, IPVS_FILTER_CHAINS as FILTER_CHAINS, IPVS_JUMPS as JUMPS, IPVS_NAT_CHAINS as NAT_CHAINS,
+    IPVS_PROFILE as PROFILE,
+};
 
 /// How "traffic from outside the cluster" is recognised (detectLocalMode).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,49 +52,6 @@ pub struct IpvsRulesConfig {
     /// The iptables binary supports MASQUERADE --random-fully.
     pub random_fully: bool,
 }
-
-/// The jumps from built-in chains to ours (upstream's iptablesJumpChain of
-/// IPVS mode). Upstream inserts these at position 1 if missing (EnsureRule Prepend).
-pub const JUMPS: [Jump; 9] = [
-    jump("nat", "OUTPUT", "", "kubernetes service portals", "KUBE-SERVICES"),
-    jump("nat", "PREROUTING", "", "kubernetes service portals", "KUBE-SERVICES"),
-    jump("nat", "POSTROUTING", "", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
-    jump("filter", "FORWARD", "", "kubernetes forwarding rules", "KUBE-FORWARD"),
-    jump("filter", "INPUT", "", "kubernetes health check rules", "KUBE-NODE-PORT"),
-    jump("filter", "INPUT", "", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
-    jump("filter", "FORWARD", "", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"),
-    jump("filter", "INPUT", "", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"),
-    jump("filter", "OUTPUT", "", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"),
-];
-
-/// What IPVS mode owns in iptables, for the iptables handle.
-pub const PROFILE: ChainProfile = ChainProfile {
-    mode: "ipvs",
-    jumps: &JUMPS,
-    kept_jumps: &[],
-    nat_chains: &NAT_CHAINS,
-    filter_chains: &FILTER_CHAINS,
-    service_chains: false,
-    markers: &[
-        ("nat", "KUBE-NODE-PORT"),
-        ("nat", "KUBE-LOAD-BALANCER"),
-        ("filter", "KUBE-NODE-PORT"),
-        ("filter", "KUBE-IPVS-FILTER"),
-        ("filter", "KUBE-IPVS-OUT-FILTER"),
-    ],
-};
-
-/// Our chains per table, in upstream's order.
-pub const NAT_CHAINS: [&str; 5] =
-    ["KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER", "KUBE-MARK-MASQ"];
-pub const FILTER_CHAINS: [&str; 6] = [
-    "KUBE-FORWARD",
-    "KUBE-NODE-PORT",
-    "KUBE-PROXY-FIREWALL",
-    "KUBE-SOURCE-RANGES-FIREWALL",
-    "KUBE-IPVS-FILTER",
-    "KUBE-IPVS-OUT-FILTER",
-];
 
 /// Upstream formats the mark with Go's `%#08x`: 1<<14 is `0x00004000`.
 pub fn mark(bit: u32) -> String {

@@ -43,72 +43,23 @@ mod tests;
 use crate::msgs::RestoreInput;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-pub use crate::plan::chains::{Jump, JUMP_POSITION};
+pub use crate::msgs::chains::{Jump, JUMP_POSITION};
 pub use context::{iptables_context, HostFeatures, IptablesContext, IptablesSettings, NodePortDestinations};
 pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains};
 
 use crate::model::{Model, ServicePortName};
-use crate::plan::chains::{jump, ChainProfile};
 use render::{restore_input, Fragment, Frame};
 use service::render_port;
 
-pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
-pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
-pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
-pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
-pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
-/// kubelet's anti-martian chain; kube-proxy keeps a copy of its rule.
-pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
-/// The canary chain, in mangle, nat and filter.
-pub const CANARY: &str = "KUBE-PROXY-CANARY";
+/// The chain vocabulary iptables mode shares with the iptables handle.
+pub use crate::msgs::chains::{
+    CANARY, CLEANUP_FILTER_CHAINS, CLEANUP_NAT_CHAINS, IPTABLES_JUMPS as JUMPS, IPTABLES_PROFILE as PROFILE,
+    KUBELET_JUMPS, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+};
 /// More endpoints than this in all: endpoint comments are left out
 /// (upstream's largeClusterEndpointsThreshold).
 pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
-
-const NEW: &str = "-m conntrack --ctstate NEW";
-
-/// Upstream's iptablesJumpChains, in its order; `--cleanup` removes these.
-pub const JUMPS: [Jump; 12] = [
-    jump("filter", "INPUT", NEW, "kubernetes externally-visible service portals", KUBE_EXTERNAL_SERVICES),
-    jump("filter", "FORWARD", NEW, "kubernetes externally-visible service portals", KUBE_EXTERNAL_SERVICES),
-    jump("filter", "INPUT", "", "kubernetes health check service ports", KUBE_NODEPORTS),
-    jump("filter", "FORWARD", NEW, "kubernetes service portals", KUBE_SERVICES),
-    jump("filter", "OUTPUT", NEW, "kubernetes service portals", KUBE_SERVICES),
-    jump("filter", "FORWARD", "", "kubernetes forwarding rules", KUBE_FORWARD),
-    jump("filter", "INPUT", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
-    jump("filter", "OUTPUT", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
-    jump("filter", "FORWARD", NEW, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
-    jump("nat", "OUTPUT", "", "kubernetes service portals", KUBE_SERVICES),
-    jump("nat", "PREROUTING", "", "kubernetes service portals", KUBE_SERVICES),
-    jump("nat", "POSTROUTING", "", "kubernetes postrouting rules", KUBE_POSTROUTING),
-];
-
-/// Upstream's iptablesKubeletJumpChains: ensured after [`JUMPS`] on full
-/// syncs, never removed. Their target `KUBE-FIREWALL` is only in the
-/// restore input when localhost NodePorts are on; otherwise the runtime
-/// creates it empty if missing (EnsureChain) and must not flush it.
-pub const KUBELET_JUMPS: [Jump; 2] =
-    [jump("filter", "INPUT", "", "", KUBE_FIREWALL), jump("filter", "OUTPUT", "", "", KUBE_FIREWALL)];
-
-/// nat chains cleanup flushes and deletes if present, besides every
-/// per-service chain ([`is_service_chain`]) (upstream's cleanupLeftoversForFamily).
-pub const CLEANUP_NAT_CHAINS: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
-/// filter chains cleanup flushes and deletes if present (KUBE-FIREWALL stays).
-pub const CLEANUP_FILTER_CHAINS: [&str; 5] =
-    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
-
-/// What iptables mode owns in the kernel, for the iptables handle.
-pub const PROFILE: ChainProfile = ChainProfile {
-    mode: "iptables",
-    jumps: &JUMPS,
-    kept_jumps: &KUBELET_JUMPS,
-    nat_chains: &CLEANUP_NAT_CHAINS,
-    filter_chains: &CLEANUP_FILTER_CHAINS,
-    service_chains: true,
-    markers: &[("nat", KUBE_NODEPORTS), ("filter", KUBE_EXTERNAL_SERVICES), ("filter", KUBE_NODEPORTS)],
-};
 
 /// What the planner keeps of one service port between syncs.
 #[derive(Debug, Clone)]

@@ -6,24 +6,9 @@ use sha2::{Digest, Sha256};
 
 use crate::model::{Endpoint, ServicePortName};
 
-/// Prefix of the chain holding a service port's Cluster-policy endpoints.
-pub const SVC_PREFIX: &str = "KUBE-SVC-";
-/// Prefix of the chain holding a service port's Local-policy endpoints.
-pub const SVL_PREFIX: &str = "KUBE-SVL-";
-/// Prefix of the chain for external destinations (NodePort, LB, externalIPs).
-pub const EXT_PREFIX: &str = "KUBE-EXT-";
-/// Prefix of the loadBalancerSourceRanges chain.
-pub const FW_PREFIX: &str = "KUBE-FW-";
-/// Prefix of a per-endpoint chain.
-pub const SEP_PREFIX: &str = "KUBE-SEP-";
-
-/// The five per-service prefixes (upstream's isServiceChainName).
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [SVC_PREFIX, SVL_PREFIX, SEP_PREFIX, FW_PREFIX, EXT_PREFIX];
-
-/// Whether `chain` is a per-service chain of ours (upstream's isServiceChainName).
-pub fn is_service_chain(chain: &str) -> bool {
-    SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
-}
+pub use crate::msgs::chains::{
+    is_service_chain, EXT_PREFIX, FW_PREFIX, SEP_PREFIX, SERVICE_CHAIN_PREFIXES, SVC_PREFIX, SVL_PREFIX,
+};
 
 const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
