@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod model;
 pub mod msgs;
 pub mod net;
+pub mod observe;
 pub mod plan;
 pub mod reload;
 pub mod runtime;

@@ -29,11 +29,11 @@ use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
 use crate::kernel::{addrs, sysctl};
-use crate::metrics::hooks::SyncHooks;
 use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
 use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
+use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures, IptablesSettings};
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
@@ -342,7 +342,7 @@ fn start_ipvs(
     Ok(Coordinator::create(move |ctx| {
         // Drift an actor finds between syncs (the iptables canary vanished) makes the coordinator resync in full.
         let targets = start_ipvs_actors_with_drift(kernels, registry, Some(ctx.address().recipient()));
-        Coordinator::new(settings, targets, addr_source(), rules).with_hooks(hooks)
+        Coordinator::new(settings, targets, addr_source(), rules).with_observer(hooks)
     }))
 }
 
@@ -384,7 +384,7 @@ async fn start_iptables(
         let drift = Some(ctx.address().recipient());
         let targets = start_iptables_actors_with_drift(iptables, conntrack, registry, drift);
         let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
-        Coordinator::with_dataplane(settings, dataplane).with_hooks(hooks)
+        Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
     }))
 }
 

@@ -46,11 +46,11 @@ use crate::health::{self, ProxyHealth};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use crate::kernel::{Applied, IptablesKernel, KFuture, KResult, Subsystem};
-use crate::metrics::hooks::SyncHooks;
 use crate::metrics::ProxyMetrics;
 use crate::model::{Model, ModelChanges};
 use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
+use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
 use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
 use crate::schedule::SyncKind;
@@ -492,7 +492,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
         let targets = start_iptables_actors_with_drift(actors, conntrack, registry_ref, drift);
         let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
         let probed = Probed { inner: dataplane, done: tx, totals: SyncSignal::default() };
-        Coordinator::with_dataplane(settings, probed).with_hooks(hooks)
+        Coordinator::with_dataplane(settings, probed).with_observer(hooks)
     });
     Ok(Daemon { coord, handle, recording, done })
 }

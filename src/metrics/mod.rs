@@ -12,7 +12,6 @@
 
 mod actors;
 pub mod exposition;
-pub mod hooks;
 mod process;
 
 use std::sync::atomic::AtomicU64;
@@ -30,7 +29,6 @@ use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
-pub use hooks::{SyncHooks, SyncOutcome};
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;
@@ -372,6 +370,16 @@ impl ProxyMetrics {
     /// An HTTP server (`metrics`, `healthz` or `service-health`) could not bind its port.
     pub fn bind_failed(&self, server: &str) {
         self.server.bind_failures.get_or_create(&vec![("server", server.to_string())]).inc();
+    }
+}
+
+/// The API source's refused objects, counted and listed.
+impl crate::actors::source::kube::Refusals for ProxyMetrics {
+    fn counting(&self, kind: &str) {
+        self.refusals_counted(kind);
+    }
+    fn refused(&self, kind: &str, object: &str, detail: &str) {
+        self.object_refused(kind, object, detail);
     }
 }
 

@@ -21,10 +21,10 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use tokio::time::Instant;
 
-use crate::metrics::hooks::{SyncHooks, SyncOutcome};
 use crate::model::{Model, ModelChanges};
 use crate::msgs::*;
 use crate::plan::context::{LocalAddr, PlanSettings};
+use crate::plan::iptables::RuleCounts;
 use crate::schedule::{SyncKind, SyncScheduler, FULL_SYNC_PERIOD};
 use crate::stats::ActorStats;
 
@@ -70,6 +70,33 @@ pub trait Dataplane: Unpin + 'static {
     fn reconfigure(&mut self, config: Self::Config);
 }
 
+/// Who hears what the coordinator did (metrics, health, the service
+/// health checks): three calls, at the points where upstream's proxier
+/// reports the same.
+pub trait SyncObserver: 'static {
+    /// A source batch was recorded into `model`.
+    fn events_recorded(&self, events: &[SourceEvent], model: &Model);
+    /// A sync starts, after `model.apply()` returned `changes`.
+    fn sync_started(&mut self, model: &Model, changes: &ModelChanges, full: bool);
+    /// The sync's acks are in.
+    fn sync_finished(&mut self, outcome: SyncOutcome);
+}
+
+/// How a sync ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncOutcome {
+    pub full: bool,
+    pub took: Duration,
+    /// Every actor acked without failures.
+    pub ok: bool,
+    /// The iptables actor's restore failed (or it was unreachable).
+    pub iptables_restore_failed: bool,
+    /// That restore was a partial one (iptables mode).
+    pub partial_restore_failed: bool,
+    /// iptables mode: the rules of the restore that succeeded.
+    pub rules: Option<RuleCounts>,
+}
+
 /// A planned sync.
 pub struct Planned<O> {
     /// Whether it is a full sync.
@@ -94,7 +121,7 @@ pub struct Finished {
     /// It was a partial restore (iptables mode's `..._partial_restore_failures_total`).
     pub partial_restore_failed: bool,
     /// iptables mode: the rules after a successful restore.
-    pub rules: Option<crate::plan::iptables::RuleCounts>,
+    pub rules: Option<RuleCounts>,
     /// A periodic check found drift that the actor's full batch repairs:
     /// sync again soon.
     pub drift: bool,
@@ -161,7 +188,7 @@ pub struct Coordinator<D: Dataplane = IpvsDataplane> {
     generation: u64,
     timer: Option<SpawnHandle>,
     history: VecDeque<SyncRecord>,
-    hooks: Option<SyncHooks>,
+    observer: Option<Box<dyn SyncObserver>>,
     /// Set by [`Shutdown`]: no more events, no more syncs; answered when
     /// the sync in flight (if any) is done.
     stopping: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
@@ -178,7 +205,7 @@ impl Coordinator<IpvsDataplane> {
 impl<D: Dataplane> Coordinator<D> {
     /// This coordinator's family, as its log lines name it.
     fn ip_family(&self) -> &'static str {
-        crate::metrics::ip_family_label(self.settings.plan.family)
+        crate::net::ip_family_label(self.settings.plan.family)
     }
 
     pub fn with_dataplane(settings: Settings, dataplane: D) -> Coordinator<D> {
@@ -190,14 +217,15 @@ impl<D: Dataplane> Coordinator<D> {
             generation: 0,
             timer: None,
             history: VecDeque::new(),
-            hooks: None,
+            observer: None,
             stopping: None,
         }
     }
 
-    /// Metrics, health and service health checks, fed at each event and sync.
-    pub fn with_hooks(mut self, hooks: SyncHooks) -> Coordinator<D> {
-        self.hooks = Some(hooks);
+    /// Who hears of each event batch and sync (metrics, health and the
+    /// service health checks).
+    pub fn with_observer(mut self, observer: impl SyncObserver) -> Coordinator<D> {
+        self.observer = Some(Box::new(observer));
         self
     }
 
@@ -250,7 +278,7 @@ impl<D: Dataplane> Coordinator<D> {
         let started = Instant::now();
         let changes = self.model.apply();
         let kind = if changes.topology_changed { SyncKind::Full } else { kind };
-        if let Some(h) = self.hooks.as_mut() {
+        if let Some(h) = self.observer.as_mut() {
             h.sync_started(&self.model, &changes, kind == SyncKind::Full);
         }
         let planned = self.dataplane.sync(&self.model, &changes, kind, generation);
@@ -295,7 +323,7 @@ impl<D: Dataplane> Coordinator<D> {
         if f.drift {
             self.sched.request();
         }
-        if let Some(h) = self.hooks.as_mut() {
+        if let Some(h) = self.observer.as_mut() {
             h.sync_finished(SyncOutcome {
                 full,
                 took,
@@ -364,7 +392,7 @@ impl<D: Dataplane> Handler<SourceBatch> for Coordinator<D> {
                 tracing::error!(ip_family = self.ip_family(), error = %e, "skipping invalid object");
             }
         }
-        if let Some(h) = &self.hooks {
+        if let Some(h) = &self.observer {
             h.events_recorded(&events, &self.model);
         }
         if self.model.is_initialized() {

@@ -81,7 +81,6 @@ use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use crate::config::ClientConnectionConfiguration;
-use crate::metrics::ProxyMetrics;
 use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
 
 /// Services the proxy handles: not claimed by another proxy (upstream's
@@ -220,14 +219,24 @@ pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Res
     }
 }
 
+/// Where the API source reports the objects it refuses (the metrics,
+/// which also list them on the dashboard).
+pub trait Refusals: Send + Sync + 'static {
+    /// `kind` is watched: its refusal count exists from now, at 0.
+    fn counting(&self, kind: &str);
+    /// An object of `kind` that does not decode (`detail`: the field and
+    /// serde's message).
+    fn refused(&self, kind: &str, object: &str, detail: &str);
+}
+
 /// Watches Services, EndpointSlices and the Node `node_name` and feeds
 /// `sink` one [`SourceBatch`] per change (a whole relist is one batch).
-/// Objects that do not decode are refused and counted in `metrics`.
+/// Objects that do not decode are refused and reported to `refusals`.
 /// Runs until the future is dropped; API errors are logged and retried.
-pub async fn run(
+pub async fn run<R: Refusals>(
     client: Client,
     node_name: String,
-    metrics: Arc<ProxyMetrics>,
+    refusals: Arc<R>,
     sink: impl Fn(SourceBatch) + Send + 'static,
 ) {
     let node_selector = format!("metadata.name={node_name}");
@@ -235,12 +244,12 @@ pub async fn run(
     let slices = watcher::Config::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
     let nodes = watcher::Config::default().fields(&node_selector);
     for kind in [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node] {
-        metrics.refusals_counted(&kind.to_string());
+        refusals.counting(&kind.to_string());
     }
     let mut batches = stream::select_all([
-        batches::<Service>(Api::all(client.clone()), services, metrics.clone()),
-        batches::<EndpointSlice>(Api::all(client.clone()), slices, metrics.clone()),
-        batches::<Node>(Api::all(client), nodes, metrics),
+        batches::<Service, R>(Api::all(client.clone()), services, refusals.clone()),
+        batches::<EndpointSlice, R>(Api::all(client.clone()), slices, refusals.clone()),
+        batches::<Node, R>(Api::all(client), nodes, refusals),
     ]);
     info!(node = %node_name, "watching the API server");
     while let Some(batch) = batches.next().await {
@@ -249,10 +258,10 @@ pub async fn run(
 }
 
 /// One kind's watcher, turned into batches for the coordinator.
-fn batches<K: Watched>(
+fn batches<K: Watched, R: Refusals>(
     api: Api<Item<K>>,
     config: watcher::Config,
-    metrics: Arc<ProxyMetrics>,
+    refusals: Arc<R>,
 ) -> BoxStream<'static, SourceBatch> {
     let mut state = RelistState::<K>::new();
     let kind = K::KIND.to_string();
@@ -267,7 +276,7 @@ fn batches<K: Watched>(
                 }
             };
             for refused in state.take_refusals() {
-                metrics.object_refused(&kind, &refused.object(), &format!("{}: {}", refused.field, refused.error));
+                refusals.refused(&kind, &refused.object(), &format!("{}: {}", refused.field, refused.error));
             }
             futures::future::ready((!events.is_empty()).then_some(SourceBatch(events)))
         })

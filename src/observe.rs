@@ -1,6 +1,7 @@
-//! The coordinator's one handle on metrics, proxy health and the service
-//! health checks: three calls named for what the coordinator just did, so
-//! the sync loop reports what upstream's proxier reports, where it does.
+//! What the coordinator reports ([`SyncObserver`]), fed to metrics, proxy
+//! health and the service health checks: three calls named for what the
+//! coordinator just did, so the sync loop reports what upstream's proxier
+//! reports, where it does.
 //!
 //! Per-service-port facts (Local policy without local endpoints, health-check
 //! ports and local ready endpoints) are kept per port and updated only for
@@ -9,31 +10,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use super::ProxyMetrics;
+use crate::actors::coordinator::{SyncObserver, SyncOutcome};
 use crate::health::ProxyHealth;
 use crate::http::SharedServiceHealth;
+use crate::metrics::ProxyMetrics;
 use crate::model::topology::categorize;
 use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
-use crate::plan::iptables::RuleCounts;
-
-/// How a sync ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SyncOutcome {
-    pub full: bool,
-    pub took: Duration,
-    /// Every actor acked without failures.
-    pub ok: bool,
-    /// The iptables actor's restore failed (or it was unreachable).
-    pub iptables_restore_failed: bool,
-    /// That restore was a partial one (iptables mode).
-    pub partial_restore_failed: bool,
-    /// iptables mode: the rules of the restore that succeeded.
-    pub rules: Option<RuleCounts>,
-}
 
 /// What one service port contributes to the per-sync reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,34 +78,6 @@ impl SyncHooks {
         &self.health
     }
 
-    /// After recording a source batch into `model`: counts the changes,
-    /// sets the pending gauges, follows our Node's eligibility, and queues an
-    /// update (health and `..._last_queued_timestamp_seconds`) when the
-    /// initialized model has something to sync.
-    pub fn events_recorded(&self, events: &[SourceEvent], model: &Model) {
-        let (mut services, mut slices) = (0, 0);
-        for ev in events {
-            match ev {
-                SourceEvent::Service(_) => services += 1,
-                // As upstream's metaproxier, which hands each slice to its
-                // address type's proxier only (Services go to both).
-                SourceEvent::EndpointSlice(c) if c.object().address_type == self.family.slice_address_type() => {
-                    slices += 1
-                }
-                SourceEvent::EndpointSlice(_) => {}
-                SourceEvent::Node(change) => self.node_event(change, model.node_name()),
-                SourceEvent::Synced(_) => {}
-            }
-        }
-        self.metrics.changes_seen(services, slices);
-        let (pending_services, pending_slices) = model.pending_counts();
-        self.metrics.changes_pending(pending_services, pending_slices);
-        if model.is_initialized() && model.has_pending() {
-            self.metrics.sync_queued(self.family, SystemTime::now());
-            self.health.queued_update(self.family);
-        }
-    }
-
     fn node_event(&self, change: &Change<k8s_openapi::api::core::v1::Node>, our_node: &str) {
         let node = change.object();
         if node.metadata.name.as_deref() != Some(our_node) {
@@ -129,56 +87,6 @@ impl SyncHooks {
             Change::Applied(n) => self.health.sync_node(n),
             Change::Deleted(_) => self.health.node_deleted(),
         }
-    }
-
-    /// After `model.apply()` at the start of a sync: the pending gauges drop,
-    /// the replanned ports' facts are updated (all of them on a full sync) and
-    /// the changes' trigger times wait for the sync's outcome.
-    pub fn sync_started(&mut self, model: &Model, changes: &ModelChanges, full: bool) {
-        let (pending_services, pending_slices) = model.pending_counts();
-        self.metrics.changes_pending(pending_services, pending_slices);
-        if full {
-            let all: Vec<ServicePortName> =
-                self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
-            for spn in all {
-                self.set_facts(model, &spn);
-            }
-        } else {
-            for spn in &changes.ports {
-                self.set_facts(model, spn);
-            }
-        }
-        self.triggers = changes.trigger_times.clone();
-    }
-
-    /// After the sync's acks: durations always; on success the last-sync
-    /// timestamp, health, network programming latency, the no-local-endpoints
-    /// gauges and the service health checks, as upstream does after a
-    /// successful restore.
-    pub fn sync_finished(&mut self, outcome: SyncOutcome) {
-        self.metrics.sync_done(self.family, outcome.full, outcome.took);
-        if outcome.iptables_restore_failed {
-            self.metrics.iptables_restore_failed(self.family);
-        }
-        if outcome.partial_restore_failed {
-            self.metrics.iptables_partial_restore_failed(self.family);
-        }
-        if let Some(r) = outcome.rules {
-            self.metrics.iptables_rules(self.family, "filter", r.filter_total, r.filter_last);
-            self.metrics.iptables_rules(self.family, "nat", r.nat_total, r.nat_last);
-        }
-        let triggers = std::mem::take(&mut self.triggers);
-        if !outcome.ok {
-            return;
-        }
-        let now = SystemTime::now();
-        self.metrics.sync_succeeded(self.family, now);
-        self.health.updated(self.family);
-        for t in &triggers {
-            self.metrics.programming_latency(self.family, t, now);
-        }
-        self.metrics.no_local_endpoints(self.family, self.no_local.0, self.no_local.1);
-        self.sync_service_health();
     }
 
     /// Replaces one port's facts, keeping the counters and the health-check
@@ -231,6 +139,86 @@ impl SyncHooks {
     /// The open service health checks (for tests and the dashboard).
     pub fn service_health(&self) -> Option<&SharedServiceHealth> {
         self.service_health.as_ref()
+    }
+}
+
+impl SyncObserver for SyncHooks {
+    /// After recording a source batch into `model`: counts the changes,
+    /// sets the pending gauges, follows our Node's eligibility, and queues an
+    /// update (health and `..._last_queued_timestamp_seconds`) when the
+    /// initialized model has something to sync.
+    fn events_recorded(&self, events: &[SourceEvent], model: &Model) {
+        let (mut services, mut slices) = (0, 0);
+        for ev in events {
+            match ev {
+                SourceEvent::Service(_) => services += 1,
+                // As upstream's metaproxier, which hands each slice to its
+                // address type's proxier only (Services go to both).
+                SourceEvent::EndpointSlice(c) if c.object().address_type == self.family.slice_address_type() => {
+                    slices += 1
+                }
+                SourceEvent::EndpointSlice(_) => {}
+                SourceEvent::Node(change) => self.node_event(change, model.node_name()),
+                SourceEvent::Synced(_) => {}
+            }
+        }
+        self.metrics.changes_seen(services, slices);
+        let (pending_services, pending_slices) = model.pending_counts();
+        self.metrics.changes_pending(pending_services, pending_slices);
+        if model.is_initialized() && model.has_pending() {
+            self.metrics.sync_queued(self.family, SystemTime::now());
+            self.health.queued_update(self.family);
+        }
+    }
+
+    /// After `model.apply()` at the start of a sync: the pending gauges drop,
+    /// the replanned ports' facts are updated (all of them on a full sync) and
+    /// the changes' trigger times wait for the sync's outcome.
+    fn sync_started(&mut self, model: &Model, changes: &ModelChanges, full: bool) {
+        let (pending_services, pending_slices) = model.pending_counts();
+        self.metrics.changes_pending(pending_services, pending_slices);
+        if full {
+            let all: Vec<ServicePortName> =
+                self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
+            for spn in all {
+                self.set_facts(model, &spn);
+            }
+        } else {
+            for spn in &changes.ports {
+                self.set_facts(model, spn);
+            }
+        }
+        self.triggers = changes.trigger_times.clone();
+    }
+
+    /// After the sync's acks: durations always; on success the last-sync
+    /// timestamp, health, network programming latency, the no-local-endpoints
+    /// gauges and the service health checks, as upstream does after a
+    /// successful restore.
+    fn sync_finished(&mut self, outcome: SyncOutcome) {
+        self.metrics.sync_done(self.family, outcome.full, outcome.took);
+        if outcome.iptables_restore_failed {
+            self.metrics.iptables_restore_failed(self.family);
+        }
+        if outcome.partial_restore_failed {
+            self.metrics.iptables_partial_restore_failed(self.family);
+        }
+        if let Some(r) = outcome.rules {
+            self.metrics.iptables_rules(self.family, "filter", r.filter_total, r.filter_last);
+            self.metrics.iptables_rules(self.family, "nat", r.nat_total, r.nat_last);
+        }
+        let triggers = std::mem::take(&mut self.triggers);
+        if !outcome.ok {
+            return;
+        }
+        let now = SystemTime::now();
+        self.metrics.sync_succeeded(self.family, now);
+        self.health.updated(self.family);
+        for t in &triggers {
+            self.metrics.programming_latency(self.family, t, now);
+        }
+        self.metrics.no_local_endpoints(self.family, self.no_local.0, self.no_local.1);
+        self.sync_service_health();
     }
 }
 
