@@ -17,7 +17,7 @@ use crate::actors::coordinator::{
 };
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
-use crate::actors::wiring::{start_iptables_actors_with_drift, start_ipvs_actors_with_drift, IpvsKernels};
+use crate::actors::wiring::{start_iptables_actors, start_ipvs_actors, IpvsKernels};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
@@ -341,7 +341,7 @@ fn start_ipvs(
     let rules = rules_renderer(cfg, family);
     Ok(Coordinator::create(move |ctx| {
         // Drift an actor finds between syncs (the iptables canary vanished) makes the coordinator resync in full.
-        let targets = start_ipvs_actors_with_drift(kernels, registry, Some(ctx.address().recipient()));
+        let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
         Coordinator::new(settings, targets, addr_source(), rules).with_observer(hooks)
     }))
 }
@@ -381,8 +381,7 @@ async fn start_iptables(
     Ok(Coordinator::create(move |ctx| {
         // A vanished canary (someone flushed our tables) makes the iptables
         // actor tell the coordinator, which resyncs in full.
-        let drift = Some(ctx.address().recipient());
-        let targets = start_iptables_actors_with_drift(iptables, conntrack, registry, drift);
+        let targets = start_iptables_actors(iptables, conntrack, registry, ctx.address().recipient());
         let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
         Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
     }))

@@ -58,7 +58,6 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
         iptables: MemIptables::new(&journal),
         conntrack: MemConntrack::new(&journal),
     };
-    let targets = start_ipvs_actors(kernels, registry);
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.mode = "ipvs".into();
     let settings = Settings {
@@ -71,7 +70,10 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
         p.rules(&daemon::rules_config(&cfg, IpFamily::V4, node, true))
     });
-    Coordinator::new(settings, targets, addrs, rules).start()
+    Coordinator::create(|ctx| {
+        let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
+        Coordinator::new(settings, targets, addrs, rules)
+    })
 }
 
 fn web_service(i: u32) -> SourceEvent {

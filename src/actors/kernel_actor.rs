@@ -19,18 +19,15 @@ use crate::stats::ActorStats;
 pub struct KernelActor<S: Subsystem> {
     kernel: S,
     stats: Arc<ActorStats>,
-    drift: Option<Recipient<DriftDetected>>,
+    /// Where drift found by the handle's periodic check goes (the
+    /// coordinator, which then resyncs in full).
+    drift: Recipient<DriftDetected>,
 }
 
 impl<S: Subsystem> KernelActor<S> {
-    pub fn new(kernel: S, stats: Arc<ActorStats>) -> Self {
-        KernelActor { kernel, stats, drift: None }
-    }
-
-    /// Where to report drift found by the handle's periodic check.
-    pub fn with_drift_sink(mut self, sink: Recipient<DriftDetected>) -> Self {
-        self.drift = Some(sink);
-        self
+    /// `drift_sink` hears of drift the handle's periodic check finds.
+    pub fn new(kernel: S, stats: Arc<ActorStats>, drift_sink: Recipient<DriftDetected>) -> Self {
+        KernelActor { kernel, stats, drift: drift_sink }
     }
 
     fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>, drift: bool) -> Ack<S::Op> {
@@ -65,9 +62,9 @@ impl<S: Subsystem> Actor for KernelActor<S> {
             ctx.run_interval(every, |act, ctx| {
                 // `wait`: no batch is handled while housekeeping runs.
                 ctx.wait(act.kernel.run_periodic().into_actor(act).map(|drifted, act, _| {
-                    if let (true, Some(sink)) = (drifted, &act.drift) {
+                    if drifted {
                         tracing::warn!(actor = %act.stats.name, "kernel state changed behind our back; full resync");
-                        sink.do_send(DriftDetected { actor: act.stats.name.clone() });
+                        act.drift.do_send(DriftDetected { actor: act.stats.name.clone() });
                     }
                 }));
             });

@@ -38,7 +38,7 @@ use futures::FutureExt;
 use tokio::sync::watch;
 
 use crate::actors::coordinator::{Coordinator, Dataplane, Finished, IptablesDataplane, Planned};
-use crate::actors::wiring::start_iptables_actors_with_drift;
+use crate::actors::wiring::start_iptables_actors;
 use crate::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
 use crate::config::KubeProxyConfiguration;
@@ -488,8 +488,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     let actors = recording.clone();
     let registry_ref = &registry;
     let coord = Coordinator::create(move |ctx| {
-        let drift = Some(ctx.address().recipient());
-        let targets = start_iptables_actors_with_drift(actors, conntrack, registry_ref, drift);
+        let targets = start_iptables_actors(actors, conntrack, registry_ref, ctx.address().recipient());
         let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
         let probed = Probed { inner: dataplane, done: tx, totals: SyncSignal::default() };
         Coordinator::with_dataplane(settings, probed).with_observer(hooks)

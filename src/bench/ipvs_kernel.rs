@@ -238,13 +238,16 @@ async fn start_daemon(random_fully: bool) -> anyhow::Result<Daemon> {
         conntrack: conntrack.clone(),
     };
     let registry = StatsRegistry::default();
-    let targets = start_ipvs_actors(IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack }, &registry);
+    let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
     let settings =
         Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync: Duration::from_secs(3600), burst: 2 };
     let addrs: AddrSource = Box::new(local_addrs);
     let cfg = rules_config(random_fully);
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));
-    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    let coord = Coordinator::create(|ctx| {
+        let targets = start_ipvs_actors(kernels, &registry, ctx.address().recipient());
+        Coordinator::new(settings, targets, addrs, rules)
+    });
     Ok(Daemon { coord, handles, registry })
 }
 

@@ -388,22 +388,22 @@ fn start_daemon(max_sync: Duration) -> Daemon {
     let journal = Journal::default();
     let sets: BTreeMap<IpvsSet, MemIpset> =
         IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
-    let targets = start_ipvs_actors(
-        IpvsKernels {
-            ipvs: MemIpvs::new(&journal),
-            sets,
-            link: MemLink::new(&journal),
-            iptables: MemIptables::new(&journal),
-            conntrack: MemConntrack::new(&journal),
-        },
-        &StatsRegistry::default(),
-    );
+    let kernels = IpvsKernels {
+        ipvs: MemIpvs::new(&journal),
+        sets,
+        link: MemLink::new(&journal),
+        iptables: MemIptables::new(&journal),
+        conntrack: MemConntrack::new(&journal),
+    };
     let settings = Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync, burst: 2 };
     let addrs: AddrSource = Box::new(local_addrs);
     let cfg = rules_config(true);
     // The daemon's renderer (runtime.rs), with a fixed config.
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));
-    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    let coord = Coordinator::create(|ctx| {
+        let targets = start_ipvs_actors(kernels, &StatsRegistry::default(), ctx.address().recipient());
+        Coordinator::new(settings, targets, addrs, rules)
+    });
     Daemon { coord, journal }
 }
 

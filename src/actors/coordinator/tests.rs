@@ -54,16 +54,13 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         conntrack: MemConntrack::new(&journal),
     };
     let stats = StatsRegistry::default();
-    let targets = start_ipvs_actors(
-        IpvsKernels {
-            ipvs: k.ipvs.clone(),
-            sets,
-            link: k.link.clone(),
-            iptables: k.iptables.clone(),
-            conntrack: k.conntrack.clone(),
-        },
-        &stats,
-    );
+    let kernels = IpvsKernels {
+        ipvs: k.ipvs.clone(),
+        sets,
+        link: k.link.clone(),
+        iptables: k.iptables.clone(),
+        conntrack: k.conntrack.clone(),
+    };
     let settings = Settings {
         plan: PlanSettings {
             family,
@@ -91,7 +88,11 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         };
         format!("*nat\n:KUBE-SERVICES - [0:0]\n{extra}COMMIT\n")
     });
-    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    let registry = stats.clone();
+    let coord = Coordinator::create(|ctx| {
+        let targets = start_ipvs_actors(kernels, &registry, ctx.address().recipient());
+        Coordinator::new(settings, targets, addrs, rules)
+    });
     Harness { coord, k, t0: Instant::now(), addrs: shared, stats }
 }
 
@@ -556,11 +557,9 @@ mod iptables_mode {
     fn start_iptables(kernel_chains: &[String]) -> Ipt {
         let journal = Journal::default();
         let iptables = MemIptables::new(&journal);
-        let targets = start_iptables_actors(iptables.clone(), MemConntrack::new(&journal), &StatsRegistry::default());
         let settings = crate::fixtures::iptables_settings(IpFamily::V4, "node-a", NodePortFilter::All);
         let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
         let addrs: AddrSource = Box::new(Vec::new);
-        let dataplane = IptablesDataplane::new(targets, addrs, context, kernel_chains);
         let plan = PlanSettings {
             family: IpFamily::V4,
             node_name: "node-a".into(),
@@ -568,7 +567,17 @@ mod iptables_mode {
             node_ports: NodePortFilter::All,
         };
         let settings = Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 };
-        Ipt { coord: Coordinator::with_dataplane(settings, dataplane).start(), iptables, journal }
+        let coord = Coordinator::create(|ctx| {
+            let conntrack = MemConntrack::new(&journal);
+            let targets = start_iptables_actors(
+                iptables.clone(),
+                conntrack,
+                &StatsRegistry::default(),
+                ctx.address().recipient(),
+            );
+            Coordinator::with_dataplane(settings, IptablesDataplane::new(targets, addrs, context, kernel_chains))
+        });
+        Ipt { coord, iptables, journal }
     }
 
     impl Ipt {
