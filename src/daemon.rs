@@ -31,8 +31,43 @@ pub enum StartError {
     Kube(#[from] crate::actors::source::kube::KubeSourceError),
     #[error(transparent)]
     Instance(#[from] crate::instance::InstanceError),
+    #[error("--manifests {}: {source}", dir.display())]
+    ManifestDir {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
-    Unsupported(String),
+    Ipvs(#[source] crate::kernel::ipvs::netlink::IpvsError),
+    #[error("conntrack: {0}")]
+    Conntrack(#[source] crate::kernel::conntrack::ConntrackError),
+    /// A kernel setting or socket the mode needs.
+    #[error("{0}")]
+    Kernel(#[source] crate::kernel::KernelError),
+    #[error("watching signals: {0}")]
+    Signals(#[source] nix::Error),
+    #[error("starting the HTTP servers: {0}")]
+    Http(#[source] crate::http::HttpError),
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no support for primary IP family {family}: {source}")]
+    PrimaryFamily {
+        family: &'static str,
+        #[source]
+        source: FamilyUnsupported,
+    },
+    #[error("proxy mode \"{0}\" is not supported; use --proxy-mode=iptables or ipvs")]
+    Mode(crate::config::ProxyMode),
+    /// Flags that do not go together.
+    #[error("{0}")]
+    Usage(&'static str),
+    /// `--cleanup` could not remove everything (each part's error).
+    #[error("cleanup incomplete: {}", .0.join("; "))]
+    Cleanup(Vec<String>),
 }
 
 /// The log filter, swappable at run time (SIGHUP changes the verbosity).
@@ -156,7 +191,7 @@ pub fn choose_families(
 ) -> Result<Families, StartError> {
     let label = crate::metrics::ip_family_label;
     if let Err(e) = primary_ok {
-        return Err(StartError::Unsupported(format!("no support for primary IP family {}: {e}", label(primary))));
+        return Err(StartError::PrimaryFamily { family: label(primary), source: e });
     }
     let secondary = primary.other();
     match secondary_ok {
@@ -250,11 +285,11 @@ pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
 /// `--manifests DIR` must name a readable directory: checked at start,
 /// before anything touches the node.
 pub fn check_manifest_dir(dir: &Path) -> Result<(), StartError> {
-    let bad = |why: String| StartError::Unsupported(format!("--manifests {}: {why}", dir.display()));
+    let bad = |source: std::io::Error| StartError::ManifestDir { dir: dir.to_path_buf(), source };
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(dir).map(|_| ()).map_err(|e| bad(e.to_string())),
-        Ok(_) => Err(bad("not a directory".into())),
-        Err(e) => Err(bad(e.to_string())),
+        Ok(m) if m.is_dir() => std::fs::read_dir(dir).map(|_| ()).map_err(bad),
+        Ok(_) => Err(bad(std::io::Error::other("not a directory"))),
+        Err(e) => Err(bad(e)),
     }
 }
 

@@ -31,13 +31,13 @@ fn run(flags: &Flags) -> Result<(), StartError> {
     }
     if let Some(path) = &flags.write_config_to {
         let yaml = config::to_yaml(&cfg)?;
-        std::fs::write(path, yaml).map_err(|e| StartError::Unsupported(format!("writing {}: {e}", path.display())))?;
+        std::fs::write(path, yaml).map_err(|source| StartError::Write { path: path.clone(), source })?;
         tracing::info!(path = %path.display(), "wrote the effective configuration");
         return Ok(());
     }
     if flags.dry_run {
         let Some(dir) = &flags.manifests else {
-            return Err(StartError::Unsupported("--dry-run needs --manifests DIR".into()));
+            return Err(StartError::Usage("--dry-run needs --manifests DIR"));
         };
         let out = daemon::dry_run(&cfg, dir)?;
         print!("{out}");

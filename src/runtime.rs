@@ -45,10 +45,7 @@ const ENV_RS_CHECK_INTERVAL: &str = "KUBE_PROXY_RS_RS_CHECK_INTERVAL";
 
 /// Connects to IPVS, or says in one line why it can't.
 async fn connect_ipvs() -> Result<NetlinkIpvs, StartError> {
-    NetlinkIpvs::connect().await.map_err(|e| match e {
-        IpvsError::NotAvailable => StartError::Unsupported(e.to_string()),
-        other => StartError::Unsupported(format!("connecting to IPVS: {other}")),
-    })
+    NetlinkIpvs::connect().await.map_err(StartError::Ipvs)
 }
 
 fn kernel_release() -> String {
@@ -61,7 +58,7 @@ fn set_sysctls(cfg: &KubeProxyConfiguration) -> Result<(), StartError> {
     for (path, value) in sysctl::ipvs_sysctls(cfg.ipvs.strict_arp, &kernel_release()) {
         match sysctl::ensure_sysctl(path, value) {
             Ok(changed) => tracing::debug!(sysctl = path, value, changed, "sysctl"),
-            Err(e) if path == "net/ipv4/vs/conntrack" => return Err(StartError::Unsupported(e.to_string())),
+            Err(e) if path == "net/ipv4/vs/conntrack" => return Err(StartError::Kernel(e)),
             Err(e) => tracing::warn!(sysctl = path, value, error = %e, "could not set sysctl"),
         }
     }
@@ -96,7 +93,7 @@ pub enum Source {
 /// Runs the configured mode until SIGTERM or SIGINT.
 pub fn run(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
     // Before the runtime's threads exist: they inherit the blocked signals.
-    let stop = crate::signals::watch().map_err(|e| StartError::Unsupported(format!("watching signals: {e}")))?;
+    let stop = crate::signals::watch().map_err(StartError::Signals)?;
     let system = actix_rt::System::new();
     let result = system.block_on(async move { run_async(cfg, source, reload, stop).await });
     // Actors that a late start-up error left behind are dropped with the
@@ -141,11 +138,7 @@ async fn run_async(
             Some(ipvs)
         }
         ProxyMode::Iptables => None,
-        ProxyMode::Nftables => {
-            return Err(StartError::Unsupported(
-                "proxy mode \"nftables\" is not supported; use --proxy-mode=iptables or ipvs".into(),
-            ))
-        }
+        ProxyMode::Nftables => return Err(StartError::Mode(ProxyMode::Nftables)),
     };
     let node_name = cfg.hostname()?;
     let (node, ready) = match source {
@@ -166,13 +159,12 @@ async fn run_async(
     let registry = StatsRegistry::default();
     // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
     let history = Arc::new(std::sync::OnceLock::new());
-    let (mut hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
+    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
     // One proxier per family, as upstream's metaproxier: each its own
     // coordinator (model, schedule, retries) and actors, neither waiting on the other.
     let mut engines = Vec::new();
-    for family in families.all() {
+    for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
-        let hooks = hooks.remove(&family).ok_or_else(|| StartError::Unsupported(format!("no hooks for {family:?}")))?;
         let engine = match &ipvs {
             Some(ipvs) => Engine::Ipvs {
                 coordinator: start_ipvs(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?,
@@ -333,9 +325,9 @@ fn start_ipvs(
     }
     let sets: BTreeMap<IpvsSet, IpsetHandle> =
         IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(s.spec(family)))).collect();
-    let conntrack = NetlinkConntrack::new(family).map_err(|e| StartError::Unsupported(format!("conntrack: {e}")))?;
+    let conntrack = NetlinkConntrack::new(family).map_err(StartError::Conntrack)?;
     let iptables = IptablesHandle::new(family);
-    let link = DummyLink::new().map_err(|e| StartError::Unsupported(format!("rtnetlink: {e}")))?.with_family(family);
+    let link = DummyLink::new().map_err(StartError::Kernel)?.with_family(family);
     let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
     let settings = coordinator_settings(cfg, family, node_name);
     let rules = rules_renderer(cfg, family);
@@ -375,7 +367,7 @@ async fn start_iptables(
         }
     };
     let host = host_features(family);
-    let conntrack = NetlinkConntrack::new(family).map_err(|e| StartError::Unsupported(format!("conntrack: {e}")))?;
+    let conntrack = NetlinkConntrack::new(family).map_err(StartError::Conntrack)?;
     let context = context_builder(cfg, family, node_name, host);
     let settings = coordinator_settings(cfg, family, node_name);
     Ok(Coordinator::create(move |ctx| {
@@ -460,14 +452,13 @@ fn observability(
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
     coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
-) -> Result<(BTreeMap<IpFamily, SyncHooks>, Observability), StartError> {
+) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
     let dashboard =
         http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(coordinator));
-    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, dashboard)
-        .map_err(|e| StartError::Unsupported(e.to_string()))?;
+    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, dashboard).map_err(StartError::Http)?;
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
     let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);
@@ -564,7 +555,7 @@ pub fn cleanup() -> Result<(), StartError> {
             tracing::info!("cleanup done");
             Ok(())
         } else {
-            Err(StartError::Unsupported(format!("cleanup incomplete: {}", errors.join("; "))))
+            Err(StartError::Cleanup(errors))
         }
     })
 }
