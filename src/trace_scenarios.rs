@@ -60,13 +60,25 @@ fn ip(s: &str) -> IpAddr {
 }
 
 /// Beside the VM's manifests: a NodePort service with
-/// externalTrafficPolicy Local and one endpoint on each node.
-fn node_port_local() -> Vec<SourceEvent> {
-    let mut svc = service("default", "np-local", "10.96.0.36", &[("http", "TCP", 80, 30090)]);
-    svc.spec.as_mut().expect("spec").external_traffic_policy = Some("Local".into());
+/// externalTrafficPolicy Local and one endpoint on each node, and a
+/// LoadBalancer whose source ranges leave the node out.
+fn beside_the_vm() -> Vec<SourceEvent> {
+    let mut np = service("default", "np-local", "10.96.0.36", &[("http", "TCP", 80, 30090)]);
+    np.spec.as_mut().expect("spec").external_traffic_policy = Some("Local".into());
     let eps = [ep("10.244.0.12", "node-a"), ep("10.244.1.21", "node-b")];
-    let slice = slice("default", "np-local-1", "np-local", &[("http", "TCP", 8080)], &eps);
-    vec![applied_service(svc), applied_slice(slice)]
+    let np_slice = slice("default", "np-local-1", "np-local", &[("http", "TCP", 8080)], &eps);
+    let lb: k8s_openapi::api::core::v1::Service = from_json(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": "lb-far"},
+        "spec": {
+            "type": "LoadBalancer", "clusterIP": "10.96.0.42", "clusterIPs": ["10.96.0.42"],
+            "loadBalancerSourceRanges": ["203.0.113.0/24"],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30083}],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.168.60.12"}]}},
+    }));
+    let lb_slice = slice("default", "lb-far-1", "lb-far", &[("http", "TCP", 8080)], &[ep("10.244.1.21", "node-b")]);
+    vec![applied_service(np), applied_slice(np_slice), applied_service(lb), applied_slice(lb_slice)]
 }
 
 /// What one full sync of the VM's cluster leaves in the in-memory kernels.
@@ -76,7 +88,7 @@ fn synced() -> &'static Kernel {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/scenarios/manifests");
         let scan = ManifestDir::new(dir).with_settle(Duration::ZERO).scan();
         assert!(scan.errors.is_empty(), "{:?}", scan.errors);
-        let mut events = node_port_local();
+        let mut events = beside_the_vm();
         events.extend(scan.events);
         let sys = actix_rt::System::with_tokio_rt(|| {
             tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().expect("runtime")
@@ -229,6 +241,20 @@ fn load_balancer_source_ranges_admit_the_range_and_drop_the_rest() {
     assert_eq!(verdicts(&t, node), delivered(&EVERY_BACKEND, true));
 }
 
+/// Source ranges without the node: the node's own connection to the VIP
+/// (its source is the VIP) is dropped on its way in, like an outsider's;
+/// a client in the ranges gets through. (Without that DROP,
+/// KUBE-IPVS-OUT-FILTER still stops it: see `mutated`.)
+#[test]
+fn load_balancer_source_ranges_without_the_node_keep_the_node_out() {
+    let t = tracer();
+    let rule = "filter KUBE-SOURCE-RANGES-FIREWALL: -A KUBE-SOURCE-RANGES-FIREWALL -j DROP".to_string();
+    let got = verdicts(&t, tcp(Origin::Node, "192.168.60.12", "192.168.60.12", 80));
+    assert_eq!(got, vec![Verdict::Dropped { rule }]);
+    let inside = verdicts(&t, tcp(Origin::Outside, "203.0.113.7", "192.168.60.12", 80));
+    assert_eq!(inside, delivered(&["10.244.1.21:8080"], true));
+}
+
 /// external-ip.
 #[test]
 fn an_external_ip_from_outside_reaches_every_backend_masqueraded() {
@@ -295,6 +321,17 @@ mod mutated {
         let t = without("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP");
         let got = verdicts(&t, tcp(Origin::Outside, OUTSIDER, "192.168.60.10", 80));
         assert_eq!(got, delivered(&EVERY_BACKEND, true));
+    }
+
+    /// The second line: once IPVS forwarded the node's packet, `-m ipvs`
+    /// names the virtual server and KUBE-IPVS-OUT-FILTER drops it.
+    #[test]
+    fn without_the_source_ranges_drop_the_out_filter_keeps_the_node_out() {
+        let t = without("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP");
+        let got = verdicts(&t, tcp(Origin::Node, "192.168.60.12", "192.168.60.12", 80));
+        let out_filter =
+            "-A KUBE-IPVS-OUT-FILTER -s 192.168.60.12 -m ipvs --vaddr 192.168.60.12 --vproto tcp --vport 80 -j DROP";
+        assert_eq!(got, vec![Verdict::Dropped { rule: format!("filter KUBE-IPVS-OUT-FILTER: {out_filter}") }]);
     }
 
     #[test]

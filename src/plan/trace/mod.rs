@@ -158,34 +158,33 @@ impl Tracer {
     /// (`--physdev-is-in` never holds), interface matches (`-i`), source
     /// ports, mangle, and routing beyond "local or not".
     pub fn trace(&self, p: &Packet) -> Result<Vec<Trace>, TraceError> {
-        let mut pkt = Pkt { src: p.src, dst: p.dst, proto: p.proto, dport: p.dport, mark: 0, ipvs: None };
-        let mut steps = Vec::new();
-        let ingress: &[(&str, &str)] = match p.origin {
-            Origin::Node => &[("nat", "OUTPUT"), ("filter", "OUTPUT")],
-            Origin::Pod | Origin::Outside => &[("nat", "PREROUTING")],
-        };
+        let pkt = Pkt { src: p.src, dst: p.dst, proto: p.proto, dport: p.dport, mark: 0, ipvs: None };
+        let mut w = Walk { pkt, steps: Vec::new() };
         let local = self.local.contains(&p.dst);
-        let route: &[(&str, &str)] = if local { &[("filter", "INPUT")] } else { &[("filter", "FORWARD")] };
-        if let Some(v) = self.hooks(ingress.iter().chain(route), &mut pkt, &mut steps)? {
-            return Ok(vec![Trace { verdict: v, steps }]);
+        let mut hooks = match p.origin {
+            Origin::Node => vec![("nat", "OUTPUT"), ("filter", "OUTPUT")],
+            Origin::Pod | Origin::Outside => vec![("nat", "PREROUTING")],
+        };
+        hooks.push(("filter", if local { "INPUT" } else { "FORWARD" }));
+        if let Some(verdict) = self.hooks(&hooks, &mut w)? {
+            return Ok(vec![w.end(verdict)]);
         }
         if !local {
-            return Ok(vec![Trace { verdict: Verdict::Forwarded, steps }]);
+            return Ok(vec![w.end(Verdict::Forwarded)]);
         }
         let vs = VsKey { addr: p.dst, protocol: p.proto, port: p.dport };
         let Some(spec) = self.ipvs.services.get(&vs) else {
-            return Ok(vec![Trace { verdict: Verdict::NotAService, steps }]);
+            return Ok(vec![w.end(Verdict::NotAService)]);
         };
+        w.steps.push(format!("ipvs: -A {vs} {spec}"));
         let dests: Vec<SocketAddr> = (self.ipvs.dests.iter())
             .filter(|((k, _), d)| *k == vs && d.spec.weight > 0)
             .map(|((_, d), _)| SocketAddr::new(d.addr, d.port))
             .collect();
-        steps.push(format!("ipvs: -A {vs} {spec}"));
         if dests.is_empty() {
-            let by = format!("ipvs: no real server for {vs}");
-            return Ok(vec![Trace { verdict: Verdict::Rejected { by }, steps }]);
+            return Ok(vec![w.end(Verdict::Rejected { by: format!("ipvs: no real server for {vs}") })]);
         }
-        dests.into_iter().map(|to| self.to_real_server(pkt, vs, to, steps.clone())).collect()
+        dests.into_iter().map(|to| self.to_real_server(w.clone(), vs, to)).collect()
     }
 
     /// The outcomes' verdicts alone, sorted.
@@ -196,31 +195,20 @@ impl Tracer {
     }
 
     /// Step 5: IPVS rewrote the destination; filter OUTPUT, nat POSTROUTING.
-    fn to_real_server(
-        &self,
-        mut pkt: Pkt,
-        vs: VsKey,
-        to: SocketAddr,
-        mut steps: Vec<String>,
-    ) -> Result<Trace, TraceError> {
-        steps.push(format!("ipvs: -> {to}"));
-        (pkt.dst, pkt.dport, pkt.ipvs) = (to.ip(), to.port(), Some(vs));
-        if let Some(verdict) = self.hooks([("filter", "OUTPUT")].iter(), &mut pkt, &mut steps)? {
-            return Ok(Trace { verdict, steps });
+    fn to_real_server(&self, mut w: Walk, vs: VsKey, to: SocketAddr) -> Result<Trace, TraceError> {
+        w.steps.push(format!("ipvs: -> {to}"));
+        (w.pkt.dst, w.pkt.dport, w.pkt.ipvs) = (to.ip(), to.port(), Some(vs));
+        if let Some(verdict) = self.hooks(&[("filter", "OUTPUT")], &mut w)? {
+            return Ok(w.end(verdict));
         }
-        let masqueraded = matches!(self.walk("nat", "POSTROUTING", &mut pkt, &mut steps, 0)?, Flow::Masquerade);
-        Ok(Trace { verdict: Verdict::Delivered { to, masqueraded }, steps })
+        let masqueraded = matches!(self.walk("nat", "POSTROUTING", &mut w, 0)?, Flow::Masquerade);
+        Ok(w.end(Verdict::Delivered { to, masqueraded }))
     }
 
     /// Walks built-in chains in order; a drop or reject ends the packet.
-    fn hooks<'a>(
-        &self,
-        hooks: impl Iterator<Item = &'a (&'a str, &'a str)>,
-        pkt: &mut Pkt,
-        steps: &mut Vec<String>,
-    ) -> Result<Option<Verdict>, TraceError> {
+    fn hooks(&self, hooks: &[(&str, &str)], w: &mut Walk) -> Result<Option<Verdict>, TraceError> {
         for (table, chain) in hooks {
-            match self.walk(table, chain, pkt, steps, 0)? {
+            match self.walk(table, chain, w, 0)? {
                 Flow::Return | Flow::Accept | Flow::Masquerade => {}
                 Flow::Drop(rule) => return Ok(Some(Verdict::Dropped { rule })),
                 Flow::Reject(by) => return Ok(Some(Verdict::Rejected { by })),
@@ -231,39 +219,45 @@ impl Tracer {
 
     /// One chain: the first terminal target decides; RETURN or the end of a
     /// chain goes back to the caller (a built-in chain's policy is ACCEPT).
-    fn walk(
-        &self,
-        table: &str,
-        chain: &str,
-        p: &mut Pkt,
-        steps: &mut Vec<String>,
-        depth: usize,
-    ) -> Result<Flow, TraceError> {
+    fn walk(&self, table: &str, chain: &str, w: &mut Walk, depth: usize) -> Result<Flow, TraceError> {
         if depth > MAX_DEPTH {
             return Err(TraceError::TooDeep(MAX_DEPTH));
         }
         let env = Env { sets: &self.sets, local: &self.local };
         for rule in self.tables.chain(table, chain)? {
-            if !rule.matches(p, &env)? {
+            if !rule.matches(&w.pkt, &env)? {
                 continue;
             }
-            steps.push(format!("{table}: {}", rule.text));
+            w.steps.push(format!("{table}: {}", rule.text));
             let at = || format!("{table} {chain}: {}", rule.text);
             match &rule.target {
                 Target::None => {}
-                Target::Mark { and_not, xor } => p.mark = (p.mark & !and_not) ^ xor,
+                Target::Mark { and_not, xor } => w.pkt.mark = (w.pkt.mark & !and_not) ^ xor,
                 Target::Return => return Ok(Flow::Return),
                 Target::Accept => return Ok(Flow::Accept),
                 Target::Drop => return Ok(Flow::Drop(at())),
                 Target::Reject => return Ok(Flow::Reject(at())),
                 Target::Masquerade => return Ok(Flow::Masquerade),
-                Target::Jump(to) => match self.walk(table, to, p, steps, depth + 1)? {
+                Target::Jump(to) => match self.walk(table, to, w, depth + 1)? {
                     Flow::Return => {}
                     flow => return Ok(flow),
                 },
             }
         }
         Ok(Flow::Return)
+    }
+}
+
+/// A packet on its way, and the rules it matched so far.
+#[derive(Debug, Clone)]
+struct Walk {
+    pkt: Pkt,
+    steps: Vec<String>,
+}
+
+impl Walk {
+    fn end(self, verdict: Verdict) -> Trace {
+        Trace { verdict, steps: self.steps }
     }
 }
 
