@@ -4,6 +4,8 @@
 //! the packet tracer ([`crate::plan::trace`]) over what the sync left. The
 //! VM keeps the end-to-end proof with real packets; these say where each
 //! scenario's first packet goes, and fail at the rule that changed.
+//! `KPR_TRACE=1 cargo test --lib trace_scenarios -- --nocapture` prints
+//! every trace.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -40,13 +42,16 @@ const FLAGS: &[&str] = &[
     "--ipvs-min-sync-period=0s",
 ];
 
-/// node-a's interfaces in the VM's topology.
-const NODE_ADDRS: [(&str, &str); 5] = [
+/// node-a's interfaces in the VM's topology (dual_topology adds IPv6).
+const NODE_ADDRS: [(&str, &str); 8] = [
     ("lo", "127.0.0.1"),
     ("lan0", "192.168.50.2"),
     ("lan1", "192.168.52.2"),
     ("tonodeb", "172.30.0.1"),
     ("vpod1", "10.244.0.1"),
+    ("lo", "::1"),
+    ("lan0", "fd00:50::2"),
+    ("vpod1", "fd00:244::1"),
 ];
 
 const CPOD: &str = "10.244.0.50";
@@ -81,27 +86,31 @@ fn beside_the_vm() -> Vec<SourceEvent> {
     vec![applied_service(np), applied_slice(np_slice), applied_service(lb), applied_slice(lb_slice)]
 }
 
-/// What one full sync of the VM's cluster leaves in the in-memory kernels.
-fn synced() -> &'static Kernel {
-    static KERNEL: OnceLock<Kernel> = OnceLock::new();
-    KERNEL.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/scenarios/manifests");
-        let scan = ManifestDir::new(dir).with_settle(Duration::ZERO).scan();
-        assert!(scan.errors.is_empty(), "{:?}", scan.errors);
+/// What one full sync of the VM's cluster (with its dual-stack scenario's
+/// services) leaves in one family's in-memory kernels.
+fn synced(family: IpFamily) -> &'static Kernel {
+    static V4: OnceLock<Kernel> = OnceLock::new();
+    static V6: OnceLock<Kernel> = OnceLock::new();
+    let once = if family == IpFamily::V4 { &V4 } else { &V6 };
+    once.get_or_init(|| {
         let mut events = beside_the_vm();
-        events.extend(scan.events);
+        for dir in ["manifests", "dual"] {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/scenarios").join(dir);
+            let scan = ManifestDir::new(dir).with_settle(Duration::ZERO).scan();
+            assert!(scan.errors.is_empty(), "{:?}", scan.errors);
+            events.extend(scan.events);
+        }
         let sys = actix_rt::System::with_tokio_rt(|| {
             tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().expect("runtime")
         });
-        sys.block_on(sync(events))
+        sys.block_on(sync(family, events))
     })
 }
 
 /// The daemon's wiring on in-memory kernels: its actors, its coordinator
 /// settings and rules renderer from the VM's flags.
-async fn sync(events: Vec<SourceEvent>) -> Kernel {
+async fn sync(family: IpFamily, events: Vec<SourceEvent>) -> Kernel {
     let cfg = load(&Flags::try_parse_args(FLAGS.iter().copied()).expect("flags")).expect("config");
-    let family = IpFamily::V4;
     let journal = Journal::default();
     let sets: BTreeMap<IpvsSet, MemIpset> =
         IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(family)))).collect();
@@ -130,6 +139,7 @@ async fn sync(events: Vec<SourceEvent>) -> Kernel {
         .collect();
     let restores = iptables.restores.lock().expect("restores").clone();
     assert!(!restores.is_empty(), "no iptables restore: {:?}", journal.lines());
+    assert!(journal.pos("FAILED").is_none(), "{:?}", journal.lines());
     Kernel {
         restores,
         sets,
@@ -140,7 +150,7 @@ async fn sync(events: Vec<SourceEvent>) -> Kernel {
 }
 
 fn tracer() -> Tracer {
-    Tracer::new(synced()).expect("the tracer understands every rule")
+    Tracer::new(synced(IpFamily::V4)).expect("the tracer understands every rule")
 }
 
 fn tcp(origin: Origin, src: &str, dst: &str, dport: u16) -> Packet {
@@ -289,12 +299,30 @@ fn client_ip_affinity_is_a_persistent_virtual_server() {
     assert!(traces[0].steps.contains(&"ipvs: -A -t 10.96.0.60:80 -s rr -p 600".to_string()), "{}", traces[0]);
 }
 
+/// dual-stack-both-families, IPv6 side: its own proxier's sync (KUBE-6-
+/// sets, ip6tables rules). The VM gives no IPv6 cluster CIDR, so, as
+/// upstream without a local detector, a cluster IP masquerades only
+/// connections whose source is a service address (the node's own).
+#[test]
+fn ipv6_cluster_ip_node_port_and_an_ipv6_only_service() {
+    let t = Tracer::new(synced(IpFamily::V6)).expect("the tracer understands every rule");
+    let pods = ["[fd00:244::11]:9090", "[fd00:244::12]:9090"];
+    let client = "fd00:50::10";
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, client, "fd00:96::30", 80)), delivered(&pods, false));
+    assert_eq!(verdicts(&t, tcp(Origin::Node, "fd00:96::30", "fd00:96::30", 80)), delivered(&pods, true));
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, client, "fd00:50::2", 30300)), delivered(&pods, true));
+    let udp = Packet { proto: Protocol::Udp, ..tcp(Origin::Outside, client, "fd00:50::2", 30301) };
+    assert_eq!(verdicts(&t, udp), delivered(&["[fd00:244::11]:9091", "[fd00:244::12]:9091"], true));
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, client, "fd00:96::31", 80)), delivered(&pods[..1], false));
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, client, "10.96.0.130", 80)), vec![Verdict::Forwarded], "not IPv6's");
+}
+
 /// The traces can fail: the same state with one rule taken out.
 mod mutated {
     use super::*;
 
     fn without(rule: &str) -> Tracer {
-        let mut k = synced().clone();
+        let mut k = synced(IpFamily::V4).clone();
         let before: usize = k.restores.iter().map(|r| r.matches(rule).count()).sum();
         assert!(before > 0, "no rule {rule}");
         for r in &mut k.restores {
@@ -349,7 +377,7 @@ mod mutated {
 
     #[test]
     fn without_its_kube_ipvs0_address_a_cluster_ip_is_not_served() {
-        let mut k = synced().clone();
+        let mut k = synced(IpFamily::V4).clone();
         assert!(k.ipvs0.remove(&ip("10.96.0.20")));
         let t = Tracer::new(&k).expect("tracer");
         assert_eq!(verdicts(&t, tcp(Origin::Pod, CPOD, "10.96.0.20", 80)), vec![Verdict::Forwarded]);

@@ -85,8 +85,13 @@ pub struct Trace {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceError {
+    /// A line the tracer does not understand, or iptables-restore would refuse.
     #[error("{line}: {why}")]
     Parse { line: String, why: String },
+    /// A rule a packet reached that cannot be evaluated (a missing set, a
+    /// set used with the wrong number of directions, a source port).
+    #[error("{rule}: {why}")]
+    Match { rule: String, why: String },
     #[error("no chain {0}")]
     NoChain(String),
     #[error("chains nest deeper than {0}")]

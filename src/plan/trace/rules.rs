@@ -367,7 +367,7 @@ impl Rule {
     /// Whether every match of the rule holds for `p`.
     pub fn matches(&self, p: &Pkt, env: &Env) -> Result<bool, TraceError> {
         for (negated, m) in &self.matches {
-            if m.holds(p, env).map_err(|why| TraceError::Parse { line: self.text.clone(), why })? == *negated {
+            if m.holds(p, env).map_err(|why| TraceError::Match { rule: self.text.clone(), why })? == *negated {
                 return Ok(false);
             }
         }
