@@ -233,81 +233,74 @@ const MODULES: [(&str, &[&str]); 9] = [
 ];
 
 fn parse_rule(line: &str, words: &[String]) -> Result<Rule, String> {
-    let mut matches = Vec::new();
+    let mut rule = Rule { text: line.to_string(), matches: Vec::new(), target: Target::None };
     let mut modules: Vec<&str> = Vec::new();
     let mut negate = false;
     let mut it = words.iter().map(String::as_str);
-    let mut target = Target::None;
     while let Some(w) = it.next() {
-        let mut arg = || it.next().ok_or_else(|| format!("{w} needs a value"));
-        if w == "!" {
-            negate = true;
-            continue;
-        }
-        if w.starts_with("--") && !MODULES.iter().any(|(m, opts)| modules.contains(m) && opts.contains(&w)) {
-            return Err(format!("unknown option {w}"));
-        }
-        let m = match w {
-            "-s" => Match::Src(net(arg()?)?),
-            "-d" => Match::Dst(net(arg()?)?),
-            "-p" => {
-                let p = proto(arg()?)?;
-                modules.push(p.lower());
-                Match::Proto(p)
+        match w {
+            "!" => negate = true,
+            "-j" => {
+                let name = it.next().ok_or("-j needs a target")?;
+                rule.target = parse_target(name, &mut it)?;
             }
             "-m" => {
-                let name = arg()?;
+                let name = it.next().ok_or("-m needs a module")?;
                 let known = MODULES.iter().find(|(m, _)| *m == name).ok_or(format!("unknown match -m {name}"))?;
                 modules.push(known.0);
-                continue;
             }
-            "--comment" => {
-                arg()?;
-                continue;
-            }
-            "--match-set" => {
-                let name = arg()?.to_string();
-                let dirs = arg()?.split(',').map(dir).collect::<Result<_, _>>()?;
-                Match::Set { name, dirs }
-            }
-            "--src-type" | "--dst-type" => {
-                if arg()? != "LOCAL" {
-                    return Err("only address type LOCAL is modelled".into());
+            _ => {
+                if w.starts_with("--") && !MODULES.iter().any(|(m, opts)| modules.contains(m) && opts.contains(&w)) {
+                    return Err(format!("unknown option {w}"));
                 }
-                if w == "--src-type" {
-                    Match::SrcLocal
-                } else {
-                    Match::DstLocal
+                let arg = || it.next().ok_or_else(|| format!("{w} needs a value"));
+                if let Some(m) = parse_match(w, arg)? {
+                    if let Match::Proto(p) = m {
+                        modules.push(p.lower());
+                    }
+                    rule.matches.push((std::mem::take(&mut negate), m));
                 }
             }
-            "--physdev-is-in" => Match::PhysdevIsIn,
-            "--mark" => {
-                let (value, mask) = mark(arg()?)?;
-                Match::Mark { value, mask }
-            }
-            "--ctstate" => Match::CtState(arg()?.split(',').map(str::to_string).collect()),
-            "--vaddr" => Match::IpvsVaddr(net(arg()?)?),
-            "--vproto" => Match::IpvsVproto(proto(arg()?)?),
-            "--vport" | "--dport" => {
-                let port = arg()?.parse().map_err(|_| format!("bad port after {w}"))?;
-                if w == "--vport" {
-                    Match::IpvsVport(port)
-                } else {
-                    Match::DPort(port)
-                }
-            }
-            "-j" => {
-                target = parse_target(arg()?, &mut it)?;
-                continue;
-            }
-            _ => return Err(format!("unknown option {w}")),
-        };
-        matches.push((std::mem::take(&mut negate), m));
+        }
     }
     if negate {
         return Err("a trailing !".into());
     }
-    Ok(Rule { text: line.to_string(), matches, target })
+    Ok(rule)
+}
+
+/// One match option and its value (`None` for a comment).
+fn parse_match<'a>(w: &str, mut arg: impl FnMut() -> Result<&'a str, String>) -> Result<Option<Match>, String> {
+    let port = |s: &str| s.parse::<u16>().map_err(|_| format!("bad port {s}"));
+    Ok(Some(match w {
+        "-s" => Match::Src(net(arg()?)?),
+        "-d" => Match::Dst(net(arg()?)?),
+        "-p" => Match::Proto(proto(arg()?)?),
+        "--comment" => {
+            arg()?;
+            return Ok(None);
+        }
+        "--match-set" => {
+            let name = arg()?.to_string();
+            Match::Set { name, dirs: arg()?.split(',').map(dir).collect::<Result<_, _>>()? }
+        }
+        "--src-type" | "--dst-type" => match (w, arg()?) {
+            ("--src-type", "LOCAL") => Match::SrcLocal,
+            (_, "LOCAL") => Match::DstLocal,
+            _ => return Err("only address type LOCAL is modelled".into()),
+        },
+        "--physdev-is-in" => Match::PhysdevIsIn,
+        "--mark" => {
+            let (value, mask) = mark(arg()?)?;
+            Match::Mark { value, mask }
+        }
+        "--ctstate" => Match::CtState(arg()?.split(',').map(str::to_string).collect()),
+        "--vaddr" => Match::IpvsVaddr(net(arg()?)?),
+        "--vproto" => Match::IpvsVproto(proto(arg()?)?),
+        "--vport" => Match::IpvsVport(port(arg()?)?),
+        "--dport" => Match::DPort(port(arg()?)?),
+        _ => return Err(format!("unknown option {w}")),
+    }))
 }
 
 fn parse_target<'a>(name: &str, opts: &mut impl Iterator<Item = &'a str>) -> Result<Target, String> {
