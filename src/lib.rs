@@ -22,3 +22,5 @@ pub mod schedule;
 pub mod signals;
 pub mod stats;
 pub mod sync;
+#[cfg(test)]
+mod trace_scenarios;

@@ -9,6 +9,7 @@ pub mod ipvs;
 pub mod render;
 pub mod rules_ipvs;
 pub mod sets;
+pub mod trace;
 
 #[cfg(test)]
 mod tests;
