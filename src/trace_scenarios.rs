@@ -122,7 +122,6 @@ async fn sync(family: IpFamily, events: Vec<SourceEvent>) -> Kernel {
         iptables: iptables.clone(),
         conntrack: MemConntrack::new(&journal),
     };
-    let targets = start_ipvs_actors(kernels, &StatsRegistry::default());
     let addrs: AddrSource =
         Box::new(|| NODE_ADDRS.iter().map(|(ifname, a)| LocalAddr { ifname: ifname.to_string(), ip: ip(a) }).collect());
     let rules_cfg = cfg.clone();
@@ -130,7 +129,10 @@ async fn sync(family: IpFamily, events: Vec<SourceEvent>) -> Kernel {
         p.rules(&daemon::rules_config(&rules_cfg, family, node, true))
     });
     let settings = crate::runtime::coordinator_settings(&cfg, family, "node-a");
-    let coord = Coordinator::new(settings, targets, addrs, rules).start();
+    let coord = Coordinator::create(|ctx| {
+        let targets = start_ipvs_actors(kernels, &StatsRegistry::default(), ctx.address().recipient());
+        Coordinator::new(settings, targets, addrs, rules)
+    });
     coord.send(SourceBatch(events)).await.expect("coordinator alive");
     tokio::time::sleep(Duration::from_millis(10)).await;
     let sets = sets

@@ -32,9 +32,9 @@ use std::net::{IpAddr, SocketAddr};
 pub use rules::Set;
 use rules::{Env, Pkt, Tables, Target};
 
-use super::chains::Jump;
 use super::rules_ipvs::JUMPS;
 use crate::kernel::IpvsTable;
+use crate::msgs::chains::Jump;
 use crate::msgs::VsKey;
 use crate::net::Protocol;
 
