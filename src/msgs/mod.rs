@@ -25,7 +25,9 @@ pub use source::{Change, ResourceKind, SourceBatch, SourceEvent};
 /// How an actor should treat a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {
-    /// Apply these ops to the applied view; no kernel reads.
+    /// Apply these ops as they are: no full read of the kernel (a handle
+    /// may read what one op needs, as a real server's connections before
+    /// it is removed).
     Incremental,
     /// The ops (all adds) are the complete desired state: read the kernel,
     /// add what is missing, fix what differs and remove what we own but is
@@ -47,8 +49,9 @@ pub struct Batch<Op> {
 }
 
 /// What an actor answers: the generation it applied and what failed, with
-/// the kernel's error. A failure without an op is a failed kernel read (a
-/// full resync could not dump the kernel). Empty `failed`: all in place.
+/// the kernel's error (refused, or of unknown outcome: [`KernelError`]). A
+/// failure without an op is a failed kernel read (a full resync could not
+/// dump the kernel). Empty `failed`: all in place.
 /// `drift`: a `Verify` batch found the kernel changed beyond what it could
 /// repair; this actor needs a full batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
