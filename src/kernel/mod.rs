@@ -13,7 +13,7 @@ pub mod iptables_probe;
 pub mod ipvs;
 pub mod link;
 pub mod mem;
-pub mod netlink_acks;
+pub mod netlink;
 pub mod nft_split;
 pub mod sysctl;
 pub mod tool;

@@ -23,21 +23,19 @@
 pub mod codec;
 pub mod filter;
 
-use crate::kernel::netlink_acks::{codes_in_order, BatchFailure};
+use crate::kernel::netlink::{BatchFailure, Client, Replies};
 use std::convert::Infallible;
 use std::fmt;
 use std::io;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use netlink_packet_core::{
     DecodeError, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
-use netlink_proto::sys::{protocols::NETLINK_NETFILTER, SocketAddr};
-use netlink_proto::{ConnectionHandle, NetlinkProtoError};
+use netlink_proto::sys::protocols::NETLINK_NETFILTER;
+use netlink_proto::NetlinkProtoError;
 use tracing::{debug, trace};
 
 use self::codec::{CtMessage, Entry, ReplyError, Tuple};
@@ -46,12 +44,11 @@ use super::{Applied, ConntrackKernel, KFuture, KResult, KernelError, Subsystem};
 use crate::msgs::ConntrackOp;
 use crate::net::{IpFamily, Protocol};
 
-pub use crate::kernel::netlink_acks::MAX_BATCH;
+pub use crate::kernel::netlink::MAX_BATCH;
 
-/// How long to wait for the next reply before calling the outcome unknown.
-pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::kernel::netlink::DEFAULT_REPLY_TIMEOUT;
 
-pub use crate::kernel::netlink_acks::Errno;
+pub use crate::kernel::netlink::Errno;
 
 /// What was asked of the kernel, printed as `conntrack` arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,17 +203,9 @@ fn raw_request(msg: &CtMessage) -> Msg {
 /// ends when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct NetlinkConntrack {
-    handle: ConnectionHandle<RawNfnl>,
-    shared: Arc<Shared>,
+    client: Client<RawNfnl>,
+    entries_deleted: Arc<AtomicU64>,
     family: IpFamily,
-    reply_timeout: Duration,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    messages_sent: AtomicU64,
-    datagrams_sent: AtomicU64,
-    entries_deleted: AtomicU64,
 }
 
 impl NetlinkConntrack {
@@ -225,18 +214,13 @@ impl NetlinkConntrack {
     /// I/O and time enabled. `family` is the table port-only ops
     /// (`FlushNodePort`) clean: the family this proxy programs.
     pub fn new(family: IpFamily) -> Result<NetlinkConntrack, ConntrackError> {
-        let (mut conn, handle, _unsolicited) = netlink_proto::new_connection::<RawNfnl>(NETLINK_NETFILTER)
-            .map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
-        // One ack or error per delete, and a dump's final status.
-        conn.set_forward_ack(true);
-        conn.set_forward_done(true);
-        tokio::spawn(conn);
-        Ok(NetlinkConntrack { handle, shared: Arc::default(), family, reply_timeout: DEFAULT_REPLY_TIMEOUT })
+        let client = Client::open(NETLINK_NETFILTER).map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
+        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), family })
     }
 
     /// Sets how long to wait for each reply (default 10 s).
     pub fn with_reply_timeout(mut self, timeout: Duration) -> NetlinkConntrack {
-        self.reply_timeout = timeout;
+        self.client = self.client.with_reply_timeout(timeout);
         self
     }
 
@@ -247,17 +231,17 @@ impl NetlinkConntrack {
 
     /// Netlink messages sent so far (dumps and deletes).
     pub fn messages_sent(&self) -> u64 {
-        self.shared.messages_sent.load(Ordering::Relaxed)
+        self.client.messages_sent()
     }
 
     /// Datagrams (sendmsg calls) sent so far; a delete batch is one datagram.
     pub fn datagrams_sent(&self) -> u64 {
-        self.shared.datagrams_sent.load(Ordering::Relaxed)
+        self.client.datagrams_sent()
     }
 
     /// Entries this handle deleted (not counting ones already gone).
     pub fn entries_deleted(&self) -> u64 {
-        self.shared.entries_deleted.load(Ordering::Relaxed)
+        self.entries_deleted.load(Ordering::Relaxed)
     }
 
     /// Deletes every entry each op matches (see [`filter`]); one result per
@@ -328,20 +312,13 @@ impl NetlinkConntrack {
         Ok(())
     }
 
-    fn count(&self, messages: usize) {
-        self.shared.messages_sent.fetch_add(messages as u64, Ordering::Relaxed);
-        self.shared.datagrams_sent.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Dumps `family`'s table, handing each entry to `visit` as it arrives
     /// (nothing but the matches is kept, whatever the table size). A reply
     /// that cannot be read fails the dump, after it is drained.
     async fn dump(&self, family: IpFamily, mut visit: impl FnMut(Entry)) -> Result<(), ConntrackError> {
         let request = Request::Dump(family);
-        self.count(1);
         let msg = raw_request(&codec::dump_request(family));
-        let replies = self.handle.request(msg, SocketAddr::new(0, 0)).map_err(|e| closed(&request, e))?;
-        let mut replies = pin!(replies);
+        let mut replies = self.client.request(vec![msg]).map_err(|e| closed(&request, e))?;
         let mut outcome: Option<Result<(), ConntrackError>> = None;
         while let Some(reply) = self.next_reply(&mut replies, &request).await? {
             if outcome.as_ref().is_some_and(Result::is_err) {
@@ -361,32 +338,17 @@ impl NetlinkConntrack {
     /// The next reply, `None` at the end of the stream; an error if overdue.
     async fn next_reply(
         &self,
-        replies: &mut (impl Stream<Item = Msg> + Unpin),
+        replies: &mut Replies<RawNfnl>,
         request: &Request,
     ) -> Result<Option<Msg>, ConntrackError> {
-        tokio::time::timeout(self.reply_timeout, replies.next())
-            .await
-            .map_err(|_elapsed| ConntrackError::NoReply { request: request.clone() })
+        replies.next().await.map_err(|_overdue| ConntrackError::NoReply { request: request.clone() })
     }
 
     /// Sends `msgs` in one datagram; returns each request's error code
     /// (0 for an ack), in request order.
     async fn send_batch(&self, msgs: Vec<Msg>) -> Result<Vec<i32>, BatchFailure> {
-        let n = msgs.len();
-        self.count(n);
-        trace!(messages = n, "conntrack: sending delete batch");
-        let replies =
-            self.handle.request_batch(msgs, SocketAddr::new(0, 0)).map_err(|e| BatchFailure::Closed(Arc::new(e)))?;
-        let mut replies = pin!(replies);
-        let mut acks = Vec::with_capacity(n);
-        loop {
-            match tokio::time::timeout(self.reply_timeout, replies.next()).await {
-                Ok(Some(reply)) => acks.push(reply),
-                Ok(None) => break,
-                Err(_elapsed) => return Err(BatchFailure::NoReply),
-            }
-        }
-        codes_in_order(&acks, n).ok_or(BatchFailure::NoReply)
+        trace!(messages = msgs.len(), "conntrack: sending delete batch");
+        self.client.send_batch(msgs).await
     }
 
     /// A delete's result from its netlink error code: deleting what is
@@ -394,7 +356,7 @@ impl NetlinkConntrack {
     fn delete_outcome(&self, entry: &Entry, code: i32) -> Result<(), ConntrackError> {
         match code {
             0 => {
-                self.shared.entries_deleted.fetch_add(1, Ordering::Relaxed);
+                self.entries_deleted.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             code if Errno::from_code(code) == Errno::ENOENT => Ok(()),
@@ -564,22 +526,6 @@ mod tests {
         let raw = RawNfnl::from_message(&no_reply);
         let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(raw)), &request).expect_err("no reply tuple");
         assert_eq!(err.to_string(), "conntrack -L -f ipv6: unusable reply: reply lacks attribute CTA_TUPLE_REPLY");
-    }
-
-    #[test]
-    fn acks_map_back_to_requests_by_sequence() {
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, -2), ack(7, -1)], 3), Some(vec![0, -2, -1]));
-        assert_eq!(codes_in_order(&[ack(u32::MAX, 0), ack(0, -2)], 2), Some(vec![0, -2]));
-    }
-
-    #[test]
-    fn missing_stray_or_overrun_acks_make_the_whole_batch_unknown() {
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
-        assert_eq!(codes_in_order(&[] as &[Msg], 1), None);
-        let overrun = msg(0, 0, NetlinkPayload::Overrun(Vec::new()));
-        assert_eq!(codes_in_order(&[ack(5, 0), overrun], 1), None);
     }
 
     #[tokio::test]

@@ -15,15 +15,12 @@
 //! happens here: netlink-proto drops a message its payload type cannot parse
 //! with only a log line, which would silently lose a dump entry.
 
-use crate::kernel::netlink_acks::{codes_in_order, BatchFailure};
+use crate::kernel::netlink::{BatchFailure, Client};
 use std::fmt;
 use std::io;
-use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use netlink_packet_core::{
     DecodeError, Emitable, NetlinkMessage, NetlinkPayload, NlasIterator, Parseable, ParseableParametrized, NLM_F_ACK,
     NLM_F_DUMP_INTR, NLM_F_REQUEST,
@@ -31,20 +28,19 @@ use netlink_packet_core::{
 use netlink_packet_generic::constants::{CTRL_ATTR_FAMILY_ID, GENL_ID_CTRL};
 use netlink_packet_generic::ctrl::{nlas::GenlCtrlAttrs, GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
-use netlink_proto::sys::{protocols::NETLINK_GENERIC, SocketAddr};
-use netlink_proto::{ConnectionHandle, NetlinkProtoError};
+use netlink_proto::sys::protocols::NETLINK_GENERIC;
+use netlink_proto::NetlinkProtoError;
 use tokio::sync::OnceCell;
 use tracing::{debug, trace};
 
 use super::codec::{self, DestEntry, IpvsMessage, ReplyError, IPVS_GENL_NAME};
 use crate::msgs::ipvs::{IpvsOp, VsKey, VsSpec};
 
-pub use crate::kernel::netlink_acks::MAX_BATCH;
+pub use crate::kernel::netlink::MAX_BATCH;
 
-/// How long to wait for the next reply before calling the outcome unknown.
-pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::kernel::netlink::DEFAULT_REPLY_TIMEOUT;
 
-pub use crate::kernel::netlink_acks::Errno;
+pub use crate::kernel::netlink::Errno;
 
 /// What was asked of the kernel, printed as ipvsadm arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,16 +209,8 @@ fn ipvs_request(family_id: u16, msg: &IpvsMessage) -> Msg {
 /// concurrently. The connection task ends when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct NetlinkIpvs {
-    handle: ConnectionHandle<GenlMessage<RawGenl>>,
-    shared: Arc<Shared>,
-    reply_timeout: Duration,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    family: OnceCell<u16>,
-    messages_sent: AtomicU64,
-    datagrams_sent: AtomicU64,
+    client: Client<GenlMessage<RawGenl>>,
+    family: Arc<OnceCell<u16>>,
 }
 
 impl NetlinkIpvs {
@@ -230,13 +218,8 @@ impl NetlinkIpvs {
     /// inside a Tokio runtime with I/O and time enabled. Does not touch IPVS
     /// yet; see [`NetlinkIpvs::connect`].
     pub fn new() -> Result<NetlinkIpvs, IpvsError> {
-        let (mut conn, handle, _unsolicited) = netlink_proto::new_connection::<GenlMessage<RawGenl>>(NETLINK_GENERIC)
-            .map_err(|e| IpvsError::Socket(Arc::new(e)))?;
-        // One ack or error per request, and a dump's final status.
-        conn.set_forward_ack(true);
-        conn.set_forward_done(true);
-        tokio::spawn(conn);
-        Ok(NetlinkIpvs { handle, shared: Arc::default(), reply_timeout: DEFAULT_REPLY_TIMEOUT })
+        let client = Client::open(NETLINK_GENERIC).map_err(|e| IpvsError::Socket(Arc::new(e)))?;
+        Ok(NetlinkIpvs { client, family: Arc::default() })
     }
 
     /// [`NetlinkIpvs::new`], then resolves the family: fails with
@@ -249,24 +232,24 @@ impl NetlinkIpvs {
 
     /// Sets how long to wait for each reply (default 10 s).
     pub fn with_reply_timeout(mut self, timeout: Duration) -> NetlinkIpvs {
-        self.reply_timeout = timeout;
+        self.client = self.client.with_reply_timeout(timeout);
         self
     }
 
     /// Netlink messages sent so far (requests, dumps and family lookups).
     pub fn messages_sent(&self) -> u64 {
-        self.shared.messages_sent.load(Ordering::Relaxed)
+        self.client.messages_sent()
     }
 
     /// Datagrams (sendmsg calls) sent so far; a batch is one datagram.
     pub fn datagrams_sent(&self) -> u64 {
-        self.shared.datagrams_sent.load(Ordering::Relaxed)
+        self.client.datagrams_sent()
     }
 
     /// The IPVS family id, resolved on first use and cached. A failure is
     /// not cached: loading ip_vs later makes the next call succeed.
     pub async fn family_id(&self) -> Result<u16, IpvsError> {
-        self.shared.family.get_or_try_init(|| self.resolve_family()).await.copied()
+        self.family.get_or_try_init(|| self.resolve_family()).await.copied()
     }
 
     /// Applies `ops` in order and returns one result per op, in the same
@@ -340,41 +323,16 @@ impl NetlinkIpvs {
         Ok(id)
     }
 
-    fn count(&self, messages: usize) {
-        self.shared.messages_sent.fetch_add(messages as u64, Ordering::Relaxed);
-        self.shared.datagrams_sent.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Sends one request and returns every reply until the kernel is done.
     async fn exchange(&self, msg: Msg, request: &Request) -> Result<Vec<Msg>, IpvsError> {
-        self.count(1);
-        let replies = self.handle.request(msg, SocketAddr::new(0, 0)).map_err(|e| closed(request, e))?;
-        self.collect(replies).await.ok_or_else(|| IpvsError::NoReply { request: request.clone() })
-    }
-
-    /// Collects a reply stream to its end; `None` if a reply is overdue.
-    async fn collect(&self, replies: impl Stream<Item = Msg>) -> Option<Vec<Msg>> {
-        let mut replies = pin!(replies);
-        let mut out = Vec::new();
-        loop {
-            match tokio::time::timeout(self.reply_timeout, replies.next()).await {
-                Ok(Some(msg)) => out.push(msg),
-                Ok(None) => return Some(out),
-                Err(_elapsed) => return None,
-            }
-        }
+        self.client.exchange(vec![msg]).await.map_err(|failure| failure.error(request.clone()))
     }
 
     /// Sends `msgs` in one datagram; returns each request's error code
     /// (0 for an ack), in request order.
     async fn send_batch(&self, msgs: Vec<Msg>) -> Result<Vec<i32>, BatchFailure> {
-        let n = msgs.len();
-        self.count(n);
-        trace!(messages = n, "ipvs: sending batch");
-        let replies =
-            self.handle.request_batch(msgs, SocketAddr::new(0, 0)).map_err(|e| BatchFailure::Closed(Arc::new(e)))?;
-        let replies = self.collect(replies).await.ok_or(BatchFailure::NoReply)?;
-        codes_in_order(&replies, n).ok_or(BatchFailure::NoReply)
+        trace!(messages = msgs.len(), "ipvs: sending batch");
+        self.client.send_batch(msgs).await
     }
 
     async fn run_ops(&self, ops: &[IpvsOp]) -> Vec<Result<(), IpvsError>> {
@@ -428,10 +386,6 @@ impl BatchError for BatchFailure {
             BatchFailure::NoReply => IpvsError::NoReply { request },
         }
     }
-}
-
-fn closed(request: &Request, e: NetlinkProtoError) -> IpvsError {
-    IpvsError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
 }
 
 /// An op's result from its netlink error code. Deleting what is already
@@ -603,22 +557,6 @@ mod tests {
         typed.serialize(&mut a);
         raw.serialize(&mut b);
         assert_eq!(a, b);
-    }
-
-    #[test]
-    fn acks_map_back_to_requests_by_sequence() {
-        let replies = [ack(5, 0), ack(6, -17), ack(7, 0)];
-        assert_eq!(codes_in_order(&replies, 3), Some(vec![0, -17, 0]));
-        let wrapped = [ack(u32::MAX, 0), ack(0, -2)];
-        assert_eq!(codes_in_order(&wrapped, 2), Some(vec![0, -2]));
-    }
-
-    #[test]
-    fn missing_or_stray_acks_make_the_whole_batch_unknown() {
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
-        assert_eq!(codes_in_order(&[] as &[Msg], 1), None);
     }
 
     #[test]
