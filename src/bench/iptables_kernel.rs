@@ -26,6 +26,7 @@
 //! - the cold text restored by the tool alone in a fresh namespace;
 //! - CPU (ours, and the tools we started) during a steady churn.
 
+use std::future::Future;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +46,7 @@ use crate::config::KubeProxyConfiguration;
 use crate::health::{self, ProxyHealth};
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
-use crate::kernel::{Applied, IptablesKernel, KFuture, KResult, Subsystem};
+use crate::kernel::{Applied, IptablesKernel, KResult, Subsystem};
 use crate::metrics::ProxyMetrics;
 use crate::model::{Model, ModelChanges};
 use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
@@ -406,9 +407,9 @@ impl Recording {
 impl Subsystem for Recording {
     type Op = IptablesOp;
 
-    fn apply(&self, ops: Vec<IptablesOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IptablesOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let (text, copy) = me.texts(&ops);
             let t = Instant::now();
             let res = me.inner.apply(ops).await;
@@ -416,12 +417,12 @@ impl Subsystem for Recording {
             let error = res.iter().find_map(|r| r.as_ref().err().map(ToString::to_string));
             me.record(Captured { full: false, text, apply, copy, ok: error.is_none(), error });
             res
-        })
+        }
     }
 
-    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<Applied<IptablesOp>> {
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> impl Future<Output = Applied<IptablesOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let (text, copy) = me.texts(&desired);
             let t = Instant::now();
             let res = me.inner.reconcile(desired).await;
@@ -432,21 +433,21 @@ impl Subsystem for Recording {
             };
             me.record(Captured { full: true, text, apply, copy, ok: error.is_none(), error });
             res
-        })
+        }
     }
 
     fn periodic(&self) -> Option<Duration> {
         self.inner.periodic()
     }
 
-    fn run_periodic(&self) -> KFuture<bool> {
+    fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let started = Instant::now();
             let drifted = me.inner.run_periodic().await;
             lock(&me.canary).push((started, started.elapsed()));
             drifted
-        })
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 //! - Every restore line written is counted ([`IpsetHandle::lines_written`]).
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use super::tool::{self, ToolOutput};
-use super::{set_diff, Applied, Checked, IpsetKernel, KFuture, KResult, KernelError, Subsystem};
+use super::{set_diff, Applied, Checked, IpsetKernel, KResult, KernelError, Subsystem};
 use crate::msgs::ipset::SetLine;
 use crate::msgs::{IpsetOp, SetEntry, SetSpec, SetType};
 use crate::net::Protocol;
@@ -237,19 +238,19 @@ impl IpsetHandle {
 impl Subsystem for IpsetHandle {
     type Op = IpsetOp;
 
-    fn apply(&self, ops: Vec<IpsetOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IpsetOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.apply_ops(&ops).await })
+        async move { me.apply_ops(&ops).await }
     }
 
-    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<Applied<IpsetOp>> {
+    fn reconcile(&self, desired: Vec<IpsetOp>) -> impl Future<Output = Applied<IpsetOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.reconcile_ops(desired).await })
+        async move { me.reconcile_ops(desired).await }
     }
 
-    fn verify(&self, desired: Vec<IpsetOp>) -> KFuture<KResult<Checked<IpsetOp>>> {
+    fn verify(&self, desired: Vec<IpsetOp>) -> impl Future<Output = KResult<Checked<IpsetOp>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.verify_ops(desired).await })
+        async move { me.verify_ops(desired).await }
     }
 }
 
@@ -263,14 +264,14 @@ impl IpsetKernel for IpsetHandle {
         &self.spec
     }
 
-    fn ensure(&self) -> KFuture<KResult<()>> {
+    fn ensure(&self) -> impl Future<Output = KResult<()>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.ensure_set().await })
+        async move { me.ensure_set().await }
     }
 
-    fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>> {
+    fn members(&self) -> impl Future<Output = KResult<BTreeSet<SetEntry>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.read_members().await })
+        async move { me.read_members().await }
     }
 }
 

@@ -31,6 +31,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ use tracing::{debug, info, warn};
 use super::nft_split;
 use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
-use super::{Applied, IptablesKernel, KFuture, KResult, KernelError, Subsystem};
+use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
 use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
@@ -373,16 +374,16 @@ impl IptablesHandle {
 
     /// Whether `KUBE-PROXY-CANARY` exists in mangle, nat and filter (three
     /// `iptables -S` runs). False means someone flushed our rules.
-    pub fn canary_present(&self) -> KFuture<KResult<bool>> {
+    pub fn canary_present(&self) -> impl Future<Output = KResult<bool>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let (m, n, f) = tokio::join!(
                 me.chain_exists("mangle", CANARY),
                 me.chain_exists("nat", CANARY),
                 me.chain_exists("filter", CANARY)
             );
             Ok(m? && n? && f?)
-        })
+        }
     }
 
     async fn chain_exists(&self, table: &str, chain: &str) -> KResult<bool> {
@@ -440,14 +441,14 @@ impl IptablesHandle {
 impl Subsystem for IptablesHandle {
     type Op = IptablesOp;
 
-    fn apply(&self, ops: Vec<IptablesOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IptablesOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.apply_ops(&ops).await })
+        async move { me.apply_ops(&ops).await }
     }
 
-    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<Applied<IptablesOp>> {
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> impl Future<Output = Applied<IptablesOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.reconcile_ops(desired).await })
+        async move { me.reconcile_ops(desired).await }
     }
 
     fn periodic(&self) -> Option<std::time::Duration> {
@@ -457,9 +458,9 @@ impl Subsystem for IptablesHandle {
     /// Drift when our canary chain or a jump to our chains vanished after
     /// we had written them (firewalld-style `-F`/`-X` of whole tables, a
     /// flushed nat table).
-    fn run_periodic(&self) -> KFuture<bool> {
+    fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             if !me.shared.jumps_checked.load(Ordering::Acquire) {
                 return false;
             }
@@ -470,7 +471,7 @@ impl Subsystem for IptablesHandle {
                     false
                 }
             }
-        })
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 
 use crate::sync::lock;
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +27,7 @@ use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessa
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
 use tracing::{debug, info};
 
-use super::{set_diff, Applied, KFuture, KResult, KernelError, LinkKernel, Subsystem};
+use super::{set_diff, Applied, KResult, KernelError, LinkKernel, Subsystem};
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::LinkOp;
 use crate::net::IpFamily;
@@ -276,21 +277,21 @@ impl DummyLink {
 impl Subsystem for DummyLink {
     type Op = LinkOp;
 
-    fn apply(&self, ops: Vec<LinkOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<LinkOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.apply_ops(&ops).await })
+        async move { me.apply_ops(&ops).await }
     }
 
-    fn reconcile(&self, desired: Vec<LinkOp>) -> KFuture<Applied<LinkOp>> {
+    fn reconcile(&self, desired: Vec<LinkOp>) -> impl Future<Output = Applied<LinkOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.reconcile_ops(desired).await })
+        async move { me.reconcile_ops(desired).await }
     }
 }
 
 impl LinkKernel for DummyLink {
-    fn addresses(&self) -> KFuture<KResult<BTreeSet<IpAddr>>> {
+    fn addresses(&self) -> impl Future<Output = KResult<BTreeSet<IpAddr>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.dump().await })
+        async move { me.dump().await }
     }
 }
 

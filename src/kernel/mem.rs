@@ -6,6 +6,7 @@
 
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -133,37 +134,37 @@ impl MemIpvs {
 impl Subsystem for MemIpvs {
     type Op = IpvsOp;
 
-    fn apply(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
+        async move { ops.iter().map(|op| me.apply_one(op)).collect() }
     }
 
-    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<Applied<IpvsOp>> {
+    fn reconcile(&self, desired: Vec<IpvsOp>) -> impl Future<Output = Applied<IpvsOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let have = me.dump().await?;
             let ops = ipvs_diff(&desired, &have, |_| true);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
-        })
+        }
     }
 
     /// As the real handle: the virtual servers only, drift when they differ.
-    fn verify(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<Checked<IpvsOp>>> {
+    fn verify(&self, desired: Vec<IpvsOp>) -> impl Future<Output = KResult<Checked<IpvsOp>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let have = me.snapshot().services;
             let drift = ipvs_services_differ(&desired, have, |_| true);
             Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
-        })
+        }
     }
 }
 
 impl IpvsKernel for MemIpvs {
-    fn dump(&self) -> KFuture<KResult<IpvsTable>> {
+    fn dump(&self) -> impl Future<Output = KResult<IpvsTable>> + 'static {
         self.dumps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = self.snapshot();
-        Box::pin(async move { Ok(t) })
+        async move { Ok(t) }
     }
 }
 
@@ -202,14 +203,14 @@ impl MemIpset {
 impl Subsystem for MemIpset {
     type Op = IpsetOp;
 
-    fn apply(&self, ops: Vec<IpsetOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IpsetOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { ops.iter().map(|op| me.apply_one(op)).collect() })
+        async move { ops.iter().map(|op| me.apply_one(op)).collect() }
     }
 
-    fn reconcile(&self, desired: Vec<IpsetOp>) -> KFuture<Applied<IpsetOp>> {
+    fn reconcile(&self, desired: Vec<IpsetOp>) -> impl Future<Output = Applied<IpsetOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             me.ensure().await?;
             let have = me.members().await?;
             let want: BTreeSet<SetEntry> =
@@ -217,7 +218,7 @@ impl Subsystem for MemIpset {
             let ops = set_diff(&want, &have, IpsetOp::Add, IpsetOp::Del);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
-        })
+        }
     }
 }
 
@@ -226,21 +227,21 @@ impl IpsetKernel for MemIpset {
         &self.spec
     }
 
-    fn ensure(&self) -> KFuture<KResult<()>> {
+    fn ensure(&self) -> impl Future<Output = KResult<()>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             if lock(&me.members).is_none() {
                 me.journal.attempt(me.spec.create_line())?;
                 *lock(&me.members) = Some(BTreeSet::new());
             }
             Ok(())
-        })
+        }
     }
 
-    fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>> {
+    fn members(&self) -> impl Future<Output = KResult<BTreeSet<SetEntry>>> + 'static {
         let m = self.snapshot();
         let name = self.spec.name.clone();
-        Box::pin(async move { m.ok_or_else(|| KernelError::refused(format!("list {name}"), "no such set")) })
+        async move { m.ok_or_else(|| KernelError::refused(format!("list {name}"), "no such set")) }
     }
 }
 
@@ -264,9 +265,9 @@ impl MemLink {
 impl Subsystem for MemLink {
     type Op = LinkOp;
 
-    fn apply(&self, ops: Vec<LinkOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<LinkOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             ops.iter()
                 .map(|op| {
                     me.journal.attempt(format!("link {op}"))?;
@@ -278,26 +279,26 @@ impl Subsystem for MemLink {
                     Ok(())
                 })
                 .collect()
-        })
+        }
     }
 
-    fn reconcile(&self, desired: Vec<LinkOp>) -> KFuture<Applied<LinkOp>> {
+    fn reconcile(&self, desired: Vec<LinkOp>) -> impl Future<Output = Applied<LinkOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let have = me.addresses().await?;
             let want: BTreeSet<IpAddr> =
                 desired.iter().filter_map(|op| if let LinkOp::Bind(a) = op { Some(*a) } else { None }).collect();
             let ops = set_diff(&want, &have, LinkOp::Bind, LinkOp::Unbind);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
-        })
+        }
     }
 }
 
 impl LinkKernel for MemLink {
-    fn addresses(&self) -> KFuture<KResult<BTreeSet<IpAddr>>> {
+    fn addresses(&self) -> impl Future<Output = KResult<BTreeSet<IpAddr>>> + 'static {
         let a = self.snapshot();
-        Box::pin(async move { Ok(a) })
+        async move { Ok(a) }
     }
 }
 
@@ -317,9 +318,9 @@ impl MemIptables {
 impl Subsystem for MemIptables {
     type Op = IptablesOp;
 
-    fn apply(&self, ops: Vec<IptablesOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IptablesOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             ops.iter()
                 .map(|IptablesOp::Restore(r)| {
                     let lines = r.lines().count();
@@ -328,15 +329,15 @@ impl Subsystem for MemIptables {
                     Ok(())
                 })
                 .collect()
-        })
+        }
     }
 
-    fn reconcile(&self, desired: Vec<IptablesOp>) -> KFuture<Applied<IptablesOp>> {
+    fn reconcile(&self, desired: Vec<IptablesOp>) -> impl Future<Output = Applied<IptablesOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let results = me.apply(desired.clone()).await;
             Ok((desired, results))
-        })
+        }
     }
 }
 
@@ -357,17 +358,17 @@ impl MemConntrack {
 impl Subsystem for MemConntrack {
     type Op = ConntrackOp;
 
-    fn apply(&self, ops: Vec<ConntrackOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<ConntrackOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() })
+        async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() }
     }
 
-    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<Applied<ConntrackOp>> {
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> impl Future<Output = Applied<ConntrackOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let results = me.apply(desired.clone()).await;
             Ok((desired, results))
-        })
+        }
     }
 }
 

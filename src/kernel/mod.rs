@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use futures::future::LocalBoxFuture;
+use std::future::Future;
 
 use crate::msgs::{
     ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec,
@@ -32,7 +32,6 @@ use crate::msgs::{
 pub use crate::msgs::error::{Cause, KernelError};
 
 pub type KResult<T> = Result<T, KernelError>;
-pub type KFuture<T> = LocalBoxFuture<'static, T>;
 /// The ops a full resync applied, each with its result.
 pub type Applied<Op> = KResult<(Vec<Op>, Vec<KResult<()>>)>;
 
@@ -64,23 +63,23 @@ pub struct IpvsTable {
 pub trait Subsystem: Clone + Unpin + 'static {
     type Op: Clone + fmt::Debug + fmt::Display + Ord + Send + 'static;
 
-    fn apply(&self, ops: Vec<Self::Op>) -> KFuture<Vec<KResult<()>>>;
+    fn apply(&self, ops: Vec<Self::Op>) -> impl Future<Output = Vec<KResult<()>>> + 'static;
 
     /// Full resync: read what the kernel has, and turn `desired` (all adds)
     /// into the ops that make the kernel match, removing what we own but
     /// don't want. Returns those ops, applied, with their results.
-    fn reconcile(&self, desired: Vec<Self::Op>) -> KFuture<Applied<Self::Op>>;
+    fn reconcile(&self, desired: Vec<Self::Op>) -> impl Future<Output = Applied<Self::Op>> + 'static;
 
     /// The syncPeriod's check ([`crate::msgs::SyncMode::Verify`]): by
     /// default a reconcile, for handles whose kernel reads are cheap (the
     /// dummy link's addresses). Handles whose full read is expensive
     /// override it with a cheaper comparison.
-    fn verify(&self, desired: Vec<Self::Op>) -> KFuture<KResult<Checked<Self::Op>>> {
+    fn verify(&self, desired: Vec<Self::Op>) -> impl Future<Output = KResult<Checked<Self::Op>>> + 'static {
         let reconciled = self.reconcile(desired);
-        Box::pin(async move {
+        async move {
             let (applied, results) = reconciled.await?;
             Ok(Checked { applied, results, drift: false })
-        })
+        }
     }
 
     /// Periodic housekeeping the actor runs between batches (graceful
@@ -91,27 +90,27 @@ pub trait Subsystem: Clone + Unpin + 'static {
 
     /// Runs the housekeeping; `true` means the kernel drifted from what we
     /// programmed (e.g. our canary chain vanished) and needs a full resync.
-    fn run_periodic(&self) -> KFuture<bool> {
-        Box::pin(async { false })
+    fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
+        async { false }
     }
 }
 
 /// IPVS: virtual and real servers.
 pub trait IpvsKernel: Subsystem<Op = IpvsOp> {
-    fn dump(&self) -> KFuture<KResult<IpvsTable>>;
+    fn dump(&self) -> impl Future<Output = KResult<IpvsTable>> + 'static;
 }
 
 /// One ipset. The handle knows which set it is for.
 pub trait IpsetKernel: Subsystem<Op = IpsetOp> {
     fn spec(&self) -> &SetSpec;
     /// Creates the set if it doesn't exist.
-    fn ensure(&self) -> KFuture<KResult<()>>;
-    fn members(&self) -> KFuture<KResult<BTreeSet<SetEntry>>>;
+    fn ensure(&self) -> impl Future<Output = KResult<()>> + 'static;
+    fn members(&self) -> impl Future<Output = KResult<BTreeSet<SetEntry>>> + 'static;
 }
 
 /// The dummy link and its addresses.
 pub trait LinkKernel: Subsystem<Op = LinkOp> {
-    fn addresses(&self) -> KFuture<KResult<BTreeSet<IpAddr>>>;
+    fn addresses(&self) -> impl Future<Output = KResult<BTreeSet<IpAddr>>> + 'static;
 }
 
 /// iptables, through iptables-restore.

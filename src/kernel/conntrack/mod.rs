@@ -26,6 +26,7 @@ pub mod filter;
 use crate::kernel::netlink::{BatchFailure, Client, Replies};
 use std::convert::Infallible;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use tracing::{debug, trace};
 
 use self::codec::{CtMessage, Entry, ReplyError, Tuple};
 use self::filter::Matcher;
-use super::{Applied, ConntrackKernel, KFuture, KResult, KernelError, Subsystem};
+use super::{Applied, ConntrackKernel, KResult, KernelError, Subsystem};
 use crate::msgs::ConntrackOp;
 use crate::net::{IpFamily, Protocol};
 
@@ -415,22 +416,22 @@ fn closed(request: &Request, e: NetlinkProtoError) -> ConntrackError {
 impl Subsystem for NetlinkConntrack {
     type Op = ConntrackOp;
 
-    fn apply(&self, ops: Vec<ConntrackOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<ConntrackOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let results = me.flush(&ops).await;
             ops.iter().zip(results).map(|(op, r)| r.map_err(|e| e.for_op(op))).collect()
-        })
+        }
     }
 
     /// Conntrack has no desired state to converge to: a resync applies the
     /// flushes it is given.
-    fn reconcile(&self, desired: Vec<ConntrackOp>) -> KFuture<Applied<ConntrackOp>> {
+    fn reconcile(&self, desired: Vec<ConntrackOp>) -> impl Future<Output = Applied<ConntrackOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let results = me.apply(desired.clone()).await;
             Ok((desired, results))
-        })
+        }
     }
 }
 

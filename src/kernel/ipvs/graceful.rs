@@ -14,13 +14,14 @@
 
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
 
 use crate::kernel::{
-    ipvs_diff, ipvs_services_differ, Applied, Checked, DestState, IpvsKernel, IpvsTable, KFuture, KResult, KernelError,
+    ipvs_diff, ipvs_services_differ, Applied, Checked, DestState, IpvsKernel, IpvsTable, KResult, KernelError,
     Subsystem,
 };
 use crate::msgs::{DestKey, DestSpec, IpvsOp, VsKey, VsSpec};
@@ -31,9 +32,9 @@ pub const CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The raw IPVS operations graceful termination is built on.
 pub trait IpvsBackend: Clone + Unpin + 'static {
-    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>>;
-    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>>;
-    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>>;
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static;
+    fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static;
+    fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static;
 }
 
 /// Which virtual servers a full resync may delete.
@@ -198,100 +199,100 @@ impl<B: IpvsBackend> GracefulIpvs<B> {
 impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
     type Op = IpvsOp;
 
-    fn apply(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.apply_ops(ops).await })
+        async move { me.apply_ops(ops).await }
     }
 
-    fn reconcile(&self, desired: Vec<IpvsOp>) -> KFuture<Applied<IpvsOp>> {
+    fn reconcile(&self, desired: Vec<IpvsOp>) -> impl Future<Output = Applied<IpvsOp>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let have = me.dump_table().await?;
             let owned = me.owned.clone();
             let ops = ipvs_diff(&desired, &have, |vs| owned.owns(vs));
             let results = me.apply_ops(ops.clone()).await;
             Ok((ops, results))
-        })
+        }
     }
 
     /// The virtual servers only (one dump; no real servers read): drift
     /// when one is missing, extra or changed.
-    fn verify(&self, desired: Vec<IpvsOp>) -> KFuture<KResult<Checked<IpvsOp>>> {
+    fn verify(&self, desired: Vec<IpvsOp>) -> impl Future<Output = KResult<Checked<IpvsOp>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let have = me.backend.services().await?;
             let owned = me.owned.clone();
             let drift = ipvs_services_differ(&desired, have, |vs| owned.owns(vs));
             Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
-        })
+        }
     }
 
     fn periodic(&self) -> Option<Duration> {
         Some(self.check_interval)
     }
 
-    fn run_periodic(&self) -> KFuture<bool> {
+    fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             for r in me.check_terminating().await {
                 if let Err(e) = r {
                     tracing::warn!(actor = "ipvs", error = %e, "deleting a terminated real server failed");
                 }
             }
             false
-        })
+        }
     }
 }
 
 impl<B: IpvsBackend> IpvsKernel for GracefulIpvs<B> {
-    fn dump(&self) -> KFuture<KResult<IpvsTable>> {
+    fn dump(&self) -> impl Future<Output = KResult<IpvsTable>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.dump_table().await })
+        async move { me.dump_table().await }
     }
 }
 
 impl IpvsBackend for crate::kernel::mem::MemIpvs {
-    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         Subsystem::apply(self, ops)
     }
 
-    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+    fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
         let t = self.snapshot();
-        Box::pin(async move { Ok(t.services.into_iter().collect()) })
+        async move { Ok(t.services.into_iter().collect()) }
     }
 
-    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
+    fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
         let t = self.snapshot();
-        Box::pin(async move {
+        async move {
             if !t.services.contains_key(&vs) {
                 return Err(KernelError::errno(format!("-L -n {vs}"), 3));
             }
             Ok(t.dests.into_iter().filter(|((v, _), _)| *v == vs).map(|((_, d), st)| (d, st)).collect())
-        })
+        }
     }
 }
 
 impl IpvsBackend for super::netlink::NetlinkIpvs {
-    fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+    fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let shown: Vec<String> = ops.iter().map(|o| format!("ipvsadm {o}")).collect();
             let results = me.apply(ops).await;
             results.into_iter().zip(shown).map(|(r, op)| r.map_err(|e| kernel_error(op, &e))).collect()
-        })
+        }
     }
 
-    fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+    fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
         let me = self.clone();
-        Box::pin(async move { me.services().await.map_err(|e| kernel_error("ipvsadm -L -n", &e)) })
+        async move { me.services().await.map_err(|e| kernel_error("ipvsadm -L -n", &e)) }
     }
 
-    fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
+    fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
         let me = self.clone();
-        Box::pin(async move {
+        async move {
             let dump = me.dests(&vs).await.map_err(|e| kernel_error(format!("ipvsadm -L -n {vs}"), &e))?;
             Ok(dump.into_iter().map(|(d, spec, active, inactive)| (d, DestState { spec, active, inactive })).collect())
-        })
+        }
     }
 }
 
@@ -364,17 +365,21 @@ mod tests {
     struct FailingDests(MemIpvs, Arc<std::sync::atomic::AtomicBool>);
 
     impl IpvsBackend for FailingDests {
-        fn apply_raw(&self, ops: Vec<IpvsOp>) -> KFuture<Vec<KResult<()>>> {
+        fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
             self.0.apply_raw(ops)
         }
-        fn services(&self) -> KFuture<KResult<Vec<(VsKey, VsSpec)>>> {
+        fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
             self.0.services()
         }
-        fn dests(&self, vs: VsKey) -> KFuture<KResult<Vec<(DestKey, DestState)>>> {
-            if self.1.load(std::sync::atomic::Ordering::SeqCst) {
-                return Box::pin(async { Err(KernelError::unknown("-L -n", "reply lost")) });
+        fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
+            let lost = self.1.load(std::sync::atomic::Ordering::SeqCst);
+            let dests = self.0.dests(vs);
+            async move {
+                match lost {
+                    true => Err(KernelError::unknown("-L -n", "reply lost")),
+                    false => dests.await,
+                }
             }
-            self.0.dests(vs)
         }
     }
 
