@@ -325,7 +325,7 @@ fn start_ipvs(
     }
     let sets: BTreeMap<IpvsSet, IpsetHandle> =
         IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(s.spec(family)))).collect();
-    let conntrack = NetlinkConntrack::new(family).map_err(StartError::Conntrack)?;
+    let conntrack = conntrack_handle(family, hooks.metrics())?;
     let iptables = IptablesHandle::new(family);
     let link = DummyLink::new().map_err(StartError::Kernel)?.with_family(family);
     let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
@@ -367,7 +367,7 @@ async fn start_iptables(
         }
     };
     let host = host_features(family);
-    let conntrack = NetlinkConntrack::new(family).map_err(StartError::Conntrack)?;
+    let conntrack = conntrack_handle(family, hooks.metrics())?;
     let context = context_builder(cfg, family, node_name, host);
     let settings = coordinator_settings(cfg, family, node_name);
     Ok(Coordinator::create(move |ctx| {
@@ -445,6 +445,14 @@ struct Observability {
     _servers: http::HttpServers,
 }
 
+/// The conntrack handle of `family`, its flushes fed to upstream's
+/// conntrack reconciler metrics.
+fn conntrack_handle(family: IpFamily, metrics: &Arc<ProxyMetrics>) -> Result<NetlinkConntrack, StartError> {
+    let metrics = metrics.clone();
+    let report = Arc::new(move |took, deleted| metrics.conntrack_reconciled(family, took, deleted));
+    Ok(NetlinkConntrack::new(family).map_err(StartError::Conntrack)?.with_report(report))
+}
+
 /// Metrics, health, the HTTP servers and the service health checks.
 fn observability(
     cfg: &KubeProxyConfiguration,
@@ -454,6 +462,7 @@ fn observability(
     coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
 ) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
+    metrics.families_started(&families.all().collect::<Vec<_>>());
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
     let dashboard =

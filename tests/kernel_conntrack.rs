@@ -27,6 +27,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::Ordering;
 
 use common::Netns;
 use kube_proxy_rs::kernel::conntrack::NetlinkConntrack;
@@ -187,9 +188,15 @@ impl Lab {
     /// Runs `ops` through a fresh handle for `family`, inside the namespace.
     fn apply(&self, family: IpFamily, ops: Vec<ConntrackOp>) -> Applied {
         self.ns.block_on(|| async move {
-            let ct = NetlinkConntrack::new(family).expect("ctnetlink socket");
+            let reported = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+            let seen = reported.clone();
+            let report =
+                std::sync::Arc::new(move |_: std::time::Duration, deleted: u64| seen.store(deleted, Ordering::Relaxed));
+            let ct = NetlinkConntrack::new(family).expect("ctnetlink socket").with_report(report);
             let results = ct.apply(ops).await;
             assert!(results.iter().all(Result::is_ok), "every op succeeds: {results:?}");
+            // What the reconciler metrics are fed: the entries this batch deleted.
+            assert_eq!(reported.load(Ordering::Relaxed), ct.entries_deleted(), "the batch is reported");
             Applied { messages: ct.messages_sent(), datagrams: ct.datagrams_sent(), deleted: ct.entries_deleted() }
         })
     }

@@ -214,6 +214,34 @@ impl ProxyMetrics {
         out
     }
 
+    /// The proxier of each of `families` runs: every histogram and counter
+    /// of upstream's with an `ip_family` label (and the probes' 200 and 503
+    /// counts) exists from now, at zero, so dashboards and alerts built on
+    /// upstream's names have a series before the first observation.
+    /// Timestamps and rule counts stay absent until there is a value.
+    pub fn families_started(&self, families: &[IpFamily]) {
+        for family in families {
+            let labels = family_labels(*family);
+            for h in [&self.sync.latency, &self.sync.full, &self.sync.partial, &self.sync.programming] {
+                let _ = h.get_or_create(&labels);
+            }
+            let _ = self.backend.conntrack_duration.get_or_create(&labels);
+            for c in [
+                &self.backend.restore_failures,
+                &self.backend.partial_restore_failures,
+                &self.backend.nft_sync_failures,
+                &self.backend.nft_cleanup_failures,
+                &self.backend.conntrack_deleted,
+            ] {
+                let _ = c.get_or_create(&labels);
+            }
+        }
+        for code in ["200", "503"] {
+            let _ = self.server.healthz.get_or_create(&vec![("code", code.to_string())]);
+            let _ = self.server.livez.get_or_create(&vec![("code", code.to_string())]);
+        }
+    }
+
     /// A sync was queued (a Service or EndpointSlice change arrived):
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
     pub fn sync_queued(&self, family: IpFamily, at: SystemTime) {

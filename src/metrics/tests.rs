@@ -261,3 +261,35 @@ fn process_metrics_are_exported() {
     assert!(text.contains("# TYPE process_resident_memory_bytes gauge\n"), "{text}");
     assert!(text.contains("# TYPE process_start_time_seconds gauge\n"), "{text}");
 }
+
+#[test]
+fn upstreams_histograms_and_counters_exist_at_zero_from_start() {
+    let m = metrics(ProxyMode::Iptables);
+    let before = m.encode_text();
+    assert!(!before.contains("kubeproxy_network_programming_duration_seconds_count"), "{before}");
+    m.families_started(&[IpFamily::V4, IpFamily::V6]);
+    let text = m.encode_text();
+    for family in ["IPv4", "IPv6"] {
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_count",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+            "kubeproxy_network_programming_duration_seconds_count",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+        ] {
+            let line = format!("{name}{{ip_family=\"{family}\"}} 0");
+            assert!(has_line(&text, &line), "missing {line}\n{text}");
+        }
+    }
+    for probe in ["healthz", "livez"] {
+        for code in ["200", "503"] {
+            let line = format!("kubeproxy_proxy_{probe}_total{{code=\"{code}\"}} 0");
+            assert!(has_line(&text, &line), "missing {line}\n{text}");
+        }
+    }
+    assert!(!text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{"), "no timestamp before a sync");
+    assert!(!text.contains("nftables_sync_failures"), "not registered in iptables mode");
+}

@@ -202,11 +202,22 @@ fn raw_request(msg: &CtMessage) -> Msg {
 /// The ctnetlink client: a cheap `Clone` handle (clones share the socket and
 /// the counters); `&self` methods may run concurrently. The connection task
 /// ends when the last clone is dropped.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NetlinkConntrack {
     client: Client<RawNfnl>,
     entries_deleted: Arc<AtomicU64>,
     family: IpFamily,
+    report: Option<Report>,
+}
+
+/// Told, after each batch of flushes, how long it took and how many
+/// entries it deleted (upstream's conntrack reconciler metrics).
+pub type Report = Arc<dyn Fn(Duration, u64) + Send + Sync>;
+
+impl fmt::Debug for NetlinkConntrack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetlinkConntrack").field("client", &self.client).field("family", &self.family).finish()
+    }
 }
 
 impl NetlinkConntrack {
@@ -216,7 +227,13 @@ impl NetlinkConntrack {
     /// (`FlushNodePort`) clean: the family this proxy programs.
     pub fn new(family: IpFamily) -> Result<NetlinkConntrack, ConntrackError> {
         let client = Client::open(NETLINK_NETFILTER).map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
-        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), family })
+        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), family, report: None })
+    }
+
+    /// Reports each batch of flushes to `report`.
+    pub fn with_report(mut self, report: Report) -> NetlinkConntrack {
+        self.report = Some(report);
+        self
     }
 
     /// Sets how long to wait for each reply (default 10 s).
@@ -419,7 +436,11 @@ impl Subsystem for NetlinkConntrack {
     fn apply(&self, ops: Vec<ConntrackOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         let me = self.clone();
         async move {
+            let (started, deleted) = (std::time::Instant::now(), me.entries_deleted());
             let results = me.flush(&ops).await;
+            if let Some(report) = &me.report {
+                report(started.elapsed(), me.entries_deleted().saturating_sub(deleted));
+            }
             ops.iter().zip(results).map(|(op, r)| r.map_err(|e| e.for_op(op))).collect()
         }
     }
