@@ -65,6 +65,31 @@ fn set_sysctls(cfg: &KubeProxyConfiguration) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Upstream's conntrack settings (its `setupConntrack`), before iptables
+/// mode reads `tcp_be_liberal`. A setting that cannot be written is logged,
+/// not fatal as upstream makes it: in a network namespace of its own
+/// `nf_conntrack_max` is read-only, and the rest still applies.
+fn set_conntrack_sysctls(cfg: &KubeProxyConfiguration) {
+    let ct = &cfg.conntrack;
+    let secs = |d: Option<&crate::config::GoDuration>| d.map_or(0, |d| d.get().as_secs());
+    let settings = sysctl::ConntrackSettings {
+        max_per_core: ct.max_per_core.unwrap_or(0),
+        min: ct.min.unwrap_or(0),
+        tcp_established_timeout: secs(ct.tcp_established_timeout.as_ref()),
+        tcp_close_wait_timeout: secs(ct.tcp_close_wait_timeout.as_ref()),
+        tcp_be_liberal: ct.tcp_be_liberal,
+        udp_timeout: secs(Some(&ct.udp_timeout)),
+        udp_stream_timeout: secs(Some(&ct.udp_stream_timeout)),
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (path, value) in sysctl::conntrack_sysctls(&settings, cpus) {
+        match sysctl::ensure_sysctl(path, value) {
+            Ok(changed) => tracing::debug!(sysctl = path, value, changed, "conntrack sysctl"),
+            Err(e) => tracing::warn!(sysctl = path, value, error = %e, "could not set a conntrack sysctl"),
+        }
+    }
+}
+
 async fn set_ipvs_timeouts(ipvs: &NetlinkIpvs, cfg: &KubeProxyConfiguration) {
     let secs = |d: &crate::config::GoDuration| d.get().as_secs() as u32;
     let (tcp, fin, udp) = (secs(&cfg.ipvs.tcp_timeout), secs(&cfg.ipvs.tcp_fin_timeout), secs(&cfg.ipvs.udp_timeout));
@@ -130,6 +155,7 @@ async fn run_async(
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
     let mode = cfg.proxy_mode();
+    set_conntrack_sysctls(&cfg);
     let ipvs = match mode {
         ProxyMode::Ipvs => {
             let ipvs = connect_ipvs().await?;

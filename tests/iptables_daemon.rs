@@ -1688,3 +1688,33 @@ fn healthz_is_503_while_a_restarted_daemon_cannot_sync() {
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     daemon.stop();
 }
+
+/// Upstream's conntrack settings: `tcpBeLiberal` sets
+/// `nf_conntrack_tcp_be_liberal` and drops the INVALID-drop rule (upstream
+/// reads the sysctl when its proxier starts), the UDP timeouts set theirs;
+/// in this namespace only (the host keeps its own).
+#[test]
+fn conntrack_settings_are_applied_and_tcp_be_liberal_drops_the_invalid_rule() {
+    let mut lab = Lab::new("ctl", Flavour::Legacy, &["b1"]);
+    lab.config("iptables", "30s");
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
+    let sysctl = |lab: &Lab, name: &str| lab.node.ok(&["cat", &format!("/proc/sys/net/netfilter/{name}")]);
+    let invalid_drops = |lab: &Lab| {
+        let saved = lab.node.ok(&["iptables-legacy-save", "-t", "filter"]);
+        saved.lines().filter(|l| l.contains("INVALID") && l.ends_with("-j DROP")).count()
+    };
+    let daemon = lab.start_synced();
+    assert_eq!(invalid_drops(&lab), 1, "upstream's rule, without tcpBeLiberal");
+    assert_eq!(sysctl(&lab, "nf_conntrack_tcp_be_liberal").trim(), "0");
+    daemon.stop();
+    let mut text = std::fs::read_to_string(lab.config_path()).unwrap();
+    text.push_str("conntrack:\n  tcpBeLiberal: true\n  udpTimeout: 31s\n  udpStreamTimeout: 121s\n");
+    std::fs::write(lab.config_path(), text).unwrap();
+    let daemon = lab.start_synced();
+    assert_eq!(sysctl(&lab, "nf_conntrack_tcp_be_liberal").trim(), "1");
+    assert_eq!(sysctl(&lab, "nf_conntrack_udp_timeout").trim(), "31");
+    assert_eq!(sysctl(&lab, "nf_conntrack_udp_timeout_stream").trim(), "121");
+    assert_eq!(invalid_drops(&lab), 0, "no INVALID-drop rule with a liberal conntrack");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    daemon.stop();
+}
