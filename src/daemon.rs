@@ -1,5 +1,4 @@
-//! Start-up glue: logging, turning the config into planner settings, and
-//! `--dry-run`.
+//! Start-up glue: logging, which IP families run, and `--dry-run`.
 
 use std::io::IsTerminal;
 use std::net::IpAddr;
@@ -8,15 +7,15 @@ use std::path::Path;
 use tracing_subscriber::EnvFilter;
 
 use crate::actors::source::manifests::ManifestDir;
-use crate::config::{KubeProxyConfiguration, LocalMode, ProxyMode};
+use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::addrs;
 use crate::model::{Model, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
-use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
-use crate::plan::iptables::{iptables_context, HostFeatures, IptablesSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::context::{plan_context, LocalAddr};
+use crate::plan::iptables::{iptables_context, HostFeatures};
 use crate::plan::{render, IpvsPlanner};
+use crate::settings::{self, FamilySettings};
 
 /// Errors that stop the daemon before it starts.
 #[derive(Debug, thiserror::Error)]
@@ -233,44 +232,6 @@ pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) ->
     choose_families(cfg, primary, family_support(primary), family_support(primary.other()))
 }
 
-pub fn plan_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> PlanSettings {
-    PlanSettings {
-        family,
-        node_name: node_name.to_string(),
-        scheduler: cfg.ipvs_scheduler().to_string(),
-        node_ports: cfg.node_port_addresses_for(family),
-    }
-}
-
-/// How pod traffic is recognised, from detectLocalMode (upstream's
-/// NewDetectLocalBy*): the family's cluster CIDR, the Node's pod CIDR, a bridge or a prefix.
-pub fn local_detector(cfg: &KubeProxyConfiguration, family: IpFamily, node: &NodeInfo) -> LocalDetector {
-    let of_family = |nets: Vec<ipnet::IpNet>| nets.into_iter().find(|n| family.matches(&n.addr()));
-    match cfg.local_mode() {
-        LocalMode::ClusterCidr => of_family(cfg.cluster_cidrs()).map_or(LocalDetector::None, LocalDetector::Cidr),
-        LocalMode::NodeCidr => of_family(node.pod_cidrs.clone()).map_or(LocalDetector::None, LocalDetector::Cidr),
-        LocalMode::BridgeInterface => LocalDetector::BridgeInterface(cfg.detect_local.bridge_interface.clone()),
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfacePrefix(cfg.detect_local.interface_name_prefix.clone())
-        }
-    }
-}
-
-pub fn rules_config(
-    cfg: &KubeProxyConfiguration,
-    family: IpFamily,
-    node: &NodeInfo,
-    random_fully: bool,
-) -> IpvsRulesConfig {
-    IpvsRulesConfig {
-        family,
-        masquerade_all: cfg.masquerade_all(),
-        masquerade_bit: cfg.masquerade_bit(),
-        local: local_detector(cfg, family, node),
-        random_fully,
-    }
-}
-
 /// This node's Node object among source events, if they carry it (the family
 /// and node IPs are needed before the coordinator starts).
 pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
@@ -311,7 +272,9 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
     let mut out = String::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
-        let text = render_dry_run(cfg, family, &node_name, &scan.events, &addrs, random_fully);
+        let host = HostFeatures { random_fully, ..HostFeatures::default() };
+        let settings = settings::derive(cfg, family, &node_name, host);
+        let text = render_dry_run(&settings, cfg.proxy_mode(), &scan.events, &addrs);
         out.push_str(&with_heading_suffix(&text, &families.suffix(family)));
     }
     Ok(out)
@@ -341,35 +304,24 @@ const SECTION_HEADINGS: [&str; 5] =
     ["# ipvs", "# ipset", "# addresses kube-ipvs0", "# iptables", "# nftables mode is not supported"];
 
 /// The pure part of `--dry-run`, for tests.
-pub fn render_dry_run(
-    cfg: &KubeProxyConfiguration,
-    family: IpFamily,
-    node_name: &str,
-    events: &[SourceEvent],
-    addrs: &[LocalAddr],
-    random_fully: bool,
-) -> String {
-    let mut model = Model::new(family, node_name);
+pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent], addrs: &[LocalAddr]) -> String {
+    let mut model = Model::new(s.family, &s.plan.node_name);
     for ev in events {
         if let Err(e) = model.record(ev) {
             tracing::warn!(error = %e, "skipping invalid object");
         }
     }
     model.apply();
-    match cfg.proxy_mode() {
+    match mode {
         ProxyMode::Ipvs => {
-            let settings = plan_settings(cfg, family, node_name);
-            let mut planner = IpvsPlanner::new(plan_context(&settings, model.node(), addrs));
+            let mut planner = IpvsPlanner::new(plan_context(&s.plan, model.node(), addrs));
             let ports: Vec<_> = model.service_ports().map(|sp| sp.name.clone()).collect();
             planner.update(&model, &ports);
-            let rules = planner.rules(&rules_config(cfg, family, model.node(), random_fully));
-            render::ipvs_mode(&planner.desired(), family, &rules)
+            let rules = planner.rules(&s.rules_config(model.node()));
+            render::ipvs_mode(&planner.desired(), s.family, &rules)
         }
         ProxyMode::Iptables => {
-            let local = local_detector(cfg, family, model.node());
-            let host = HostFeatures { random_fully, ..HostFeatures::default() };
-            let settings = IptablesSettings::from_config(cfg, family, node_name, local, host);
-            let ctx = iptables_context(&settings, model.node(), addrs);
+            let ctx = iptables_context(&s.iptables_settings(model.node()), model.node(), addrs);
             let text = crate::plan::iptables::dry_run(&model, ctx);
             let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
             format!("# iptables\n{text}")

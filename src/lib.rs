@@ -19,6 +19,7 @@ pub mod plan;
 pub mod reload;
 pub mod runtime;
 pub mod schedule;
+pub mod settings;
 pub mod signals;
 pub mod stats;
 pub mod sync;

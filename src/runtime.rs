@@ -34,9 +34,10 @@ use crate::model::NodeInfo;
 use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
 use crate::observe::SyncHooks;
-use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures, IptablesSettings};
+use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures};
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
+use crate::settings::{self, FamilySettings};
 use crate::stats::StatsRegistry;
 use std::sync::Arc;
 
@@ -191,12 +192,12 @@ async fn run_async(
     let mut engines = Vec::new();
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
+        let settings = settings::derive(&cfg, family, &node_name, host_features(family));
         let engine = match &ipvs {
-            Some(ipvs) => Engine::Ipvs {
-                coordinator: start_ipvs(&cfg, family, &node_name, ipvs.clone(), &registry, hooks)?,
-                ipvs: ipvs.clone(),
-            },
-            None => Engine::Iptables(start_iptables(&cfg, family, &node_name, &registry, hooks).await?),
+            Some(ipvs) => {
+                Engine::Ipvs { coordinator: start_ipvs(&settings, ipvs.clone(), &registry, hooks)?, ipvs: ipvs.clone() }
+            }
+            None => Engine::Iptables(start_iptables(&settings, &registry, hooks).await?),
         };
         engines.push((family, engine));
     }
@@ -293,20 +294,22 @@ impl Engine {
         }
     }
 
-    /// Applies a reloaded configuration's live part.
+    /// Applies a reloaded configuration's live part: `family`'s settings,
+    /// derived anew (the host probed again).
     async fn reconfigure(&self, cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) {
-        let settings = coordinator_settings(cfg, family, node_name);
+        let derived = settings::derive(cfg, family, node_name, host_features(family));
+        let settings = coordinator_settings(&derived);
         match self {
             Engine::Ipvs { coordinator, ipvs } => {
                 if let Err(e) = set_sysctls(cfg) {
                     tracing::warn!(error = %e, "sysctls after reload");
                 }
                 set_ipvs_timeouts(ipvs, cfg).await;
-                let dataplane = (settings.plan.clone(), rules_renderer(cfg, family));
+                let dataplane = (settings.plan.clone(), rules_renderer(&derived));
                 coordinator.do_send(Reconfigure::<IpvsDataplane> { settings, dataplane });
             }
             Engine::Iptables(c) => {
-                let dataplane = context_builder(cfg, family, node_name, host_features(family));
+                let dataplane = context_builder(&derived);
                 c.do_send(Reconfigure::<IptablesDataplane> { settings, dataplane });
             }
         }
@@ -337,14 +340,13 @@ async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
 type CleanupFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>>;
 
 fn start_ipvs(
-    cfg: &KubeProxyConfiguration,
-    family: IpFamily,
-    node_name: &str,
+    s: &FamilySettings,
     ipvs: NetlinkIpvs,
     registry: &StatsRegistry,
     hooks: SyncHooks,
 ) -> Result<Addr<Coordinator<IpvsDataplane>>, StartError> {
-    let owned = Ownership { family, exclude: cfg.ipvs_exclude_cidrs() };
+    let family = s.family;
+    let owned = Ownership { family, exclude: s.ipvs_exclude_cidrs.clone() };
     let mut graceful = GracefulIpvs::new(ipvs, owned);
     if let Some(every) = check_interval() {
         graceful = graceful.with_check_interval(every);
@@ -355,8 +357,8 @@ fn start_ipvs(
     let iptables = IptablesHandle::new(family);
     let link = DummyLink::new().map_err(StartError::Kernel)?.with_family(family);
     let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
-    let settings = coordinator_settings(cfg, family, node_name);
-    let rules = rules_renderer(cfg, family);
+    let settings = coordinator_settings(s);
+    let rules = rules_renderer(s);
     Ok(Coordinator::create(move |ctx| {
         // Drift an actor finds between syncs (the iptables canary vanished) makes the coordinator resync in full.
         let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
@@ -378,12 +380,11 @@ pub fn addr_source() -> AddrSource {
 /// the first sync adopts (or deletes) the per-service chains already in
 /// the kernel.
 async fn start_iptables(
-    cfg: &KubeProxyConfiguration,
-    family: IpFamily,
-    node_name: &str,
+    s: &FamilySettings,
     registry: &StatsRegistry,
     hooks: SyncHooks,
 ) -> Result<Addr<Coordinator<IptablesDataplane>>, StartError> {
+    let family = s.family;
     let iptables = IptablesHandle::new(family).for_mode(&iptables_plan::PROFILE);
     let kernel_chains: Vec<String> = match iptables.chains("nat").await {
         Ok(chains) => chains.into_iter().collect(),
@@ -392,10 +393,9 @@ async fn start_iptables(
             Vec::new()
         }
     };
-    let host = host_features(family);
     let conntrack = conntrack_handle(family, hooks.metrics())?;
-    let context = context_builder(cfg, family, node_name, host);
-    let settings = coordinator_settings(cfg, family, node_name);
+    let context = context_builder(s);
+    let settings = coordinator_settings(s);
     Ok(Coordinator::create(move |ctx| {
         // A vanished canary (someone flushed our tables) makes the iptables
         // actor tell the coordinator, which resyncs in full.
@@ -424,18 +424,10 @@ pub fn host_features(family: IpFamily) -> HostFeatures {
 /// sets route_localnet when localhost NodePorts need it (upstream sets it
 /// once at start; here also when a reload turns them on). Public for
 /// `kpr-bench iptables`.
-pub fn context_builder(
-    cfg: &KubeProxyConfiguration,
-    family: IpFamily,
-    node_name: &str,
-    host: HostFeatures,
-) -> ContextBuilder {
-    let cfg = cfg.clone();
-    let node_name = node_name.to_string();
-    Box::new(move |node: &NodeInfo, addrs: &[crate::plan::context::LocalAddr]| {
-        let local = daemon::local_detector(&cfg, family, node);
-        let settings = IptablesSettings::from_config(&cfg, family, &node_name, local, host);
-        let ctx = iptables_context(&settings, node, addrs);
+pub fn context_builder(s: &FamilySettings) -> ContextBuilder {
+    let s = s.clone();
+    Box::new(move |node: &NodeInfo, addrs: &[crate::net::LocalAddr]| {
+        let ctx = iptables_context(&s.iptables_settings(node), node, addrs);
         if ctx.needs_route_localnet() {
             let path = iptables_plan::context::SYSCTL_ROUTE_LOCALNET;
             match sysctl::ensure_sysctl(path, 1) {
@@ -448,20 +440,15 @@ pub fn context_builder(
     })
 }
 
-/// The coordinator's settings from the config (public for `kpr-bench`).
-pub fn coordinator_settings(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) -> Settings {
-    Settings {
-        plan: daemon::plan_settings(cfg, family, node_name),
-        min_sync: cfg.min_sync_period(),
-        max_sync: cfg.sync_period(),
-        burst: 2,
-    }
+/// The coordinator's settings (public for `kpr-bench`).
+pub fn coordinator_settings(s: &FamilySettings) -> Settings {
+    Settings { plan: s.plan.clone(), min_sync: s.min_sync, max_sync: s.max_sync, burst: s.burst }
 }
 
-fn rules_renderer(cfg: &KubeProxyConfiguration, family: IpFamily) -> RulesRenderer {
-    let random_fully = IptablesHandle::new(family).random_fully();
-    let cfg = cfg.clone();
-    Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&daemon::rules_config(&cfg, family, node, random_fully)))
+/// IPVS mode's iptables rules for the current Node.
+fn rules_renderer(s: &FamilySettings) -> RulesRenderer {
+    let s = s.clone();
+    Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&s.rules_config(node)))
 }
 
 /// The metrics and health servers; dropped on shutdown.

@@ -19,7 +19,6 @@ use crate::actors::coordinator::{AddrSource, Coordinator, RulesRenderer};
 use crate::actors::source::manifests::ManifestDir;
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::config::{load, Flags};
-use crate::daemon;
 use crate::fixtures::*;
 use crate::kernel::mem::*;
 use crate::kernel::IpsetKernel;
@@ -27,6 +26,7 @@ use crate::model::NodeInfo;
 use crate::msgs::{SourceBatch, SourceEvent};
 use crate::net::{IpFamily, Protocol};
 use crate::plan::context::LocalAddr;
+use crate::plan::iptables::HostFeatures;
 use crate::plan::trace::{Kernel, Origin, Packet, Set, Tracer, Verdict};
 use crate::plan::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
@@ -124,11 +124,11 @@ async fn sync(family: IpFamily, events: Vec<SourceEvent>) -> Kernel {
     };
     let addrs: AddrSource =
         Box::new(|| NODE_ADDRS.iter().map(|(ifname, a)| LocalAddr { ifname: ifname.to_string(), ip: ip(a) }).collect());
-    let rules_cfg = cfg.clone();
-    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
-        p.rules(&daemon::rules_config(&rules_cfg, family, node, true))
-    });
-    let settings = crate::runtime::coordinator_settings(&cfg, family, "node-a");
+    let host = HostFeatures { random_fully: true, ..HostFeatures::default() };
+    let family_settings = crate::settings::derive(&cfg, family, "node-a", host);
+    let settings = crate::runtime::coordinator_settings(&family_settings);
+    let rules: RulesRenderer =
+        Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&family_settings.rules_config(node)));
     let coord = Coordinator::create(|ctx| {
         let targets = start_ipvs_actors(kernels, &StatsRegistry::default(), ctx.address().recipient());
         Coordinator::new(settings, targets, addrs, rules)

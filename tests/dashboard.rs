@@ -25,7 +25,6 @@ use http_body_util::{BodyExt, Empty};
 use kube_proxy_rs::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::config::KubeProxyConfiguration;
-use kube_proxy_rs::daemon;
 use kube_proxy_rs::fixtures::{applied_service, applied_slice, deleted_service, ep, service, slice, Ep};
 use kube_proxy_rs::http::dashboard::{coordinator_history, dashboard_routes};
 use kube_proxy_rs::http::Server;
@@ -34,7 +33,9 @@ use kube_proxy_rs::model::NodeInfo;
 use kube_proxy_rs::msgs::{ResourceKind, SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::LocalAddr;
+use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::settings;
 use kube_proxy_rs::stats::StatsRegistry;
 use serde::Deserialize;
 use webdriver::Browser;
@@ -60,16 +61,16 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
     };
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.mode = "ipvs".into();
+    let host = HostFeatures { random_fully: true, ..HostFeatures::default() };
+    let derived = settings::derive(&cfg, IpFamily::V4, "node-a", host);
     let settings = Settings {
-        plan: daemon::plan_settings(&cfg, IpFamily::V4, "node-a"),
+        plan: derived.plan.clone(),
         min_sync: Duration::from_millis(200),
         max_sync: Duration::from_secs(30),
         burst: 2,
     };
     let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: [192, 168, 50, 2].into() }]);
-    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| {
-        p.rules(&daemon::rules_config(&cfg, IpFamily::V4, node, true))
-    });
+    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&derived.rules_config(node)));
     Coordinator::create(|ctx| {
         let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
         Coordinator::new(settings, targets, addrs, rules)

@@ -55,6 +55,7 @@ use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
 use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
 use crate::schedule::SyncKind;
+use crate::settings;
 use crate::stats::StatsRegistry;
 use crate::sync::lock;
 
@@ -474,13 +475,13 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     cfg.iptables.sync_period = sync_period.into();
     let handle = IptablesHandle::with_binaries(flavour.binaries()).for_mode(&iptables_plan::PROFILE);
     let kernel_chains: Vec<String> = handle.chains("nat").await?.into_iter().collect();
-    let host = host_features(family);
     let conntrack = NetlinkConntrack::new(family).map_err(|e| anyhow::anyhow!("conntrack: {e}"))?;
     let recording =
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();
-    let context = context_builder(&cfg, family, THIS_NODE, host);
-    let settings = coordinator_settings(&cfg, family, THIS_NODE);
+    let derived = settings::derive(&cfg, family, THIS_NODE, host_features(family));
+    let context = context_builder(&derived);
+    let settings = coordinator_settings(&derived);
     // The daemon's hooks (metrics, health), without the HTTP servers.
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let proxy_health = Arc::new(ProxyHealth::new(health::health_timeout(&cfg)).with_metrics(metrics.clone()));

@@ -6,7 +6,7 @@
 
 /// A jump from a built-in chain to one of ours (upstream's iptablesJumpChain).
 /// On every full sync, before the restore, each missing jump is inserted at
-/// position [`JUMP_POSITION`] in [`JUMPS`] order (upstream's EnsureRule
+/// position [`JUMP_POSITION`] in [`ChainProfile::jumps`] order (upstream's EnsureRule
 /// Prepend, after EnsureChain of `to`), so on a fresh node the last one
 /// listed for a chain ends up first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

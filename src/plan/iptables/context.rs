@@ -7,7 +7,6 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::KubeProxyConfiguration;
 use crate::model::NodeInfo;
 use crate::net::IpFamily;
 use crate::plan::context::{node_ip, LocalAddr, NodePortFilter};
@@ -25,15 +24,16 @@ pub const NFACCT_CT_STATE_INVALID: &str = "ct_state_invalid_dropped_pkts";
 /// nfacct counter of packets accepted for localhost NodePorts.
 pub const NFACCT_LOCALHOST_NODEPORTS: &str = "localhost_nps_accepted_pkts";
 
-/// Settings from the configuration and from probing the host; the daemon
-/// builds these once (again when the config or the Node's pod CIDR changes).
+/// Settings from the configuration and from probing the host
+/// (`settings::FamilySettings::iptables_settings`, again when the config or
+/// the Node's pod CIDR changes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IptablesSettings {
     pub family: IpFamily,
     pub node_name: String,
     pub masquerade_all: bool,
     pub masquerade_bit: u32,
-    /// How pod traffic is recognised (daemon::local_detector).
+    /// How pod traffic is recognised (settings::FamilySettings::local_detector).
     pub local: LocalDetector,
     /// The iptables binary supports MASQUERADE `--random-fully`.
     pub random_fully: bool,
@@ -60,32 +60,6 @@ pub struct HostFeatures {
     pub nfacct_ct_state_invalid: bool,
     /// The nfacct counter [`NFACCT_LOCALHOST_NODEPORTS`] exists.
     pub nfacct_localhost_node_ports: bool,
-}
-
-impl IptablesSettings {
-    /// The settings of a configuration (as upstream's NewProxier reads it):
-    /// `local` is the detector the daemon built (daemon::local_detector).
-    pub fn from_config(
-        cfg: &KubeProxyConfiguration,
-        family: IpFamily,
-        node_name: &str,
-        local: LocalDetector,
-        host: HostFeatures,
-    ) -> IptablesSettings {
-        IptablesSettings {
-            family,
-            node_name: node_name.to_string(),
-            masquerade_all: cfg.masquerade_all(),
-            masquerade_bit: cfg.masquerade_bit(),
-            local,
-            random_fully: host.random_fully,
-            localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
-            node_ports: cfg.node_port_addresses_for(family),
-            conntrack_tcp_liberal: host.conntrack_tcp_liberal,
-            nfacct_ct_state_invalid: host.nfacct_ct_state_invalid,
-            nfacct_localhost_node_ports: host.nfacct_localhost_node_ports,
-        }
-    }
 }
 
 /// Where the `KUBE-SERVICES` tail sends traffic to `KUBE-NODEPORTS`.
@@ -260,17 +234,6 @@ mod tests {
         let c = ctx(IpFamily::V4, NodePortFilter::Primary);
         assert_eq!(c.node_ports, NodePortDestinations::Ips(vec!["192.168.50.2".parse().unwrap()]));
         assert!(!c.localhost_node_ports);
-    }
-
-    #[test]
-    fn settings_follow_the_configuration() {
-        let mut cfg = KubeProxyConfiguration::default();
-        cfg.iptables.localhost_node_ports = Some(false);
-        cfg.iptables.masquerade_all = true;
-        let host = HostFeatures { random_fully: true, ..HostFeatures::default() };
-        let s = IptablesSettings::from_config(&cfg, IpFamily::V4, "n", LocalDetector::None, host);
-        assert!(!s.localhost_node_ports && s.masquerade_all && s.random_fully && !s.conntrack_tcp_liberal);
-        assert_eq!(s.node_ports, NodePortFilter::All);
     }
 
     #[test]

@@ -1,0 +1,586 @@
+//! The synchronous core: [`ManifestDir::scan`] lists the directory, re-reads
+//! the files that changed (once quiet), and turns what changed into events,
+//! the first file by name winning where several hold one object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::hash::{DefaultHasher, Hasher};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tracing::{debug, warn};
+
+use super::decode::{parse_file, Format, Object, ObjectKey, Objects};
+use super::error::{Duplicate, ManifestError};
+use crate::msgs::source::{ResourceKind, SourceEvent};
+
+/// How long a file written in place must be quiet before it is read.
+pub const SETTLE: Duration = Duration::from_secs(1);
+/// A file modified this close to when it was read may change again without
+/// a visible change of mtime or size (coarse timestamps), so it is re-read,
+/// and re-parsed if its content changed.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// What one [`ManifestDir::scan`] found.
+#[derive(Debug, Default)]
+pub struct ScanResult {
+    /// Changes since the previous scan, Services before EndpointSlices before
+    /// Nodes; after the first successful scan, `Synced` for all three kinds.
+    pub events: Vec<SourceEvent>,
+    /// Files (or the directory) that could not be used, each already logged.
+    pub errors: Vec<ManifestError>,
+    /// Files still being written were left for later: scan again after this.
+    pub settle_again: Option<Duration>,
+    /// Copies of objects refused because another copy is used, each already logged.
+    pub refused: Vec<Duplicate>,
+}
+
+/// The synchronous core of the manifest source: a directory and what was
+/// last read from each of its files.
+#[derive(Debug)]
+pub struct ManifestDir {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, CachedFile>,
+    /// What the events so far have told the consumer: the winning objects.
+    current: Objects,
+    synced: bool,
+    settle: Duration,
+}
+
+impl ManifestDir {
+    /// A manifest directory not scanned yet.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false, settle: SETTLE }
+    }
+
+    /// Another settle time than [`SETTLE`] (zero: read files as they are).
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
+    }
+
+    /// The directory this reads.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Re-reads the files that changed, appeared or vanished since the last
+    /// scan and returns the resulting events: `Applied` for new or changed
+    /// objects, `Deleted` (with the object's identity) for vanished ones, and
+    /// after the first successful scan `Synced` for every kind. If the
+    /// directory cannot be listed, nothing changes and the error is returned.
+    pub fn scan(&mut self) -> ScanResult {
+        let mut pass = Pass::default();
+        match list_dir(&self.dir) {
+            Ok(listing) => self.refresh_all(listing, &mut pass),
+            Err(err) => pass.report(err),
+        }
+        let mut events = self.settle_all(std::mem::take(&mut pass.touched), &pass.fresh, &mut pass.refused);
+        if pass.listed && !self.synced {
+            self.synced = true;
+            events.extend(
+                [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced),
+            );
+        }
+        ScanResult { events, errors: pass.errors, settle_again: pass.settle_again, refused: pass.refused }
+    }
+
+    fn refresh_all(&mut self, listing: Listing, pass: &mut Pass) {
+        pass.listed = true;
+        let gone: Vec<PathBuf> = (self.files.keys()).filter(|path| !listing.contains_key(*path)).cloned().collect();
+        for path in gone {
+            self.forget(&path, pass);
+        }
+        let now = SystemTime::now();
+        for (path, meta) in listing {
+            match meta {
+                Ok(meta) => self.refresh(path, Stamp::of(&meta), now, pass),
+                Err(source) => self.stat_failed(path, source, pass),
+            }
+        }
+    }
+
+    fn refresh(&mut self, path: PathBuf, stamp: Stamp, now: SystemTime, pass: &mut Pass) {
+        if self.files.get(&path).is_some_and(|f| f.is_fresh(stamp)) {
+            return;
+        }
+        if self.synced {
+            if let Some(wait) = stamp.settling(now, self.settle) {
+                debug!(path = %path.display(), ?wait, "manifest still being written; reading it once quiet");
+                pass.settle_again = Some(pass.settle_again.map_or(wait, |w| w.min(wait)));
+                return;
+            }
+        }
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return self.forget(&path, pass),
+            Err(source) => {
+                let file = self.files.entry(path.clone()).or_default();
+                // Reported once per version of the file.
+                let new_version = file.stamp != Some(stamp);
+                file.seen(stamp, now);
+                if new_version {
+                    pass.report(ManifestError::ReadFile { path, source });
+                }
+                return;
+            }
+        };
+        let file = self.files.entry(path.clone()).or_default();
+        file.seen(stamp, now);
+        let hash = content_hash(&bytes);
+        if file.hash == Some(hash) {
+            return;
+        }
+        file.hash = Some(hash);
+        match parse_file(&path, &bytes, &mut pass.refused) {
+            Ok(objects) => {
+                let kept: Objects = objects.iter().map(|(key, held)| (key.clone(), held.kept())).collect();
+                let old = std::mem::replace(&mut file.objects, kept);
+                pass.touch_differences(&old, &file.objects);
+                let whole = objects.into_iter().filter_map(|(key, held)| Some(((path.clone(), key), held.object?)));
+                pass.fresh.extend(whole);
+            }
+            // The file's last good objects stay.
+            Err(err) => pass.report(err),
+        }
+    }
+
+    /// A listed file that cannot be stat'ed: reported once, objects kept.
+    fn stat_failed(&mut self, path: PathBuf, source: io::Error, pass: &mut Pass) {
+        let file = self.files.entry(path.clone()).or_default();
+        let already_reported = file.stamp.is_none() && file.read_at.is_some();
+        file.stamp = None;
+        file.read_at = Some(SystemTime::now());
+        if !already_reported {
+            pass.report(ManifestError::ReadFile { path, source });
+        }
+    }
+
+    fn forget(&mut self, path: &Path, pass: &mut Pass) {
+        if let Some(file) = self.files.remove(path) {
+            debug!(path = %path.display(), "manifest file removed");
+            pass.touched.extend(file.objects.into_keys());
+        }
+    }
+
+    fn settle_all(
+        &mut self,
+        touched: BTreeSet<ObjectKey>,
+        fresh: &Fresh,
+        refused: &mut Vec<Duplicate>,
+    ) -> Vec<SourceEvent> {
+        touched.into_iter().filter_map(|key| self.settle(key, fresh, refused)).collect()
+    }
+
+    /// The whole object `key` of the file at `path`: parsed this scan, or
+    /// read again (a refused copy that now wins, after the first file went).
+    fn whole(&self, path: &Path, key: &ObjectKey, fresh: &Fresh) -> Option<Object> {
+        if let Some(object) = fresh.get(&(path.to_path_buf(), key.clone())) {
+            return Some(object.clone());
+        }
+        let again = fs::read(path).ok().and_then(|bytes| parse_file(path, &bytes, &mut Vec::new()).ok());
+        let object = again.and_then(|mut objects| objects.remove(key)).and_then(|held| held.object);
+        if object.is_none() {
+            warn!(object = %key, path = %path.display(), "cannot read the object again; the next scan retries");
+        }
+        object
+    }
+
+    /// Brings `current[key]` in line with the winning file (the first, in
+    /// file name order, that has it; the others' copies are refused with a
+    /// warning naming both files); the event, if any.
+    fn settle(&mut self, key: ObjectKey, fresh: &Fresh, duplicates: &mut Vec<Duplicate>) -> Option<SourceEvent> {
+        let mut holders = self.files.iter().filter_map(|(path, file)| file.objects.get(&key).map(|o| (path, o)));
+        let first = holders.next();
+        if let Some((kept, _)) = first {
+            for (refused, _) in holders {
+                warn!(
+                    object = %key,
+                    kept = %kept.display(),
+                    refused = %refused.display(),
+                    "the same object in two manifest files: the first file's is used, the other refused"
+                );
+                let detail = format!("also in {}; the copy in {} is used", refused.display(), kept.display());
+                duplicates.push(Duplicate::of(&key, detail));
+            }
+        }
+        match first {
+            Some((_, held)) if self.current.get(&key) == Some(held) => None,
+            Some((path, held)) => {
+                let held = held.clone();
+                let event = self.whole(path, &key, fresh)?.applied();
+                self.current.insert(key, held);
+                Some(event)
+            }
+            None => self.current.remove(&key).map(|held| held.object.unwrap_or_else(|| key.identity()).deleted()),
+        }
+    }
+}
+
+/// Bookkeeping of one scan.
+#[derive(Default)]
+struct Pass {
+    listed: bool,
+    touched: BTreeSet<ObjectKey>,
+    errors: Vec<ManifestError>,
+    /// The whole objects parsed this scan, by file.
+    fresh: Fresh,
+    /// The soonest a file left to settle is quiet enough.
+    settle_again: Option<Duration>,
+    refused: Vec<Duplicate>,
+}
+
+/// Whole objects by file and key.
+type Fresh = BTreeMap<(PathBuf, ObjectKey), Object>;
+
+impl Pass {
+    fn report(&mut self, error: ManifestError) {
+        warn!(%error, "manifest skipped; its last good objects stay");
+        self.errors.push(error);
+    }
+
+    fn touch_differences(&mut self, old: &Objects, new: &Objects) {
+        let keys = old.keys().chain(new.keys());
+        let changed = keys.filter(|key| old.get(*key) != new.get(*key));
+        self.touched.extend(changed.cloned());
+    }
+}
+
+/// What was last read from one file.
+#[derive(Debug, Default)]
+struct CachedFile {
+    /// Metadata when last read; `None` if it could not be stat'ed.
+    stamp: Option<Stamp>,
+    read_at: Option<SystemTime>,
+    /// Hash of the content last parsed (successfully or not).
+    hash: Option<u64>,
+    /// The objects of the last successful parse, as [`Held::kept`] keeps them.
+    objects: Objects,
+}
+
+impl CachedFile {
+    fn seen(&mut self, stamp: Stamp, now: SystemTime) {
+        self.stamp = Some(stamp);
+        self.read_at = Some(now);
+    }
+
+    /// Whether the file is known not to have changed since it was read.
+    fn is_fresh(&self, stamp: Stamp) -> bool {
+        let (Some(seen), Some(read_at), Some(mtime)) = (self.stamp, self.read_at, stamp.mtime) else {
+            return false;
+        };
+        let settled = read_at.duration_since(mtime).is_ok_and(|age| age >= RACY_WINDOW);
+        seen == stamp && settled
+    }
+}
+
+/// The metadata that changes when a file (or a symlink's target) changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: Option<SystemTime>,
+    ctime: (i64, i64),
+    dev: u64,
+    ino: u64,
+}
+
+impl Stamp {
+    /// How much longer a file written in place (not renamed since its last
+    /// write) must stay quiet before it is read; None: read it now.
+    fn settling(&self, now: SystemTime, settle: Duration) -> Option<Duration> {
+        let mtime = self.mtime?;
+        let ctime = SystemTime::UNIX_EPOCH
+            .checked_add(Duration::new(u64::try_from(self.ctime.0).ok()?, u32::try_from(self.ctime.1).ok()?))?;
+        if ctime > mtime {
+            return None;
+        }
+        let age = now.duration_since(mtime).unwrap_or(Duration::ZERO);
+        settle.checked_sub(age).filter(|wait| !wait.is_zero())
+    }
+
+    fn of(meta: &fs::Metadata) -> Self {
+        Self {
+            len: meta.len(),
+            mtime: meta.modified().ok(),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+}
+
+fn content_hash(bytes: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hasher.write(bytes);
+    hasher.finish()
+}
+
+/// Manifest files in a directory, each with its metadata (following symlinks).
+type Listing = BTreeMap<PathBuf, io::Result<fs::Metadata>>;
+
+fn list_dir(dir: &Path) -> Result<Listing, ManifestError> {
+    let read_dir_error = |source| ManifestError::ReadDir { path: dir.to_owned(), source };
+    let mut listing = Listing::new();
+    for entry in fs::read_dir(dir).map_err(read_dir_error)? {
+        let path = entry.map_err(read_dir_error)?.path();
+        if !is_manifest_name(&path) {
+            continue;
+        }
+        match fs::metadata(&path) {
+            Ok(meta) if !meta.is_file() => {}
+            // A dangling symlink, or a file deleted since the listing.
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            meta => {
+                listing.insert(path, meta);
+            }
+        }
+    }
+    Ok(listing)
+}
+
+fn is_manifest_name(path: &Path) -> bool {
+    let hidden = (path.file_name()).is_none_or(|name| name.as_encoded_bytes().starts_with(b"."));
+    !hidden && Format::of(path).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tempfile::TempDir;
+
+    use super::super::decode::Held;
+    use super::super::testing::*;
+    use crate::msgs::source::Change;
+
+    /// What the source keeps between scans: identities, not whole objects.
+    #[test]
+    fn only_identities_are_kept_between_scans() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "a.yaml", &service("web", "10.96.0.1"));
+        let (manifests, _) = first_scan(&dir);
+        let held: Vec<&Held> = manifests.current.values().collect();
+        assert!(matches!(held[..], [Held { object: None, .. }]), "{held:?}");
+        let file = manifests.files.values().next().unwrap();
+        assert!(file.objects.values().all(|h| h.object.is_none()));
+    }
+
+    #[test]
+    fn only_visible_manifest_files_are_read() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "a.yml", &service("a", "10.96.0.1"));
+        write(&dir, ".hidden.yaml", &service("hidden", "10.96.0.2"));
+        write(&dir, "notes.txt", &service("txt", "10.96.0.3"));
+        write(&dir, "a.yaml~", &service("backup", "10.96.0.4"));
+        fs::create_dir(dir.path().join("sub.yaml")).unwrap();
+        fs::write(dir.path().join("sub.yaml/b.yaml"), service("nested", "10.96.0.5")).unwrap();
+        let (_, result) = first_scan(&dir);
+        assert_eq!(changes(result), ["applied Service default/a"]);
+    }
+
+    #[test]
+    fn synced_is_emitted_once_for_each_kind_after_the_first_scan() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "svc.yaml", WEB_SERVICE);
+        let (mut manifests, result) = first_scan(&dir);
+        let lines = summary(&result.events);
+        assert_eq!(lines, ["applied Service default/web", "synced Service", "synced EndpointSlice", "synced Node",]);
+        write(&dir, "node.yaml", NODE);
+        assert_eq!(summary(&manifests.scan().events), ["applied Node demo-node"]);
+    }
+
+    #[test]
+    fn an_empty_directory_is_synced() {
+        let dir = TempDir::new().unwrap();
+        let (_, result) = first_scan(&dir);
+        assert_eq!(summary(&result.events), ["synced Service", "synced EndpointSlice", "synced Node"]);
+    }
+
+    #[test]
+    fn a_file_that_turns_malformed_keeps_its_objects() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "web.yaml", &format!("{WEB_SERVICE}---\n{WEB_SLICE}"));
+        let (mut manifests, _) = first_scan(&dir);
+        write(&dir, "web.yaml", "apiVersion: v1\nkind: Service\nspec: [\n");
+        let result = manifests.scan();
+        assert!(result.events.is_empty(), "{:?}", summary(&result.events));
+        assert_eq!(result.errors.len(), 1);
+        // Reported once, not again while the file stays the same.
+        assert!(manifests.scan().errors.is_empty());
+        // Fixed again without the slice: now the slice goes.
+        write(&dir, "web.yaml", WEB_SERVICE);
+        assert_eq!(changes(manifests.scan()), ["deleted EndpointSlice default/web-abcde"]);
+    }
+
+    #[test]
+    fn deleting_a_file_deletes_its_objects() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "web.yaml", &format!("{WEB_SERVICE}---\n{WEB_SLICE}"));
+        write(&dir, "node.yaml", NODE);
+        let (mut manifests, _) = first_scan(&dir);
+        fs::remove_file(dir.path().join("web.yaml")).unwrap();
+        let result = manifests.scan();
+        assert_eq!(summary(&result.events), ["deleted Service default/web", "deleted EndpointSlice default/web-abcde"]);
+        let SourceEvent::Service(Change::Deleted(web)) = &result.events[0] else {
+            panic!("not a deleted Service");
+        };
+        assert_eq!(web.metadata.name.as_deref(), Some("web"), "a deletion names the object");
+    }
+
+    #[test]
+    fn editing_one_object_emits_exactly_one_applied() {
+        let dir = TempDir::new().unwrap();
+        let text = format!("{}---\n{}", service("a", "10.96.0.1"), service("b", "10.96.0.2"));
+        write(&dir, "svc.yaml", &text);
+        write(&dir, "node.yaml", NODE);
+        let (mut manifests, _) = first_scan(&dir);
+        // Same size, written right after the first read: found by content.
+        write(&dir, "svc.yaml", &text.replace("10.96.0.2", "10.96.0.3"));
+        let result = manifests.scan();
+        assert_eq!(changes(result), ["applied Service default/b"]);
+    }
+
+    #[test]
+    fn an_unchanged_rescan_emits_nothing() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "web.yaml", &format!("{WEB_SERVICE}---\n{WEB_SLICE}"));
+        let (mut manifests, _) = first_scan(&dir);
+        let result = manifests.scan();
+        assert!(result.events.is_empty() && result.errors.is_empty());
+        // Rewriting the same content, or reformatting it, changes no object.
+        write(&dir, "web.yaml", &format!("# reformatted\n{WEB_SERVICE}---\n{WEB_SLICE}"));
+        let result = manifests.scan();
+        assert!(result.events.is_empty() && result.errors.is_empty());
+    }
+
+    #[test]
+    fn services_come_before_endpoint_slices() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "a-slice.yaml", WEB_SLICE);
+        write(&dir, "b-node.yaml", NODE);
+        write(&dir, "c-service.yaml", WEB_SERVICE);
+        let (_, result) = first_scan(&dir);
+        assert_eq!(
+            changes(result),
+            ["applied Service default/web", "applied EndpointSlice default/web-abcde", "applied Node demo-node",]
+        );
+    }
+
+    #[test]
+    fn the_first_file_in_name_order_wins_and_the_other_is_refused() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "a.yaml", &service("web", "10.96.0.1"));
+        write(&dir, "b.yaml", &service("web", "10.96.0.2"));
+        let (mut manifests, result) = first_scan(&dir);
+        assert_eq!(applied_cluster_ips(&result.events), ["10.96.0.1"]);
+        let refused = &result.refused;
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!((refused[0].kind.as_str(), refused[0].object.as_str()), ("Service", "default/web"));
+        assert!(refused[0].detail.contains("b.yaml") && refused[0].detail.contains("a.yaml"), "{refused:?}");
+        // Editing the refused copy changes nothing.
+        write(&dir, "b.yaml", &service("web", "10.96.0.9"));
+        assert!(manifests.scan().events.is_empty());
+        // Removing the first brings in the other (read again: only its
+        // identity was kept between scans).
+        fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        let result = manifests.scan();
+        assert_eq!(applied_cluster_ips(&result.events), ["10.96.0.9"]);
+        assert_eq!(changes(result), ["applied Service default/web"]);
+        // And deleting that one too deletes the object.
+        fs::remove_file(dir.path().join("b.yaml")).unwrap();
+        assert_eq!(changes(manifests.scan()), ["deleted Service default/web"]);
+    }
+
+    #[test]
+    fn a_configmap_style_symlink_swap_is_seen() {
+        use std::os::unix::fs::symlink;
+        let dir = TempDir::new().unwrap();
+        let (root, link) = (dir.path(), dir.path().join("..data"));
+        for (version, ip) in [("..v1", "10.96.0.1"), ("..v2", "10.96.0.2")] {
+            fs::create_dir(root.join(version)).unwrap();
+            fs::write(root.join(version).join("svc.yaml"), service("web", ip)).unwrap();
+        }
+        symlink("..v1", &link).unwrap();
+        symlink("..data/svc.yaml", root.join("svc.yaml")).unwrap();
+        let (mut manifests, result) = first_scan(&dir);
+        assert_eq!(changes(result), ["applied Service default/web"]);
+        // The kubelet's atomic update: a new ..data link renamed over the old.
+        symlink("..v2", root.join("..data_tmp")).unwrap();
+        fs::rename(root.join("..data_tmp"), &link).unwrap();
+        let result = manifests.scan();
+        assert_eq!(applied_cluster_ips(&result.events), ["10.96.0.2"]);
+        assert_eq!(changes(result), ["applied Service default/web"]);
+    }
+
+    #[test]
+    fn an_unreadable_directory_changes_nothing() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("manifests");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("svc.yaml"), WEB_SERVICE).unwrap();
+        let mut manifests = ManifestDir::new(&path);
+        manifests.scan();
+        fs::rename(&path, dir.path().join("elsewhere")).unwrap();
+        let result = manifests.scan();
+        assert!(result.events.is_empty());
+        assert!(matches!(result.errors[..], [ManifestError::ReadDir { .. }]));
+    }
+
+    /// A scanned directory with a settle time, after its first scan.
+    fn settling(dir: &TempDir, settle: Duration) -> ManifestDir {
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(settle);
+        manifests.scan();
+        manifests
+    }
+
+    #[test]
+    fn a_file_written_in_place_is_read_once_quiet() {
+        let dir = TempDir::new().unwrap();
+        let mut manifests = settling(&dir, Duration::from_millis(400));
+        write(&dir, "web.yaml", &service("web", "10.96.0.1"));
+        let result = manifests.scan();
+        assert!(result.events.is_empty(), "{:?}", summary(&result.events));
+        let wait = result.settle_again.expect("asked to scan again");
+        assert!(wait <= Duration::from_millis(400) && !wait.is_zero(), "{wait:?}");
+        std::thread::sleep(wait + Duration::from_millis(20));
+        let result = manifests.scan();
+        assert_eq!(changes(result), ["applied Service default/web"]);
+    }
+
+    #[test]
+    fn a_file_renamed_into_place_is_read_at_once() {
+        let dir = TempDir::new().unwrap();
+        let mut manifests = settling(&dir, Duration::from_secs(5));
+        write(&dir, "web.yaml.tmp", &service("web", "10.96.0.1"));
+        // The rename must come after the write by more than the kernel's
+        // timestamp granularity (a clock tick) for ctime to tell.
+        std::thread::sleep(Duration::from_millis(30));
+        fs::rename(dir.path().join("web.yaml.tmp"), dir.path().join("web.yaml")).unwrap();
+        let result = manifests.scan();
+        assert_eq!(result.settle_again, None);
+        assert_eq!(changes(result), ["applied Service default/web"]);
+    }
+
+    /// The case: a file rewritten in place in two writes, the first
+    /// half valid YAML on its own. Nothing is deleted in between.
+    #[test]
+    fn a_half_written_file_deletes_nothing() {
+        let dir = TempDir::new().unwrap();
+        let both = format!("{}---\n{}", service("web", "10.96.0.1"), service("api", "10.96.0.2"));
+        write(&dir, "svc.yaml", &both);
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(Duration::from_millis(300));
+        assert_eq!(changes(manifests.scan()), ["applied Service default/api", "applied Service default/web"]);
+        std::thread::sleep(Duration::from_millis(30));
+        write(&dir, "svc.yaml", &service("web", "10.96.0.1"));
+        assert!(manifests.scan().events.is_empty(), "the first half is not read");
+        std::thread::sleep(Duration::from_millis(100));
+        write(&dir, "svc.yaml", &both);
+        assert!(manifests.scan().events.is_empty());
+        std::thread::sleep(Duration::from_millis(350));
+        let result = manifests.scan();
+        assert!(result.events.is_empty(), "the whole file is what it was: {:?}", summary(&result.events));
+        assert_eq!(result.settle_again, None);
+    }
+}
