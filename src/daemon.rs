@@ -262,8 +262,32 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
     for e in &scan.errors {
         tracing::warn!(error = %e, "skipping manifest file");
     }
+    dry_run_events(cfg, &scan.events)
+}
+
+/// `--dry-run` without `--manifests`: lists the objects once from the API
+/// server (`--kubeconfig`, `--master` or the in-cluster configuration, as
+/// the daemon would connect) and prints the same plan as for the same
+/// objects as files.
+pub fn dry_run_from_cluster(cfg: &KubeProxyConfiguration, master: Option<&str>) -> Result<String, StartError> {
+    use crate::actors::source::kube as api;
     let node_name = cfg.hostname()?;
-    let node = our_node(&scan.events, &node_name);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| StartError::Write { path: "tokio runtime".into(), source })?;
+    let events = runtime.block_on(async {
+        let client = api::client(api::client_config(&cfg.client_connection, master).await?)?;
+        api::list_once(client, &node_name).await
+    })?;
+    dry_run_events(cfg, &events)
+}
+
+/// The plan of every family this node runs for `events` (the objects as a
+/// source first reports them).
+fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Result<String, StartError> {
+    let node_name = cfg.hostname()?;
+    let node = our_node(events, &node_name);
     let families = detect_families(cfg, node.as_ref()).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "planning the primary family anyway");
         Families::single(primary_family(cfg, node.as_ref()))
@@ -274,7 +298,7 @@ pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String,
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
         let host = HostFeatures { random_fully, ..HostFeatures::default() };
         let settings = settings::derive(cfg, family, &node_name, host);
-        let text = render_dry_run(&settings, cfg.proxy_mode(), &scan.events, &addrs);
+        let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
         out.push_str(&with_heading_suffix(&text, &families.suffix(family)));
     }
     Ok(out)

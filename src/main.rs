@@ -36,10 +36,10 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         return Ok(());
     }
     if flags.dry_run {
-        let Some(dir) = &flags.manifests else {
-            return Err(StartError::Usage("--dry-run needs --manifests DIR"));
+        let out = match &flags.manifests {
+            Some(dir) => daemon::dry_run(&cfg, dir)?,
+            None => daemon::dry_run_from_cluster(&cfg, flags.master.as_deref())?,
         };
-        let out = daemon::dry_run(&cfg, dir)?;
         print!("{out}");
         return Ok(());
     }

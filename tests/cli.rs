@@ -7,6 +7,7 @@ mod common;
 use std::process::Command;
 
 use common::{bin, Netns};
+use serde::Deserialize;
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin()).args(args).output().expect("run kube-proxy-rs");
@@ -290,4 +291,41 @@ fn a_second_daemon_names_a_first_in_another_pid_namespace_by_its_pid_here() {
         err.contains(&format!("another kube-proxy-rs (pid {pid}) already runs in this network namespace")),
         "{err}"
     );
+}
+
+/// `--dry-run` without `--manifests` lists the objects once from the API
+/// server (`--master`, the test API server in the namespace) and prints the
+/// same plan as for the same objects as files.
+#[test]
+fn dry_run_from_the_cluster_prints_the_plan_of_the_same_objects_as_files() {
+    let mut ns = Netns::new("kpr-dryapi");
+    ns.veth_to_host("192.168.50.2/24", "192.168.50.1/24");
+    let (api, _serving) = ns.api_server();
+    let mut objects = 0;
+    for entry in std::fs::read_dir(demo("demo")).expect("the demo manifests") {
+        let path = entry.expect("a demo file").path();
+        let text = std::fs::read_to_string(&path).expect("read a demo file");
+        for doc in yaml_serde::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(doc).expect("a YAML document");
+            let items = match value.get("kind").and_then(|k| k.as_str()) {
+                Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
+                Some(_) => vec![value],
+                None => Vec::new(),
+            };
+            for item in items {
+                api.create(&item).unwrap_or_else(|e| panic!("create from {}: {e:?}", path.display()));
+                objects += 1;
+            }
+        }
+    }
+    assert!(objects >= 5, "the demo has a node, services and slices: {objects}");
+    let config = demo("demo-ipvs.yaml");
+    let files = ns.exec(&[&bin(), "--config", &config, "--manifests", &demo("demo"), "--dry-run"]);
+    let cluster = ns.exec(&[&bin(), "--config", &config, "--master", &api.url(), "--dry-run"]);
+    assert_eq!(cluster.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&cluster.stderr));
+    let (files, cluster) = (String::from_utf8_lossy(&files.stdout), String::from_utf8_lossy(&cluster.stdout));
+    assert!(files.contains("-A -t 192.168.50.2:30080 -s rr"), "{files}");
+    assert_eq!(cluster, files, "the same plan from the API server as from the files");
+    let requests = api.requests();
+    assert!(requests.iter().all(|r| !r.contains("watch=")), "one list per kind, no watch: {requests:?}");
 }

@@ -1137,26 +1137,6 @@ fn a_node_without_ipv6_runs_single_stack_and_says_why() {
     assert!(log.contains("kube-proxy running in single-stack mode"), "{log}");
 }
 
-/// The test API server (tests/common/apiserver) on a thread inside `ns`,
-/// so a daemon there reaches it on its own loopback; runs until the
-/// returned sender is dropped.
-fn api_server_in(ns: &Netns) -> (common::apiserver::ApiServer, std::sync::mpsc::Sender<()>) {
-    let path = format!("/run/netns/{}", ns.name);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(async move {
-            tx.send(common::apiserver::ApiServer::start().await).expect("send the server");
-            // Serve until the test drops the sender.
-            let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
-        });
-    });
-    (rx.recv().expect("API server started"), stop_tx)
-}
-
 /// (dual-stack) The Kubernetes API source end to end: the daemon with a
 /// kubeconfig pointing at the test API server (real list/watch, kube-rs's
 /// watcher) programs a RequireDualStack Service in both families, follows
@@ -1165,7 +1145,7 @@ fn api_server_in(ns: &Netns) -> (common::apiserver::ApiServer, std::sync::mpsc::
 #[test]
 fn the_api_source_programs_a_dual_stack_service() {
     let mut lab = Lab::new("dsapi", Flavour::Nft, &["b1", "b2"]);
-    let (api, _serving) = api_server_in(&lab.node);
+    let (api, _serving) = lab.node.api_server();
     let kubeconfig = lab.dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -1601,7 +1581,7 @@ fn http_status(ns: &Netns, port: u16, path: &str) -> Result<(u16, String), Strin
 #[test]
 fn a_service_that_does_not_decode_is_refused_and_the_others_are_programmed() {
     let mut lab = Lab::new("undec", Flavour::Nft, &["b1", "b2"]);
-    let (api, _serving) = api_server_in(&lab.node);
+    let (api, _serving) = lab.node.api_server();
     use_api_server(&lab, &api);
     api.create(&node_manifest()).unwrap();
     create_items(&api, &service_manifest("web", "10.96.0.10", &["b1"]));
@@ -1649,7 +1629,7 @@ fn a_service_that_does_not_decode_is_refused_and_the_others_are_programmed() {
 fn healthz_is_503_while_a_restarted_daemon_cannot_sync() {
     let mut lab = Lab::new("nosync", Flavour::Nft, &["b1"]);
     lab.config("iptables", "1s");
-    let (api, _serving) = api_server_in(&lab.node);
+    let (api, _serving) = lab.node.api_server();
     use_api_server(&lab, &api);
     api.create(&node_manifest()).unwrap();
     create_items(&api, &service_manifest("web", "10.96.0.10", &["b1"]));

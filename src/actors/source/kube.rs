@@ -70,7 +70,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -126,6 +126,13 @@ pub enum KubeSourceError {
     #[error("reading node {name:?}: {source}")]
     Node {
         name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A one-time list (`--dry-run` from the cluster) failed.
+    #[error("listing {kind}s: {source}")]
+    List {
+        kind: ResourceKind,
         #[source]
         source: kube::Error,
     },
@@ -217,6 +224,32 @@ pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Res
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Lists Services, EndpointSlices and the Node `node_name` once, with the
+/// watch's selectors (`--dry-run` from the cluster): the events the watch
+/// starts with, each kind ending with its `Synced`. Objects that do not
+/// decode are logged and left out, as the watch does.
+pub async fn list_once(client: Client, node_name: &str) -> Result<Vec<SourceEvent>, KubeSourceError> {
+    let services = ListParams::default().labels(SERVICE_LABEL_SELECTOR).fields(SERVICE_FIELD_SELECTOR);
+    let slices = ListParams::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
+    let nodes = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let mut events = list_kind::<Service>(Api::all(client.clone()), services).await?;
+    events.extend(list_kind::<EndpointSlice>(Api::all(client.clone()), slices).await?);
+    events.extend(list_kind::<Node>(Api::all(client), nodes).await?);
+    Ok(events)
+}
+
+/// One kind's list, through the relist bookkeeping the watch uses.
+async fn list_kind<K: Watched>(api: Api<Item<K>>, params: ListParams) -> Result<Vec<SourceEvent>, KubeSourceError> {
+    let list = api.list(&params).await.map_err(|source| KubeSourceError::List { kind: K::KIND, source })?;
+    let mut state = RelistState::<K>::new();
+    let mut events = state.handle_item(Event::Init);
+    for item in list.items {
+        events.extend(state.handle_item(Event::InitApply(item)));
+    }
+    events.extend(state.handle_item(Event::InitDone));
+    Ok(events)
 }
 
 /// Where the API source reports the objects it refuses (the metrics,
