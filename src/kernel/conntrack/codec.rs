@@ -1,6 +1,8 @@
-//! The ctnetlink codec: typed messages for the conntrack subsystem of
-//! nfnetlink, pure builders for the two requests kube-proxy sends (dump a
-//! family, delete one entry), and the parser for the kernel's dump replies.
+//! The ctnetlink codec: the pure builders for the two requests kube-proxy
+//! sends (dump a family, delete one entry) and the reader of the kernel's
+//! dump replies, over the message types of the rust-netlink crate
+//! `netlink-packet-netfilter` ([`NetfilterMessage`] with a
+//! [`ConntrackMessage`] inside).
 //!
 //! Nothing here does I/O; [`super::NetlinkConntrack`] sends what these
 //! functions build.
@@ -19,130 +21,59 @@
 //!   `CTA_PROTO_NUM`, u8, and `CTA_PROTO_SRC_PORT`/`DST_PORT`, `__be16`);
 //! - `CTA_ID` is a `__be32`, `CTA_ZONE` a `__be16`;
 //! - dump replies are `IPCTNL_MSG_CT_NEW` messages whose nested attributes
-//!   carry `NLA_F_NESTED` (the kernel's `nla_nest_start`); we send nests with
-//!   the flag too, as libnetfilter_conntrack does.
+//!   carry `NLA_F_NESTED` (the kernel's `nla_nest_start`); the crate sends
+//!   its nests with the flag too, as libnetfilter_conntrack does.
+//!
+//! What the crate does not type, and how we fill the gap (checked against
+//! the captures in the tests below; the README lists them too):
+//! - `CTA_ID` (12) and `CTA_ZONE` (18) have no [`ConntrackAttribute`]
+//!   variant: we emit them as `ConntrackAttribute::Other(DefaultNla)` with
+//!   the big-endian value ([`id_attr`], [`zone_attr`]) and read them back
+//!   from `Other` ourselves, checking the length (a wrong one is a
+//!   [`ReplyError::BadLength`]);
+//! - `IPTuple` chooses the address family from the value's length, not from
+//!   the attribute kind: a 16-byte `CTA_IP_V4_SRC` would read as an IPv6
+//!   source. The kernel never sends that (its policy fixes each kind's
+//!   length), so no shim; a length that is neither 4 nor 16 is still an
+//!   error;
+//! - `ConntrackAttribute` and `Tuple` decide `NLA_F_NESTED` by variant, so
+//!   an `Other` attribute parsed with the flag (the kernel's nested
+//!   `CTA_TIMESTAMP`, `CTA_COUNTERS_*`) is emitted again without it. We only
+//!   read those, never emit an untyped nest, so no shim; a test pins it;
+//! - the crate dispatches on the subsystem byte and parses nflog and
+//!   nftables messages too: [`parse`] refuses anything but ctnetlink, as a
+//!   reply on our socket of another subsystem is a bug worth reporting.
 //!
 //! Deleting (`IPCTNL_MSG_CT_DELETE`) **without** a tuple flushes the whole
 //! table: [`delete_request`] therefore only exists for a dumped [`Entry`],
 //! whose original tuple it always carries.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use netlink_packet_core::{
-    parse_u16_be, parse_u32_be, parse_u8, DecodeError, DefaultNla, Emitable, ErrorContext, NetlinkDeserializable,
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, Nla, NlaBuffer, NlasIterator, Parseable,
-    NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    DecodeError, DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, ParseableParametrized, NLM_F_ACK,
+    NLM_F_DUMP, NLM_F_REQUEST,
+};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, ConntrackMessage, ConntrackMessageType, IPTuple, ProtoTuple, Tuple as TupleNla,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily, NetfilterSubsystem,
 };
 
 use crate::net::{IpFamily, Protocol};
 
-/// `NFNL_SUBSYS_CTNETLINK`: the high byte of every conntrack message type.
-pub const NFNL_SUBSYS_CTNETLINK: u8 = 1;
 /// `NFNETLINK_V0`: `nfgenmsg.version`.
 pub const NFNETLINK_V0: u8 = 0;
 /// `AF_INET`, as `nfgenmsg.nfgen_family` carries it.
 pub const AF_INET: u8 = 2;
 /// `AF_INET6`.
 pub const AF_INET6: u8 = 10;
-/// Size of `struct nfgenmsg`.
-pub const NFGENMSG_LEN: usize = 4;
 
-// Message types (enum cntl_msg_types).
-const IPCTNL_MSG_CT_NEW: u8 = 0;
-const IPCTNL_MSG_CT_GET: u8 = 1;
-const IPCTNL_MSG_CT_DELETE: u8 = 2;
-
-// First-level attributes (enum ctattr_type). STATUS (3), TIMEOUT (7),
-// MARK (8), COUNTERS (9, 10), USE (11), TIMESTAMP (20), LABELS (22) and the
-// rest are kept as `CtAttr::Other`.
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
-const CTA_ID: u16 = 12;
-const CTA_ZONE: u16 = 18;
-
-// Tuple attributes (enum ctattr_tuple). CTA_TUPLE_ZONE (3) is kept as Other.
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-
-// Address attributes (enum ctattr_ip).
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-
-// L4 attributes (enum ctattr_l4proto). The ICMP id/type/code ones (4-9)
-// are kept as Other.
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
-
-/// A ctnetlink message type (`IPCTNL_MSG_CT_*`, the low byte).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CtCmd {
-    /// `IPCTNL_MSG_CT_NEW`: also the type of every dump entry.
-    New,
-    /// `IPCTNL_MSG_CT_GET`: with `NLM_F_DUMP`, lists a family's table.
-    Get,
-    /// `IPCTNL_MSG_CT_DELETE`.
-    Delete,
-    /// A type this codec does not know, kept as its number.
-    Other(u8),
-}
-
-impl From<CtCmd> for u8 {
-    fn from(cmd: CtCmd) -> u8 {
-        match cmd {
-            CtCmd::New => IPCTNL_MSG_CT_NEW,
-            CtCmd::Get => IPCTNL_MSG_CT_GET,
-            CtCmd::Delete => IPCTNL_MSG_CT_DELETE,
-            CtCmd::Other(n) => n,
-        }
-    }
-}
-
-impl From<u8> for CtCmd {
-    fn from(n: u8) -> CtCmd {
-        match n {
-            IPCTNL_MSG_CT_NEW => CtCmd::New,
-            IPCTNL_MSG_CT_GET => CtCmd::Get,
-            IPCTNL_MSG_CT_DELETE => CtCmd::Delete,
-            other => CtCmd::Other(other),
-        }
-    }
-}
-
-/// `struct nfgenmsg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct NfGenMsg {
-    /// `AF_INET`, `AF_INET6` (or `AF_UNSPEC`).
-    pub family: u8,
-    pub version: u8,
-    /// Host order; big-endian on the wire.
-    pub res_id: u16,
-}
-
-impl NfGenMsg {
-    /// The header for a request about `family`'s table.
-    pub fn new(family: IpFamily) -> NfGenMsg {
-        NfGenMsg { family: af(family), version: NFNETLINK_V0, res_id: 0 }
-    }
-
-    fn parse(buf: &[u8]) -> Result<NfGenMsg, DecodeError> {
-        match buf {
-            [family, version, hi, lo, ..] => {
-                Ok(NfGenMsg { family: *family, version: *version, res_id: u16::from_be_bytes([*hi, *lo]) })
-            }
-            _ => Err(DecodeError::buffer_too_small(buf.len(), NFGENMSG_LEN)),
-        }
-    }
-
-    fn emit(&self, buf: &mut [u8]) {
-        buf[0] = self.family;
-        buf[1] = self.version;
-        buf[2..4].copy_from_slice(&self.res_id.to_be_bytes());
-    }
-}
+/// `CTA_ID` (enum ctattr_type): not typed by the crate, carried as `Other`.
+pub const CTA_ID: u16 = 12;
+/// `CTA_ZONE`: not typed by the crate, carried as `Other`.
+pub const CTA_ZONE: u16 = 18;
 
 /// The `nfgen_family` byte for an IP family.
 pub fn af(family: IpFamily) -> u8 {
@@ -152,301 +83,30 @@ pub fn af(family: IpFamily) -> u8 {
     }
 }
 
-/// A first-level conntrack attribute (`CTA_*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CtAttr {
-    TupleOrig(Vec<TupleAttr>),
-    TupleReply(Vec<TupleAttr>),
-    /// The entry's id: a delete carrying it only removes that very entry.
-    Id(u32),
-    Zone(u16),
-    /// Status, timeout, counters and anything newer, kept byte for byte.
-    Other(DefaultNla),
+/// The `nfgenmsg` of a request about `family`'s table.
+pub fn header(family: IpFamily) -> NetfilterHeader {
+    NetfilterHeader::new(NetfilterProtoFamily::from(af(family)), NFNETLINK_V0, 0)
 }
 
-/// An attribute nested in a tuple (`CTA_TUPLE_*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TupleAttr {
-    Ip(Vec<IpAttr>),
-    Proto(Vec<ProtoAttr>),
-    /// `CTA_TUPLE_ZONE` and anything newer.
-    Other(DefaultNla),
-}
-
-/// An attribute nested in `CTA_TUPLE_IP` (`CTA_IP_*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum IpAttr {
-    V4Src(Ipv4Addr),
-    V4Dst(Ipv4Addr),
-    V6Src(Ipv6Addr),
-    V6Dst(Ipv6Addr),
-    Other(DefaultNla),
-}
-
-/// An attribute nested in `CTA_TUPLE_PROTO` (`CTA_PROTO_*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ProtoAttr {
-    /// IP protocol number (IPPROTO_*).
-    Num(u8),
-    /// Host order; big-endian on the wire.
-    SrcPort(u16),
-    /// Host order; big-endian on the wire.
-    DstPort(u16),
-    /// ICMP id/type/code and anything newer.
-    Other(DefaultNla),
-}
-
-/// A ctnetlink message: type, `nfgenmsg` header and attributes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CtMessage {
-    pub cmd: CtCmd,
-    pub header: NfGenMsg,
-    pub attrs: Vec<CtAttr>,
-}
-
-// ---------------------------------------------------------------- emitting
-
-fn nested_len<T: Nla>(attrs: &[T]) -> usize {
-    attrs.buffer_len()
-}
-
-fn emit_nested<T: Nla>(attrs: &[T], buf: &mut [u8]) {
-    attrs.emit(buf)
-}
-
-impl Nla for CtAttr {
-    fn value_len(&self) -> usize {
-        match self {
-            CtAttr::TupleOrig(t) | CtAttr::TupleReply(t) => nested_len(t),
-            CtAttr::Id(_) => 4,
-            CtAttr::Zone(_) => 2,
-            CtAttr::Other(nla) => nla.value_len(),
-        }
-    }
-
-    fn kind(&self) -> u16 {
-        match self {
-            CtAttr::TupleOrig(_) => CTA_TUPLE_ORIG | NLA_F_NESTED,
-            CtAttr::TupleReply(_) => CTA_TUPLE_REPLY | NLA_F_NESTED,
-            CtAttr::Id(_) => CTA_ID,
-            CtAttr::Zone(_) => CTA_ZONE,
-            CtAttr::Other(nla) => nla.kind(),
-        }
-    }
-
-    fn emit_value(&self, buf: &mut [u8]) {
-        match self {
-            CtAttr::TupleOrig(t) | CtAttr::TupleReply(t) => emit_nested(t, buf),
-            CtAttr::Id(id) => buf.copy_from_slice(&id.to_be_bytes()),
-            CtAttr::Zone(zone) => buf.copy_from_slice(&zone.to_be_bytes()),
-            CtAttr::Other(nla) => nla.emit_value(buf),
-        }
+/// Parses a netlink payload of type `message_type` as a ctnetlink message.
+/// Unknown attributes become `Other`; a known one with a malformed value is
+/// an error (the layout changed: better to say so than to guess).
+pub fn parse(message_type: u16, payload: &[u8]) -> Result<NetfilterMessage, DecodeError> {
+    let msg = NetfilterMessage::parse_with_param(payload, message_type)?;
+    match msg.subsys() {
+        NetfilterSubsystem::Conntrack => Ok(msg),
+        _ => Err(format!("message type {message_type:#06x} is not a ctnetlink message").into()),
     }
 }
 
-impl Nla for TupleAttr {
-    fn value_len(&self) -> usize {
-        match self {
-            TupleAttr::Ip(a) => nested_len(a),
-            TupleAttr::Proto(a) => nested_len(a),
-            TupleAttr::Other(nla) => nla.value_len(),
-        }
-    }
-
-    fn kind(&self) -> u16 {
-        match self {
-            TupleAttr::Ip(_) => CTA_TUPLE_IP | NLA_F_NESTED,
-            TupleAttr::Proto(_) => CTA_TUPLE_PROTO | NLA_F_NESTED,
-            TupleAttr::Other(nla) => nla.kind(),
-        }
-    }
-
-    fn emit_value(&self, buf: &mut [u8]) {
-        match self {
-            TupleAttr::Ip(a) => emit_nested(a, buf),
-            TupleAttr::Proto(a) => emit_nested(a, buf),
-            TupleAttr::Other(nla) => nla.emit_value(buf),
-        }
-    }
+/// `CTA_ZONE`, as the kernel reads it.
+pub fn zone_attr(zone: u16) -> ConntrackAttribute {
+    ConntrackAttribute::Other(DefaultNla::new(CTA_ZONE, zone.to_be_bytes().to_vec()))
 }
 
-impl Nla for IpAttr {
-    fn value_len(&self) -> usize {
-        match self {
-            IpAttr::V4Src(_) | IpAttr::V4Dst(_) => 4,
-            IpAttr::V6Src(_) | IpAttr::V6Dst(_) => 16,
-            IpAttr::Other(nla) => nla.value_len(),
-        }
-    }
-
-    fn kind(&self) -> u16 {
-        match self {
-            IpAttr::V4Src(_) => CTA_IP_V4_SRC,
-            IpAttr::V4Dst(_) => CTA_IP_V4_DST,
-            IpAttr::V6Src(_) => CTA_IP_V6_SRC,
-            IpAttr::V6Dst(_) => CTA_IP_V6_DST,
-            IpAttr::Other(nla) => nla.kind(),
-        }
-    }
-
-    fn emit_value(&self, buf: &mut [u8]) {
-        match self {
-            IpAttr::V4Src(ip) | IpAttr::V4Dst(ip) => buf.copy_from_slice(&ip.octets()),
-            IpAttr::V6Src(ip) | IpAttr::V6Dst(ip) => buf.copy_from_slice(&ip.octets()),
-            IpAttr::Other(nla) => nla.emit_value(buf),
-        }
-    }
-}
-
-impl Nla for ProtoAttr {
-    fn value_len(&self) -> usize {
-        match self {
-            ProtoAttr::Num(_) => 1,
-            ProtoAttr::SrcPort(_) | ProtoAttr::DstPort(_) => 2,
-            ProtoAttr::Other(nla) => nla.value_len(),
-        }
-    }
-
-    fn kind(&self) -> u16 {
-        match self {
-            ProtoAttr::Num(_) => CTA_PROTO_NUM,
-            ProtoAttr::SrcPort(_) => CTA_PROTO_SRC_PORT,
-            ProtoAttr::DstPort(_) => CTA_PROTO_DST_PORT,
-            ProtoAttr::Other(nla) => nla.kind(),
-        }
-    }
-
-    fn emit_value(&self, buf: &mut [u8]) {
-        match self {
-            ProtoAttr::Num(n) => buf[0] = *n,
-            ProtoAttr::SrcPort(p) | ProtoAttr::DstPort(p) => buf.copy_from_slice(&p.to_be_bytes()),
-            ProtoAttr::Other(nla) => nla.emit_value(buf),
-        }
-    }
-}
-
-impl CtMessage {
-    /// The netlink message type: `NFNL_SUBSYS_CTNETLINK << 8 | cmd`.
-    pub fn message_type(&self) -> u16 {
-        u16::from(NFNL_SUBSYS_CTNETLINK) << 8 | u16::from(u8::from(self.cmd))
-    }
-
-    /// Parses a netlink payload of type `message_type`.
-    pub fn parse(message_type: u16, payload: &[u8]) -> Result<CtMessage, DecodeError> {
-        let [subsys, cmd] = message_type.to_be_bytes();
-        if subsys != NFNL_SUBSYS_CTNETLINK {
-            return Err(format!("message type {message_type:#06x} is not a ctnetlink message").into());
-        }
-        let header = NfGenMsg::parse(payload).context("nfgenmsg")?;
-        let attrs = parse_nlas(&payload[NFGENMSG_LEN..]).context("ctnetlink attributes")?;
-        Ok(CtMessage { cmd: CtCmd::from(cmd), header, attrs })
-    }
-}
-
-impl Emitable for CtMessage {
-    fn buffer_len(&self) -> usize {
-        NFGENMSG_LEN + self.attrs.as_slice().buffer_len()
-    }
-
-    fn emit(&self, buf: &mut [u8]) {
-        self.header.emit(&mut buf[..NFGENMSG_LEN]);
-        self.attrs.as_slice().emit(&mut buf[NFGENMSG_LEN..]);
-    }
-}
-
-impl NetlinkSerializable for CtMessage {
-    fn message_type(&self) -> u16 {
-        CtMessage::message_type(self)
-    }
-
-    fn buffer_len(&self) -> usize {
-        Emitable::buffer_len(self)
-    }
-
-    fn serialize(&self, buf: &mut [u8]) {
-        self.emit(buf)
-    }
-}
-
-impl NetlinkDeserializable for CtMessage {
-    type Error = DecodeError;
-
-    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<CtMessage, DecodeError> {
-        CtMessage::parse(header.message_type, payload)
-    }
-}
-
-// ---------------------------------------------------------------- parsing
-
-/// Parses a run of attributes. Unknown kinds become `Other`; a known kind
-/// with a malformed value is an error (the layout changed: better to say so
-/// than to guess).
-fn parse_nlas<A>(buf: &[u8]) -> Result<Vec<A>, DecodeError>
-where
-    A: for<'a> Parseable<NlaBuffer<&'a [u8]>>,
-{
-    NlasIterator::new(buf).map(|nla| nla.and_then(|nla| A::parse(&nla))).collect()
-}
-
-fn parse_ipv4(v: &[u8]) -> Result<Ipv4Addr, DecodeError> {
-    <[u8; 4]>::try_from(v).map(Ipv4Addr::from).map_err(|_| DecodeError::invalid_ip_address(v.len()))
-}
-
-fn parse_ipv6(v: &[u8]) -> Result<Ipv6Addr, DecodeError> {
-    <[u8; 16]>::try_from(v).map(Ipv6Addr::from).map_err(|_| DecodeError::invalid_ip_address(v.len()))
-}
-
-impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for CtAttr {
-    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
-        let v = buf.value();
-        Ok(match buf.kind() {
-            CTA_TUPLE_ORIG => CtAttr::TupleOrig(parse_nlas(v).context("CTA_TUPLE_ORIG")?),
-            CTA_TUPLE_REPLY => CtAttr::TupleReply(parse_nlas(v).context("CTA_TUPLE_REPLY")?),
-            CTA_ID => CtAttr::Id(parse_u32_be(v).context("CTA_ID")?),
-            CTA_ZONE => CtAttr::Zone(parse_u16_be(v).context("CTA_ZONE")?),
-            _ => CtAttr::Other(DefaultNla::parse(buf)?),
-        })
-    }
-}
-
-impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for TupleAttr {
-    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
-        let v = buf.value();
-        Ok(match buf.kind() {
-            CTA_TUPLE_IP => TupleAttr::Ip(parse_nlas(v).context("CTA_TUPLE_IP")?),
-            CTA_TUPLE_PROTO => TupleAttr::Proto(parse_nlas(v).context("CTA_TUPLE_PROTO")?),
-            _ => TupleAttr::Other(DefaultNla::parse(buf)?),
-        })
-    }
-}
-
-impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for IpAttr {
-    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
-        let v = buf.value();
-        Ok(match buf.kind() {
-            CTA_IP_V4_SRC => IpAttr::V4Src(parse_ipv4(v).context("CTA_IP_V4_SRC")?),
-            CTA_IP_V4_DST => IpAttr::V4Dst(parse_ipv4(v).context("CTA_IP_V4_DST")?),
-            CTA_IP_V6_SRC => IpAttr::V6Src(parse_ipv6(v).context("CTA_IP_V6_SRC")?),
-            CTA_IP_V6_DST => IpAttr::V6Dst(parse_ipv6(v).context("CTA_IP_V6_DST")?),
-            _ => IpAttr::Other(DefaultNla::parse(buf)?),
-        })
-    }
-}
-
-impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for ProtoAttr {
-    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
-        let v = buf.value();
-        Ok(match buf.kind() {
-            CTA_PROTO_NUM => ProtoAttr::Num(parse_u8(v).context("CTA_PROTO_NUM")?),
-            CTA_PROTO_SRC_PORT => ProtoAttr::SrcPort(parse_u16_be(v).context("CTA_PROTO_SRC_PORT")?),
-            CTA_PROTO_DST_PORT => ProtoAttr::DstPort(parse_u16_be(v).context("CTA_PROTO_DST_PORT")?),
-            _ => ProtoAttr::Other(DefaultNla::parse(buf)?),
-        })
-    }
+/// `CTA_ID`, as the kernel reads it.
+pub fn id_attr(id: u32) -> ConntrackAttribute {
+    ConntrackAttribute::Other(DefaultNla::new(CTA_ID, id.to_be_bytes().to_vec()))
 }
 
 // ---------------------------------------------------------------- entries
@@ -483,6 +143,13 @@ pub enum ReplyError {
     Missing(&'static str),
     #[error("{0} mixes IPv4 and IPv6 addresses")]
     MixedFamilies(&'static str),
+    /// An attribute the crate leaves untyped (`CTA_ID`, `CTA_ZONE`) with a
+    /// value of the wrong size.
+    #[error("{attr} has {len} bytes, expected {expected}")]
+    BadLength { attr: &'static str, len: usize, expected: usize },
+    /// Not an `IPCTNL_MSG_CT_NEW` message (the netlink message type).
+    #[error("message type {0:#06x} is not a conntrack entry")]
+    NotAnEntry(u16),
 }
 
 macro_rules! attr {
@@ -498,43 +165,62 @@ fn required<T>(v: Option<T>, name: &'static str) -> Result<T, ReplyError> {
     v.ok_or(ReplyError::Missing(name))
 }
 
-fn addresses(ip: &[IpAttr], which: &'static str) -> Result<(IpAddr, IpAddr), ReplyError> {
-    let v4 = attr!(ip, IpAttr::V4Src).zip(attr!(ip, IpAttr::V4Dst)).map(|(s, d)| (IpAddr::V4(*s), IpAddr::V4(*d)));
-    let v6 = attr!(ip, IpAttr::V6Src).zip(attr!(ip, IpAttr::V6Dst)).map(|(s, d)| (IpAddr::V6(*s), IpAddr::V6(*d)));
-    match (v4, v6) {
-        (Some(pair), None) | (None, Some(pair)) => Ok(pair),
-        (Some(_), Some(_)) => Err(ReplyError::MixedFamilies(which)),
-        (None, None) => Err(ReplyError::Missing("CTA_IP_V4_SRC/DST or CTA_IP_V6_SRC/DST")),
+/// The value of the first `Other` attribute of kind `kind`, as `N`
+/// big-endian bytes.
+fn other_be<const N: usize>(
+    attrs: &[ConntrackAttribute],
+    kind: u16,
+    name: &'static str,
+) -> Result<Option<[u8; N]>, ReplyError> {
+    let Some(nla) = attrs.iter().find_map(|a| match a {
+        ConntrackAttribute::Other(nla) if nla.kind() == kind => Some(nla),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let mut value = vec![0; nla.value_len()];
+    nla.emit_value(&mut value);
+    let len = value.len();
+    <[u8; N]>::try_from(value).map(Some).map_err(|_| ReplyError::BadLength { attr: name, len, expected: N })
+}
+
+/// Source and destination of a `CTA_TUPLE_IP` nest, which must all be of
+/// one family.
+fn addresses(ip: &[IPTuple], which: &'static str) -> Result<(IpAddr, IpAddr), ReplyError> {
+    let src = required(attr!(ip, IPTuple::SourceAddress), "CTA_IP_V4_SRC or CTA_IP_V6_SRC")?;
+    let dst = required(attr!(ip, IPTuple::DestinationAddress), "CTA_IP_V4_DST or CTA_IP_V6_DST")?;
+    let mixed = ip.iter().any(|a| match a {
+        IPTuple::SourceAddress(x) | IPTuple::DestinationAddress(x) => x.is_ipv4() != src.is_ipv4(),
+        _ => false,
+    });
+    if mixed {
+        return Err(ReplyError::MixedFamilies(which));
     }
+    Ok((*src, *dst))
 }
 
 impl Tuple {
     /// Reads a tuple's attributes; `which` names it in errors.
-    pub fn from_attrs(attrs: &[TupleAttr], which: &'static str) -> Result<Tuple, ReplyError> {
-        let ip = required(attr!(attrs, TupleAttr::Ip), "CTA_TUPLE_IP")?;
-        let proto = required(attr!(attrs, TupleAttr::Proto), "CTA_TUPLE_PROTO")?;
+    pub fn from_attrs(attrs: &[TupleNla], which: &'static str) -> Result<Tuple, ReplyError> {
+        let ip = required(attr!(attrs, TupleNla::Ip), "CTA_TUPLE_IP")?;
+        let proto = required(attr!(attrs, TupleNla::Proto), "CTA_TUPLE_PROTO")?;
         let (src, dst) = addresses(ip, which)?;
         Ok(Tuple {
             src,
             dst,
-            protocol: *required(attr!(proto, ProtoAttr::Num), "CTA_PROTO_NUM")?,
-            src_port: attr!(proto, ProtoAttr::SrcPort).copied(),
-            dst_port: attr!(proto, ProtoAttr::DstPort).copied(),
+            protocol: u8::from(*required(attr!(proto, ProtoTuple::Protocol), "CTA_PROTO_NUM")?),
+            src_port: attr!(proto, ProtoTuple::SourcePort).copied(),
+            dst_port: attr!(proto, ProtoTuple::DestinationPort).copied(),
         })
     }
 
     /// The tuple's attributes, as the kernel dumps them.
-    pub fn attrs(&self) -> Vec<TupleAttr> {
-        let ip = match (self.src, self.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => vec![IpAttr::V4Src(s), IpAttr::V4Dst(d)],
-            (IpAddr::V6(s), IpAddr::V6(d)) => vec![IpAttr::V6Src(s), IpAttr::V6Dst(d)],
-            (IpAddr::V4(s), IpAddr::V6(d)) => vec![IpAttr::V4Src(s), IpAttr::V6Dst(d)],
-            (IpAddr::V6(s), IpAddr::V4(d)) => vec![IpAttr::V6Src(s), IpAttr::V4Dst(d)],
-        };
-        let mut proto = vec![ProtoAttr::Num(self.protocol)];
-        proto.extend(self.src_port.map(ProtoAttr::SrcPort));
-        proto.extend(self.dst_port.map(ProtoAttr::DstPort));
-        vec![TupleAttr::Ip(ip), TupleAttr::Proto(proto)]
+    pub fn attrs(&self) -> Vec<TupleNla> {
+        let ip = vec![IPTuple::SourceAddress(self.src), IPTuple::DestinationAddress(self.dst)];
+        let mut proto = vec![ProtoTuple::Protocol(self.protocol.into())];
+        proto.extend(self.src_port.map(ProtoTuple::SourcePort));
+        proto.extend(self.dst_port.map(ProtoTuple::DestinationPort));
+        vec![TupleNla::Ip(ip), TupleNla::Proto(proto)]
     }
 
     pub fn family(&self) -> IpFamily {
@@ -544,14 +230,18 @@ impl Tuple {
 
 impl Entry {
     /// Reads a dump entry (an `IPCTNL_MSG_CT_NEW` message).
-    pub fn from_message(msg: &CtMessage) -> Result<Entry, ReplyError> {
-        let orig = required(attr!(msg.attrs, CtAttr::TupleOrig), "CTA_TUPLE_ORIG")?;
-        let reply = required(attr!(msg.attrs, CtAttr::TupleReply), "CTA_TUPLE_REPLY")?;
+    pub fn from_message(msg: &NetfilterMessage) -> Result<Entry, ReplyError> {
+        let attrs = match &msg.inner {
+            NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) => attrs,
+            _ => return Err(ReplyError::NotAnEntry(netlink_packet_core::NetlinkSerializable::message_type(msg))),
+        };
+        let orig = required(attr!(attrs, ConntrackAttribute::CtaTupleOrig), "CTA_TUPLE_ORIG")?;
+        let reply = required(attr!(attrs, ConntrackAttribute::CtaTupleReply), "CTA_TUPLE_REPLY")?;
         Ok(Entry {
             orig: Tuple::from_attrs(orig, "CTA_TUPLE_ORIG")?,
             reply: Tuple::from_attrs(reply, "CTA_TUPLE_REPLY")?,
-            zone: attr!(msg.attrs, CtAttr::Zone).copied(),
-            id: attr!(msg.attrs, CtAttr::Id).copied(),
+            zone: other_be(attrs, CTA_ZONE, "CTA_ZONE")?.map(u16::from_be_bytes),
+            id: other_be(attrs, CTA_ID, "CTA_ID")?.map(u32::from_be_bytes),
         })
     }
 
@@ -564,32 +254,40 @@ impl Entry {
 // ---------------------------------------------------------------- requests
 
 /// `conntrack -L -f <family>`: every entry of one family's table.
-pub fn dump_request(family: IpFamily) -> CtMessage {
-    CtMessage { cmd: CtCmd::Get, header: NfGenMsg::new(family), attrs: Vec::new() }
+pub fn dump_request(family: IpFamily) -> NetfilterMessage {
+    NetfilterMessage::new(header(family), ConntrackMessage::Get(Vec::new()))
 }
 
 /// Deletes exactly `entry`: its original tuple, its zone, and its id, so a
 /// newer connection that reused the tuple is left alone (the kernel answers
 /// ENOENT). Always carries a tuple: a delete without one flushes the table.
-pub fn delete_request(entry: &Entry) -> CtMessage {
-    let mut attrs = vec![CtAttr::TupleOrig(entry.orig.attrs())];
-    attrs.extend(entry.zone.map(CtAttr::Zone));
-    attrs.extend(entry.id.map(CtAttr::Id));
-    CtMessage { cmd: CtCmd::Delete, header: NfGenMsg::new(entry.orig.family()), attrs }
+pub fn delete_request(entry: &Entry) -> NetfilterMessage {
+    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(entry.orig.attrs())];
+    attrs.extend(entry.zone.map(zone_attr));
+    attrs.extend(entry.id.map(id_attr));
+    NetfilterMessage::new(header(entry.orig.family()), ConntrackMessage::Delete(attrs))
+}
+
+/// The ctnetlink command of `msg`, if it is a conntrack message.
+fn command(msg: &NetfilterMessage) -> Option<ConntrackMessageType> {
+    match &msg.inner {
+        NetfilterMessageInner::Conntrack(ct) => Some(ct.message_type()),
+        _ => None,
+    }
 }
 
 /// Netlink header flags: a `GET` is a dump, anything else wants an ack, so
 /// every request ends in exactly one ack, error or `NLMSG_DONE`.
-pub fn request_flags(msg: &CtMessage) -> u16 {
-    match msg.cmd {
-        CtCmd::Get => NLM_F_REQUEST | NLM_F_DUMP,
+pub fn request_flags(msg: &NetfilterMessage) -> u16 {
+    match command(msg) {
+        Some(ConntrackMessageType::Get) => NLM_F_REQUEST | NLM_F_DUMP,
         _ => NLM_F_REQUEST | NLM_F_ACK,
     }
 }
 
 /// Wraps `msg` in a netlink header with its flags. The sequence number is
 /// left 0: the connection assigns it.
-pub fn netlink_request(msg: CtMessage) -> NetlinkMessage<CtMessage> {
+pub fn netlink_request(msg: NetfilterMessage) -> NetlinkMessage<NetfilterMessage> {
     let flags = request_flags(&msg);
     let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(msg));
     nl.header.flags = flags;
@@ -599,10 +297,13 @@ pub fn netlink_request(msg: CtMessage) -> NetlinkMessage<CtMessage> {
 
 #[cfg(test)]
 mod tests {
+    use netlink_packet_core::NLA_F_NESTED;
+    use netlink_packet_netfilter::conntrack::{ProtoInfo, ProtoInfoTCP, Status};
+
     use super::*;
 
     /// Serializes `msg` as the connection would send it, with sequence 1.
-    fn emit(msg: CtMessage) -> Vec<u8> {
+    fn emit(msg: NetfilterMessage) -> Vec<u8> {
         let mut nl = netlink_request(msg);
         nl.header.sequence_number = 1;
         let mut buf = vec![0; nl.buffer_len()];
@@ -610,11 +311,11 @@ mod tests {
         buf
     }
 
-    fn deserialize(bytes: &[u8]) -> NetlinkMessage<CtMessage> {
-        NetlinkMessage::<CtMessage>::deserialize(bytes).expect("valid message")
+    fn deserialize(bytes: &[u8]) -> NetlinkMessage<NetfilterMessage> {
+        NetlinkMessage::<NetfilterMessage>::deserialize(bytes).expect("valid message")
     }
 
-    fn payload(nl: NetlinkMessage<CtMessage>) -> CtMessage {
+    fn payload(nl: NetlinkMessage<NetfilterMessage>) -> NetfilterMessage {
         match nl.payload {
             NetlinkPayload::InnerMessage(msg) => msg,
             other => panic!("not a ctnetlink message: {other:?}"),
@@ -622,14 +323,14 @@ mod tests {
     }
 
     /// Emits `msg`, checks the bytes, then parses them back to `msg`.
-    fn check(msg: CtMessage, expected: &[u8]) {
+    fn check(msg: NetfilterMessage, expected: &[u8]) {
         let bytes = emit(msg.clone());
         assert_eq!(bytes, expected);
         assert_eq!(payload(deserialize(&bytes)), msg);
     }
 
     /// Parses a whole netlink message and serializes it again, unchanged.
-    fn round_trip(bytes: &[u8]) -> CtMessage {
+    fn round_trip(bytes: &[u8]) -> NetfilterMessage {
         let nl = deserialize(bytes);
         let mut again = vec![0; nl.buffer_len()];
         nl.serialize(&mut again);
@@ -637,15 +338,22 @@ mod tests {
         payload(nl)
     }
 
+    /// The attributes of a conntrack message.
+    fn attrs(msg: &NetfilterMessage) -> &[ConntrackAttribute] {
+        match &msg.inner {
+            NetfilterMessageInner::Conntrack(
+                ConntrackMessage::New(a) | ConntrackMessage::Get(a) | ConntrackMessage::Delete(a),
+            ) => a,
+            other => panic!("not a typed conntrack message: {other:?}"),
+        }
+    }
+
+    /// A dump entry (`IPCTNL_MSG_CT_NEW`) of `family` with `attrs`.
+    fn new_msg(family: IpFamily, attrs: Vec<ConntrackAttribute>) -> NetfilterMessage {
+        NetfilterMessage::new(header(family), ConntrackMessage::New(attrs))
+    }
+
     fn ip(s: &str) -> IpAddr {
-        s.parse().expect("test address")
-    }
-
-    fn v4(s: &str) -> Ipv4Addr {
-        s.parse().expect("test address")
-    }
-
-    fn v6(s: &str) -> Ipv6Addr {
         s.parse().expect("test address")
     }
 
@@ -757,6 +465,47 @@ mod tests {
         0x08, 0x00, 0x07, 0x00, 0x00, 0x00, 0x00, 0x1d, // CTA_TIMEOUT
     ];
 
+    /// A TCP entry, which the kernel dumps with `CTA_PROTOINFO` (typed by the
+    /// crate, so parsed strictly). Captured with `strace -xx -e read=3
+    /// conntrack -L -f ipv4 -p tcp` in a network namespace with `iptables -t
+    /// nat -A OUTPUT -d 10.96.0.10 -p tcp -j DNAT --to-destination
+    /// 10.0.0.1:8080` and a connection from 10.0.0.1:40007 to 10.96.0.10:80
+    /// (conntrack-tools 1.4.7, Linux 6.18).
+    #[rustfmt::skip]
+    const ENTRY_TCP: [u8; 212] = [
+        0xd4, 0x00, 0x00, 0x00, 0x00, 0x01, 0x22, 0x00,  // nlmsghdr: len 212, CT_NEW, MULTI | DUMP_FILTERED
+        0x7f, 0xc5, 0x06, 0x6b, 0x26, 0x53, 0x00, 0x00,  // nlmsg_seq, nlmsg_pid
+        0x02, 0x00, 0x00, 0x00,                          // nfgenmsg: AF_INET
+        0x34, 0x00, 0x01, 0x80,                          // CTA_TUPLE_ORIG, nested, len 52
+        0x14, 0x00, 0x01, 0x80,                          //   CTA_TUPLE_IP
+        0x08, 0x00, 0x01, 0x00, 0x0a, 0x00, 0x00, 0x01,  //     CTA_IP_V4_SRC = 10.0.0.1
+        0x08, 0x00, 0x02, 0x00, 0x0a, 0x60, 0x00, 0x0a,  //     CTA_IP_V4_DST = 10.96.0.10
+        0x1c, 0x00, 0x02, 0x80,                          //   CTA_TUPLE_PROTO
+        0x05, 0x00, 0x01, 0x00, 0x06, 0x00, 0x00, 0x00,  //     CTA_PROTO_NUM = 6 (tcp)
+        0x06, 0x00, 0x02, 0x00, 0x9c, 0x47, 0x00, 0x00,  //     CTA_PROTO_SRC_PORT = 40007
+        0x06, 0x00, 0x03, 0x00, 0x00, 0x50, 0x00, 0x00,  //     CTA_PROTO_DST_PORT = 80
+        0x34, 0x00, 0x02, 0x80,                          // CTA_TUPLE_REPLY, nested, len 52
+        0x14, 0x00, 0x01, 0x80,                          //   CTA_TUPLE_IP
+        0x08, 0x00, 0x01, 0x00, 0x0a, 0x00, 0x00, 0x01,  //     CTA_IP_V4_SRC = 10.0.0.1 (the DNAT target)
+        0x08, 0x00, 0x02, 0x00, 0x0a, 0x00, 0x00, 0x01,  //     CTA_IP_V4_DST = 10.0.0.1
+        0x1c, 0x00, 0x02, 0x80,                          //   CTA_TUPLE_PROTO
+        0x05, 0x00, 0x01, 0x00, 0x06, 0x00, 0x00, 0x00,  //     tcp
+        0x06, 0x00, 0x02, 0x00, 0x1f, 0x90, 0x00, 0x00,  //     CTA_PROTO_SRC_PORT = 8080
+        0x06, 0x00, 0x03, 0x00, 0x9c, 0x47, 0x00, 0x00,  //     CTA_PROTO_DST_PORT = 40007
+        0x08, 0x00, 0x03, 0x00, 0x00, 0x00, 0x01, 0xae,  // CTA_STATUS = 0x1ae
+        0x08, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00,  // CTA_MARK = 0
+        0x08, 0x00, 0x0c, 0x00, 0xf7, 0xe5, 0x60, 0x15,  // CTA_ID = 0xf7e56015
+        0x08, 0x00, 0x0b, 0x00, 0x00, 0x00, 0x00, 0x01,  // CTA_USE = 1
+        0x08, 0x00, 0x07, 0x00, 0x00, 0x06, 0x97, 0x7f,  // CTA_TIMEOUT = 431999 s
+        0x30, 0x00, 0x04, 0x80,                          // CTA_PROTOINFO, nested, len 48
+        0x2c, 0x00, 0x01, 0x80,                          //   CTA_PROTOINFO_TCP, nested, len 44
+        0x05, 0x00, 0x01, 0x00, 0x03, 0x00, 0x00, 0x00,  //     CTA_PROTOINFO_TCP_STATE = 3 (ESTABLISHED)
+        0x05, 0x00, 0x02, 0x00, 0x0a, 0x00, 0x00, 0x00,  //     CTA_PROTOINFO_TCP_WSCALE_ORIGINAL = 10
+        0x05, 0x00, 0x03, 0x00, 0x0a, 0x00, 0x00, 0x00,  //     CTA_PROTOINFO_TCP_WSCALE_REPLY = 10
+        0x06, 0x00, 0x04, 0x00, 0x23, 0x00, 0x00, 0x00,  //     CTA_PROTOINFO_TCP_FLAGS_ORIGINAL = 0x23/0x00
+        0x06, 0x00, 0x05, 0x00, 0x23, 0x00, 0x00, 0x00,  //     CTA_PROTOINFO_TCP_FLAGS_REPLY = 0x23/0x00
+    ];
+
     fn entry_v4() -> Entry {
         Entry {
             orig: Tuple {
@@ -799,8 +548,16 @@ mod tests {
         }
     }
 
-    fn other(kind: u16, value: &[u8]) -> CtAttr {
-        CtAttr::Other(DefaultNla::new(kind, value.to_vec()))
+    fn other(kind: u16, value: &[u8]) -> ConntrackAttribute {
+        ConntrackAttribute::Other(DefaultNla::new(kind, value.to_vec()))
+    }
+
+    fn tuple_orig(t: &Tuple) -> ConntrackAttribute {
+        ConntrackAttribute::CtaTupleOrig(t.attrs())
+    }
+
+    fn tuple_reply(t: &Tuple) -> ConntrackAttribute {
+        ConntrackAttribute::CtaTupleReply(t.attrs())
     }
 
     #[test]
@@ -814,30 +571,66 @@ mod tests {
     #[test]
     fn parses_a_kernel_dump_entry_and_keeps_unknown_attributes() {
         let msg = round_trip(&ENTRY_V4);
-        assert_eq!(msg.cmd, CtCmd::New);
-        assert_eq!(msg.header, NfGenMsg { family: AF_INET, version: 0, res_id: 0 });
+        assert_eq!(msg.header, NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0));
+        let a = attrs(&msg);
         let orig = vec![
-            TupleAttr::Ip(vec![IpAttr::V4Src(v4("10.0.0.1")), IpAttr::V4Dst(v4("10.0.0.1"))]),
-            TupleAttr::Proto(vec![ProtoAttr::Num(17), ProtoAttr::SrcPort(56549), ProtoAttr::DstPort(53)]),
+            TupleNla::Ip(vec![IPTuple::SourceAddress(ip("10.0.0.1")), IPTuple::DestinationAddress(ip("10.0.0.1"))]),
+            TupleNla::Proto(vec![
+                ProtoTuple::Protocol(17u8.into()),
+                ProtoTuple::SourcePort(56549),
+                ProtoTuple::DestinationPort(53),
+            ]),
         ];
-        assert_eq!(msg.attrs[0], CtAttr::TupleOrig(orig));
-        assert_eq!(msg.attrs[2], other(3, &[0x00, 0x00, 0x01, 0xa8]));
-        assert_eq!(msg.attrs[4], CtAttr::Id(0xa698_c2d9));
-        assert_eq!(msg.attrs.len(), 7);
+        assert_eq!(a[0], ConntrackAttribute::CtaTupleOrig(orig));
+        // The crate types status, mark and timeout; CTA_ID and CTA_USE stay `Other`.
+        assert_eq!(a[2], ConntrackAttribute::CtaStatus(Status::from_bits_retain(0x1a8)));
+        assert_eq!(a[3], ConntrackAttribute::CtaMark(0));
+        assert_eq!(a[4], id_attr(0xa698_c2d9));
+        assert_eq!(a[5], other(11, &[0, 0, 0, 1]));
+        assert_eq!(a[6], ConntrackAttribute::CtaTimeout(29));
+        assert_eq!(a.len(), 7);
         assert_eq!(Entry::from_message(&msg), Ok(entry_v4()));
     }
 
     #[test]
     fn parses_an_ipv6_dump_entry() {
         let msg = round_trip(&ENTRY_V6);
-        assert_eq!(msg.header.family, AF_INET6);
+        assert_eq!(msg.header.family, NetfilterProtoFamily::IPv6);
         let orig = vec![
-            TupleAttr::Ip(vec![IpAttr::V6Src(v6("fd00::1")), IpAttr::V6Dst(v6("fd00::1"))]),
-            TupleAttr::Proto(vec![ProtoAttr::Num(17), ProtoAttr::SrcPort(44101), ProtoAttr::DstPort(53)]),
+            TupleNla::Ip(vec![IPTuple::SourceAddress(ip("fd00::1")), IPTuple::DestinationAddress(ip("fd00::1"))]),
+            TupleNla::Proto(vec![
+                ProtoTuple::Protocol(17u8.into()),
+                ProtoTuple::SourcePort(44101),
+                ProtoTuple::DestinationPort(53),
+            ]),
         ];
-        assert_eq!(msg.attrs[0], CtAttr::TupleOrig(orig));
+        assert_eq!(attrs(&msg)[0], ConntrackAttribute::CtaTupleOrig(orig));
         assert_eq!(Entry::from_message(&msg), Ok(entry_v6()));
         assert_eq!(entry_v6().orig.family(), IpFamily::V6);
+    }
+
+    #[test]
+    fn parses_a_tcp_dump_entry_with_protoinfo() {
+        let msg = round_trip(&ENTRY_TCP);
+        let a = attrs(&msg);
+        let ConntrackAttribute::CtaProtoInfo(info) = &a[7] else { panic!("CTA_PROTOINFO: {:?}", a[7]) };
+        let ProtoInfo::TCP(tcp) = &info[0] else { panic!("CTA_PROTOINFO_TCP: {info:?}") };
+        assert_eq!(tcp[0], ProtoInfoTCP::State(3)); // ESTABLISHED
+        let tuple = |src, dst, sport, dport| Tuple {
+            src: ip(src),
+            dst: ip(dst),
+            protocol: 6,
+            src_port: Some(sport),
+            dst_port: Some(dport),
+        };
+        let expected = Entry {
+            orig: tuple("10.0.0.1", "10.96.0.10", 40007, 80),
+            reply: tuple("10.0.0.1", "10.0.0.1", 8080, 40007),
+            zone: None,
+            id: Some(0xf7e5_6015),
+        };
+        assert_eq!(Entry::from_message(&msg), Ok(expected));
+        assert_eq!(expected.protocol(), Some(Protocol::Tcp));
     }
 
     /// nlmsghdr + nfgenmsg of a delete request of `len` bytes.
@@ -882,68 +675,135 @@ mod tests {
     }
 
     #[test]
-    fn unknown_attributes_at_every_level_round_trip() {
-        let msg = CtMessage {
-            cmd: CtCmd::Other(9),
-            header: NfGenMsg { family: AF_INET, version: 0, res_id: 0x1234 },
-            attrs: vec![
-                CtAttr::TupleOrig(vec![
-                    TupleAttr::Ip(vec![IpAttr::V4Src(v4("10.1.2.3")), IpAttr::Other(DefaultNla::new(9, vec![1]))]),
-                    TupleAttr::Proto(vec![ProtoAttr::Num(1), ProtoAttr::Other(DefaultNla::new(4, vec![0, 7]))]),
-                    TupleAttr::Other(DefaultNla::new(3, vec![0, 2])), // CTA_TUPLE_ZONE
-                ]),
-                other(20 | NLA_F_NESTED, &[12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9]), // CTA_TIMESTAMP
-                CtAttr::Zone(7),
-            ],
-        };
+    fn zone_and_id_read_back_from_a_dumped_entry() {
+        let entry = Entry { zone: Some(7), ..entry_v4() };
+        let msg = new_msg(
+            IpFamily::V4,
+            vec![tuple_orig(&entry.orig), tuple_reply(&entry.reply), zone_attr(7), id_attr(0xa698_c2d9)],
+        );
         let bytes = emit(msg.clone());
-        assert_eq!(&bytes[4..6], &[0x09, 0x01]); // type keeps the unknown command
+        assert_eq!(&bytes[4..6], &[0x00, 0x01]); // CTNETLINK << 8 | IPCTNL_MSG_CT_NEW
+        assert_eq!(Entry::from_message(&payload(deserialize(&bytes))), Ok(entry));
+    }
+
+    #[test]
+    fn unknown_attributes_at_every_level_round_trip() {
+        let msg = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0x1234),
+            ConntrackMessage::New(vec![
+                ConntrackAttribute::CtaTupleOrig(vec![
+                    TupleNla::Ip(vec![
+                        IPTuple::SourceAddress(ip("10.1.2.3")),
+                        IPTuple::Other(DefaultNla::new(9, vec![1])),
+                    ]),
+                    TupleNla::Proto(vec![
+                        ProtoTuple::Protocol(1u8.into()),
+                        ProtoTuple::Other(DefaultNla::new(4, vec![0, 7])),
+                    ]),
+                    TupleNla::Other(DefaultNla::new(3, vec![0, 2])), // CTA_TUPLE_ZONE
+                ]),
+                other(11, &[0, 0, 0, 1]), // CTA_USE
+                zone_attr(7),
+            ]),
+        );
+        let bytes = emit(msg.clone());
         assert_eq!(&bytes[18..20], &[0x12, 0x34]); // res_id, big endian
+        assert_eq!(&bytes[22..24], &[0x01, 0x80]); // CTA_TUPLE_ORIG, with NLA_F_NESTED
         assert_eq!(payload(deserialize(&bytes)), msg);
+        // An unknown command keeps its number, and its attributes as bytes.
+        let unknown = NetfilterMessage::new(
+            header(IpFamily::V4),
+            ConntrackMessage::Other { message_type: 9, attributes: vec![DefaultNla::new(3, vec![0, 0, 0, 1])] },
+        );
+        let bytes = emit(unknown.clone());
+        assert_eq!(&bytes[4..6], &[0x09, 0x01]);
+        assert_eq!(payload(deserialize(&bytes)), unknown);
+    }
+
+    /// A gap in the crate, pinned so an upgrade that fixes it shows: the
+    /// typed enums `ConntrackAttribute` and `Tuple` override `is_nested` to
+    /// cover their typed nests only, so an `Other` attribute parsed with
+    /// `NLA_F_NESTED` (the kernel's `CTA_TIMESTAMP`, `CTA_COUNTERS_*` with
+    /// accounting on) is emitted again without it. Harmless for us: we read
+    /// those replies and never emit an untyped nest.
+    #[test]
+    fn crate_gap_untyped_nests_lose_nla_f_nested_when_emitted() {
+        let nested = other(20 | NLA_F_NESTED, &[12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9]); // CTA_TIMESTAMP
+        let bytes = emit(new_msg(IpFamily::V4, vec![nested]));
+        assert_eq!(&bytes[22..24], &[0x14, 0x00]); // type 20, flag dropped
+        let parsed = payload(deserialize(&bytes));
+        assert_eq!(attrs(&parsed), &[other(20, &[12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9])]);
+        // A nest the crate parsed keeps its flag when read, though.
+        let mut with_flag = bytes.clone();
+        with_flag[23] |= 0x80;
+        assert_eq!(attrs(&payload(deserialize(&with_flag)))[0].kind(), 20 | NLA_F_NESTED);
     }
 
     #[test]
     fn malformed_replies_are_errors() {
-        // A known attribute with a bad length: CTA_ID of 2 bytes.
-        let bad_id = [0x02, 0x00, 0x00, 0x00, 0x06, 0x00, 0x0c, 0x00, 0x00, 0x01, 0x00, 0x00];
-        assert!(CtMessage::parse(0x0100, &bad_id).is_err());
         // An IPv4 address of 3 bytes inside a tuple.
         let bad_ip = [
             0x02, 0x00, 0x00, 0x00, 0x10, 0x00, 0x01, 0x80, 0x0c, 0x00, 0x01, 0x80, 0x07, 0x00, 0x01, 0x00, 1, 2, 3, 0,
         ];
-        assert!(CtMessage::parse(0x0100, &bad_ip).is_err());
+        assert!(parse(0x0100, &bad_ip).is_err());
         // A truncated nfgenmsg, an attribute running past the end, another subsystem.
-        assert!(CtMessage::parse(0x0100, &[0x02, 0x00]).is_err());
-        assert!(CtMessage::parse(0x0100, &[0x02, 0x00, 0x00, 0x00, 0x08, 0x00, 0x03, 0x00, 0x00]).is_err());
-        assert!(CtMessage::parse(0x0200, &ENTRY_V4[16..]).is_err());
+        assert!(parse(0x0100, &[0x02, 0x00]).is_err());
+        assert!(parse(0x0100, &[0x02, 0x00, 0x00, 0x00, 0x08, 0x00, 0x03, 0x00, 0x00]).is_err());
+        assert!(parse(0x0200, &ENTRY_V4[16..]).is_err());
+        assert!(parse(0x0100, &ENTRY_V4[16..]).is_ok());
+    }
+
+    #[test]
+    fn untyped_zone_and_id_of_the_wrong_size_are_errors() {
+        // The crate keeps CTA_ID/CTA_ZONE as bytes: our reader checks the size.
+        let e = entry_v4();
+        let bad_id = [0x02, 0x00, 0x00, 0x00, 0x06, 0x00, 0x0c, 0x00, 0x00, 0x01, 0x00, 0x00];
+        assert_eq!(attrs(&parse(0x0100, &bad_id).expect("parses"))[0], other(CTA_ID, &[0x00, 0x01]));
+        let msg = new_msg(IpFamily::V4, vec![tuple_orig(&e.orig), tuple_reply(&e.reply), other(CTA_ID, &[0, 1])]);
+        assert_eq!(Entry::from_message(&msg), Err(ReplyError::BadLength { attr: "CTA_ID", len: 2, expected: 4 }));
+        let msg = new_msg(IpFamily::V4, vec![tuple_orig(&e.orig), tuple_reply(&e.reply), other(CTA_ZONE, &[0; 4])]);
+        assert_eq!(Entry::from_message(&msg), Err(ReplyError::BadLength { attr: "CTA_ZONE", len: 4, expected: 2 }));
+    }
+
+    #[test]
+    fn only_new_messages_are_entries() {
+        let get = parse(0x0101, &DUMP_V4[16..]).expect("a GET parses");
+        assert_eq!(Entry::from_message(&get), Err(ReplyError::NotAnEntry(0x0101)));
+        assert_eq!(Entry::from_message(&delete_request(&entry_v4())), Err(ReplyError::NotAnEntry(0x0102)));
     }
 
     #[test]
     fn entries_need_both_tuples_with_addresses_and_protocol() {
-        let mut msg = payload(deserialize(&ENTRY_V4));
-        msg.attrs.remove(1); // CTA_TUPLE_REPLY
+        let e = entry_v4();
+        let msg = new_msg(IpFamily::V4, vec![tuple_orig(&e.orig), id_attr(1)]);
         assert_eq!(Entry::from_message(&msg), Err(ReplyError::Missing("CTA_TUPLE_REPLY")));
-        let no_proto = CtMessage {
-            attrs: vec![
-                CtAttr::TupleOrig(vec![TupleAttr::Ip(vec![
-                    IpAttr::V4Src(v4("10.0.0.1")),
-                    IpAttr::V4Dst(v4("10.0.0.2")),
-                ])]),
-                CtAttr::TupleReply(entry_v4().reply.attrs()),
-            ],
-            ..msg.clone()
-        };
+        let ip_only = vec![TupleNla::Ip(vec![
+            IPTuple::SourceAddress(ip("10.0.0.1")),
+            IPTuple::DestinationAddress(ip("10.0.0.2")),
+        ])];
+        let no_proto = new_msg(IpFamily::V4, vec![ConntrackAttribute::CtaTupleOrig(ip_only), tuple_reply(&e.reply)]);
         assert_eq!(Entry::from_message(&no_proto), Err(ReplyError::Missing("CTA_TUPLE_PROTO")));
+        let proto = TupleNla::Proto(vec![ProtoTuple::Protocol(17u8.into())]);
         let mixed = vec![
-            TupleAttr::Ip(vec![
-                IpAttr::V4Src(v4("10.0.0.1")),
-                IpAttr::V4Dst(v4("10.0.0.2")),
-                IpAttr::V6Src(v6("fd00::1")),
-                IpAttr::V6Dst(v6("fd00::2")),
+            TupleNla::Ip(vec![
+                IPTuple::SourceAddress(ip("10.0.0.1")),
+                IPTuple::DestinationAddress(ip("10.0.0.2")),
+                IPTuple::SourceAddress(ip("fd00::1")),
+                IPTuple::DestinationAddress(ip("fd00::2")),
             ]),
-            TupleAttr::Proto(vec![ProtoAttr::Num(17)]),
+            proto.clone(),
         ];
         assert_eq!(Tuple::from_attrs(&mixed, "CTA_TUPLE_ORIG"), Err(ReplyError::MixedFamilies("CTA_TUPLE_ORIG")));
+        let v4_to_v6 = vec![
+            TupleNla::Ip(vec![IPTuple::SourceAddress(ip("10.0.0.1")), IPTuple::DestinationAddress(ip("fd00::2"))]),
+            proto.clone(),
+        ];
+        assert_eq!(Tuple::from_attrs(&v4_to_v6, "CTA_TUPLE_REPLY"), Err(ReplyError::MixedFamilies("CTA_TUPLE_REPLY")));
+        let no_dst = vec![TupleNla::Ip(vec![IPTuple::SourceAddress(ip("10.0.0.1"))]), proto];
+        assert_eq!(
+            Tuple::from_attrs(&no_dst, "CTA_TUPLE_ORIG"),
+            Err(ReplyError::Missing("CTA_IP_V4_DST or CTA_IP_V6_DST"))
+        );
     }
 
     #[test]
@@ -952,13 +812,5 @@ mod tests {
         assert_eq!(Tuple::from_attrs(&icmp.attrs(), "CTA_TUPLE_ORIG"), Ok(icmp));
         assert_eq!(Entry { orig: icmp, reply: icmp, zone: None, id: None }.protocol(), None);
         assert_eq!(entry_v4().protocol(), Some(Protocol::Udp));
-    }
-
-    #[test]
-    fn commands_round_trip_including_unknown_ones() {
-        for n in 0..=255u8 {
-            assert_eq!(u8::from(CtCmd::from(n)), n);
-        }
-        assert_eq!(CtCmd::from(2), CtCmd::Delete);
     }
 }

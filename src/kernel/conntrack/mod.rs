@@ -16,9 +16,13 @@
 //! - Every netlink message sent is counted ([`NetlinkConntrack::messages_sent`]):
 //!   a batch costs one dump per family plus one message per deleted entry.
 //!
-//! The connection carries replies as raw bytes ([`RawNfnl`]) and parsing
-//! happens here: netlink-proto drops a message its payload type cannot parse
-//! with only a log line, which would silently leave a stale entry behind.
+//! The messages are `netlink-packet-netfilter`'s [`NetfilterMessage`] (see
+//! [`codec`] for what it lacks and how we fill it). The connection still
+//! carries them as raw bytes ([`RawNfnl`]) and parsing happens here: with
+//! `NetfilterMessage` as the connection's type, netlink-proto would drop a
+//! reply that fails to parse with only a log line (`codecs.rs`: "failed to
+//! decode packet"), which would silently leave a stale entry behind; here it
+//! fails the dump instead.
 
 pub mod codec;
 pub mod filter;
@@ -35,11 +39,12 @@ use std::time::Duration;
 use netlink_packet_core::{
     DecodeError, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
+use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 use netlink_proto::NetlinkProtoError;
 use tracing::{debug, trace};
 
-use self::codec::{CtMessage, Entry, ReplyError, Tuple};
+use self::codec::{Entry, ReplyError, Tuple};
 use self::filter::Matcher;
 use super::{Applied, ConntrackKernel, KResult, KernelError, Subsystem};
 use crate::msgs::ConntrackOp;
@@ -145,7 +150,9 @@ impl ConntrackError {
     }
 }
 
-/// A nfnetlink payload kept as bytes, so the connection never parses.
+/// A nfnetlink payload kept as bytes, so the connection never parses: a
+/// reply that does not parse must fail the dump, not vanish in the
+/// connection task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawNfnl {
     message_type: u16,
@@ -154,15 +161,15 @@ pub struct RawNfnl {
 
 impl RawNfnl {
     /// Emits a typed message.
-    pub fn from_message(msg: &CtMessage) -> RawNfnl {
+    pub fn from_message(msg: &NetfilterMessage) -> RawNfnl {
         let mut payload = vec![0; Emitable::buffer_len(msg)];
         msg.emit(&mut payload);
-        RawNfnl { message_type: msg.message_type(), payload }
+        RawNfnl { message_type: NetlinkSerializable::message_type(msg), payload }
     }
 
     /// Parses the bytes as a ctnetlink message.
-    pub fn parse(&self) -> Result<CtMessage, DecodeError> {
-        CtMessage::parse(self.message_type, &self.payload)
+    pub fn parse(&self) -> Result<NetfilterMessage, DecodeError> {
+        codec::parse(self.message_type, &self.payload)
     }
 }
 
@@ -191,7 +198,7 @@ impl NetlinkDeserializable for RawNfnl {
 type Msg = NetlinkMessage<RawNfnl>;
 
 /// The same bytes as [`codec::netlink_request`], in the connection's type.
-fn raw_request(msg: &CtMessage) -> Msg {
+fn raw_request(msg: &NetfilterMessage) -> Msg {
     let mut nl =
         NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::from_message(msg)));
     nl.header.flags = codec::request_flags(msg);
@@ -463,6 +470,7 @@ mod tests {
     use std::num::NonZeroI32;
 
     use netlink_packet_core::{DoneMessage, ErrorMessage, NLM_F_MULTIPART};
+    use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage};
 
     use super::*;
 
@@ -505,11 +513,19 @@ mod tests {
         msg(9, NLM_F_MULTIPART, NetlinkPayload::Done(d))
     }
 
+    /// `e` as the kernel dumps it (`IPCTNL_MSG_CT_NEW`), with `reply` or not.
+    fn new_msg(e: &Entry, reply: bool) -> NetfilterMessage {
+        let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(e.orig.attrs())];
+        if reply {
+            attrs.push(ConntrackAttribute::CtaTupleReply(e.reply.attrs()));
+        }
+        attrs.extend(e.zone.map(codec::zone_attr));
+        attrs.extend(e.id.map(codec::id_attr));
+        NetfilterMessage::new(codec::header(e.orig.family()), ConntrackMessage::New(attrs))
+    }
+
     fn dumped(e: &Entry) -> Msg {
-        let mut m = codec::delete_request(e);
-        m.cmd = codec::CtCmd::New;
-        m.attrs.insert(1, codec::CtAttr::TupleReply(e.reply.attrs()));
-        msg(9, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(RawNfnl::from_message(&m)))
+        msg(9, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(RawNfnl::from_message(&new_msg(e, true))))
     }
 
     #[test]
@@ -543,9 +559,7 @@ mod tests {
         let garbage = RawNfnl { message_type: 0x0100, payload: vec![0x0a, 0, 0, 0, 0x08, 0x00, 0x0c, 0x00, 1] };
         let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(garbage)), &request).expect_err("decode");
         assert!(matches!(err, ConntrackError::Decode { .. }), "{err:?}");
-        let mut no_reply = codec::delete_request(&entry());
-        no_reply.cmd = codec::CtCmd::New;
-        let raw = RawNfnl::from_message(&no_reply);
+        let raw = RawNfnl::from_message(&new_msg(&entry(), false));
         let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(raw)), &request).expect_err("no reply tuple");
         assert_eq!(err.to_string(), "conntrack -L -f ipv6: unusable reply: reply lacks attribute CTA_TUPLE_REPLY");
     }
