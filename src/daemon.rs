@@ -153,7 +153,7 @@ pub fn choose_families(
     primary_ok: Result<(), FamilyUnsupported>,
     secondary_ok: Result<(), FamilyUnsupported>,
 ) -> Result<Families, StartError> {
-    let label = crate::metrics::ip_family_label;
+    let label = crate::net::ip_family_label;
     if let Err(e) = primary_ok {
         return Err(StartError::Unsupported(format!("no support for primary IP family {}: {e}", label(primary))));
     }
