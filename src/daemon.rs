@@ -188,7 +188,7 @@ pub fn choose_families(
     primary_ok: Result<(), FamilyUnsupported>,
     secondary_ok: Result<(), FamilyUnsupported>,
 ) -> Result<Families, StartError> {
-    let label = crate::metrics::ip_family_label;
+    let label = crate::net::ip_family_label;
     if let Err(e) = primary_ok {
         return Err(StartError::PrimaryFamily { family: label(primary), source: e });
     }
