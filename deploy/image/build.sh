@@ -176,8 +176,13 @@ buildah config \
     --label org.opencontainers.image.licenses=Apache-2.0 \
     --label org.opencontainers.image.base.name="$base" \
     "$ctr"
+previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$tag" 2>/dev/null || true)
 id=$(buildah commit --quiet --rm --format oci "$ctr" "$tag")
 ctr=
+# The image this tag named before, now untagged: gone, unless a container uses it.
+if [ -n "$previous" ] && [ "$previous" != "$id" ]; then
+    buildah rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 name=${tag##*/}
 : "${oci:=$target/image/${name//:/-}.oci.tar}"
