@@ -19,7 +19,9 @@
 //! daemon's rules land there and only there, /healthz and /metrics answer,
 //! the web ClusterIP answers from the client namespace, and `podman stop`
 //! (SIGTERM) ends the container with exit code 0 and the rules, and the
-//! traffic they carry, in place.
+//! traffic they carry, in place. In the qemu VM (tests/vm), the image's
+//! root filesystem runs IPVS mode: the daemon chrooted into it, through a
+//! set of tests/vm's IPVS scenarios.
 //!
 //! Needs root, podman, buildah, mmdebstrap, skopeo and Debian's archive for
 //! the first build (.ci/install-deps.sh); the root filesystem is cached (see
@@ -517,4 +519,63 @@ fn daemon_set_pod_picks_iptables_legacy_when_the_node_uses_it() {
 #[test]
 fn daemon_set_pod_picks_iptables_nft_when_it_holds_more_rules() {
     pod_on_the_demo_node("n", "nft", "legacy", 1, 2);
+}
+
+// ------------------------------------------------------------ IPVS mode in the VM
+
+/// tests/vm/guest/ipvs-scenarios.sh's scenarios run against the image: a
+/// start that takes over stale state, Services of each kind carrying
+/// packets, a switch to iptables mode and back through the image's
+/// iptables, `--cleanup`.
+const VM_SCENARIOS: [&str; 7] = [
+    "takeover-start",
+    "clusterip-tcp-every-backend",
+    "clusterip-udp-every-backend",
+    "nodeport-on-node-ip",
+    "lb-ingress-ip",
+    "switch-modes-cleans-the-other-modes-state",
+    "cleanup-removes-everything",
+];
+
+/// This host's kernel has no IPVS: the image's root filesystem (`podman
+/// export` of a container of it: exactly its files) goes into the qemu VM
+/// (tests/vm), where tests/vm/guest/image-ipvs.sh runs the daemon chrooted
+/// into it, in IPVS mode, through [`VM_SCENARIOS`].
+#[test]
+fn image_root_filesystem_runs_ipvs_mode_in_the_vm() {
+    let image = image();
+    let tar = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-proxy-rs-test-rootfs.tar");
+    let id = ok(image.podman.command().args(["create", "--entrypoint", "/bin/true", TAG])).trim().to_string();
+    let export = output(image.podman.command().args(["export", "--output"]).arg(&tar).arg(&id));
+    let _ = output(image.podman.command().args(["rm", &id]));
+    assert!(export.status.success(), "podman export: {}", text(&export.stderr));
+
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("image-vm.log");
+    let t = Instant::now();
+    let out = output(
+        Command::new(format!("{ROOT}/tests/vm/run-vm-test.sh"))
+            .args(["--quiet", "--timeout", "600", "--mem", "1280"])
+            .arg("--file")
+            .arg(format!("{}:/image.tar", tar.display()))
+            .args(["--file", &format!("{ROOT}/tests/vm/scenarios:/scenarios")])
+            .args(["--file", &format!("{ROOT}/tests/vm/guest/ipvs-scenarios.sh:/ipvs-scenarios.sh")])
+            .args(["--env", &format!("KPR_SCENARIOS={}", VM_SCENARIOS.join(" "))])
+            .arg("--log")
+            .arg(&log)
+            .arg(format!("{ROOT}/tests/vm/guest/image-ipvs.sh")),
+    );
+    let _ = std::fs::remove_file(&tar);
+    let console = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = console.lines().map(|l| l.trim_end_matches('\r')).collect();
+    let results: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("SCENARIO ")).collect();
+    eprintln!("VM run with the image took {:.1} s (console log {}):", t.elapsed().as_secs_f64(), log.display());
+    for line in lines.iter().filter(|l| l.starts_with("image: ") || l.starts_with("SCENARIO ")) {
+        eprintln!("  {line}");
+    }
+    for name in VM_SCENARIOS {
+        let line = results.iter().find(|l| l.starts_with(&format!("SCENARIO {name}: ")));
+        assert_eq!(line.map(|l| l.ends_with(": PASS")), Some(true), "{name}: {line:?}\n{}", lines.join("\n"));
+    }
+    assert_eq!(results.len(), VM_SCENARIOS.len(), "{results:#?}");
+    assert!(out.status.success(), "VM run failed: {}\n{}", text(&out.stderr), lines.join("\n"));
 }
