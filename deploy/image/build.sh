@@ -133,11 +133,20 @@ if [ "$rootfs_only" = 1 ]; then
     exit 0
 fi
 
+work=$(mktemp -d)
+ctr=
+cleanup() {
+    [ -z "$ctr" ] || buildah rm "$ctr" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
 base=localhost/kube-proxy-rs-base:$key
 if [ "$refresh" = 1 ] || ! buildah inspect --type image "$base" >/dev/null 2>&1; then
     ctr=$(buildah from scratch)
     buildah add --quiet "$ctr" "$rootfs" / >/dev/null
     buildah commit --quiet --rm --format oci "$ctr" "$base" >/dev/null
+    ctr=
     log "base image $base"
 fi
 exec 8>&-
@@ -149,13 +158,6 @@ if [ -z "$bin" ]; then
     bin=$target/release/kube-proxy-rs
 fi
 [ -x "$bin" ] || die "no executable binary at $bin"
-work=$(mktemp -d)
-ctr=
-cleanup() {
-    [ -z "$ctr" ] || buildah rm "$ctr" >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
 objcopy --strip-debug "$bin" "$work/kube-proxy-rs"
 
 revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
