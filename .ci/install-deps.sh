@@ -12,6 +12,8 @@
 # it copies into the guest's initramfs; the guest kernel itself is fetched by
 # the harness with `apt-get download` (never installed on the host).
 # tests/dashboard.rs drives Debian's headless chromium through chromedriver.
+# tests/image.rs builds the container image with mmdebstrap and buildah and
+# runs it with podman.
 # Set INSTALL_DEPS_VERBOSE=1 to see apt's output.
 
 _kprs_install_deps() (
@@ -29,6 +31,10 @@ _kprs_install_deps() (
     procps              # sysctl, kill (deploy/demo/netns.sh and the tests that stop the daemon)
     binutils            # strip --strip-debug for binaries copied into the guest
     chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
+    # The container image (deploy/image/build.sh) and tests/image.rs: a root
+    # filesystem from Debian's packages, the image, rootful podman running
+    # it (runc where crun refuses the host's cgroups), its OCI archive read back.
+    mmdebstrap buildah podman crun runc skopeo
   )
   if [ "${1:-}" = --demo ]; then pkgs=("${demo[@]}"); fi
   missing=()

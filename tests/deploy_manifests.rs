@@ -511,10 +511,32 @@ fn dockerfile_installs_the_binary_the_daemon_set_runs() {
     let binary = Deploy::load().command_line()[0].clone();
     assert_eq!(find("ENTRYPOINT "), [format!("ENTRYPOINT [\"{binary}\"]")]);
     assert!(find("COPY --from=builder ").iter().any(|c| c.ends_with(&format!(" {binary}"))), "{binary} installed");
+    // One list of packages and one finishing script, shared with
+    // deploy/image/build.sh (tests/image.rs checks the image it builds).
     let installs = find("RUN apt-get").concat();
-    for package in ["ca-certificates", "conntrack", "ipset", "iptables"] {
-        assert!(installs.split_whitespace().any(|w| w == package), "{package} installed");
+    assert!(
+        installs.contains("apt-get install -y --no-install-recommends $(sed 's/#.*//' /tmp/image/packages)"),
+        "{installs}"
+    );
+    assert!(installs.contains("sh /tmp/image/setup.sh"), "{installs}");
+    assert!(find("COPY ").contains(&"COPY deploy/image/packages deploy/image/setup.sh /tmp/image/".to_string()));
+    let setup = std::fs::read_to_string(deploy_dir().join("image/setup.sh")).expect("setup.sh");
+    let wrapper = "/usr/sbin/iptables-wrapper";
+    assert!(
+        find("COPY ").contains(&format!("COPY deploy/iptables-wrapper {wrapper}")),
+        "the wrapper where setup.sh wants it"
+    );
+    assert!(setup.contains(&format!("chmod 0755 {wrapper}")), "setup.sh installs {wrapper}");
+    let packages = std::fs::read_to_string(deploy_dir().join("image/packages")).expect("packages");
+    let listed: Vec<&str> =
+        packages.lines().filter_map(|l| l.split('#').next()).map(str::trim).filter(|p| !p.is_empty()).collect();
+    for package in ["ca-certificates", "conntrack", "ipset", "iptables", "kmod"] {
+        assert!(listed.contains(&package), "{package} listed in deploy/image/packages");
     }
+    assert!(
+        find("LABEL ").concat().contains("org.opencontainers.image.revision=$REVISION"),
+        "labelled with the commit"
+    );
     // Files copied from the build context exist (the context is the repository root).
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for copy in find("COPY ").iter().filter(|c| !c.contains("--from=")) {

@@ -84,16 +84,7 @@ impl Netns {
     /// here, while the test's own thread and the host stay untouched. A
     /// panic in `f` fails the test.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            let inner = s.spawn(|| {
-                let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .unwrap_or_else(|e| panic!("setns {path}: {e}"));
-                f()
-            });
-            inner.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
+        run_in(&self.name, f)
     }
 
     /// [`Netns::run`] with a current-thread Tokio runtime on that thread;
@@ -137,4 +128,19 @@ impl Drop for Netns {
         }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
+}
+
+/// [`Netns::run`] for any named namespace (`/run/netns/NAME`), also one
+/// this process did not create.
+pub fn run_in<T: Send>(ns_name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/run/netns/{ns_name}");
+    std::thread::scope(|s| {
+        let inner = s.spawn(|| {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+            f()
+        });
+        inner.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
 }
