@@ -2,9 +2,11 @@
 //! actors that each own one piece of kernel state.
 
 pub mod actors;
+#[cfg(any(test, feature = "testkit"))]
 pub mod bench;
 pub mod config;
 pub mod daemon;
+#[cfg(any(test, feature = "testkit"))]
 pub mod fixtures;
 pub mod health;
 pub mod http;

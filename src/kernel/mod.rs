@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod iptables_probe;
 pub mod ipvs;
 pub mod link;
+#[cfg(any(test, feature = "testkit"))]
 pub mod mem;
 pub mod netlink;
 pub mod nft_split;

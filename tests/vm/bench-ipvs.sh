@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$ROOT"
-cargo build --release --locked --bin kpr-bench
+cargo build --release --locked --features testkit --bin kpr-bench
 TARGET=${CARGO_TARGET_DIR:-target}
 case "$TARGET" in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
 mkdir -p "$OUT"

@@ -251,6 +251,7 @@ impl<B: IpvsBackend> IpvsKernel for GracefulIpvs<B> {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl IpvsBackend for crate::kernel::mem::MemIpvs {
     fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
         Subsystem::apply(self, ops)
