@@ -121,6 +121,28 @@ impl Harness {
     }
 }
 
+/// A coordinator that has synced the `web` service (10.96.0.20) without
+/// endpoints yet, 1 ms after t0.
+async fn with_web_service(min: Duration, max: Duration) -> Harness {
+    let h = start(min, max);
+    let mut first = synced();
+    first.push(web_svc("web", "10.96.0.20"));
+    h.send(first).await;
+    sleep(MS).await;
+    h
+}
+
+/// A coordinator that has synced the `web` service (10.96.0.20, one
+/// endpoint 10.244.1.1), 1 ms after t0.
+async fn with_web(min: Duration, max: Duration) -> Harness {
+    let h = start(min, max);
+    let mut first = synced();
+    first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+    h.send(first).await;
+    sleep(MS).await;
+    h
+}
+
 fn synced() -> Vec<SourceEvent> {
     vec![SourceEvent::Synced(ResourceKind::Service), SourceEvent::Synced(ResourceKind::EndpointSlice)]
 }
@@ -175,11 +197,7 @@ fn bursts_run_at_once_then_no_closer_than_min_sync_period() {
 #[test]
 fn drift_is_repaired_by_the_periodic_checks() {
     run_paused(|| async {
-        let h = start(Duration::from_secs(1), Duration::from_secs(30));
-        let mut first = synced();
-        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web(Duration::from_secs(1), Duration::from_secs(30)).await;
         // Someone runs `ipvsadm -C`, `ipset flush KUBE-CLUSTER-IP` and `ip addr flush dev kube-ipvs0`.
         *h.k.ipvs.table.lock().unwrap() = Default::default();
         *h.k.sets["KUBE-CLUSTER-IP"].members.lock().unwrap() = Some(Default::default());
@@ -199,11 +217,7 @@ fn drift_is_repaired_by_the_periodic_checks() {
 #[test]
 fn a_quiet_cluster_writes_nothing_at_the_sync_period() {
     run_paused(|| async {
-        let h = start(Duration::from_secs(1), Duration::from_secs(30));
-        let mut first = synced();
-        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web(Duration::from_secs(1), Duration::from_secs(30)).await;
         h.k.journal.clear();
         sleep(Duration::from_secs(95)).await;
         assert_eq!(h.k.journal.lines(), Vec::<String>::new(), "periodic syncs only read");
@@ -258,11 +272,7 @@ fn a_new_node_address_gets_its_node_ports_at_the_next_periodic_sync() {
 #[test]
 fn a_full_resync_of_every_actor_comes_once_an_hour() {
     run_paused(|| async {
-        let h = start(Duration::from_secs(1), Duration::from_secs(30));
-        let mut first = synced();
-        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web(Duration::from_secs(1), Duration::from_secs(30)).await;
         let hour = crate::schedule::FULL_SYNC_PERIOD;
         sleep(hour - Duration::from_secs(1)).await;
         h.k.ipvs.table.lock().unwrap().dests.clear();
@@ -277,11 +287,7 @@ fn a_full_resync_of_every_actor_comes_once_an_hour() {
 #[test]
 fn a_refused_op_is_retried_alone_with_backoff_and_no_full_resync() {
     run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let mut first = synced();
-        first.push(web_svc("web", "10.96.0.20"));
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web_service(Duration::ZERO, Duration::from_secs(30)).await;
         let dumps = h.ipvs_dumps();
         h.k.journal.fail("-r 10.244.1.1:8080", 3);
         h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.2"])]).await;
@@ -310,11 +316,7 @@ fn a_refused_op_is_retried_alone_with_backoff_and_no_full_resync() {
 #[test]
 fn a_newer_delta_for_the_key_ends_its_retries() {
     run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let mut first = synced();
-        first.push(web_svc("web", "10.96.0.20"));
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web_service(Duration::ZERO, Duration::from_secs(30)).await;
         h.k.journal.fail("-a -t 10.96.0.20:80 -r 10.244.1.1:8080", u32::MAX);
         h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
         sleep(Duration::from_millis(150)).await;
@@ -332,11 +334,7 @@ fn a_newer_delta_for_the_key_ends_its_retries() {
 #[test]
 fn a_poison_key_never_turns_periodic_checks_into_full_resyncs() {
     run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let mut first = synced();
-        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web(Duration::ZERO, Duration::from_secs(30)).await;
         let dumps = h.ipvs_dumps();
         // A virtual server this kernel refuses for good (as SCTP without ip_vs_proto_sctp).
         h.k.journal.fail("-A -t 10.96.0.21:80", u32::MAX);
@@ -358,11 +356,7 @@ fn a_poison_key_never_turns_periodic_checks_into_full_resyncs() {
 #[test]
 fn an_unknown_outcome_resyncs_that_actor_only() {
     run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let mut first = synced();
-        first.push(web_svc("web", "10.96.0.20"));
-        h.send(first).await;
-        sleep(MS).await;
+        let h = with_web_service(Duration::ZERO, Duration::from_secs(30)).await;
         let (dumps, restores) = (h.ipvs_dumps(), h.k.iptables.restores.lock().unwrap().len());
         h.k.journal.lose("-r 10.244.1.1:8080", 1);
         h.send(vec![web_slice("web", &["10.244.1.1"])]).await;

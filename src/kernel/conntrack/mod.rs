@@ -467,12 +467,11 @@ impl ConntrackKernel for NetlinkConntrack {}
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroI32;
-
-    use netlink_packet_core::{DoneMessage, ErrorMessage, NLM_F_MULTIPART};
+    use netlink_packet_core::NLM_F_MULTIPART;
     use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage};
 
     use super::*;
+    use crate::kernel::netlink::replies::{ack, done, msg};
 
     fn ip(s: &str) -> std::net::IpAddr {
         s.parse().expect("test address")
@@ -492,25 +491,6 @@ mod tests {
             zone: None,
             id: Some(42),
         }
-    }
-
-    fn msg(seq: u32, flags: u16, payload: NetlinkPayload<RawNfnl>) -> Msg {
-        let mut header = NetlinkHeader::default();
-        header.sequence_number = seq;
-        header.flags = flags;
-        NetlinkMessage::new(header, payload)
-    }
-
-    fn ack(seq: u32, code: i32) -> Msg {
-        let mut e = ErrorMessage::default();
-        e.code = NonZeroI32::new(code);
-        msg(seq, 0, NetlinkPayload::Error(e))
-    }
-
-    fn done(code: i32) -> Msg {
-        let mut d = DoneMessage::default();
-        d.code = code;
-        msg(9, NLM_F_MULTIPART, NetlinkPayload::Done(d))
     }
 
     /// `e` as the kernel dumps it (`IPCTNL_MSG_CT_NEW`), with `reply` or not.
@@ -543,8 +523,8 @@ mod tests {
     fn dump_replies_yield_entries_the_end_and_kernel_errors() {
         let request = Request::Dump(IpFamily::V4);
         assert_eq!(dump_reply(dumped(&entry()), &request).ok(), Some(DumpReply::Entry(entry())));
-        assert_eq!(dump_reply(done(0), &request).ok(), Some(DumpReply::End));
-        let err = dump_reply(done(-1), &request).expect_err("EPERM");
+        assert_eq!(dump_reply(done(NLM_F_MULTIPART, 0), &request).ok(), Some(DumpReply::End));
+        let err = dump_reply(done(NLM_F_MULTIPART, -1), &request).expect_err("EPERM");
         assert_eq!(err.errno(), Some(Errno(1)));
         assert_eq!(err.to_string(), "conntrack -L -f ipv4: Operation not permitted (os error 1)");
         let err = dump_reply(ack(9, -22), &request).expect_err("EINVAL");

@@ -470,11 +470,8 @@ fn family_id_attr(reply: &RawGenl) -> Result<Option<u16>, DecodeError> {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroI32;
-
-    use netlink_packet_core::{DoneMessage, ErrorMessage, NetlinkHeader};
-
     use super::*;
+    use crate::kernel::netlink::replies::{ack, done, msg};
     use crate::msgs::ipvs::{DestKey, DestSpec};
     use crate::net::Protocol;
 
@@ -522,25 +519,6 @@ mod tests {
 
     fn rr() -> VsSpec {
         VsSpec { scheduler: "rr".into(), flags: 0, timeout: 0 }
-    }
-
-    fn msg(seq: u32, flags: u16, payload: NetlinkPayload<GenlMessage<RawGenl>>) -> Msg {
-        let mut header = NetlinkHeader::default();
-        header.sequence_number = seq;
-        header.flags = flags;
-        NetlinkMessage::new(header, payload)
-    }
-
-    fn ack(seq: u32, code: i32) -> Msg {
-        let mut e = ErrorMessage::default();
-        e.code = NonZeroI32::new(code);
-        msg(seq, 0, NetlinkPayload::Error(e))
-    }
-
-    fn done(code: i32) -> Msg {
-        let mut d = DoneMessage::default();
-        d.code = code;
-        msg(9, 0, NetlinkPayload::Done(d))
     }
 
     fn inner<F: GenlFamily + Emitable>(typed: &F, flags: u16) -> Msg {
@@ -625,8 +603,8 @@ mod tests {
         let entry = codec::add_service(&vs(), &rr());
         let parsed = dump_entry(inner(&entry, 0x2), &request).expect("entry");
         assert_eq!(parsed, Some(entry.clone()));
-        assert_eq!(dump_entry(done(0), &request).expect("end"), None);
-        let err = dump_entry(done(-4), &request).expect_err("EINTR");
+        assert_eq!(dump_entry(done(0, 0), &request).expect("end"), None);
+        let err = dump_entry(done(0, -4), &request).expect_err("EINTR");
         assert_eq!(err.errno(), Some(Errno(4)));
         let err = dump_entry(ack(9, -22), &request).expect_err("EINVAL");
         assert_eq!(err.to_string(), "ipvs -L -n: Invalid argument (os error 22)");

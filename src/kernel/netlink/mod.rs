@@ -178,40 +178,55 @@ where
     }
 }
 
+/// Replies as the kernel sends them, for the clients' unit tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod replies {
     use std::num::NonZeroI32;
 
-    use netlink_packet_core::{ErrorMessage, NetlinkHeader};
+    use netlink_packet_core::{DoneMessage, ErrorMessage, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 
+    pub fn msg<T>(seq: u32, flags: u16, payload: NetlinkPayload<T>) -> NetlinkMessage<T> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        NetlinkMessage::new(header, payload)
+    }
+
+    /// The ack (code 0) or error of request `seq`.
+    pub fn ack<T>(seq: u32, code: i32) -> NetlinkMessage<T> {
+        let mut e = ErrorMessage::default();
+        e.code = NonZeroI32::new(code);
+        msg(seq, 0, NetlinkPayload::Error(e))
+    }
+
+    /// A dump's end, with its status.
+    pub fn done<T>(flags: u16, code: i32) -> NetlinkMessage<T> {
+        let mut d = DoneMessage::default();
+        d.code = code;
+        msg(9, flags, NetlinkPayload::Done(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replies::{ack, msg};
     use super::*;
 
     type Msg = NetlinkMessage<()>;
 
-    fn msg(seq: u32, payload: NetlinkPayload<()>) -> Msg {
-        let mut header = NetlinkHeader::default();
-        header.sequence_number = seq;
-        NetlinkMessage::new(header, payload)
-    }
-
-    fn ack(seq: u32, code: i32) -> Msg {
-        let mut e = ErrorMessage::default();
-        e.code = NonZeroI32::new(code);
-        msg(seq, NetlinkPayload::Error(e))
-    }
-
     #[test]
     fn acks_map_back_to_requests_by_sequence() {
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, -17), ack(7, 0)], 3), Some(vec![0, -17, 0]));
-        assert_eq!(codes_in_order(&[ack(u32::MAX, 0), ack(0, -2)], 2), Some(vec![0, -2]), "sequence numbers wrap");
+        assert_eq!(codes_in_order::<()>(&[ack(5, 0), ack(6, -17), ack(7, 0)], 3), Some(vec![0, -17, 0]));
+        let wrapped: [Msg; 2] = [ack(u32::MAX, 0), ack(0, -2)];
+        assert_eq!(codes_in_order(&wrapped, 2), Some(vec![0, -2]), "sequence numbers wrap");
     }
 
     #[test]
     fn missing_stray_or_overrun_acks_make_the_whole_batch_unknown() {
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(6, 0)], 3), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(5, 0)], 2), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), ack(9, 0)], 2), None);
+        assert_eq!(codes_in_order::<()>(&[ack(5, 0), ack(6, 0)], 3), None);
+        assert_eq!(codes_in_order::<()>(&[ack(5, 0), ack(5, 0)], 2), None);
+        assert_eq!(codes_in_order::<()>(&[ack(5, 0), ack(9, 0)], 2), None);
         assert_eq!(codes_in_order(&[] as &[Msg], 1), None);
-        assert_eq!(codes_in_order(&[ack(5, 0), msg(0, NetlinkPayload::Overrun(Vec::new()))], 1), None);
+        assert_eq!(codes_in_order::<()>(&[ack(5, 0), msg(0, 0, NetlinkPayload::Overrun(Vec::new()))], 1), None);
     }
 }
