@@ -294,9 +294,10 @@ impl Dataplane for IpvsDataplane {
         for (set, a) in o.sets {
             tally.sort(ActorId::Set(set), a, by_set.entry(set).or_default());
         }
-        for (set, waiting) in self.waiting.sets.iter_mut() {
-            if let Some(target) = self.targets.sets.get(set) {
-                settle(waiting, by_set.remove(set).unwrap_or_default(), target, now);
+        for set in IpvsSet::ALL {
+            if let Some(target) = self.targets.sets.get(&set) {
+                let waiting = self.waiting.sets.entry(set).or_default();
+                settle(waiting, by_set.remove(&set).unwrap_or_default(), target, now);
             }
         }
         let mut refused = Vec::new();

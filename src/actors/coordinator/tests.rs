@@ -314,6 +314,22 @@ fn a_refused_op_is_retried_alone_with_backoff_and_no_full_resync() {
 }
 
 #[test]
+fn a_set_member_refused_in_the_first_full_sync_is_retried_alone() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        h.k.journal.fail("add KUBE-CLUSTER-IP 10.96.0.20,tcp:80", 1);
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        h.send(first).await;
+        sleep(Duration::from_secs(1)).await;
+        let ms = Duration::from_millis;
+        assert_eq!(h.at("add KUBE-CLUSTER-IP 10.96.0.20,tcp:80"), vec![ms(0), ms(100)], "refused, then retried");
+        let syncs = h.syncs().await;
+        assert_eq!(syncs.iter().map(|s| (s.full, s.ops)).collect::<Vec<_>>(), [(true, syncs[0].ops), (false, 1)]);
+    });
+}
+
+#[test]
 fn a_newer_delta_for_the_key_ends_its_retries() {
     run_paused(|| async {
         let h = with_web_service(Duration::ZERO, Duration::from_secs(30)).await;
