@@ -25,5 +25,7 @@ pub mod settings;
 pub mod signals;
 pub mod stats;
 pub mod sync;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 #[cfg(test)]
 mod trace_scenarios;

@@ -46,6 +46,9 @@ pub struct Options {
     pub dual_stack: bool,
     /// The config's syncPeriod.
     pub sync_period: Duration,
+    /// Serve the cluster from the test API server (inside the daemon's
+    /// namespace) instead of manifest files.
+    pub api_source: bool,
 }
 
 /// One figure.
@@ -210,11 +213,15 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let events = if opts.dual_stack { super::dual::dual_stack(&events) } else { events };
     drop(cluster);
     let objects = write_manifests(&manifests, &events)?;
-    drop(events);
     fig("objects in the manifest files", objects as f64, "objects");
 
     let pid = std::process::id();
     let node = Netns::new(format!("kpr-bd-{pid}"))?;
+    let api = match opts.api_source {
+        true => Some(ApiInNetns::start(&node.0, &events)?),
+        false => None,
+    };
+    drop(events);
     // The node's address (NodePorts are planned on it), and its IPv6 twin.
     node.exec(&["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"])?;
     node.exec(&["ip", "addr", "add", &format!("{}/16", node_ip(0)), "dev", "eth0"])?;
@@ -252,13 +259,16 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let log = work.join("daemon.log");
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
     let t0 = Instant::now();
+    let source: [std::ffi::OsString; 2] = match &api {
+        Some(api) => ["--master".into(), api.url.clone().into()],
+        None => ["--manifests".into(), manifests.clone().into()],
+    };
     let child = Command::new("ip")
         .args(["netns", "exec", &node.0])
         .arg(&opts.binary)
         .arg("--config")
         .arg(&config)
-        .arg("--manifests")
-        .arg(&manifests)
+        .args(&source)
         .env("PATH", &path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -331,6 +341,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     fig("syncs logged by the end (every family)", syncs as f64, "syncs");
     fig("peak RSS (VmHWM) of the daemon", vm_hwm_mb(daemon_pid)?, "MB");
     drop(daemon);
+    drop(api);
     let _ = std::fs::remove_dir_all(&work);
     Ok(out)
 }
@@ -348,6 +359,60 @@ fn dry_run_sections(text: &str) -> Vec<String> {
         }
     }
     sections
+}
+
+/// The test API server, serving the cluster on 127.0.0.1 inside a
+/// network namespace from a thread of its own, until dropped.
+struct ApiInNetns {
+    url: String,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ApiInNetns {
+    fn start(netns: &str, events: &[SourceEvent]) -> anyhow::Result<ApiInNetns> {
+        let path = format!("/run/netns/{netns}");
+        let objects: Vec<Value> = events.iter().filter_map(object).collect();
+        let (url_tx, url_rx) = std::sync::mpsc::channel::<anyhow::Result<String>>();
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let served = (|| -> anyhow::Result<_> {
+                let f = std::fs::File::open(&path).with_context(|| path.clone())?;
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).with_context(|| format!("setns {path}"))?;
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                Ok(rt)
+            })();
+            let rt = match served {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = url_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let server = crate::testkit::apiserver::ApiServer::start().await;
+                for o in objects {
+                    if let Err(e) = server.create(&o) {
+                        let _ = url_tx.send(Err(anyhow::anyhow!("creating an object in the test API server: {e:?}")));
+                        return;
+                    }
+                }
+                let _ = url_tx.send(Ok(server.url()));
+                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+            });
+        });
+        let url = url_rx.recv().context("the API server thread ended")??;
+        Ok(ApiInNetns { url, stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for ApiInNetns {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

@@ -118,6 +118,10 @@ enum Cmd {
         /// The daemon binary (default: kube-proxy-rs beside this binary).
         #[arg(long)]
         binary: Option<std::path::PathBuf>,
+        /// Where the daemon reads the cluster: manifest files, or the test
+        /// API server (in the daemon's namespace; kube-rs watchers, `--master`).
+        #[arg(long, default_value = "manifests", value_parser = ["manifests", "api"])]
+        source: String,
     },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
@@ -627,7 +631,7 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
-        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary } => {
+        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary, source } => {
             let binary = match binary {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()
@@ -643,6 +647,7 @@ fn main() {
                     idle: Duration::from_secs(*idle),
                     dual_stack: cli.dual_stack,
                     sync_period: Duration::from_secs(*sync_period),
+                    api_source: source == "api",
                 };
                 for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
                     r.add("daemon", n, &f.metric, f.value, f.unit);

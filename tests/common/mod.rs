@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-pub mod apiserver;
+pub use kube_proxy_rs::testkit::apiserver;
 pub mod lab;
 
 use std::io::Write;

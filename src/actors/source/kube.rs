@@ -467,17 +467,50 @@ pub trait Watched:
     /// The event carrying `change`.
     fn event(change: Change<Self>) -> SourceEvent;
 
-    /// What the source keeps of an object it has sent: its identity and
-    /// resourceVersion, which tell a later version apart and name it in a
-    /// deletion (all the model reads of a deleted Service or EndpointSlice).
-    /// At 10,000 services the whole objects were ≈ 55 MB the model had
-    /// already turned into its own form. An object without a resourceVersion
-    /// is kept whole (it is compared whole).
-    fn kept(object: Arc<Self>) -> Arc<Self> {
-        if object.resource_version().is_none() {
-            return object;
+    /// What the source keeps of an object it has sent: its resourceVersion
+    /// and uid, which tell a later version apart and, with its key, name it
+    /// in a deletion (all the model reads of a deleted Service or
+    /// EndpointSlice). At 10,000 services the whole objects were ≈ 55 MB
+    /// the model had already turned into its own form, and an identity
+    /// object (a default `Service` with four fields set) still ≈ 1 KB. An
+    /// object without a resourceVersion is kept whole (it is compared whole).
+    fn kept(object: Arc<Self>) -> Kept<Self> {
+        match object.resource_version() {
+            Some(resource_version) => Kept::Version { resource_version, uid: object.meta().uid.clone() },
+            None => Kept::Whole(object),
         }
-        Arc::new(identity(object.meta()))
+    }
+}
+
+/// What the source keeps of an object it has sent ([`Watched::kept`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kept<K> {
+    Version { resource_version: String, uid: Option<String> },
+    Whole(Arc<K>),
+}
+
+impl<K: Watched> Kept<K> {
+    /// `new` is the version this stands for.
+    fn same_version(&self, new: &K) -> bool {
+        match self {
+            Kept::Version { resource_version, .. } => new.resource_version().as_deref() == Some(resource_version),
+            Kept::Whole(old) => same_version(old.as_ref(), new),
+        }
+    }
+
+    /// The object a deletion carries: the whole object, or one carrying
+    /// only its identity and last version.
+    fn object(&self, (namespace, name): &ObjectKey) -> Arc<K> {
+        match self {
+            Kept::Whole(object) => object.clone(),
+            Kept::Version { resource_version, uid } => Arc::new(identity(&ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()).filter(|ns| !ns.is_empty()),
+                resource_version: Some(resource_version.clone()),
+                uid: uid.clone(),
+                ..ObjectMeta::default()
+            })),
+        }
     }
 }
 
@@ -514,8 +547,8 @@ impl Watched for Node {
 
     /// Our own Node, kept whole: its deletion marks the node as being
     /// deleted with its last labels and addresses (/healthz).
-    fn kept(object: Arc<Self>) -> Arc<Self> {
-        object
+    fn kept(object: Arc<Self>) -> Kept<Self> {
+        Kept::Whole(object)
     }
 }
 
@@ -547,9 +580,10 @@ fn same_version<K: Watched>(a: &K, b: &K) -> bool {
 #[derive(Debug)]
 pub struct RelistState<K> {
     /// The objects as last sent, as [`Watched::kept`] keeps them.
-    known: BTreeMap<ObjectKey, Arc<K>>,
-    /// Objects listed since `Init`, until `InitDone`.
-    relisting: Option<BTreeMap<ObjectKey, Arc<K>>>,
+    known: BTreeMap<ObjectKey, Kept<K>>,
+    /// Objects listed since `Init`, until `InitDone`: as read, or (refused
+    /// when listed) as known before.
+    relisting: Option<BTreeMap<ObjectKey, Result<Arc<K>, Kept<K>>>>,
     synced: bool,
     /// Objects refused since the last [`RelistState::take_refusals`].
     refusals: Vec<Refused>,
@@ -610,7 +644,7 @@ impl<K: Watched> RelistState<K> {
                 match item.0 {
                     Ok(object) => {
                         let listed = self.relisting.get_or_insert_default();
-                        listed.insert(key_of(&object), Arc::new(object));
+                        listed.insert(key_of(&object), Ok(Arc::new(object)));
                     }
                     Err(refused) => self.refuse_listed(refused),
                 }
@@ -654,7 +688,7 @@ impl<K: Watched> RelistState<K> {
         let last = self.known.get(&key).cloned();
         self.refuse(refused, last.is_some());
         if let Some(last) = last {
-            self.relisting.get_or_insert_default().insert(key, last);
+            self.relisting.get_or_insert_default().insert(key, Err(last));
         }
     }
 
@@ -662,11 +696,10 @@ impl<K: Watched> RelistState<K> {
     fn swap(&mut self) -> Vec<SourceEvent> {
         let listed = self.relisting.take().unwrap_or_default();
         let gone = (self.known.iter()).filter(|(key, _)| !listed.contains_key(*key));
-        let mut events: Vec<SourceEvent> = gone.map(|(_, old)| K::event(Change::Deleted(old.clone()))).collect();
+        let mut events: Vec<SourceEvent> = gone.map(|(key, old)| K::event(Change::Deleted(old.object(key)))).collect();
         let deleted = events.len();
-        let changed = listed
-            .iter()
-            .filter(|(key, new)| self.known.get(*key).is_none_or(|old| !same_version(old.as_ref(), new.as_ref())));
+        let read = listed.iter().filter_map(|(key, l)| l.as_ref().ok().map(|new| (key, new)));
+        let changed = read.filter(|(key, new)| self.known.get(*key).is_none_or(|old| !old.same_version(new)));
         events.extend(changed.map(|(_, new)| K::event(Change::Applied(new.clone()))));
         let first = !self.synced;
         info!(
@@ -677,7 +710,7 @@ impl<K: Watched> RelistState<K> {
             first,
             "list complete"
         );
-        self.known = listed.into_iter().map(|(key, object)| (key, K::kept(object))).collect();
+        self.known = listed.into_iter().map(|(key, l)| (key, l.map_or_else(|kept| kept, K::kept))).collect();
         if first {
             self.synced = true;
             events.push(SourceEvent::Synced(K::KIND));
@@ -687,7 +720,7 @@ impl<K: Watched> RelistState<K> {
 
     fn apply(&mut self, object: K) -> Option<SourceEvent> {
         let key = key_of(&object);
-        if self.known.get(&key).is_some_and(|old| same_version(old.as_ref(), &object)) {
+        if self.known.get(&key).is_some_and(|old| old.same_version(&object)) {
             debug!(kind = %K::KIND, object = ?key, "repeated watch event ignored");
             return None;
         }
@@ -852,7 +885,7 @@ mod tests {
             spec: Some(Default::default()),
             ..Default::default()
         });
-        assert_eq!(Node::kept(node.clone()), node);
+        assert_eq!(Node::kept(node.clone()), Kept::Whole(node));
     }
 
     #[test]

@@ -27,9 +27,11 @@ pub const NAT_TOP: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING,
 pub struct Fragment<'a> {
     pub filter: &'a str,
     pub nat_top: &'a str,
-    /// `Some((chains, rules))` when this port's chains are written; the
-    /// rules are moved into the restore input as a part of their own.
-    pub own: Option<(Vec<String>, String)>,
+    /// The chains it owns (declared when `own` is written).
+    pub chains: &'a [String],
+    /// `Some(rules)` when this port's chains are written; the rules are
+    /// moved into the restore input as a part of their own.
+    pub own: Option<String>,
 }
 
 /// The restore input being written: finished parts and the current one.
@@ -147,7 +149,7 @@ fn nat_table(parts: &mut Parts, frame: &Frame, ports: Vec<Fragment>) {
     // this one (the same input otherwise). The order has no meaning to the
     // kernel; the rules below keep upstream's.
     let mut declared: Vec<&str> =
-        ports.iter().filter_map(|p| p.own.as_ref()).flat_map(|(chains, _)| chains.iter().map(String::as_str)).collect();
+        ports.iter().filter(|p| p.own.is_some()).flat_map(|p| p.chains.iter().map(String::as_str)).collect();
     declared.extend(frame.stale.iter().map(String::as_str));
     declared.sort_unstable();
     out.reserve(declared.iter().map(|c| c.len() + 10).sum());
@@ -165,7 +167,7 @@ fn nat_table(parts: &mut Parts, frame: &Frame, ports: Vec<Fragment>) {
     let _ = writeln!(out, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {m}");
     for p in ports {
         parts.buf.push_str(p.nat_top);
-        if let Some((_, rules)) = p.own {
+        if let Some(rules) = p.own {
             parts.push_part(rules);
         }
     }
