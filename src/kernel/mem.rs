@@ -143,7 +143,7 @@ impl Subsystem for MemIpvs {
         let me = self.clone();
         async move {
             let have = me.dump().await?;
-            let ops = ipvs_diff(&desired, &have, |_| true);
+            let ops = ipvs_diff(desired, &have, |_| true);
             let results = me.apply(ops.clone()).await;
             Ok((ops, results))
         }

@@ -101,8 +101,7 @@ impl IpvsDataplane {
         self.planner.replan_all(model, ctx);
         self.needs_full.clear();
         self.waiting.all_in_flight();
-        let desired = self.planner.desired();
-        let mut stage = Stage::full(generation, &desired);
+        let mut stage = Stage::full(generation, self.planner.desired());
         stage.rules = Some(self.render_rules(model));
         stage.rules_full = true;
         stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
@@ -487,9 +486,9 @@ impl Stage {
     }
 
     /// Every actor gets its complete desired state.
-    fn full(generation: u64, d: &IpvsDesired) -> Stage {
+    fn full(generation: u64, d: IpvsDesired) -> Stage {
         let mut s = Stage::new(generation);
-        s.ipvs = Some(batch(generation, SyncMode::Full, d.ipvs.clone()));
+        s.ipvs = Some(batch(generation, SyncMode::Full, d.ipvs));
         for set in IpvsSet::ALL {
             s.sets.insert(set, batch(generation, SyncMode::Full, adds(d.sets.get(&set))));
         }

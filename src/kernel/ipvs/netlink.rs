@@ -256,8 +256,8 @@ impl NetlinkIpvs {
     /// order. Requests are pipelined, [`MAX_BATCH`] per datagram. Deleting a
     /// missing service or destination (ENOENT/ESRCH) succeeds; adding an
     /// existing one (EEXIST) is retried as an edit, whose result it takes.
-    pub async fn apply(&self, ops: Vec<IpvsOp>) -> Vec<Result<(), IpvsError>> {
-        let mut results = self.run_ops(&ops).await;
+    pub async fn apply(&self, ops: &[IpvsOp]) -> Vec<Result<(), IpvsError>> {
+        let mut results = self.run_ops(ops).await;
         let (indices, edits): (Vec<usize>, Vec<IpvsOp>) = ops
             .iter()
             .zip(&results)
@@ -500,7 +500,7 @@ mod tests {
             return; // this one only speaks about kernels without IPVS
         }
         let ipvs = NetlinkIpvs::new().expect("generic netlink socket");
-        let results = ipvs.apply(vec![IpvsOp::DelService(vs()), IpvsOp::DelService(vs())]).await;
+        let results = ipvs.apply(&[IpvsOp::DelService(vs()), IpvsOp::DelService(vs())]).await;
         assert_eq!(results.len(), 2);
         assert!(results.iter().all(|r| matches!(r, Err(IpvsError::NotAvailable))));
         assert!(matches!(ipvs.services().await, Err(IpvsError::NotAvailable)));

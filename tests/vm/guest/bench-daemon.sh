@@ -7,8 +7,10 @@
 #   tests/vm/run-vm-test.sh --mem 3072 --timeout 3600 --outdir target/bench-daemon \
 #     --bin target/release/kpr-bench --bin target/release/kube-proxy-rs \
 #     tests/vm/guest/bench-daemon.sh -- --mode ipvs --services 1000,10000 --idle 30
+# KPR_DAEMON (--env) replaces the daemon binary, e.g. by a wrapper that runs
+# it under `heaptrack -r` (README "Performance", where the memory goes).
 set -u
-kpr-bench daemon --binary /usr/local/bin/kube-proxy-rs "$@" >/out/daemon.md
+kpr-bench daemon --binary "${KPR_DAEMON:-/usr/local/bin/kube-proxy-rs}" "$@" >/out/daemon.md
 rc=$?
 cat /out/daemon.md
 echo "kpr-bench daemon: exit $rc"
