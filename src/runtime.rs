@@ -207,23 +207,20 @@ async fn run_async(
     // Every family's coordinator sees every event (objects are shared, not
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
-    let claims = std::sync::Mutex::new(crate::model::node_ports::NodePortClaims::default());
-    let source_metrics = metrics.clone();
-    let sink = move |b: SourceBatch| {
-        report_ignored(&b, &metrics);
-        let (events, conflicts) = crate::sync::lock(&claims).filter(b.0);
-        report_conflicts(&conflicts, &metrics);
-        let b = SourceBatch(events);
-        for s in &sinks {
-            s.do_send(b.clone());
-        }
-    };
+    let fanout = Arc::new(Fanout { sinks, metrics, claims: std::sync::Mutex::default() });
+    let source_metrics = live.observe.metrics.clone();
     let running = match ready {
-        Ready::Api(client) => Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), source_metrics, sink))),
+        Ready::Api(client) => {
+            let sink = move |b: SourceBatch| fanout.send(b);
+            Running::Api(actix_rt::spawn(api::run(client, node_name.clone(), source_metrics, sink)))
+        }
         Ready::Manifests(dir) => {
             let metrics = live.observe.metrics.clone();
             let report =
                 move |d: &manifests::Duplicate| metrics.object_ignored(&d.kind, &d.object, "duplicate", &d.detail);
+            // The watcher's own thread waits until the coordinators took each
+            // batch: its first scan then holds one file's objects at a time.
+            let sink = move |b: SourceBatch| fanout.send_and_wait(b);
             Running::Manifests(manifests::spawn_reporting(dir, sink, report)?)
         }
     };
@@ -243,6 +240,42 @@ async fn run_async(
 
 /// Logs and counts the objects every proxier ignores, once each (not once
 /// per family).
+/// The sources' batches to every family's coordinator, after the metrics
+/// of ignored objects and the nodePort claims (shared by the families).
+struct Fanout {
+    sinks: Vec<Recipient<SourceBatch>>,
+    metrics: Arc<ProxyMetrics>,
+    claims: std::sync::Mutex<crate::model::node_ports::NodePortClaims>,
+}
+
+impl Fanout {
+    fn filter(&self, b: SourceBatch) -> SourceBatch {
+        report_ignored(&b, &self.metrics);
+        let (events, conflicts) = crate::sync::lock(&self.claims).filter(b.0);
+        report_conflicts(&conflicts, &self.metrics);
+        SourceBatch(events)
+    }
+
+    /// From the actors' own thread: queued, not waited for.
+    fn send(&self, b: SourceBatch) {
+        let b = self.filter(b);
+        for s in &self.sinks {
+            s.do_send(b.clone());
+        }
+    }
+
+    /// From another thread (never the actors'): returns once every
+    /// coordinator handled the batch (or is gone).
+    fn send_and_wait(&self, b: SourceBatch) {
+        let b = self.filter(b);
+        for s in &self.sinks {
+            if futures::executor::block_on(s.send(b.clone())).is_err() {
+                tracing::debug!("a coordinator is gone; its source batch is dropped");
+            }
+        }
+    }
+}
+
 fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics) {
     for n in batch.0.iter().filter_map(crate::model::notice::ignored) {
         if n.warn {

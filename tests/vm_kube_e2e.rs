@@ -1,5 +1,5 @@
 //! End to end: the daemon binary, started with a kubeconfig pointing at the
-//! test API server (tests/common/apiserver), programs IPVS on a real kernel
+//! test API server (src/testkit/apiserver), programs IPVS on a real kernel
 //! and follows creates, updates and deletes of Services and EndpointSlices,
 //! across a forced watch drop and a 410 relist.
 //!

@@ -1,6 +1,8 @@
 //! `kpr-bench daemon`: the real daemon binary on a generated cluster, as an
 //! operator runs it. The cluster is written as manifest files (one
-//! `kind: List` file per 500 objects, plus the Node), the daemon runs in
+//! `kind: List` file per 500 objects, plus the Node), or served by the test
+//! API server inside the daemon's namespace (`--source api`: the daemon's
+//! kube-rs watchers list and watch it through `--master`); the daemon runs in
 //! iptables mode (or IPVS mode, in the VM) inside a network namespace of its own (`ip netns exec`,
 //! so the host's tables are never touched), and the bench reads what a
 //! user sees:

@@ -87,6 +87,39 @@ impl ManifestDir {
         ScanResult { events, errors: pass.errors, settle_again: pass.settle_again, refused: pass.refused }
     }
 
+    /// The first scan, file by file in name order: `each` gets what every
+    /// file brings as it is read (the first file holding an object wins, as
+    /// in [`ManifestDir::scan`], whose results it leaves behind), and last
+    /// `Synced` for every kind. Only one file's decoded objects are held at
+    /// a time: at 10,000 services the whole directory's were ≈ 69 MB, the
+    /// daemon's peak. If the directory cannot be listed, nothing is read.
+    pub fn scan_file_by_file(&mut self, mut each: impl FnMut(ScanResult)) -> Result<(), ManifestError> {
+        let listing = list_dir(&self.dir)?;
+        let now = SystemTime::now();
+        for (path, meta) in listing {
+            let mut pass = Pass { listed: true, ..Pass::default() };
+            match meta {
+                Ok(meta) => self.refresh(path, Stamp::of(&meta), now, &mut pass),
+                Err(source) => self.stat_failed(path, source, &mut pass),
+            }
+            let events = self.settle_all(std::mem::take(&mut pass.touched), &pass.fresh, &mut pass.refused);
+            drop(pass.fresh);
+            each(ScanResult { events, errors: pass.errors, settle_again: pass.settle_again, refused: pass.refused });
+        }
+        if !self.synced {
+            self.synced = true;
+            let events =
+                [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced);
+            each(ScanResult { events: events.into(), ..ScanResult::default() });
+        }
+        Ok(())
+    }
+
+    /// Whether the directory can be listed (what a start checks).
+    pub fn check_listable(&self) -> Result<(), ManifestError> {
+        list_dir(&self.dir).map(drop)
+    }
+
     fn refresh_all(&mut self, listing: Listing, pass: &mut Pass) {
         pass.listed = true;
         let gone: Vec<PathBuf> = (self.files.keys()).filter(|path| !listing.contains_key(*path)).cloned().collect();
@@ -389,6 +422,30 @@ mod tests {
         assert_eq!(lines, ["applied Service default/web", "synced Service", "synced EndpointSlice", "synced Node",]);
         write(&dir, "node.yaml", NODE);
         assert_eq!(summary(&manifests.scan().events), ["applied Node demo-node"]);
+    }
+
+    #[test]
+    fn the_file_by_file_scan_sends_each_file_as_read_and_ends_like_a_whole_scan() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "a.yaml", &format!("{WEB_SERVICE}---\n{WEB_SLICE}"));
+        // The same Service again in a later file: refused, the first kept.
+        write(&dir, "b.yaml", &format!("{}---\n{NODE}", service("web", "10.96.0.99")));
+        let mut manifests = ManifestDir::new(dir.path()).with_settle(Duration::ZERO);
+        let mut calls = Vec::new();
+        manifests.scan_file_by_file(|r| calls.push((summary(&r.events), r.refused.len()))).unwrap();
+        assert_eq!(
+            calls,
+            [
+                (vec!["applied Service default/web".to_string(), "applied EndpointSlice default/web-abcde".into()], 0),
+                (vec!["applied Node demo-node".into()], 1),
+                (vec!["synced Service".into(), "synced EndpointSlice".into(), "synced Node".into()], 0),
+            ]
+        );
+        // Nothing left for the next scan; later changes come as before.
+        assert!(manifests.scan().events.is_empty());
+        fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        let events = summary(&manifests.scan().events);
+        assert_eq!(events, ["applied Service default/web", "deleted EndpointSlice default/web-abcde"]);
     }
 
     #[test]

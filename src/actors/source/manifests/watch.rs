@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{never, select, Receiver, RecvError, Sender};
+use crossbeam_channel::{never, select, Receiver, RecvError, RecvTimeoutError, Sender, TryRecvError};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
 use super::error::{Duplicate, ManifestError};
-use super::scan::{ManifestDir, ScanResult};
+use super::scan::ManifestDir;
 use crate::msgs::source::SourceBatch;
 
 /// How long the directory must be quiet after a change before a rescan.
@@ -23,6 +23,10 @@ const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Safety-net rescan interval while inotify works (a rescan only stats files).
 const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a stop waits for the thread: a sink may block (the daemon's
+/// waits until the coordinators took each batch) and never return when
+/// they are gone with the caller's thread.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// A running manifest watcher. Dropping it (or [`ManifestWatcher::stop`])
 /// stops the thread and waits for it.
@@ -30,6 +34,8 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 pub struct ManifestWatcher {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends.
+    ended: Receiver<()>,
 }
 
 impl ManifestWatcher {
@@ -48,6 +54,10 @@ impl ManifestWatcher {
         if thread.thread().id() == std::thread::current().id() {
             return;
         }
+        if let Err(RecvTimeoutError::Timeout) = self.ended.recv_timeout(STOP_WAIT) {
+            warn!(waited = ?STOP_WAIT, "manifest watcher still handing a batch over; not waiting for it");
+            return;
+        }
         if thread.join().is_err() {
             warn!("manifest watcher thread panicked");
         }
@@ -60,14 +70,17 @@ impl Drop for ManifestWatcher {
     }
 }
 
-/// Watches `dir` and feeds `sink` the events of the manifest source.
+/// Watches `dir` and feeds `sink` the events of the manifest source, from a
+/// thread of its own.
 ///
-/// The first scan runs before this returns, and `sink` gets its batch (all
-/// objects, then `Synced` for every kind) as its first call, on the caller's
-/// thread. Then a thread rescans after every burst of changes (inotify, with
-/// ~100 ms debounce; polling every second if inotify is unavailable) and calls
-/// `sink` with each non-empty batch. Fails if the directory cannot be listed
-/// or the thread cannot be started; bad files are only logged.
+/// The first scan goes file by file: `sink` gets each file's objects as it
+/// is read, then `Synced` for every kind (so only one file's objects are
+/// decoded at a time; a sink that blocks until its consumer took a batch
+/// bounds what waits in between). Then the thread rescans after every burst
+/// of changes (inotify, with ~100 ms debounce; polling every second if
+/// inotify is unavailable) and calls `sink` with each non-empty batch. Fails
+/// if the directory cannot be listed or the thread cannot be started; bad
+/// files are only logged.
 pub fn spawn(dir: PathBuf, sink: impl Fn(SourceBatch) + Send + 'static) -> Result<ManifestWatcher, ManifestError> {
     start(dir, sink, |_: &Duplicate| {}, Backend::Inotify)
 }
@@ -108,24 +121,23 @@ where
     F: Fn(SourceBatch) + Send + 'static,
     R: Fn(&Duplicate) + Send + 'static,
 {
-    let mut manifests = ManifestDir::new(dir);
-    let ScanResult { events, errors, refused, .. } = manifests.scan();
-    refused.iter().for_each(&report);
-    if let Some(err) = (errors.into_iter()).find(|e| matches!(e, ManifestError::ReadDir { .. })) {
-        return Err(err);
-    }
-    sink(SourceBatch(events));
+    let manifests = ManifestDir::new(dir);
+    manifests.check_listable()?;
     let (watcher, events) = match backend {
         Backend::Inotify => watch_dir(manifests.dir()).unzip(),
         Backend::Poll => (None, None),
     };
     let (stop, stopped) = crossbeam_channel::bounded(0);
+    let (end, ended) = crossbeam_channel::bounded::<()>(0);
     let worker = Worker { manifests, sink, report, stop: stopped, events, _watcher: watcher, settle_again: None };
     let thread = std::thread::Builder::new()
         .name("manifest-watch".to_owned())
-        .spawn(move || worker.run())
+        .spawn(move || {
+            let _end = end;
+            worker.run()
+        })
         .map_err(|source| ManifestError::Spawn { source })?;
-    Ok(ManifestWatcher { stop: Some(stop), thread: Some(thread) })
+    Ok(ManifestWatcher { stop: Some(stop), thread: Some(thread), ended })
 }
 
 /// An inotify watch on `dir`; `None` (logged) if it cannot be set up.
@@ -169,12 +181,28 @@ enum Wake {
 
 impl<F: Fn(SourceBatch), R: Fn(&Duplicate)> Worker<F, R> {
     fn run(mut self) {
-        // Catch changes made between the first scan and the start of the watch.
+        self.first_scan();
+        // Catch changes made during the first scan, before the watch saw them.
         self.rescan();
         while self.wait() {
             self.rescan();
         }
         debug!(dir = %self.manifests.dir().display(), "manifest watcher stopped");
+    }
+
+    /// File by file; stops handing batches over once asked to stop.
+    fn first_scan(&mut self) {
+        let (sink, report, stop) = (&self.sink, &self.report, &self.stop);
+        let scanned = self.manifests.scan_file_by_file(|result| {
+            result.refused.iter().for_each(report);
+            let stopping = !matches!(stop.try_recv(), Err(TryRecvError::Empty));
+            if !result.events.is_empty() && !stopping {
+                sink(SourceBatch(result.events));
+            }
+        });
+        if let Err(error) = scanned {
+            warn!(%error, "first scan of the manifests failed; the next scan tries again");
+        }
     }
 
     fn rescan(&mut self) {
@@ -294,11 +322,12 @@ mod tests {
         write(&dir, "node.yaml", NODE);
         let (sink, batches) = channel_sink();
         let watcher = start(dir.path().to_owned(), sink, |_: &Duplicate| {}, backend).expect("watcher starts");
-        let first = batches.try_recv().expect("first batch before spawn returns");
-        assert_eq!(
-            summary(&first.0),
-            ["applied Node demo-node", "synced Service", "synced EndpointSlice", "synced Node"]
-        );
+        let mut first = Vec::new();
+        while !first.iter().any(|l| l == "synced Node") {
+            let SourceBatch(events) = batches.recv_timeout(Duration::from_secs(5)).expect("the first scan's batches");
+            first.extend(summary(&events));
+        }
+        assert_eq!(first, ["applied Node demo-node", "synced Service", "synced EndpointSlice", "synced Node"]);
         write(&dir, "web.yaml", WEB_SERVICE);
         wait_for(&batches, "applied Service default/web");
         fs::remove_file(dir.path().join("web.yaml")).unwrap();
@@ -318,6 +347,25 @@ mod tests {
     #[test]
     fn the_polling_watcher_picks_up_new_and_deleted_files() {
         check_watcher(Backend::Poll);
+    }
+
+    #[test]
+    fn a_stop_does_not_wait_forever_for_a_sink_that_blocks() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "node.yaml", NODE);
+        // A consumer that never takes the batch (gone with the caller's thread).
+        let (entered, entered_rx) = crossbeam_channel::bounded::<()>(1);
+        let (_never_tx, never) = crossbeam_channel::bounded::<()>(0);
+        let sink = move |_: SourceBatch| {
+            let _ = entered.try_send(());
+            let _ = never.recv();
+        };
+        let watcher = spawn(dir.path().to_owned(), sink).expect("watcher starts");
+        entered_rx.recv_timeout(Duration::from_secs(5)).expect("the first batch reached the sink");
+        let stopping = Instant::now();
+        watcher.stop();
+        let waited = stopping.elapsed();
+        assert!(waited >= STOP_WAIT && waited < STOP_WAIT + Duration::from_secs(2), "{waited:?}");
     }
 
     #[test]
