@@ -482,6 +482,10 @@ pub trait Watched:
     }
 }
 
+/// A relisted object: as read (`Ok`), or refused when listed and counted
+/// as the version known before (`Err`).
+type Listed<K> = Result<Arc<K>, Kept<K>>;
+
 /// What the source keeps of an object it has sent ([`Watched::kept`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kept<K> {
@@ -583,7 +587,7 @@ pub struct RelistState<K> {
     known: BTreeMap<ObjectKey, Kept<K>>,
     /// Objects listed since `Init`, until `InitDone`: as read, or (refused
     /// when listed) as known before.
-    relisting: Option<BTreeMap<ObjectKey, Result<Arc<K>, Kept<K>>>>,
+    relisting: Option<BTreeMap<ObjectKey, Listed<K>>>,
     synced: bool,
     /// Objects refused since the last [`RelistState::take_refusals`].
     refusals: Vec<Refused>,
