@@ -27,6 +27,9 @@
 //!   transactions ([`super::nft_split`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
 //!   netlink dump, the built-in chains' rules from `iptables -S CHAIN`.
+//! - iptables mode: before each full resync the nfacct objects the rules
+//!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
+//!   [`IptablesHandle::probe_match`] tells whether a match can be written.
 //! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
 
 use std::borrow::Cow;
