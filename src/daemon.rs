@@ -296,12 +296,29 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     let mut out = String::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
-        let host = HostFeatures { random_fully, ..HostFeatures::default() };
+        let nfacct = match cfg.proxy_mode() {
+            ProxyMode::Iptables => dry_run_nfacct(family),
+            ProxyMode::Ipvs | ProxyMode::Nftables => crate::nfacct::NfacctRules::default(),
+        };
+        let host = nfacct.on(HostFeatures { random_fully, ..HostFeatures::default() });
         let settings = settings::derive(cfg, family, &node_name, host);
         let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
         out.push_str(&with_heading_suffix(&text, &families.suffix(family)));
     }
     Ok(out)
+}
+
+/// The nfacct counters iptables mode's rules would name on this host
+/// ([`crate::nfacct::dry_run_rules`]: read-only); none when that cannot be
+/// asked (no runtime).
+fn dry_run_nfacct(family: IpFamily) -> crate::nfacct::NfacctRules {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(crate::nfacct::dry_run_rules(family)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot probe the nfacct counters: planning without them");
+            crate::nfacct::NfacctRules::default()
+        }
+    }
 }
 
 /// Appends `suffix` to every section heading (`# ipvs` → `# ipvs ipv6`).

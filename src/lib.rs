@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod model;
 pub mod msgs;
 pub mod net;
+pub mod nfacct;
 pub mod observe;
 pub mod plan;
 pub mod reload;

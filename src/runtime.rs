@@ -33,6 +33,7 @@ use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
 use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
+use crate::nfacct::{self, Nfacct, NfacctRules};
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures};
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
@@ -191,27 +192,36 @@ async fn run_async(
     for family in families.all() {
         clean_other_mode(mode, family).await;
     }
+    // iptables mode's nfacct objects, before the rules that name them
+    // (upstream's NewProxier); whatever fails costs only the counting.
+    let nfacct = match mode {
+        ProxyMode::Iptables => nfacct::set_up(&families.all().collect::<Vec<_>>(), nfacct::probe_match).await,
+        ProxyMode::Ipvs | ProxyMode::Nftables => Nfacct::default(),
+    };
     let registry = StatsRegistry::default();
     // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
     let history = Arc::new(std::sync::OnceLock::new());
     let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
+    if let Some(reader) = nfacct.reader() {
+        observe.metrics.nfacct_counters(&nfacct.probe.counted(), reader);
+    }
     // One proxier per family, as upstream's metaproxier: each its own
     // coordinator (model, schedule, retries) and actors, neither waiting on the other.
     let mut engines = Vec::new();
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
-        let settings = settings::derive(&cfg, family, &node_name, host_features(family));
+        let settings = settings::derive(&cfg, family, &node_name, host_features(family, nfacct.probe.rules(family)));
         let engine = match &ipvs {
             Some(ipvs) => {
                 Engine::Ipvs { coordinator: start_ipvs(&settings, ipvs.clone(), &registry, hooks)?, ipvs: ipvs.clone() }
             }
-            None => Engine::Iptables(start_iptables(&settings, &registry, hooks).await?),
+            None => Engine::Iptables(start_iptables(&settings, &registry, hooks, &nfacct).await?),
         };
         engines.push((family, engine));
     }
     let _ = history.set(engines[0].1.history());
     let sinks: Vec<Recipient<SourceBatch>> = engines.iter().map(|(_, e)| e.events()).collect();
-    let mut live = Live { cfg, node_name: node_name.clone(), engines, observe };
+    let mut live = Live { cfg, node_name: node_name.clone(), engines, observe, nfacct: nfacct.probe };
     // Every family's coordinator sees every event (objects are shared, not
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
@@ -336,9 +346,10 @@ impl Engine {
     }
 
     /// Applies a reloaded configuration's live part: `family`'s settings,
-    /// derived anew (the host probed again).
-    async fn reconfigure(&self, cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str) {
-        let derived = settings::derive(cfg, family, node_name, host_features(family));
+    /// derived anew (the host probed again; the nfacct counters as found at
+    /// start, since the objects and rules stay).
+    async fn reconfigure(&self, cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, nfacct: NfacctRules) {
+        let derived = settings::derive(cfg, family, node_name, host_features(family, nfacct));
         let settings = coordinator_settings(&derived);
         match self {
             Engine::Ipvs { coordinator, ipvs } => {
@@ -424,9 +435,13 @@ async fn start_iptables(
     s: &FamilySettings,
     registry: &StatsRegistry,
     hooks: SyncHooks,
+    nfacct: &Nfacct,
 ) -> Result<Addr<Coordinator<IptablesDataplane>>, StartError> {
     let family = s.family;
-    let iptables = IptablesHandle::new(family).for_mode(&iptables_plan::PROFILE);
+    let mut iptables = IptablesHandle::new(family).for_mode(&iptables_plan::PROFILE);
+    if let Some(client) = &nfacct.client {
+        iptables = iptables.ensuring_nfacct(client.clone(), nfacct.probe.rules(family).objects());
+    }
     let kernel_chains: Vec<String> = match iptables.chains("nat").await {
         Ok(chains) => chains.into_iter().collect(),
         Err(e) => {
@@ -446,19 +461,20 @@ async fn start_iptables(
     }))
 }
 
-/// What iptables mode probes on the host (upstream's NewProxier).
+/// What iptables mode probes on the host (upstream's NewProxier), with the
+/// nfacct counters `nfacct` found at start ([`crate::nfacct::set_up`]).
 /// Public for `kpr-bench iptables`, which wires iptables mode as the daemon does.
-pub fn host_features(family: IpFamily) -> HostFeatures {
+pub fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
     let liberal = std::fs::read_to_string(format!("/proc/sys/{}", iptables_plan::context::SYSCTL_TCP_BE_LIBERAL))
         .ok()
         .and_then(|v| v.trim().parse::<i64>().ok())
         .is_some_and(|v| v != 0);
-    HostFeatures {
+    let host = HostFeatures {
         random_fully: IptablesHandle::new(family).random_fully(),
         conntrack_tcp_liberal: liberal,
-        // nfacct counters are not created (no `-m nfacct` rules).
         ..HostFeatures::default()
-    }
+    };
+    nfacct.on(host)
 }
 
 /// The iptables planner's context for the current Node and addresses;
@@ -545,6 +561,8 @@ struct Live {
     /// The primary family's first.
     engines: Vec<(IpFamily, Engine)>,
     observe: Observability,
+    /// What the start found of the nfacct counters (kept across reloads).
+    nfacct: nfacct::Probe,
 }
 
 impl Live {
@@ -578,7 +596,7 @@ impl Live {
         self.observe.configz.set(&self.cfg);
         daemon::set_verbosity(self.cfg.verbosity());
         for (family, engine) in &self.engines {
-            engine.reconfigure(&self.cfg, *family, &self.node_name).await;
+            engine.reconfigure(&self.cfg, *family, &self.node_name, self.nfacct.rules(*family)).await;
         }
     }
 }

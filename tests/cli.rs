@@ -101,6 +101,32 @@ fn dry_run_in_iptables_mode_prints_one_iptables_section_per_family() {
     assert!(v4.contains("KUBE-SVC-") && v4.contains("KUBE-SEP-"), "{v4}");
     assert!(!v6.contains("KUBE-SVC-") && !v6.contains("KUBE-SEP-"), "{v6}");
     assert!(v4.contains("127.0.0.0/8") && !v6.contains("127.0.0.0/8"), "{v6}");
+    // As root, with nfnetlink_acct and the nfacct match in this kernel: the
+    // counting rules the daemon would write (it would create the objects).
+    let invalid = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP\n";
+    assert!(v4.contains(invalid) && v6.contains(invalid), "{out}");
+    assert!(v4.contains("-d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts"), "{v4}");
+}
+
+/// Without privileges the dry run cannot ask nfnetlink_acct (`EPERM`): the
+/// plain rules, and no failure.
+#[test]
+fn dry_run_in_iptables_mode_as_nobody_prints_rules_without_nfacct() {
+    let ns = Netns::new("kpr-drynob");
+    let out = ns.exec_as_nobody(&[
+        &bin(),
+        "--manifests",
+        &demo("demo"),
+        "--dry-run",
+        "--proxy-mode",
+        "iptables",
+        "--hostname-override",
+        "demo-node",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"), "{stdout}");
+    assert!(!stdout.contains("nfacct"), "{stdout}");
 }
 
 /// IPv6 switched off in the node's namespace: single-stack, with upstream's log lines.
@@ -123,6 +149,12 @@ fn dry_run_in_iptables_mode_restores_into_an_empty_namespace() {
     let (out, _) = dry_run_iptables_mode_in(&Netns::new("kpr-dryipt"));
     for flavour in ["legacy", "nft"] {
         let ns = Netns::new(&format!("kpr-dryipt-{flavour}"));
+        // The daemon creates the nfacct objects its rules name before its first restore.
+        let created = ns.block_on(|| async {
+            let nfacct = kube_proxy_rs::kernel::nfacct::NetlinkNfacct::new().expect("netfilter netlink socket");
+            nfacct.ensure(&kube_proxy_rs::nfacct::OBJECTS).await
+        });
+        assert!(created.iter().all(Result::is_ok), "{created:?}");
         for (tool, heading) in [("iptables", "# iptables"), ("ip6tables", "# iptables ipv6")] {
             ns.pipe(&[&format!("{tool}-{flavour}-restore"), "-w", "5", "--noflush"], section(&out, heading));
             let saved = ns.ok(&[&format!("{tool}-{flavour}-save")]);

@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
+use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
 use kube_proxy_rs::kernel::Subsystem;
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
 use kube_proxy_rs::net::IpFamily;
@@ -71,6 +72,12 @@ use kube_proxy_rs::plan::iptables::{is_service_chain, JUMPS, KUBELET_JUMPS};
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
+/// Upstream's nfacct objects.
+const NFACCT_INVALID: &str = "ct_state_invalid_dropped_pkts";
+const NFACCT_LOCALHOST: &str = "localhost_nps_accepted_pkts";
+/// Upstream's metrics of them.
+const METRIC_INVALID: &str = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
+const METRIC_LOCALHOST: &str = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
 /// How long a client waits before calling an exchange dropped.
 const DROP_WAIT: Duration = Duration::from_millis(700);
 /// How long the daemon may take to start and finish its first sync.
@@ -324,6 +331,58 @@ impl Lab {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
             .collect();
         (!samples.is_empty()).then(|| samples.iter().sum())
+    }
+
+    /// `/metrics`: the value of the unlabelled sample `name`, if any.
+    fn plain_metric(&self, name: &str) -> Option<f64> {
+        let text = http_get(&self.node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
+        let line = text.lines().find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')))?;
+        Some(line.rsplit(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{line}: {e}")))
+    }
+
+    /// The node namespace's nfacct objects `names` (`None`: no such object):
+    /// their packet counts.
+    fn nfacct_packets(&self, names: &[&'static str]) -> Vec<Option<u64>> {
+        let names = names.to_vec();
+        self.node.block_on(move || async move {
+            let nfacct = NetlinkNfacct::new().expect("netfilter netlink socket");
+            let mut out = Vec::new();
+            for name in names {
+                out.push(nfacct.get(name).await.expect("nfacct get").map(|c| c.packets));
+            }
+            out
+        })
+    }
+
+    /// Creates upstream's two nfacct objects in the node (as an earlier
+    /// run, ours or upstream's, leaves them).
+    fn create_nfacct_objects(&self) {
+        let results = self.node.block_on(|| async {
+            let nfacct = NetlinkNfacct::new().expect("netfilter netlink socket");
+            nfacct.ensure(&[NFACCT_INVALID, NFACCT_LOCALHOST]).await
+        });
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+
+    /// Makes the daemon's `iptables-restore` and `ip6tables-restore` refuse
+    /// every input using the nfacct match, as on a kernel with nfnetlink_acct
+    /// but without xt_nfacct (kubernetes issue 142068); other input goes to
+    /// the lab flavour's tool.
+    fn refuse_nfacct_match(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        for base in ["iptables", "ip6tables"] {
+            let real = which(&self.flavour.tool(base, "-restore"));
+            let shim = self.shims().join(format!("{base}-restore"));
+            std::fs::remove_file(&shim).unwrap();
+            let script = format!(
+                "#!/bin/sh\ninput=$(cat)\nif printf '%s\\n' \"$input\" | grep -q -- '-m nfacct'; then\n  \
+                 echo \"{base}-restore: line 2 failed (no xt_nfacct)\" >&2\n  exit 1\nfi\n\
+                 printf '%s\\n' \"$input\" | exec {} \"$@\"\n",
+                real.display()
+            );
+            std::fs::write(&shim, script).unwrap();
+            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
 
     /// `ip6tables-save` of the lab's flavour in the node.
@@ -696,6 +755,8 @@ fn take_over(flavour: Flavour, tag: &str) {
     let mut lab = Lab::new(tag, flavour, &["b1", "b2"]);
     lab.put("gone", &service_manifest("gone", "10.96.0.99", &["b2"]));
     let earlier = section(&dry_run(&lab), "iptables").to_string();
+    assert!(earlier.contains("--nfacct-name"), "the dry run counts as the daemon will: {earlier}");
+    lab.create_nfacct_objects();
     let stale: BTreeSet<String> = chains(&earlier).into_iter().filter(|c| is_service_chain(c)).collect();
     assert!(stale.iter().any(|c| c.starts_with("KUBE-SVC-")) && stale.iter().any(|c| c.starts_with("KUBE-SEP-")));
     lab.restore(&earlier);
@@ -1697,4 +1758,93 @@ fn conntrack_settings_are_applied_and_tcp_be_liberal_drops_the_invalid_rule() {
     assert_eq!(invalid_drops(&lab), 0, "no INVALID-drop rule with a liberal conntrack");
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     daemon.stop();
+}
+
+/// A TCP segment with SYN and FIN set and a zero checksum, from the client
+/// (a raw socket: the kernel adds the IP header) to `dst`:8080 through the
+/// node, whose conntrack calls it INVALID.
+fn send_invalid_tcp(lab: &Lab, dst: [u8; 4]) {
+    use nix::sys::socket::{sendto, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    lab.client.run(|| {
+        let fd = socket(AddressFamily::Inet, SockType::Raw, SockFlag::empty(), SockProtocol::Tcp).expect("raw socket");
+        let port = BACKEND_PORT.to_be_bytes();
+        #[rustfmt::skip]
+        let segment = [
+            0x9c, 0x40, port[0], port[1], // sport 40000, dport
+            0, 0, 0, 1, 0, 0, 0, 0,       // seq, ack
+            0x50, 0x03,                   // data offset 5, SYN | FIN
+            0x20, 0x00, 0, 0, 0, 0,       // window, checksum 0, urgent pointer
+        ];
+        let to = SockaddrIn::new(dst[0], dst[1], dst[2], dst[3], 0);
+        sendto(fd.as_raw_fd(), &segment, &to, MsgFlags::empty()).expect("send the segment");
+    });
+}
+
+/// Issue 16: upstream's nfacct counters. The daemon creates the objects
+/// in its namespace, its rules count into them (the INVALID-state drop and
+/// a localhost NodePort rule per NodePort), and `/metrics` serves their
+/// packet counts from the start: a connection to 127.0.0.1:<nodePort> from
+/// the node and an INVALID segment forwarded by the node each show.
+#[test]
+fn nfacct_counters_count_invalid_drops_and_localhost_node_ports() {
+    let mut lab = Lab::new("nfa", Flavour::Legacy, &["b1"]);
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    let daemon = lab.start_synced();
+    assert_eq!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().filter(|p| p.is_some()).count(), 2);
+    // iptables-save prints the nfacct match with two spaces before the name.
+    let filter = lab.save(Some("filter")).replace("--nfacct-name  ", "--nfacct-name ");
+    let drop =
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+    assert_eq!(count(&filter, drop), 1, "{filter}");
+    let nat = lab.save(Some("nat")).replace("--nfacct-name  ", "--nfacct-name ");
+    let localhost = nat
+        .lines()
+        .filter(|l| {
+            l.starts_with("-A KUBE-NODEPORTS -d 127.0.0.0/8") && l.contains("--nfacct-name localhost_nps_accepted_pkts")
+        })
+        .count();
+    assert_eq!(localhost, 2, "one per NodePort port (tcp, udp):\n{nat}");
+    assert_eq!(lab.plain_metric(METRIC_LOCALHOST), Some(0.0), "present from the start");
+    let invalid_before = lab.plain_metric(METRIC_INVALID).expect("the INVALID counter's metric");
+
+    let answers = lab::ask(&lab.node, "127.0.0.1:30080", 1, false, DROP_WAIT);
+    assert_eq!(names(&answers), set(&["b1"]), "a localhost NodePort reaches the endpoint");
+    let kernel = lab.nfacct_packets(&[NFACCT_LOCALHOST])[0].expect("object");
+    assert!(kernel >= 1, "the connection's first packet counted: {kernel}");
+    assert_eq!(lab.plain_metric(METRIC_LOCALHOST), Some(kernel as f64), "the metric is the kernel's count");
+
+    send_invalid_tcp(&lab, [10, 244, 1, 2]);
+    wait_for("the INVALID segment counted", CHANGE_WAIT, || match lab.plain_metric(METRIC_INVALID) {
+        Some(v) if v > invalid_before => Ok(()),
+        other => Err(format!("{other:?}, was {invalid_before}")),
+    });
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(!log.contains("unavailable") && !log.contains("unusable"), "no nfacct warning:\n{log}");
+}
+
+/// Kubernetes issue 142068: a kernel with nfnetlink_acct but without the
+/// iptables nfacct match (here: `iptables-restore` refusing the match, as
+/// it does there). Upstream writes the match anyway and every restore
+/// fails, leaving the node without service rules; here the match is tried
+/// first, the objects stay unused, one warning says so, and the rules are
+/// the plain ones: the first sync succeeds and traffic flows.
+#[test]
+fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
+    let mut lab = Lab::new("nfm", Flavour::Legacy, &["b1"]);
+    lab.refuse_nfacct_match();
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let saved = lab.save(None);
+    assert!(!saved.contains("nfacct"), "{saved}");
+    assert_eq!(count(&saved, "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"), 1, "{saved}");
+    assert!(!saved.contains("KUBE-PROXY-MATCH-PROBE"), "the probe chain is gone: {saved}");
+    assert_eq!(lab.plain_metric(METRIC_INVALID), None, "no rule counts: no metric");
+    assert_eq!(lab.plain_metric(METRIC_LOCALHOST), None);
+    let answers = lab::ask(&lab.node, "127.0.0.1:30080", 1, false, DROP_WAIT);
+    assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
+    let log = daemon.stop();
+    assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
 }

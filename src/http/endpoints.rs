@@ -58,7 +58,10 @@ fn configz_body(cfg: &KubeProxyConfiguration) -> String {
 /// The metrics server's routes.
 pub fn metrics_routes(metrics: Arc<ProxyMetrics>, mode: ProxyMode, configz: Configz) -> Routes {
     Routes::new()
-        .route("/metrics", move |_| text_response(200, TEXT_CONTENT_TYPE, metrics.encode_text()))
+        .route_async("/metrics", move |_| {
+            let metrics = metrics.clone();
+            async move { text_response(200, TEXT_CONTENT_TYPE, metrics.scrape_text().await) }
+        })
         .route("/healthz", |_| text_response(200, PLAIN, "ok"))
         .route("/healthz/ping", |_| text_response(200, PLAIN, "ok"))
         .route("/proxyMode", move |_| text_response(200, PLAIN, mode.as_str()))

@@ -27,6 +27,9 @@
 //!   transactions ([`super::nft_split`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
 //!   netlink dump, the built-in chains' rules from `iptables -S CHAIN`.
+//! - iptables mode: before each full resync the nfacct objects the rules
+//!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
+//!   [`IptablesHandle::probe_match`] tells whether a match can be written.
 //! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
 
 use std::borrow::Cow;
@@ -43,6 +46,7 @@ use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
+use crate::kernel::nfacct::NetlinkNfacct;
 use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
@@ -119,6 +123,11 @@ pub struct IptablesHandle {
     bins: Arc<IptablesBinaries>,
     profile: &'static ChainProfile,
     shared: Arc<Shared>,
+    /// nfacct objects the rules count into, created again before each full
+    /// resync (as upstream's full syncs ensure them): someone may have
+    /// deleted one while no rule used it, and a restore naming a missing
+    /// object fails.
+    nfacct: Option<Arc<(NetlinkNfacct, Vec<&'static str>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -140,13 +149,20 @@ impl IptablesHandle {
 
     /// Other tools: a flavour ([`IptablesBinaries::variant`]) or paths.
     pub fn with_binaries(bins: IptablesBinaries) -> IptablesHandle {
-        IptablesHandle { bins: Arc::new(bins), profile: &IPVS_PROFILE, shared: Arc::default() }
+        IptablesHandle { bins: Arc::new(bins), profile: &IPVS_PROFILE, shared: Arc::default(), nfacct: None }
     }
 
     /// Serves another mode (its jumps and chains): `msgs::chains::IPTABLES_PROFILE`
     /// for iptables mode.
     pub fn for_mode(mut self, profile: &'static ChainProfile) -> IptablesHandle {
         self.profile = profile;
+        self
+    }
+
+    /// Creates the nfacct `objects` again (when missing) before each full
+    /// resync: the rules name them.
+    pub fn ensuring_nfacct(mut self, client: NetlinkNfacct, objects: Vec<&'static str>) -> IptablesHandle {
+        self.nfacct = (!objects.is_empty()).then(|| Arc::new((client, objects)));
         self
     }
 
@@ -365,11 +381,35 @@ impl IptablesHandle {
 
     async fn reconcile_ops(&self, desired: Vec<IptablesOp>) -> Applied<IptablesOp> {
         self.shared.jumps_checked.store(false, Ordering::Release);
+        if let Some(nfacct) = &self.nfacct {
+            let (client, objects) = nfacct.as_ref();
+            for (object, r) in objects.iter().zip(client.ensure(objects).await) {
+                if let Err(e) = r {
+                    warn!(object, error = %e, "cannot create an nfacct object the rules name");
+                }
+            }
+        }
         if desired.is_empty() {
             self.apply_restore(&RestoreInput::default()).await?;
         }
         let results = self.apply_ops(&desired).await;
         Ok((desired, results))
+    }
+
+    /// Whether rules with `matcher` (e.g. `-m nfacct --nfacct-name NAME`)
+    /// can be written: a scratch chain in filter gets one such rule, and is
+    /// deleted again (two restores, before the first sync). The kernel
+    /// checks a match only when a rule using it is committed (its module may
+    /// be missing while the rest of netfilter is there), so writing one is
+    /// the sure test. `Err` carries the restore's complaint.
+    pub async fn probe_match(&self, matcher: &str) -> KResult<()> {
+        let add = format!("*filter\n:{MATCH_PROBE} - [0:0]\n-A {MATCH_PROBE} {matcher} -j RETURN\nCOMMIT\n");
+        let del = format!("*filter\n:{MATCH_PROBE} - [0:0]\n-X {MATCH_PROBE}\nCOMMIT\n");
+        let added = self.restore(&[&add]).await;
+        if let Err(e) = self.restore(&[&del]).await {
+            warn!(binary = %self.bins.restore, chain = MATCH_PROBE, error = %e, "cannot delete the probe chain");
+        }
+        added
     }
 
     /// Whether `KUBE-PROXY-CANARY` exists in mangle, nat and filter (three
@@ -474,6 +514,9 @@ impl Subsystem for IptablesHandle {
         }
     }
 }
+
+/// The filter chain [`IptablesHandle::probe_match`] writes and deletes.
+pub const MATCH_PROBE: &str = "KUBE-PROXY-MATCH-PROBE";
 
 /// How often the canary chains are checked.
 pub const CANARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);

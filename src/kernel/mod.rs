@@ -15,6 +15,7 @@ pub mod link;
 #[cfg(any(test, feature = "testkit"))]
 pub mod mem;
 pub mod netlink;
+pub mod nfacct;
 pub mod nft_split;
 pub mod sysctl;
 pub mod tool;

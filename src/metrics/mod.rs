@@ -12,6 +12,7 @@
 
 mod actors;
 pub mod exposition;
+mod nfacct;
 mod process;
 
 use std::sync::atomic::AtomicU64;
@@ -29,6 +30,7 @@ use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
+pub use nfacct::NfacctReader;
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;
@@ -165,6 +167,8 @@ pub struct ProxyMetrics {
     sync: SyncMetrics,
     backend: BackendMetrics,
     server: ServerMetrics,
+    /// iptables mode's nfacct counters, read from the kernel at each scrape.
+    nfacct: nfacct::NfacctMetrics,
 }
 
 /// Registers metrics under their upstream (exposition) names.
@@ -196,13 +200,32 @@ impl ProxyMetrics {
         register_server(&mut r, &server);
         registry.register_collector(Box::new(actors::ActorCollector::new(actors.clone())));
         registry.register_collector(Box::new(process::ProcessCollector));
-        ProxyMetrics { registry, actors, started: SystemTime::now(), sync, backend, server }
+        let nfacct = nfacct::NfacctMetrics::default();
+        if mode == ProxyMode::Iptables {
+            registry.register_collector(Box::new(nfacct.collector()));
+        }
+        ProxyMetrics { registry, actors, started: SystemTime::now(), sync, backend, server, nfacct }
     }
 
     /// The exposition in the Prometheus text format 0.0.4 (what `/metrics`
     /// serves, as upstream).
     pub fn encode_text(&self) -> String {
         exposition::to_prometheus_text(&self.encode_openmetrics())
+    }
+
+    /// [`ProxyMetrics::encode_text`] after reading what is read from the
+    /// kernel at scrape time (the nfacct counters), as `/metrics` serves it.
+    pub async fn scrape_text(&self) -> String {
+        self.nfacct.refresh().await;
+        self.encode_text()
+    }
+
+    /// iptables mode counts packets into the nfacct objects `objects`
+    /// (`ct_state_invalid_dropped_pkts`, `localhost_nps_accepted_pkts`):
+    /// their metrics exist from now (0 until read), and each scrape reads
+    /// them with `reader`. Objects the rules do not use have no metric.
+    pub fn nfacct_counters(&self, objects: &[&'static str], reader: NfacctReader) {
+        self.nfacct.serve(objects, reader);
     }
 
     /// The exposition in the OpenMetrics text format.

@@ -293,3 +293,56 @@ fn upstreams_histograms_and_counters_exist_at_zero_from_start() {
     assert!(!text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{"), "no timestamp before a sync");
     assert!(!text.contains("nftables_sync_failures"), "not registered in iptables mode");
 }
+
+/// Upstream's nfacct metrics: counters without labels, with upstream's
+/// names and help, read from the kernel (here a closure) at each scrape;
+/// only the objects the rules count into, and only in iptables mode.
+#[tokio::test]
+async fn nfacct_counters_are_read_at_each_scrape() {
+    use crate::plan::iptables::context::{NFACCT_CT_STATE_INVALID, NFACCT_LOCALHOST_NODEPORTS};
+    use futures::FutureExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const CT: &str = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
+    const LOCAL: &str = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
+    let m = metrics(ProxyMode::Iptables);
+    assert!(!m.scrape_text().await.contains("kubeproxy_iptables_"), "nothing before the counters are set up");
+    let packets = Arc::new(AtomicU64::new(0));
+    let seen = packets.clone();
+    let reader: NfacctReader = Arc::new(move |object: &'static str| {
+        let n = seen.load(Ordering::Relaxed);
+        async move {
+            if object == NFACCT_CT_STATE_INVALID {
+                Ok(n)
+            } else {
+                Err("gone".to_string())
+            }
+        }
+        .boxed()
+    });
+    m.nfacct_counters(&[NFACCT_CT_STATE_INVALID, NFACCT_LOCALHOST_NODEPORTS], reader.clone());
+    let text = m.encode_text();
+    assert!(text.contains(&format!(
+        "{}{CT} 0\n",
+        meta(CT, "packets dropped by iptables to work around conntrack problems", "counter")
+    )));
+    assert!(
+        text.contains(&format!(
+            "{}{LOCAL} 0\n",
+            meta(LOCAL, "Number of packets accepted on nodeports of loopback interface", "counter")
+        )),
+        "present at 0 from the start:\n{text}"
+    );
+    packets.store(42, Ordering::Relaxed);
+    let text = m.scrape_text().await;
+    assert!(has_line(&text, &format!("{CT} 42")), "{text}");
+    assert!(!text.contains(LOCAL), "a counter that cannot be read has no sample, as upstream:\n{text}");
+
+    let m = metrics(ProxyMode::Iptables);
+    m.nfacct_counters(&[NFACCT_CT_STATE_INVALID], reader.clone());
+    assert!(!m.scrape_text().await.contains(LOCAL), "an object no rule counts into has no metric");
+    let m = metrics(ProxyMode::Ipvs);
+    m.nfacct_counters(&[NFACCT_CT_STATE_INVALID], reader);
+    assert!(!m.scrape_text().await.contains(CT), "iptables mode only");
+}

@@ -27,8 +27,7 @@
 pub mod codec;
 pub mod filter;
 
-use crate::kernel::netlink::{BatchFailure, Client, Replies};
-use std::convert::Infallible;
+use crate::kernel::netlink::{BatchFailure, Client, RawNfnl, Replies};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -36,9 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use netlink_packet_core::{
-    DecodeError, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
-};
+use netlink_packet_core::{DecodeError, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 use netlink_proto::NetlinkProtoError;
@@ -150,48 +147,16 @@ impl ConntrackError {
     }
 }
 
-/// A nfnetlink payload kept as bytes, so the connection never parses: a
-/// reply that does not parse must fail the dump, not vanish in the
-/// connection task.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawNfnl {
-    message_type: u16,
-    payload: Vec<u8>,
-}
-
+/// Conntrack's view of the shared raw nfnetlink payload.
 impl RawNfnl {
     /// Emits a typed message.
     pub fn from_message(msg: &NetfilterMessage) -> RawNfnl {
-        let mut payload = vec![0; Emitable::buffer_len(msg)];
-        msg.emit(&mut payload);
-        RawNfnl { message_type: NetlinkSerializable::message_type(msg), payload }
+        RawNfnl::emitted(msg)
     }
 
     /// Parses the bytes as a ctnetlink message.
     pub fn parse(&self) -> Result<NetfilterMessage, DecodeError> {
         codec::parse(self.message_type, &self.payload)
-    }
-}
-
-impl NetlinkSerializable for RawNfnl {
-    fn message_type(&self) -> u16 {
-        self.message_type
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.payload.len()
-    }
-
-    fn serialize(&self, buf: &mut [u8]) {
-        buf[..self.payload.len()].copy_from_slice(&self.payload);
-    }
-}
-
-impl NetlinkDeserializable for RawNfnl {
-    type Error = Infallible;
-
-    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<RawNfnl, Infallible> {
-        Ok(RawNfnl { message_type: header.message_type, payload: payload.to_vec() })
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::{fmt, io};
 
 use futures::{Stream, StreamExt};
-use netlink_packet_core::{NetlinkDeserializable, NetlinkMessage, NetlinkPayload, NetlinkSerializable};
+use netlink_packet_core::{NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable};
 use netlink_proto::sys::SocketAddr;
 use netlink_proto::{ConnectionHandle, NetlinkProtoError};
 use tracing::trace;
@@ -175,6 +175,58 @@ where
         trace!(messages = n, "netlink: sending batch");
         let replies = self.exchange(msgs).await?;
         codes_in_order(&replies, n).ok_or(BatchFailure::NoReply)
+    }
+}
+
+/// A nfnetlink payload kept as bytes (conntrack's and nfacct's sockets
+/// carry it), so the connection never parses: a reply that does not parse
+/// must fail the request that wanted it, not vanish in the connection task
+/// (netlink-proto drops what its message type cannot decode with only a log
+/// line). Each handle parses the bytes with its own codec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawNfnl {
+    pub(crate) message_type: u16,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl RawNfnl {
+    /// The bytes of a typed message.
+    pub fn emitted<M: NetlinkSerializable>(msg: &M) -> RawNfnl {
+        let mut payload = vec![0; msg.buffer_len()];
+        msg.serialize(&mut payload);
+        RawNfnl { message_type: msg.message_type(), payload }
+    }
+
+    /// The netlink message type (`subsystem << 8 | command` for nfnetlink).
+    pub fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    /// The payload after the netlink header.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+impl NetlinkSerializable for RawNfnl {
+    fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    fn serialize(&self, buf: &mut [u8]) {
+        buf[..self.payload.len()].copy_from_slice(&self.payload);
+    }
+}
+
+impl NetlinkDeserializable for RawNfnl {
+    type Error = std::convert::Infallible;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<RawNfnl, Self::Error> {
+        Ok(RawNfnl { message_type: header.message_type, payload: payload.to_vec() })
     }
 }
 
