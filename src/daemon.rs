@@ -334,6 +334,9 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
         if let Err(e) = model.record(ev) {
             tracing::warn!(error = %e, "skipping invalid object");
         }
+        if let Some(n) = crate::model::notice::ipvs_scheduler_refused(ev).filter(|_| mode == ProxyMode::Ipvs) {
+            tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
+        }
     }
     model.apply();
     match mode {
@@ -407,5 +410,33 @@ mod tests {
             "# ipvs ipv6\n-A -t [fd00::1]:80 -s rr\n# ipset ipv6\n# addresses kube-ipvs0 ipv6\nfd00::1\n# iptables ipv6\n*nat\nCOMMIT\n"
         );
         assert_eq!(with_heading_suffix(text, ""), text);
+    }
+
+    #[test]
+    fn dry_run_prints_a_services_own_scheduler_in_ipvsadm_syntax() {
+        use crate::fixtures::{annotated, applied_service, service};
+        use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
+        let s = settings::derive(&cfg(&[]), IpFamily::V4, "node-a", HostFeatures::default());
+        let svc = |name: &str, ip: &str, a: &[(&str, &str)]| {
+            applied_service(annotated(service("default", name, ip, &[("http", "TCP", 80, 0)]), a))
+        };
+        let events = [
+            svc("hashed", "10.96.0.21", &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")]),
+            svc("least", "10.96.0.22", &[(ANNOTATION_SCHEDULER, "lc")]),
+            svc("plain", "10.96.0.23", &[]),
+            svc("refused", "10.96.0.24", &[(ANNOTATION_SCHEDULER, "fastest")]),
+        ];
+        let text = render_dry_run(&s, ProxyMode::Ipvs, &events, &[]);
+        let ipvs: Vec<&str> = text.lines().skip(1).take_while(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            ipvs,
+            [
+                "-A -t 10.96.0.21:80 -s sh -b sh-port",
+                "-A -t 10.96.0.22:80 -s lc",
+                "-A -t 10.96.0.23:80 -s rr",
+                "-A -t 10.96.0.24:80 -s rr",
+            ],
+            "{text}"
+        );
     }
 }

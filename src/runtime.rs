@@ -209,8 +209,9 @@ async fn run_async(
     let metrics = live.observe.metrics.clone();
     let claims = std::sync::Mutex::new(crate::model::node_ports::NodePortClaims::default());
     let source_metrics = metrics.clone();
+    let ipvs_mode = ipvs.is_some();
     let sink = move |b: SourceBatch| {
-        report_ignored(&b, &metrics);
+        report_ignored(&b, &metrics, ipvs_mode);
         let (events, conflicts) = crate::sync::lock(&claims).filter(b.0);
         report_conflicts(&conflicts, &metrics);
         let b = SourceBatch(events);
@@ -242,14 +243,20 @@ async fn run_async(
 }
 
 /// Logs and counts the objects every proxier ignores, once each (not once
-/// per family).
-fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics) {
-    for n in batch.0.iter().filter_map(crate::model::notice::ignored) {
+/// per family), and in IPVS mode the Services' refused scheduler annotations.
+fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool) {
+    use crate::model::notice::{ignored, ipvs_scheduler_refused};
+    for n in batch.0.iter().filter_map(ignored) {
         if n.warn {
             tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
         } else {
             tracing::debug!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
         }
+        metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
+    }
+    let annotated = if ipvs_mode { batch.0.as_slice() } else { &[] };
+    for n in annotated.iter().filter_map(ipvs_scheduler_refused) {
+        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
         metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
     }
 }
