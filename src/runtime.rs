@@ -494,9 +494,13 @@ fn observability(
     // One set of health-check servers: a dual-stack service's healthCheckNodePort is one port.
     let service_health: SharedServiceHealth =
         ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone()).into();
+    let ipvs_mode = cfg.proxy_mode() == crate::config::ProxyMode::Ipvs;
     let hooks = families
         .all()
-        .map(|f| (f, SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone())))
+        .map(|f| {
+            let hooks = SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone());
+            (f, if ipvs_mode { hooks.with_scheduler_list(registry.clone()) } else { hooks })
+        })
         .collect();
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }
