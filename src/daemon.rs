@@ -293,6 +293,11 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
         Families::single(primary_family(cfg, node.as_ref()))
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
+    // Said once, not once per family, as the daemon does.
+    let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
+    for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
+        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
+    }
     let mut out = String::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
@@ -333,9 +338,6 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
     for ev in events {
         if let Err(e) = model.record(ev) {
             tracing::warn!(error = %e, "skipping invalid object");
-        }
-        if let Some(n) = crate::model::notice::ipvs_scheduler_refused(ev).filter(|_| mode == ProxyMode::Ipvs) {
-            tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
         }
     }
     model.apply();

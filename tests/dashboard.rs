@@ -28,15 +28,15 @@ use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::config::ProxyMode;
 use kube_proxy_rs::fixtures::{annotated, applied_service, applied_slice, deleted_service, ep, service, slice, Ep};
 use kube_proxy_rs::health::ProxyHealth;
-use kube_proxy_rs::metrics::ProxyMetrics;
-use kube_proxy_rs::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
-use kube_proxy_rs::observe::SyncHooks;
 use kube_proxy_rs::http::dashboard::{coordinator_history, dashboard_routes};
 use kube_proxy_rs::http::Server;
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
+use kube_proxy_rs::metrics::ProxyMetrics;
+use kube_proxy_rs::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
 use kube_proxy_rs::model::NodeInfo;
 use kube_proxy_rs::msgs::{ResourceKind, SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::observe::SyncHooks;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
@@ -89,7 +89,8 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
 fn web_service(i: u32) -> SourceEvent {
     let svc = service("default", &format!("web-{i}"), &format!("10.96.1.{i}"), &[("http", "TCP", 80, 0)]);
     // web-0 chose its own IPVS scheduler.
-    let own: &[(&str, &str)] = if i == 0 { &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")] } else { &[] };
+    let own: &[(&str, &str)] =
+        if i == 0 { &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")] } else { &[] };
     applied_service(annotated(svc, own))
 }
 

@@ -98,8 +98,15 @@ mod tests {
         assert_eq!(ipvs_scheduler_refused(&applied_service(good)), None);
         let bad = annotated(web.clone(), &[(ANNOTATION_SCHEDULER, "fastest")]);
         let n = ipvs_scheduler_refused(&applied_service(bad.clone())).expect("refused");
-        assert_eq!((n.kind, n.object.as_str(), n.reason, n.warn), ("Service", "shop/web", "invalid_ipvs_scheduler", true));
-        assert!(n.detail.starts_with(&format!("annotation {ANNOTATION_SCHEDULER} \"fastest\": not an IPVS scheduler")), "{}", n.detail);
+        assert_eq!(
+            (n.kind, n.object.as_str(), n.reason, n.warn),
+            ("Service", "shop/web", "invalid_ipvs_scheduler", true)
+        );
+        assert!(
+            n.detail.starts_with(&format!("annotation {ANNOTATION_SCHEDULER} \"fastest\": not an IPVS scheduler")),
+            "{}",
+            n.detail
+        );
         assert!(n.detail.ends_with("the default scheduler is used"), "{}", n.detail);
         let flags_on_rr = annotated(web, &[(ANNOTATION_SCHEDULER, "rr"), (ANNOTATION_SCHEDULER_FLAGS, "port")]);
         let n = ipvs_scheduler_refused(&applied_service(flags_on_rr)).expect("refused");

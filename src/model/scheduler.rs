@@ -166,10 +166,7 @@ mod tests {
         let e = parse(&[(S, "random")]).unwrap_err();
         assert_eq!((e.field, e.value.as_str()), (S, "random"));
         assert!(e.reason.starts_with("not an IPVS scheduler (one of rr, wrr, lc,"), "{}", e.reason);
-        assert_eq!(
-            e.to_string(),
-            format!("annotation {S} \"random\": {}; the default scheduler is used", e.reason)
-        );
+        assert_eq!(e.to_string(), format!("annotation {S} \"random\": {}; the default scheduler is used", e.reason));
         // Names are the kernel's, lower case.
         assert_eq!(parse(&[(S, "SH")]).unwrap_err().field, S);
         // A bad scheduler with good flags: the scheduler is named.

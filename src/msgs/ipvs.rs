@@ -107,14 +107,15 @@ impl fmt::Display for VsSpec {
         if self.flags & FLAG_PERSISTENT != 0 {
             write!(f, " -p {}", self.timeout)?;
         }
-        let names: Vec<String> = [(FLAG_SCHED_FALLBACK, "fallback", 1), (FLAG_SCHED_PORT, "port", 2), (FLAG_SCHED3, "", 3)]
-            .into_iter()
-            .filter(|(bit, _, _)| self.flags & bit != 0)
-            .map(|(_, name, n)| match self.scheduler.as_str() {
-                s @ ("sh" | "mh") if !name.is_empty() => format!("{s}-{name}"),
-                _ => format!("flag-{n}"),
-            })
-            .collect();
+        let names: Vec<String> =
+            [(FLAG_SCHED_FALLBACK, "fallback", 1), (FLAG_SCHED_PORT, "port", 2), (FLAG_SCHED3, "", 3)]
+                .into_iter()
+                .filter(|(bit, _, _)| self.flags & bit != 0)
+                .map(|(_, name, n)| match self.scheduler.as_str() {
+                    s @ ("sh" | "mh") if !name.is_empty() => format!("{s}-{name}"),
+                    _ => format!("flag-{n}"),
+                })
+                .collect();
         if !names.is_empty() {
             write!(f, " -b {}", names.join(","))?;
         }
@@ -145,7 +146,11 @@ mod tests {
         let spec = VsSpec { scheduler: "rr".into(), flags: FLAG_PERSISTENT, timeout: 10800 };
         assert_eq!(IpvsOp::AddService(vs, spec).to_string(), "-A -u 10.96.0.10:53 -s rr -p 10800");
         // Scheduler flags after persistence, named for the scheduler, as ipvsadm -S prints them.
-        let sh = VsSpec { scheduler: "sh".into(), flags: FLAG_PERSISTENT | FLAG_SCHED_FALLBACK | FLAG_SCHED_PORT, timeout: 100 };
+        let sh = VsSpec {
+            scheduler: "sh".into(),
+            flags: FLAG_PERSISTENT | FLAG_SCHED_FALLBACK | FLAG_SCHED_PORT,
+            timeout: 100,
+        };
         assert_eq!(IpvsOp::AddService(vs, sh).to_string(), "-A -u 10.96.0.10:53 -s sh -p 100 -b sh-fallback,sh-port");
         let mh = VsSpec { scheduler: "mh".into(), flags: FLAG_SCHED_PORT, timeout: 0 };
         assert_eq!(IpvsOp::EditService(vs, mh).to_string(), "-E -u 10.96.0.10:53 -s mh -b mh-port");

@@ -181,7 +181,9 @@ fn service_ports_with_their_own_scheduler_are_listed_for_the_dashboard() {
     let registry = StatsRegistry::default();
     let mut h = hooks().with_scheduler_list(registry.clone());
     let mut m = model();
-    let web = |a: &[(&str, &str)]| applied_service(annotated(service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]), a));
+    let web = |a: &[(&str, &str)]| {
+        applied_service(annotated(service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]), a))
+    };
     let plain = applied_service(service("shop", "plain", "10.96.0.21", &[("http", "TCP", 80, 0)]));
     let sh = [(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "fallback,port")];
     sync(&mut h, &mut m, vec![web(&sh), plain], true, true);
@@ -197,7 +199,10 @@ fn service_ports_with_their_own_scheduler_are_listed_for_the_dashboard() {
     );
     // A partial sync that changes the annotation updates it; one that drops it unlists the port.
     sync(&mut h, &mut m, vec![web(&[(ANNOTATION_SCHEDULER, "lc")])], false, true);
-    assert_eq!(registry.schedulers().iter().map(|s| (s.scheduler.as_str(), s.flags.as_str())).collect::<Vec<_>>(), [("lc", "")]);
+    assert_eq!(
+        registry.schedulers().iter().map(|s| (s.scheduler.as_str(), s.flags.as_str())).collect::<Vec<_>>(),
+        [("lc", "")]
+    );
     sync(&mut h, &mut m, vec![web(&[(ANNOTATION_SCHEDULER, "bogus")])], false, true);
     assert_eq!(registry.schedulers(), [], "a refused annotation is the default scheduler");
 }
