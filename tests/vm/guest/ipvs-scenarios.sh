@@ -262,7 +262,7 @@ s_scheduler_change_live() {
   echo one >&"${LIVE[1]}"
   local line; read -r -t 3 line <&"${LIVE[0]}"
   expect "echo before the change" "$line" one || return 1
-  sed -i 's|name: live}|name: live, annotations: {"ipvs.kube-proxy-rs.io/scheduler": sh, "ipvs.kube-proxy-rs.io/scheduler-flags": fallback}}|' "$M/sched.yaml"
+  sed -i 's|^metadata: {namespace: default, name: live}$|metadata: {namespace: default, name: live, annotations: {"ipvs.kube-proxy-rs.io/scheduler": sh, "ipvs.kube-proxy-rs.io/scheduler-flags": fallback}}|' "$M/sched.yaml"
   wait_for 15 ipvs_has "-A -t 10.96.0.154:7000 -s sh -b sh-fallback" \
     || { echo "not changed to sh: $(ipvsadm -S -n | grep 10.96.0.154)"; return 1; }
   [ "$(ipvsadm -L -n -t 10.96.0.154:7000 | grep -c Masq)" = 3 ] || { echo "real servers changed: $(ipvsadm -L -n -t 10.96.0.154:7000)"; return 1; }
