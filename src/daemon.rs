@@ -293,6 +293,11 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
         Families::single(primary_family(cfg, node.as_ref()))
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
+    // Said once, not once per family, as the daemon does.
+    let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
+    for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
+        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
+    }
     let mut out = String::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
@@ -424,5 +429,33 @@ mod tests {
             "# ipvs ipv6\n-A -t [fd00::1]:80 -s rr\n# ipset ipv6\n# addresses kube-ipvs0 ipv6\nfd00::1\n# iptables ipv6\n*nat\nCOMMIT\n"
         );
         assert_eq!(with_heading_suffix(text, ""), text);
+    }
+
+    #[test]
+    fn dry_run_prints_a_services_own_scheduler_in_ipvsadm_syntax() {
+        use crate::fixtures::{annotated, applied_service, service};
+        use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
+        let s = settings::derive(&cfg(&[]), IpFamily::V4, "node-a", HostFeatures::default());
+        let svc = |name: &str, ip: &str, a: &[(&str, &str)]| {
+            applied_service(annotated(service("default", name, ip, &[("http", "TCP", 80, 0)]), a))
+        };
+        let events = [
+            svc("hashed", "10.96.0.21", &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")]),
+            svc("least", "10.96.0.22", &[(ANNOTATION_SCHEDULER, "lc")]),
+            svc("plain", "10.96.0.23", &[]),
+            svc("refused", "10.96.0.24", &[(ANNOTATION_SCHEDULER, "fastest")]),
+        ];
+        let text = render_dry_run(&s, ProxyMode::Ipvs, &events, &[]);
+        let ipvs: Vec<&str> = text.lines().skip(1).take_while(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            ipvs,
+            [
+                "-A -t 10.96.0.21:80 -s sh -b sh-port",
+                "-A -t 10.96.0.22:80 -s lc",
+                "-A -t 10.96.0.23:80 -s rr",
+                "-A -t 10.96.0.24:80 -s rr",
+            ],
+            "{text}"
+        );
     }
 }

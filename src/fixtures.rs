@@ -36,6 +36,15 @@ pub fn service(ns: &str, name: &str, cluster_ip: &str, ports: &[PortSpec]) -> Se
     }))
 }
 
+/// `svc` with these annotations added.
+pub fn annotated(mut svc: Service, annotations: &[(&str, &str)]) -> Service {
+    let map = svc.metadata.annotations.get_or_insert_with(Default::default);
+    for (k, v) in annotations {
+        map.insert(k.to_string(), v.to_string());
+    }
+    svc
+}
+
 /// One endpoint of a slice.
 #[derive(Debug, Clone)]
 pub struct Ep {

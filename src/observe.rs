@@ -8,7 +8,7 @@
 //! the ports a partial sync replanned, so reporting stays proportional to the
 //! change; a full sync recomputes them all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -20,6 +20,7 @@ use crate::model::topology::categorize;
 use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
+use crate::stats::{ServiceScheduler, StatsRegistry};
 
 /// What one service port contributes to the per-sync reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,6 +44,9 @@ pub struct SyncHooks {
     health_checked: BTreeMap<ServicePortName, PortFacts>,
     /// Trigger times of the sync in flight, observed if it succeeds.
     triggers: Vec<String>,
+    /// Where the service ports with a scheduler of their own are listed
+    /// (IPVS mode: the dashboard's), and which ports this family listed.
+    schedulers: Option<(StatsRegistry, BTreeSet<ServicePortName>)>,
 }
 
 impl SyncHooks {
@@ -60,7 +64,16 @@ impl SyncHooks {
             no_local: (0, 0),
             health_checked: BTreeMap::new(),
             triggers: Vec::new(),
+            schedulers: None,
         }
+    }
+
+    /// Also lists the service ports whose Service chose its own IPVS
+    /// scheduler in `registry` (for the dashboard), kept in step with each
+    /// sync's replanned ports.
+    pub fn with_scheduler_list(mut self, registry: StatsRegistry) -> SyncHooks {
+        self.schedulers = Some((registry, BTreeSet::new()));
+        self
     }
 
     /// Also drives the service health-check servers after each successful sync.
@@ -92,6 +105,7 @@ impl SyncHooks {
     /// Replaces one port's facts, keeping the counters and the health-check
     /// index in step, so a sync costs what its changes touch.
     fn set_facts(&mut self, model: &Model, spn: &ServicePortName) {
+        self.list_scheduler(model, spn);
         let new = model.service_port(spn).map(|_| port_facts(model, spn));
         let old = match &new {
             Some(f) => self.ports.insert(spn.clone(), *f),
@@ -111,6 +125,27 @@ impl SyncHooks {
             Some(f) => self.health_checked.insert(spn.clone(), f),
             None => self.health_checked.remove(spn),
         };
+    }
+
+    /// Lists or unlists `spn`'s own scheduler; the registry is touched only
+    /// for ports that have one or had one.
+    fn list_scheduler(&mut self, model: &Model, spn: &ServicePortName) {
+        let Some((list, listed)) = self.schedulers.as_mut() else { return };
+        let own = model.service_port(spn).and_then(|sp| sp.ipvs_scheduler);
+        if own.is_none() && !listed.remove(spn) {
+            return;
+        }
+        let family = self.family.lower();
+        let entry = own.map(|s| {
+            listed.insert(spn.clone());
+            ServiceScheduler {
+                service_port: spn.to_string(),
+                family: family.to_string(),
+                scheduler: s.name.to_string(),
+                flags: s.flag_names(),
+            }
+        });
+        list.set_scheduler(&spn.to_string(), family, entry);
     }
 
     /// Service → (healthCheckNodePort, local ready endpoints over its ports).

@@ -225,7 +225,8 @@ async fn run_async(
     // Every family's coordinator sees every event (objects are shared, not
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
-    let fanout = Arc::new(Fanout { sinks, metrics, claims: std::sync::Mutex::default() });
+    let ipvs_mode = ipvs.is_some();
+    let fanout = Arc::new(Fanout { sinks, metrics, claims: std::sync::Mutex::default(), ipvs_mode });
     let source_metrics = live.observe.metrics.clone();
     let running = match ready {
         Ready::Api(client) => {
@@ -256,19 +257,18 @@ async fn run_async(
     Ok(())
 }
 
-/// Logs and counts the objects every proxier ignores, once each (not once
-/// per family).
 /// The sources' batches to every family's coordinator, after the metrics
 /// of ignored objects and the nodePort claims (shared by the families).
 struct Fanout {
     sinks: Vec<Recipient<SourceBatch>>,
     metrics: Arc<ProxyMetrics>,
     claims: std::sync::Mutex<crate::model::node_ports::NodePortClaims>,
+    ipvs_mode: bool,
 }
 
 impl Fanout {
     fn filter(&self, b: SourceBatch) -> SourceBatch {
-        report_ignored(&b, &self.metrics);
+        report_ignored(&b, &self.metrics, self.ipvs_mode);
         let (events, conflicts) = crate::sync::lock(&self.claims).filter(b.0);
         report_conflicts(&conflicts, &self.metrics);
         SourceBatch(events)
@@ -294,13 +294,21 @@ impl Fanout {
     }
 }
 
-fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics) {
-    for n in batch.0.iter().filter_map(crate::model::notice::ignored) {
+/// Logs and counts the objects every proxier ignores, once each (not once
+/// per family), and in IPVS mode the Services' refused scheduler annotations.
+fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool) {
+    use crate::model::notice::{ignored, ipvs_scheduler_refused};
+    for n in batch.0.iter().filter_map(ignored) {
         if n.warn {
             tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
         } else {
             tracing::debug!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
         }
+        metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
+    }
+    let annotated = if ipvs_mode { batch.0.as_slice() } else { &[] };
+    for n in annotated.iter().filter_map(ipvs_scheduler_refused) {
+        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
         metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
     }
 }
@@ -544,9 +552,13 @@ fn observability(
     // One set of health-check servers: a dual-stack service's healthCheckNodePort is one port.
     let service_health: SharedServiceHealth =
         ServiceHealthServers::new(ips, health.clone()).with_metrics(metrics.clone()).into();
+    let ipvs_mode = cfg.proxy_mode() == crate::config::ProxyMode::Ipvs;
     let hooks = families
         .all()
-        .map(|f| (f, SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone())))
+        .map(|f| {
+            let hooks = SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone());
+            (f, if ipvs_mode { hooks.with_scheduler_list(registry.clone()) } else { hooks })
+        })
         .collect();
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }

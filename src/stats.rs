@@ -185,13 +185,29 @@ impl ActorStats {
     }
 }
 
-/// Every actor's stats, by name, and the input the daemon refused lately.
+/// Every actor's stats, by name, the input the daemon refused lately, and
+/// the service ports with a scheduler of their own (IPVS mode).
 #[derive(Debug, Default, Clone)]
 pub struct StatsRegistry {
     actors: Arc<Mutex<BTreeMap<String, Arc<ActorStats>>>>,
     /// Appended to the names registered through this handle.
     suffix: String,
     refusals: Arc<Mutex<std::collections::VecDeque<Refusal>>>,
+    /// Keyed by (service port, family).
+    schedulers: Arc<Mutex<BTreeMap<(String, String), ServiceScheduler>>>,
+}
+
+/// A service port whose Service chose its own IPVS scheduler (the
+/// `ipvs.kube-proxy-rs.io/scheduler` annotation), for the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServiceScheduler {
+    /// `namespace/name:port`.
+    pub service_port: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    pub scheduler: String,
+    /// ipvsadm's names, comma-separated (`sh-fallback,sh-port`); empty for none.
+    pub flags: String,
 }
 
 /// An input object (or part of one) the daemon refused or ignored, for
@@ -222,7 +238,22 @@ impl StatsRegistry {
     /// The same registry, naming what registers through it `NAME{suffix}`
     /// (the secondary family's actors: `ipvs ipv6`).
     pub fn with_suffix(&self, suffix: &str) -> StatsRegistry {
-        StatsRegistry { actors: self.actors.clone(), suffix: suffix.to_string(), refusals: self.refusals.clone() }
+        StatsRegistry { suffix: suffix.to_string(), ..self.clone() }
+    }
+
+    /// Sets (`Some`) or clears a service port's own scheduler for `family`.
+    pub fn set_scheduler(&self, service_port: &str, family: &str, scheduler: Option<ServiceScheduler>) {
+        let key = (service_port.to_string(), family.to_string());
+        let mut map = lock(&self.schedulers);
+        match scheduler {
+            Some(s) => map.insert(key, s),
+            None => map.remove(&key),
+        };
+    }
+
+    /// The service ports with a scheduler of their own, by name then family.
+    pub fn schedulers(&self) -> Vec<ServiceScheduler> {
+        lock(&self.schedulers).values().cloned().collect()
     }
 
     /// Remembers a refusal (the newest [`REFUSALS_KEPT`]).

@@ -25,13 +25,18 @@ use http_body_util::{BodyExt, Empty};
 use kube_proxy_rs::actors::coordinator::{AddrSource, Coordinator, RulesRenderer, Settings};
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use kube_proxy_rs::config::KubeProxyConfiguration;
-use kube_proxy_rs::fixtures::{applied_service, applied_slice, deleted_service, ep, service, slice, Ep};
+use kube_proxy_rs::config::ProxyMode;
+use kube_proxy_rs::fixtures::{annotated, applied_service, applied_slice, deleted_service, ep, service, slice, Ep};
+use kube_proxy_rs::health::ProxyHealth;
 use kube_proxy_rs::http::dashboard::{coordinator_history, dashboard_routes};
 use kube_proxy_rs::http::Server;
 use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
+use kube_proxy_rs::metrics::ProxyMetrics;
+use kube_proxy_rs::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
 use kube_proxy_rs::model::NodeInfo;
 use kube_proxy_rs::msgs::{ResourceKind, SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::observe::SyncHooks;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
@@ -71,14 +76,22 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
     };
     let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: [192, 168, 50, 2].into() }]);
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&derived.rules_config(node)));
+    // The daemon's hooks in IPVS mode: they list the Services' own schedulers.
+    let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Ipvs, registry.clone()));
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    let hooks = SyncHooks::new(IpFamily::V4, metrics, health).with_scheduler_list(registry.clone());
     Coordinator::create(|ctx| {
         let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
-        Coordinator::new(settings, targets, addrs, rules)
+        Coordinator::new(settings, targets, addrs, rules).with_observer(hooks)
     })
 }
 
 fn web_service(i: u32) -> SourceEvent {
-    applied_service(service("default", &format!("web-{i}"), &format!("10.96.1.{i}"), &[("http", "TCP", 80, 0)]))
+    let svc = service("default", &format!("web-{i}"), &format!("10.96.1.{i}"), &[("http", "TCP", 80, 0)]);
+    // web-0 chose its own IPVS scheduler.
+    let own: &[(&str, &str)] =
+        if i == 0 { &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")] } else { &[] };
+    applied_service(annotated(svc, own))
 }
 
 /// Service `web-i`'s slice with `n` endpoints, chosen by `seed`.
@@ -136,6 +149,7 @@ async fn churn(coord: Addr<Coordinator>, stop: Arc<AtomicBool>) -> u32 {
 struct Page {
     panels: Vec<Panel>,
     syncs: Vec<Vec<String>>,
+    schedulers: Vec<Vec<String>>,
     status: String,
     status_text: String,
     empty: Vec<String>,
@@ -241,6 +255,7 @@ async fn check_page(b: &Browser, base: &str) {
         page.syncs
     );
     assert!(page.resources.iter().all(|r| r.starts_with(base)), "outside resources: {:?}", page.resources);
+    assert_eq!(page.schedulers, [["default/web-0:http", "ipv4", "sh", "sh-port"]], "the Services' own schedulers");
 }
 
 /// The JSON endpoint and the page's headers, over plain HTTP.
@@ -252,6 +267,10 @@ async fn check_http(addr: SocketAddr) {
     assert_eq!(v["actors"].as_array().map(Vec::len), Some(21), "{v}");
     assert!(v["actors"][0]["msgs_per_sec"].is_number(), "{v}");
     assert!(v["syncs"].as_array().is_some_and(|s| !s.is_empty()), "{v}");
+    assert_eq!(
+        v["schedulers"],
+        serde_json::json!([{"service_port": "default/web-0:http", "family": "ipv4", "scheduler": "sh", "flags": "sh-port"}])
+    );
     let (status, headers, body) = get(addr, "/dashboard").await;
     assert_eq!(status, 200);
     assert!(headers["content-security-policy"].to_str().is_ok_and(|c| c.contains("default-src 'none'")));
@@ -268,7 +287,7 @@ async fn check_empty_then_disconnected(b: &Browser) {
     let addr = server.local_addr().expect("bound");
     b.goto(&format!("http://{addr}/dashboard")).await.unwrap_or_else(|e| panic!("{e}"));
     let page = wait_for(b, Duration::from_secs(10), "empty states", |p| p.status == "live").await;
-    assert!(page.panels.is_empty() && page.syncs.is_empty(), "{page:#?}");
+    assert!(page.panels.is_empty() && page.syncs.is_empty() && page.schedulers.is_empty(), "{page:#?}");
     assert!(page.empty.iter().any(|t| t.contains("No actors")), "{:?}", page.empty);
     assert!(page.empty.iter().any(|t| t.contains("No syncs yet")), "{:?}", page.empty);
     drop(server);

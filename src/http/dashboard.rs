@@ -8,7 +8,8 @@
 //! - `GET /dashboard/data`: the JSON the page polls ([`DashboardData`]):
 //!   every actor's [`StatsSnapshot`] plus message and op rates computed here
 //!   from successive snapshots, and the coordinator's recent syncs, newest
-//!   first, and the input refused lately ([`Refusal`]).
+//!   first, the input refused lately ([`Refusal`]) and, in IPVS mode, the
+//!   service ports with a scheduler of their own ([`ServiceScheduler`]).
 //!
 //! Rates are computed server-side against the newest sample at least
 //! [`RATE_BASE`] old, so any client (or `curl` in a loop) gets them; samples
@@ -26,7 +27,7 @@ use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
 use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
-use crate::stats::{Refusal, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
+use crate::stats::{Refusal, ServiceScheduler, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("dashboard.html");
@@ -73,6 +74,9 @@ pub struct DashboardData {
     /// Service holds, an EndpointSlice of an unknown addressType, an API
     /// object that does not decode, ...), newest first.
     pub refused: Vec<Refusal>,
+    /// IPVS mode: the service ports whose Service chose its own scheduler
+    /// (annotation), by name then family.
+    pub schedulers: Vec<ServiceScheduler>,
 }
 
 /// One actor's panel.
@@ -164,6 +168,7 @@ impl State {
         let rates = lock(&self.rates).observe(Instant::now(), &snaps);
         let mut data = dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs);
         data.refused = self.registry.refusals();
+        data.schedulers = self.registry.schedulers();
         data
     }
 }
@@ -206,6 +211,7 @@ pub fn dashboard_data(
         syncs,
         syncs_available,
         refused: Vec::new(),
+        schedulers: Vec::new(),
     }
 }
 
@@ -327,6 +333,7 @@ mod tests {
         );
         assert_eq!(v["syncs"], json!([]));
         assert_eq!(v["syncs_available"], json!(true));
+        assert_eq!(v["schedulers"], json!([]));
     }
 
     #[test]

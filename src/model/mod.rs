@@ -10,6 +10,7 @@ pub mod endpoints;
 pub mod node;
 pub mod node_ports;
 pub mod notice;
+pub mod scheduler;
 pub mod service;
 pub mod topology;
 

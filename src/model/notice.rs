@@ -3,10 +3,14 @@
 //! `kubernetes.io/service-name` label (we say so at debug level) and one of
 //! an address type it does not know (we warn). The runtime logs these and
 //! counts them in `kube_proxy_rs_source_objects_ignored_total{kind,reason}`.
+//! In IPVS mode the same goes for a Service's scheduler annotations that are
+//! refused ([`ipvs_scheduler_refused`]): the Service itself is taken, with
+//! the default scheduler.
 
 use crate::msgs::{Change, SourceEvent};
 
 use super::endpoints::LABEL_SERVICE_NAME;
+use super::scheduler::from_annotations;
 use super::service::namespaced_name;
 
 /// An input object the proxy ignores, and why.
@@ -49,6 +53,20 @@ pub fn ignored(ev: &SourceEvent) -> Option<Ignored> {
     }
 }
 
+/// Why `ev`'s Service scheduler annotations are refused (IPVS mode), if
+/// they are: the Service then gets the default scheduler.
+pub fn ipvs_scheduler_refused(ev: &SourceEvent) -> Option<Ignored> {
+    let SourceEvent::Service(Change::Applied(svc)) = ev else { return None };
+    let refused = from_annotations(svc.metadata.annotations.as_ref()).err()?;
+    Some(Ignored {
+        kind: "Service",
+        object: namespaced_name(&svc.metadata).to_string(),
+        reason: "invalid_ipvs_scheduler",
+        detail: refused.to_string(),
+        warn: true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +87,30 @@ mod tests {
         assert_eq!((n.reason, n.warn), ("no_service_name_label", false));
         // Deletions say nothing.
         assert_eq!(ignored(&deleted_slice(unlabelled)), None);
+    }
+
+    #[test]
+    fn a_refused_scheduler_annotation_names_the_service_and_the_annotation() {
+        use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
+        let web = service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]);
+        assert_eq!(ipvs_scheduler_refused(&applied_service(web.clone())), None);
+        let good = annotated(web.clone(), &[(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "port")]);
+        assert_eq!(ipvs_scheduler_refused(&applied_service(good)), None);
+        let bad = annotated(web.clone(), &[(ANNOTATION_SCHEDULER, "fastest")]);
+        let n = ipvs_scheduler_refused(&applied_service(bad.clone())).expect("refused");
+        assert_eq!(
+            (n.kind, n.object.as_str(), n.reason, n.warn),
+            ("Service", "shop/web", "invalid_ipvs_scheduler", true)
+        );
+        assert!(
+            n.detail.starts_with(&format!("annotation {ANNOTATION_SCHEDULER} \"fastest\": not an IPVS scheduler")),
+            "{}",
+            n.detail
+        );
+        assert!(n.detail.ends_with("the default scheduler is used"), "{}", n.detail);
+        let flags_on_rr = annotated(web, &[(ANNOTATION_SCHEDULER, "rr"), (ANNOTATION_SCHEDULER_FLAGS, "port")]);
+        let n = ipvs_scheduler_refused(&applied_service(flags_on_rr)).expect("refused");
+        assert!(n.detail.contains(ANNOTATION_SCHEDULER_FLAGS), "{}", n.detail);
+        assert_eq!(ipvs_scheduler_refused(&deleted_service(bad)), None, "deletions say nothing");
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 
+use super::scheduler::{from_annotations, Scheduler};
 use super::ModelError;
 use crate::net::{parse_ip_sloppy, IpFamily, Protocol};
 
@@ -71,6 +72,9 @@ pub struct ServicePort {
     pub external_policy_local: bool,
     pub internal_policy_local: bool,
     pub traffic_distribution: Option<String>,
+    /// The Service's own IPVS scheduler (its annotations, see
+    /// `model::scheduler`); None: the configured one.
+    pub ipvs_scheduler: Option<Scheduler>,
 }
 
 impl ServicePort {
@@ -211,6 +215,7 @@ struct Common {
     external_policy_local: bool,
     internal_policy_local: bool,
     traffic_distribution: Option<String>,
+    ipvs_scheduler: Option<Scheduler>,
 }
 
 impl Common {
@@ -269,6 +274,8 @@ impl Common {
             external_policy_local,
             internal_policy_local,
             traffic_distribution: spec.traffic_distribution.clone(),
+            // Refused annotations mean the default; `model::notice` says why.
+            ipvs_scheduler: from_annotations(svc.metadata.annotations.as_ref()).ok().flatten(),
         })
     }
 
@@ -286,6 +293,7 @@ impl Common {
             external_policy_local: self.external_policy_local,
             internal_policy_local: self.internal_policy_local,
             traffic_distribution: self.traffic_distribution.clone(),
+            ipvs_scheduler: self.ipvs_scheduler,
         }
     }
 }

@@ -262,6 +262,7 @@ fn sp(internal_local: bool, external_local: bool, node_port: u16) -> ServicePort
         external_policy_local: external_local,
         internal_policy_local: internal_local,
         traffic_distribution: None,
+        ipvs_scheduler: None,
     }
 }
 

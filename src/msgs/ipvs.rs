@@ -11,8 +11,12 @@ use crate::net::{join_host_port, Protocol};
 pub const FLAG_PERSISTENT: u32 = 0x1;
 /// IP_VS_SVC_F_HASHED: set by the kernel on every service; ignored when comparing.
 pub const FLAG_HASHED: u32 = 0x2;
+/// IP_VS_SVC_F_SCHED1: "sh-fallback"/"mh-fallback" (a Service's scheduler-flags annotation).
+pub const FLAG_SCHED_FALLBACK: u32 = 0x8;
 /// IP_VS_SVC_F_SCHED2: "sh-port"/"mh-port", upstream's FlagSourceHash for the mh scheduler.
 pub const FLAG_SCHED_PORT: u32 = 0x10;
+/// IP_VS_SVC_F_SCHED3: no scheduler of ours uses it; printed as ipvsadm does.
+const FLAG_SCHED3: u32 = 0x20;
 
 /// A virtual service: address, protocol, port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,14 +101,23 @@ impl fmt::Display for DestKey {
 }
 
 impl fmt::Display for VsSpec {
+    /// As `ipvsadm -S -n`: `-s sh -p 10800 -b sh-fallback,sh-port`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "-s {}", self.scheduler)?;
-        if self.flags & FLAG_SCHED_PORT != 0 {
-            let s = if self.scheduler == "mh" { "mh-port" } else { "sh-port" };
-            write!(f, " -b {s}")?;
-        }
         if self.flags & FLAG_PERSISTENT != 0 {
             write!(f, " -p {}", self.timeout)?;
+        }
+        let names: Vec<String> =
+            [(FLAG_SCHED_FALLBACK, "fallback", 1), (FLAG_SCHED_PORT, "port", 2), (FLAG_SCHED3, "", 3)]
+                .into_iter()
+                .filter(|(bit, _, _)| self.flags & bit != 0)
+                .map(|(_, name, n)| match self.scheduler.as_str() {
+                    s @ ("sh" | "mh") if !name.is_empty() => format!("{s}-{name}"),
+                    _ => format!("flag-{n}"),
+                })
+                .collect();
+        if !names.is_empty() {
+            write!(f, " -b {}", names.join(","))?;
         }
         Ok(())
     }
@@ -132,6 +145,17 @@ mod tests {
         let vs = VsKey { addr: "10.96.0.10".parse().unwrap(), protocol: Protocol::Udp, port: 53 };
         let spec = VsSpec { scheduler: "rr".into(), flags: FLAG_PERSISTENT, timeout: 10800 };
         assert_eq!(IpvsOp::AddService(vs, spec).to_string(), "-A -u 10.96.0.10:53 -s rr -p 10800");
+        // Scheduler flags after persistence, named for the scheduler, as ipvsadm -S prints them.
+        let sh = VsSpec {
+            scheduler: "sh".into(),
+            flags: FLAG_PERSISTENT | FLAG_SCHED_FALLBACK | FLAG_SCHED_PORT,
+            timeout: 100,
+        };
+        assert_eq!(IpvsOp::AddService(vs, sh).to_string(), "-A -u 10.96.0.10:53 -s sh -p 100 -b sh-fallback,sh-port");
+        let mh = VsSpec { scheduler: "mh".into(), flags: FLAG_SCHED_PORT, timeout: 0 };
+        assert_eq!(IpvsOp::EditService(vs, mh).to_string(), "-E -u 10.96.0.10:53 -s mh -b mh-port");
+        let rr = VsSpec { scheduler: "rr".into(), flags: FLAG_SCHED_FALLBACK, timeout: 0 };
+        assert_eq!(rr.to_string(), "-s rr -b flag-1");
         let d = DestKey { addr: "fd00::5".parse().unwrap(), port: 53 };
         let v6 = VsKey { addr: "fd00::10".parse().unwrap(), protocol: Protocol::Tcp, port: 53 };
         assert_eq!(

@@ -10,7 +10,7 @@ use crate::fixtures::*;
 use crate::health::Probe;
 use crate::http::ServiceHealthServers;
 use crate::msgs::ResourceKind;
-use crate::stats::StatsRegistry;
+use crate::stats::{ServiceScheduler, StatsRegistry};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -173,4 +173,36 @@ fn no_local_counts_stay_in_step_across_partial_and_full_syncs() {
     assert!(h.ports.is_empty() && h.health_checked.is_empty());
     sync(&mut h, &mut m, vec![], true, true);
     assert_eq!(h.no_local, (0, 0), "a full resync recounts to the same");
+}
+
+#[test]
+fn service_ports_with_their_own_scheduler_are_listed_for_the_dashboard() {
+    use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
+    let registry = StatsRegistry::default();
+    let mut h = hooks().with_scheduler_list(registry.clone());
+    let mut m = model();
+    let web = |a: &[(&str, &str)]| {
+        applied_service(annotated(service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]), a))
+    };
+    let plain = applied_service(service("shop", "plain", "10.96.0.21", &[("http", "TCP", 80, 0)]));
+    let sh = [(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "fallback,port")];
+    sync(&mut h, &mut m, vec![web(&sh), plain], true, true);
+    let listed = registry.schedulers();
+    assert_eq!(
+        listed,
+        [ServiceScheduler {
+            service_port: "shop/web:http".into(),
+            family: "ipv4".into(),
+            scheduler: "sh".into(),
+            flags: "sh-fallback,sh-port".into(),
+        }]
+    );
+    // A partial sync that changes the annotation updates it; one that drops it unlists the port.
+    sync(&mut h, &mut m, vec![web(&[(ANNOTATION_SCHEDULER, "lc")])], false, true);
+    assert_eq!(
+        registry.schedulers().iter().map(|s| (s.scheduler.as_str(), s.flags.as_str())).collect::<Vec<_>>(),
+        [("lc", "")]
+    );
+    sync(&mut h, &mut m, vec![web(&[(ANNOTATION_SCHEDULER, "bogus")])], false, true);
+    assert_eq!(registry.schedulers(), [], "a refused annotation is the default scheduler");
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use super::sets::IpvsSet;
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
-use crate::msgs::ipvs::{FLAG_PERSISTENT, FLAG_SCHED_PORT};
+use crate::msgs::ipvs::{FLAG_PERSISTENT, FLAG_SCHED_FALLBACK, FLAG_SCHED_PORT};
 use crate::msgs::{DestKey, DestSpec, SetEntry, VsKey, VsSpec};
 use crate::net::{IpFamily, Protocol};
 
@@ -67,11 +67,21 @@ pub fn vs_spec(ctx: &PlanContext, sp: &ServicePort) -> VsSpec {
         flags |= FLAG_PERSISTENT;
         timeout = t;
     }
-    // Upstream sets the source-hash port flag for the "mh" scheduler.
-    if ctx.scheduler == "mh" {
-        flags |= FLAG_SCHED_PORT;
-    }
-    VsSpec { scheduler: ctx.scheduler.clone(), flags, timeout }
+    let scheduler = match sp.ipvs_scheduler {
+        // The Service's own (its annotations): exactly the flags it names.
+        Some(s) => {
+            flags |= if s.fallback { FLAG_SCHED_FALLBACK } else { 0 } | if s.port { FLAG_SCHED_PORT } else { 0 };
+            s.name.to_string()
+        }
+        None => {
+            // Upstream sets the source-hash port flag for the "mh" scheduler.
+            if ctx.scheduler == "mh" {
+                flags |= FLAG_SCHED_PORT;
+            }
+            ctx.scheduler.clone()
+        }
+    };
+    VsSpec { scheduler, flags, timeout }
 }
 
 /// Builds one service port's contribution.

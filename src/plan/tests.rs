@@ -360,3 +360,72 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
     let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
     assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr -p 10800", "-d -t 192.168.60.10:80 -r 10.244.1.1:8080"]);
 }
+
+fn scheduled(name: &str, cluster_ip: &str, annotations: &[(&str, &str)]) -> SourceEvent {
+    applied_service(annotated(service("default", name, cluster_ip, &[("http", "TCP", 80, 0)]), annotations))
+}
+
+const SCHED: &str = crate::model::scheduler::ANNOTATION_SCHEDULER;
+const SCHED_FLAGS: &str = crate::model::scheduler::ANNOTATION_SCHEDULER_FLAGS;
+
+#[test]
+fn a_services_scheduler_annotation_sets_its_virtual_servers_scheduler_and_flags() {
+    let m = model_with(vec![
+        scheduled("hashed", "10.96.0.21", &[(SCHED, "sh"), (SCHED_FLAGS, "fallback,port")]),
+        scheduled("maglev", "10.96.0.22", &[(SCHED, "mh")]),
+        scheduled("plain", "10.96.0.23", &[]),
+        scheduled("typo", "10.96.0.24", &[(SCHED, "round-robin")]),
+        scheduled("rr-flags", "10.96.0.25", &[(SCHED, "rr"), (SCHED_FLAGS, "port")]),
+    ]);
+    let mut p = IpvsPlanner::new(ctx());
+    let l = lines(&p.update(&m, &all_ports(&m)));
+    let services: Vec<&str> = l.iter().filter(|l| l.starts_with("-A ")).map(String::as_str).collect();
+    assert_eq!(
+        services,
+        [
+            "-A -t 10.96.0.21:80 -s sh -b sh-fallback,sh-port",
+            // The annotation's flags exactly: mh without `port` hashes the source address only.
+            "-A -t 10.96.0.22:80 -s mh",
+            "-A -t 10.96.0.23:80 -s rr",
+            // Refused annotations: the default scheduler, no flags.
+            "-A -t 10.96.0.24:80 -s rr",
+            "-A -t 10.96.0.25:80 -s rr",
+        ]
+    );
+    // The configured mh keeps upstream's port flag; an annotated Service keeps its own.
+    let mut c = ctx();
+    c.scheduler = "mh".into();
+    let l = lines(&p.replan_all(&m, c));
+    assert_eq!(
+        l,
+        [
+            "-E -t 10.96.0.23:80 -s mh -b mh-port",
+            "-E -t 10.96.0.24:80 -s mh -b mh-port",
+            "-E -t 10.96.0.25:80 -s mh -b mh-port",
+        ]
+    );
+}
+
+#[test]
+fn a_scheduler_annotation_change_edits_the_virtual_server_and_keeps_its_real_servers() {
+    let mut events = web();
+    let mut m = model_with(events.clone());
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, &all_ports(&m));
+    // rr -> sh: one edit, nothing deleted or re-added.
+    events[0] = scheduled("web", "10.96.0.20", &[(SCHED, "sh")]);
+    m.record(&events[0]).unwrap();
+    let ch = m.apply();
+    assert_eq!(lines(&p.update(&m, &ch.ports)), vec!["-E -t 10.96.0.20:80 -s sh"]);
+    // sh -> sh with flags, then back to the default: edits again.
+    m.record(&scheduled("web", "10.96.0.20", &[(SCHED, "sh"), (SCHED_FLAGS, "sh-port")])).unwrap();
+    let ch = m.apply();
+    assert_eq!(lines(&p.update(&m, &ch.ports)), vec!["-E -t 10.96.0.20:80 -s sh -b sh-port"]);
+    m.record(&scheduled("web", "10.96.0.20", &[])).unwrap();
+    let ch = m.apply();
+    assert_eq!(lines(&p.update(&m, &ch.ports)), vec!["-E -t 10.96.0.20:80 -s rr"]);
+    // An unchanged annotation plans nothing.
+    m.record(&scheduled("web", "10.96.0.20", &[])).unwrap();
+    let ch = m.apply();
+    assert!(p.update(&m, &ch.ports).is_empty());
+}

@@ -16,9 +16,12 @@ const panels = Array.from(document.querySelectorAll("[data-actor]")).map((p) => 
 }));
 const syncs = Array.from(document.querySelectorAll("#syncs tr")).map((r) =>
   Array.from(r.cells).map((c) => c.textContent.trim()));
+const schedulers = Array.from(document.querySelectorAll("#schedulers tr")).map((r) =>
+  Array.from(r.cells).map((c) => c.textContent.trim()));
 return JSON.stringify({
   panels,
   syncs,
+  schedulers,
   status: document.getElementById("status").className,
   status_text: document.getElementById("status-text").textContent,
   // The empty-state notes that are showing.

@@ -463,6 +463,41 @@ fn full_syncs_delete_virtual_servers_before_unbinding_and_keep_the_address_when_
     }
 }
 
+/// A Service's scheduler annotation changed live: the virtual server is
+/// edited in place (IPVS_CMD_SET_SERVICE), so its real servers and the
+/// connections through them stay; a restart that finds the old scheduler
+/// in the kernel edits it too.
+#[test]
+fn a_scheduler_annotation_change_edits_the_virtual_server_in_place() {
+    use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
+    run_paused(|| async {
+        let h = with_web(Duration::ZERO, Duration::from_secs(30)).await;
+        let before = h.k.journal.lines().len();
+        let sh = [(ANNOTATION_SCHEDULER, "sh"), (ANNOTATION_SCHEDULER_FLAGS, "fallback")];
+        let web = annotated(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]), &sh);
+        h.send(vec![applied_service(web.clone())]).await;
+        sleep(10 * MS).await;
+        let lines = h.k.journal.lines();
+        let ipvs: Vec<&String> = lines[before..].iter().filter(|l| l.starts_with("ipvs ")).collect();
+        assert_eq!(ipvs, ["ipvs -E -t 10.96.0.20:80 -s sh -b sh-fallback"], "{lines:?}");
+        let table = h.k.ipvs.snapshot();
+        let vs = VsKey { addr: "10.96.0.20".parse().unwrap(), protocol: crate::net::Protocol::Tcp, port: 80 };
+        assert_eq!(table.services[&vs].scheduler, "sh");
+        assert_eq!(table.dests.keys().filter(|(k, _)| *k == vs).count(), 1, "the real server stays");
+
+        // A new daemon over that kernel, with the annotation gone: one edit back to rr.
+        let again = start(Duration::ZERO, Duration::from_secs(30));
+        *again.k.ipvs.table.lock().unwrap() = table;
+        let mut first = synced();
+        first.extend([web_svc("web", "10.96.0.20"), web_slice("web", &["10.244.1.1"])]);
+        again.send(first).await;
+        sleep(10 * MS).await;
+        let lines = again.k.journal.lines();
+        let ipvs: Vec<&String> = lines.iter().filter(|l| l.starts_with("ipvs -") && l.contains("10.96.0.20")).collect();
+        assert_eq!(ipvs, ["ipvs -E -t 10.96.0.20:80 -s rr"], "{lines:?}");
+    });
+}
+
 #[test]
 fn conntrack_waits_for_a_failed_real_server_removal() {
     run_paused(|| async {

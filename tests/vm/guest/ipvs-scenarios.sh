@@ -235,6 +235,45 @@ s_affinity() {
   [ "$(echo "$got" | wc -w)" = 1 ] || { echo "ClientIP affinity spread over: $got"; return 1; }
 }
 
+# Per-service schedulers (manifests/sched.yaml): one client address, many
+# new connections. sh and mh (no port flag) hash the source address, so
+# every connection lands on one backend; rr spreads them.
+s_service_scheduler() {
+  ipvs_has "-A -t 10.96.0.150:80 -s sh" || { echo "no sh: $(ipvsadm -S -n | grep 10.96.0.15)"; return 1; }
+  ipvs_has "-A -t 10.96.0.151:80 -s mh" || { echo "no mh: $(ipvsadm -S -n | grep 10.96.0.15)"; return 1; }
+  ipvs_has "-A -t 10.96.0.152:80 -s rr" || { echo "no rr"; return 1; }
+  local got
+  for vip in 10.96.0.150 10.96.0.151; do
+    got=$(distinct 8 http cpod $vip 80)
+    [ "$(echo "$got" | wc -w)" = 1 ] || { echo "$vip spread one client over: $got"; return 1; }
+  done
+  got=$(distinct 8 http cpod 10.96.0.152 80)
+  expect "rr spreads one client" "$got" "pod1 pod2 remote1 " || return 1
+  # An unknown scheduler: refused with a warning naming the Service, the default used.
+  ipvs_has "-A -t 10.96.0.153:80 -s rr" || { echo "refused annotation not on rr: $(ipvsadm -S -n | grep 10.96.0.153)"; return 1; }
+  grep -q "IPVS scheduler.*default/typo.*ipvs.kube-proxy-rs.io/scheduler.*fastest" "$LOG" \
+    || { echo "no warning naming default/typo: $(grep -i scheduler $LOG | tail -3)"; return 1; }
+}
+
+# rr -> sh on a Service with an open TCP connection: the virtual server is
+# edited in place (ipvsadm -E), so the connection keeps working.
+s_scheduler_change_live() {
+  coproc LIVE { in_ns cpod socat - TCP4:10.96.0.154:7000; }
+  echo one >&"${LIVE[1]}"
+  local line; read -r -t 3 line <&"${LIVE[0]}"
+  expect "echo before the change" "$line" one || return 1
+  sed -i 's|^metadata: {namespace: default, name: live}$|metadata: {namespace: default, name: live, annotations: {"ipvs.kube-proxy-rs.io/scheduler": sh, "ipvs.kube-proxy-rs.io/scheduler-flags": fallback}}|' "$M/sched.yaml"
+  wait_for 15 ipvs_has "-A -t 10.96.0.154:7000 -s sh -b sh-fallback" \
+    || { echo "not changed to sh: $(ipvsadm -S -n | grep 10.96.0.154)"; return 1; }
+  [ "$(ipvsadm -L -n -t 10.96.0.154:7000 | grep -c Masq)" = 3 ] || { echo "real servers changed: $(ipvsadm -L -n -t 10.96.0.154:7000)"; return 1; }
+  echo two >&"${LIVE[1]}"
+  read -r -t 3 line <&"${LIVE[0]}"
+  expect "echo after the change, same connection" "$line" two || return 1
+  exec {LIVE[1]}>&-
+  kill "$LIVE_PID" 2>/dev/null; wait "$LIVE_PID" 2>/dev/null
+  return 0
+}
+
 s_local_policy_without_local_endpoint() {
   # Only endpoint remote, externalTrafficPolicy Local: not masqueraded, so the
   # reply leaves node-b straight to the client, which drops it (upstream).
@@ -516,6 +555,8 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run dual-stack-both-families s_dual_stack
   run dual-stack-ipv6-udp-flow-moves s_dual_stack_udp_flow_moves
   run client-ip-affinity s_affinity
+  run per-service-scheduler-sh-mh-stick-rr-spreads s_service_scheduler
+  run scheduler-change-keeps-established-tcp s_scheduler_change_live
   run local-policy-no-local-endpoint-drops s_local_policy_without_local_endpoint
   run no-endpoints-refused s_no_endpoints
   run udp-flow-moves-after-endpoint-removal s_udp_flow_moves
