@@ -49,19 +49,17 @@ fn dry_run_prints_the_demo_plan_for_the_namespaces_addresses() {
     assert!(!golden.contains("127.0.0.1:30080"));
 }
 
+/// The arguments of `--dry-run --proxy-mode iptables` on the demo.
+fn dry_run_iptables_mode_args() -> Vec<String> {
+    let args = ["--dry-run", "--proxy-mode", "iptables", "--hostname-override", "demo-node"];
+    [bin(), "--manifests".into(), demo("demo")].into_iter().chain(args.map(String::from)).collect()
+}
+
 /// `--dry-run --proxy-mode iptables` on the demo, as root in a fresh
 /// namespace `ns` (so both families' iptables answer); stdout and stderr.
 fn dry_run_iptables_mode_in(ns: &Netns) -> (String, String) {
-    let out = ns.exec(&[
-        &bin(),
-        "--manifests",
-        &demo("demo"),
-        "--dry-run",
-        "--proxy-mode",
-        "iptables",
-        "--hostname-override",
-        "demo-node",
-    ]);
+    let args = dry_run_iptables_mode_args();
+    let out = ns.exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "{stderr}");
@@ -113,16 +111,8 @@ fn dry_run_in_iptables_mode_prints_one_iptables_section_per_family() {
 #[test]
 fn dry_run_in_iptables_mode_as_nobody_prints_rules_without_nfacct() {
     let ns = Netns::new("kpr-drynob");
-    let out = ns.exec_as_nobody(&[
-        &bin(),
-        "--manifests",
-        &demo("demo"),
-        "--dry-run",
-        "--proxy-mode",
-        "iptables",
-        "--hostname-override",
-        "demo-node",
-    ]);
+    let args = dry_run_iptables_mode_args();
+    let out = ns.exec_as_nobody(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"), "{stdout}");

@@ -471,7 +471,7 @@ fn family_id_attr(reply: &RawGenl) -> Result<Option<u16>, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::netlink::replies::{ack, done, msg};
+    use crate::kernel::netlink::replies::{ack, bytes_of, done, msg};
     use crate::msgs::ipvs::{DestKey, DestSpec};
     use crate::net::Protocol;
 
@@ -531,10 +531,7 @@ mod tests {
         let op = codec::add_dest(&vs(), &dest(), &DestSpec { weight: 1 });
         let typed = codec::netlink_request(op.clone(), 0x24);
         let raw = ipvs_request(0x24, &op);
-        let (mut a, mut b) = (vec![0; typed.buffer_len()], vec![0; raw.buffer_len()]);
-        typed.serialize(&mut a);
-        raw.serialize(&mut b);
-        assert_eq!(a, b);
+        assert_eq!(bytes_of(&typed), bytes_of(&raw));
     }
 
     #[test]

@@ -235,7 +235,16 @@ impl NetlinkDeserializable for RawNfnl {
 pub(crate) mod replies {
     use std::num::NonZeroI32;
 
-    use netlink_packet_core::{DoneMessage, ErrorMessage, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_core::{
+        DoneMessage, ErrorMessage, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
+    };
+
+    /// The bytes `m` goes out as (to compare a typed request with its raw form).
+    pub fn bytes_of<T: NetlinkSerializable>(m: &NetlinkMessage<T>) -> Vec<u8> {
+        let mut buf = vec![0; m.buffer_len()];
+        m.serialize(&mut buf);
+        buf
+    }
 
     pub fn msg<T>(seq: u32, flags: u16, payload: NetlinkPayload<T>) -> NetlinkMessage<T> {
         let mut header = NetlinkHeader::default();

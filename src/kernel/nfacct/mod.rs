@@ -232,7 +232,7 @@ mod tests {
 
     use super::codec::{AcctAttr, AcctCommand};
     use super::*;
-    use crate::kernel::netlink::replies::{ack, msg};
+    use crate::kernel::netlink::replies::{ack, bytes_of, msg};
 
     fn described(name: &str, packets: u64) -> Msg {
         let m = AcctMessage::request(
@@ -251,10 +251,7 @@ mod tests {
         let m = codec::new_request("ct_state_invalid_dropped_pkts");
         let typed = codec::netlink_request(m.clone());
         let raw = raw_request(&m);
-        let (mut a, mut b) = (vec![0; typed.buffer_len()], vec![0; raw.buffer_len()]);
-        typed.serialize(&mut a);
-        raw.serialize(&mut b);
-        assert_eq!(a, b);
+        assert_eq!(bytes_of(&typed), bytes_of(&raw));
     }
 
     #[test]
