@@ -37,20 +37,7 @@ impl Netns {
     /// The test API server, listening on 127.0.0.1 inside this namespace
     /// (a thread of its own entered into it), until the sender is dropped.
     pub fn api_server(&self) -> (apiserver::ApiServer, std::sync::mpsc::Sender<()>) {
-        let path = format!("/run/netns/{}", self.name);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async move {
-                tx.send(apiserver::ApiServer::start().await).expect("send the server");
-                // Serve until the test drops the sender.
-                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
-            });
-        });
-        (rx.recv().expect("API server started"), stop_tx)
+        apiserver::ApiServer::start_in_netns(&self.name)
     }
 
     /// A veth pair between the host and this namespace; `inner` goes inside.

@@ -127,6 +127,27 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ApiServer {
+    /// Starts on 127.0.0.1 inside the network namespace `/run/netns/NAME`,
+    /// on a thread of its own (entered with setns, with its own runtime),
+    /// serving until the returned sender is dropped. Panics if the
+    /// namespace cannot be entered (test kit).
+    pub fn start_in_netns(netns: &str) -> (ApiServer, std::sync::mpsc::Sender<()>) {
+        let path = format!("/run/netns/{netns}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                tx.send(ApiServer::start().await).expect("send the server");
+                // Serve until the sender is dropped.
+                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+            });
+        });
+        (rx.recv().expect("API server started"), stop_tx)
+    }
+
     /// Listens on 127.0.0.1 (a free port) in the current Tokio runtime.
     pub async fn start() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
