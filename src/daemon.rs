@@ -15,6 +15,7 @@ use crate::net::IpFamily;
 use crate::plan::context::{plan_context, LocalAddr};
 use crate::plan::iptables::{iptables_context, HostFeatures};
 use crate::plan::{render, IpvsPlanner};
+use crate::preview::FamilyPlan;
 use crate::settings::{self, FamilySettings};
 
 /// Errors that stop the daemon before it starts.
@@ -256,36 +257,53 @@ pub fn check_manifest_dir(dir: &Path) -> Result<(), StartError> {
 
 /// `--dry-run`: plan a full sync from an empty kernel and render it, for
 /// each family the node would run (the primary one where the probes fail,
-/// e.g. without privileges).
-pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path) -> Result<String, StartError> {
+/// e.g. without privileges). With `diff`, what that sync would change on
+/// this node instead ([`crate::preview`]).
+pub fn dry_run(cfg: &KubeProxyConfiguration, manifests: &Path, diff: bool) -> Result<String, StartError> {
     let scan = ManifestDir::new(manifests).scan();
     for e in &scan.errors {
         tracing::warn!(error = %e, "skipping manifest file");
     }
-    dry_run_events(cfg, &scan.events)
+    dry_run_output(cfg, &scan.events, diff)
 }
 
 /// `--dry-run` without `--manifests`: lists the objects once from the API
 /// server (`--kubeconfig`, `--master` or the in-cluster configuration, as
 /// the daemon would connect) and prints the same plan as for the same
 /// objects as files.
-pub fn dry_run_from_cluster(cfg: &KubeProxyConfiguration, master: Option<&str>) -> Result<String, StartError> {
+pub fn dry_run_from_cluster(
+    cfg: &KubeProxyConfiguration,
+    master: Option<&str>,
+    diff: bool,
+) -> Result<String, StartError> {
     use crate::actors::source::kube as api;
     let node_name = cfg.hostname()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| StartError::Write { path: "tokio runtime".into(), source })?;
-    let events = runtime.block_on(async {
+    let events = dry_run_runtime()?.block_on(async {
         let client = api::client(api::client_config(&cfg.client_connection, master).await?)?;
         api::list_once(client, &node_name).await
     })?;
-    dry_run_events(cfg, &events)
+    dry_run_output(cfg, &events, diff)
+}
+
+fn dry_run_runtime() -> Result<tokio::runtime::Runtime, StartError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| StartError::Write { path: "tokio runtime".into(), source })
+}
+
+/// The plans of `events`, printed, or diffed against the live kernel.
+fn dry_run_output(cfg: &KubeProxyConfiguration, events: &[SourceEvent], diff: bool) -> Result<String, StartError> {
+    let plans = dry_run_events(cfg, events)?;
+    if diff {
+        return Ok(dry_run_runtime()?.block_on(crate::preview::diff(cfg.proxy_mode(), &plans)));
+    }
+    Ok(plans.iter().map(|p| with_heading_suffix(&p.text, &p.suffix)).collect())
 }
 
 /// The plan of every family this node runs for `events` (the objects as a
 /// source first reports them).
-fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Result<String, StartError> {
+fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Result<Vec<FamilyPlan>, StartError> {
     let node_name = cfg.hostname()?;
     let node = our_node(events, &node_name);
     let families = detect_families(cfg, node.as_ref()).unwrap_or_else(|e| {
@@ -298,7 +316,7 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
         tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
     }
-    let mut out = String::new();
+    let mut plans = Vec::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
         let nfacct = match cfg.proxy_mode() {
@@ -308,9 +326,9 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
         let host = nfacct.on(HostFeatures { random_fully, ..HostFeatures::default() });
         let settings = settings::derive(cfg, family, &node_name, host);
         let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
-        out.push_str(&with_heading_suffix(&text, &families.suffix(family)));
+        plans.push(FamilyPlan { settings, text, suffix: families.suffix(family) });
     }
-    Ok(out)
+    Ok(plans)
 }
 
 /// The nfacct counters iptables mode's rules would name on this host

@@ -19,6 +19,7 @@ pub mod net;
 pub mod nfacct;
 pub mod observe;
 pub mod plan;
+pub mod preview;
 pub mod reload;
 pub mod runtime;
 pub mod schedule;

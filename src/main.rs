@@ -35,10 +35,13 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         tracing::info!(path = %path.display(), "wrote the effective configuration");
         return Ok(());
     }
+    if flags.diff && !flags.dry_run {
+        return Err(StartError::Usage("--diff needs --dry-run"));
+    }
     if flags.dry_run {
         let out = match &flags.manifests {
-            Some(dir) => daemon::dry_run(&cfg, dir)?,
-            None => daemon::dry_run_from_cluster(&cfg, flags.master.as_deref())?,
+            Some(dir) => daemon::dry_run(&cfg, dir, flags.diff)?,
+            None => daemon::dry_run_from_cluster(&cfg, flags.master.as_deref(), flags.diff)?,
         };
         print!("{out}");
         return Ok(());

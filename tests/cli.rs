@@ -351,3 +351,111 @@ fn dry_run_from_the_cluster_prints_the_plan_of_the_same_objects_as_files() {
     let requests = api.requests();
     assert!(requests.iter().all(|r| !r.contains("watch=")), "one list per kind, no watch: {requests:?}");
 }
+
+/// The demo's iptables-mode rules written into `ns` by the tools, as a
+/// node running upstream's iptables mode holds them: `iptables-restore`
+/// (and `ip6tables-restore`) of the dry run's own sections, which follow
+/// upstream's format, through `tool` (`iptables` or `iptables-legacy`).
+fn write_iptables_mode_rules(ns: &Netns, out: &str, tool: &str) {
+    let created = ns.block_on(|| async {
+        let nfacct = kube_proxy_rs::kernel::nfacct::NetlinkNfacct::new().expect("netfilter netlink socket");
+        nfacct.ensure(&kube_proxy_rs::nfacct::OBJECTS).await
+    });
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let v6 = tool.replacen("iptables", "ip6tables", 1);
+    ns.pipe(&[&format!("{tool}-restore"), "-w", "5", "--noflush"], section(out, "# iptables"));
+    ns.pipe(&[&format!("{v6}-restore"), "-w", "5", "--noflush"], section(out, "# iptables ipv6"));
+}
+
+/// `--dry-run --diff` in `ns` with `args` (the dry run's own besides).
+fn dry_run_diff_in(ns: &Netns, manifests: &str, mode: &str) -> String {
+    let args =
+        ["--manifests", manifests, "--dry-run", "--diff", "--proxy-mode", mode, "--hostname-override", "demo-node"];
+    let out = ns.exec(&[&[bin().as_str()][..], &args].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    stdout.into_owned()
+}
+
+/// The summary's line for `section` (`iptables nft`): (add, remove, kept).
+fn summary_of(diff: &str, section: &str) -> (usize, usize, usize) {
+    let summary = diff.split("# summary\n").nth(1).unwrap_or_else(|| panic!("no summary:\n{diff}"));
+    let line = summary
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{section}: ")))
+        .unwrap_or_else(|| panic!("no {section:?} in the summary:\n{summary}"));
+    let n: Vec<usize> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    (n[0], n[1], n[2])
+}
+
+/// The migration preview in a namespace holding upstream-format iptables
+/// rules written by the tools: the same objects in the same mode change
+/// nothing; a Service gone is listed as removed, with its chains; IPVS mode
+/// asked instead lists iptables mode's chains removed and IPVS mode's
+/// sets, servers, addresses and chains added; the backend `iptables` does
+/// not use is read and its rules of kube-proxy's named. The node's rules
+/// are not changed by the preview.
+#[test]
+fn dry_run_diff_previews_what_the_first_sync_would_change() {
+    let ns = Netns::new("kpr-diff");
+    let (out, _) = dry_run_iptables_mode_in(&ns);
+    let version = ns.ok(&["iptables", "--version"]);
+    let (used, unused) = if version.contains("nf_tables") { ("nft", "legacy") } else { ("legacy", "nft") };
+    write_iptables_mode_rules(&ns, &out, "iptables");
+    let before = ns.ok(&["iptables-save"]);
+
+    // The same objects, the same mode: nothing to add or remove anywhere.
+    let same = dry_run_diff_in(&ns, &demo("demo"), "iptables");
+    let summary = same.split("# summary\n").nth(1).expect("a summary");
+    for line in summary.lines() {
+        assert!(line.contains(": 0 to add, 0 to remove,"), "{line}\n{same}");
+    }
+    let (_, _, kept) = summary_of(&same, &format!("iptables {used}"));
+    assert!(kept > 100, "{same}");
+    assert!(!same.lines().any(|l| l.starts_with("+-A") || l.starts_with("--A")), "{same}");
+
+    // kube-dns gone from the manifests: its rules and chains removed, nothing added.
+    let dir = tempfile::tempdir().expect("temp dir");
+    for f in ["edge-cases.yaml", "exposed.yaml", "node.yaml", "web.yaml"] {
+        std::fs::copy(demo(&format!("demo/{f}")), dir.path().join(f)).expect("copy a manifest");
+    }
+    let gone = dry_run_diff_in(&ns, dir.path().to_str().expect("utf-8 path"), "iptables");
+    let (added, removed, _) = summary_of(&gone, &format!("iptables {used}"));
+    assert_eq!(added, 0, "{gone}");
+    assert!(removed >= 6, "{gone}");
+    let services: Vec<&str> = gone.lines().filter(|l| l.starts_with("--A KUBE-SERVICES ")).collect();
+    assert!(!services.is_empty() && services.iter().all(|l| l.contains("kube-system/kube-dns")), "{gone}");
+    assert!(gone.lines().any(|l| l.starts_with("-:KUBE-SVC-")) && gone.lines().any(|l| l.starts_with("-:KUBE-SEP-")));
+
+    // A mode switch: iptables mode's chains go, IPVS mode's state comes.
+    let switch = dry_run_diff_in(&ns, &demo("demo"), "ipvs");
+    for want in ["-:KUBE-EXTERNAL-SERVICES", "-:KUBE-NODEPORTS", "+:KUBE-LOAD-BALANCER", "+:KUBE-IPVS-FILTER"] {
+        assert!(switch.lines().any(|l| l == want), "no {want:?}:\n{switch}");
+    }
+    assert!(switch.lines().any(|l| l.starts_with("-:KUBE-SVC-")), "{switch}");
+    assert!(switch.contains("\n+create KUBE-CLUSTER-IP hash:ip,port family inet"), "{switch}");
+    assert!(switch.contains("\n+add KUBE-CLUSTER-IP 10.96.0.10,udp:53\n"), "{switch}");
+    assert!(switch.contains("\n+-A -u 10.96.0.10:53 -s rr\n"), "{switch}");
+    assert!(switch.contains("# addresses kube-ipvs0\n+10.96.0.10\n") || switch.contains("\n+10.96.0.10\n"));
+    let (added, removed, _) = summary_of(&switch, &format!("iptables {used}"));
+    assert!(added > 10 && removed > 10, "{switch}");
+
+    // The other backend holding kube-proxy's rules too: named, not touched.
+    write_iptables_mode_rules(&ns, &out, &format!("iptables-{unused}"));
+    let both = dry_run_diff_in(&ns, &demo("demo"), "iptables");
+    assert!(both.contains(&format!("in iptables-{unused} are not touched and stay active")), "{both}");
+    assert_eq!(summary_of(&both, &format!("iptables {used}")).0, 0, "{both}");
+
+    // Read-only: the node's rules are as the tools left them.
+    assert_eq!(
+        ns.ok(&["iptables-save"]).lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>(),
+        before.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn diff_without_dry_run_is_refused() {
+    let (code, _, err) = run(&["--diff", "--manifests", &demo("demo")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--diff needs --dry-run"), "{err}");
+}

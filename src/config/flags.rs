@@ -58,6 +58,13 @@ pub struct Flags {
           require_equals = true, default_value = "false", default_missing_value = "true",
           value_parser = parse_bool)]
     pub dry_run: bool,
+    /// With `--dry-run`: read this node's kernel state (read-only) and print
+    /// what the first sync would change, as `+`/`-` lines per section, and
+    /// a summary (kube-proxy-rs only).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_value = "false", default_missing_value = "true",
+          value_parser = parse_bool)]
+    pub diff: bool,
 
     /// Feature gates, `Name=true|false` pairs, comma separated.
     #[arg(long = "feature-gates", value_name = "NAME=BOOL,...", value_parser = parse_feature_gates)]
@@ -329,7 +336,7 @@ fn parse_vmodule(s: &str) -> Result<VModuleList, String> {
 
 /// Flags that still apply with `--config`: command-line-only flags,
 /// logging flags and `--hostname-override` (see [`super::load`]).
-const KEPT_WITH_CONFIG: [&str; 12] = [
+const KEPT_WITH_CONFIG: [&str; 13] = [
     "config",
     "write-config-to",
     "cleanup",
@@ -337,6 +344,7 @@ const KEPT_WITH_CONFIG: [&str; 12] = [
     "master",
     "manifests",
     "dry-run",
+    "diff",
     "hostname-override",
     "logging-format",
     "log-flush-frequency",

@@ -4,6 +4,7 @@
 pub mod claims;
 pub mod conntrack;
 pub mod context;
+pub mod diff;
 pub mod iptables;
 pub mod ipvs;
 pub mod render;

@@ -455,6 +455,60 @@ s_cleanup() {
   expect "IPv6 rules left" "$rules" ""
 }
 
+diff_run() { # diff_run MANIFESTS MODE [--diff]: the dry run with the daemon's flags
+  "$BIN" --dry-run ${3:-} --proxy-mode "$2" --manifests "$1" --hostname-override node-a \
+    --cluster-cidr 10.244.0.0/16 --ipvs-exclude-cidrs 10.99.0.0/16 2>>"$LOG"
+}
+sect() { awk -v h="$1" '$0 == h {on = 1; next} /^# / {on = 0} on'; }
+summary_has() { # summary_has TEXT LINE-PREFIX WANT: the summary line for a section
+  local got; got=$(echo "$1" | sed -n '/^# summary$/,$p' | grep "^$2: ")
+  [ "$got" = "$2: $3" ] || { echo "summary '$2': got '$got', want '$3'"; return 1; }
+}
+s_dry_run_diff() {
+  # On a clean node (the daemon stopped, --cleanup run; again here when run
+  # alone): the state a node running upstream's IPVS mode holds, written by
+  # the tools (ipvsadm -R, ipset restore, ip addr, iptables-restore) from the
+  # dry run's own upstream-format sections, both families.
+  if [ -n "${DAEMON:-}" ]; then kill -TERM "$DAEMON" 2>/dev/null; wait "$DAEMON" 2>/dev/null; fi
+  "$BIN" --cleanup >>"$LOG" 2>&1
+  local plan; plan=$(diff_run "$M" ipvs) || { echo "dry run failed: $(tail -3 $LOG)"; return 1; }
+  ip link add kube-ipvs0 type dummy
+  local fam sfx
+  for sfx in "" " ipv6"; do
+    echo "$plan" | sect "# ipvs$sfx" | ipvsadm -R || { echo "ipvsadm -R$sfx failed"; return 1; }
+    echo "$plan" | sect "# ipset$sfx" | ipset restore || { echo "ipset restore$sfx failed"; return 1; }
+    for a in $(echo "$plan" | sect "# addresses kube-ipvs0$sfx"); do
+      case $a in *:*) ip addr add "$a/128" dev kube-ipvs0 nodad ;; *) ip addr add "$a/32" dev kube-ipvs0 ;; esac
+    done
+  done
+  echo "$plan" | sect "# iptables" | iptables-restore --noflush || { echo "iptables-restore failed"; return 1; }
+  echo "$plan" | sect "# iptables ipv6" | ip6tables-restore --noflush || { echo "ip6tables-restore failed"; return 1; }
+  local before; before=$(ipvsadm -S -n; ipset save; ip -o addr show dev kube-ipvs0; iptables-save | grep -v '^#')
+  # The same objects in the same mode: nothing to add or remove in any section.
+  local same; same=$(diff_run "$M" ipvs --diff) || { echo "--diff failed: $(tail -3 $LOG)"; return 1; }
+  local bad; bad=$(echo "$same" | sed -n '/^# summary$/,$p' | grep -v '^# summary$' | grep -v ': 0 to add, 0 to remove,')
+  expect "sections that would change" "$bad" "" || { echo "$same" | head -40; return 1; }
+  summary_has "$same" "ipvs" "0 to add, 0 to remove, $(echo "$plan" | sect "# ipvs" | wc -l) kept" || return 1
+  # One endpoint gone: exactly its real server removed.
+  rm -rf /tmp/m-diff; cp -r "$M" /tmp/m-diff
+  sed -i '/- addresses: \["10.244.1.21"\]/,+2d' /tmp/m-diff/echo.yaml
+  local one; one=$(diff_run /tmp/m-diff ipvs --diff)
+  expect "removed" "$(echo "$one" | grep '^-' | grep -v '^--$')" "--a -u 10.96.0.30:5000 -r 10.244.1.21:5000 -m -w 1" || return 1
+  expect "added" "$(echo "$one" | grep -c '^+')" 0 || return 1
+  # A switch to iptables mode: IPVS mode's servers, sets, addresses and chains go.
+  local sw; sw=$(diff_run "$M" iptables --diff)
+  echo "$sw" | grep -q '^# IPVS mode.s virtual servers: removed by the switch' || { echo "$sw" | head; return 1; }
+  echo "$sw" | grep -qx -- '--A -t 10.96.0.20:80 -s rr' || { echo "no VS removal"; return 1; }
+  echo "$sw" | grep -q -- '^-create KUBE-CLUSTER-IP' || { echo "no set removal"; return 1; }
+  echo "$sw" | grep -qx -- '-10.96.0.20' || { echo "no address removal"; return 1; }
+  echo "$sw" | grep -qx -- '-:KUBE-LOAD-BALANCER' || { echo "no chain removal"; return 1; }
+  echo "$sw" | grep -q -- '^+:KUBE-SVC-' || { echo "no iptables-mode chains"; return 1; }
+  # Read-only: the kernel state is as the tools left it.
+  local after; after=$(ipvsadm -S -n; ipset save; ip -o addr show dev kube-ipvs0; iptables-save | grep -v '^#')
+  [ "$before" = "$after" ] || { echo "the preview changed the kernel state"; return 1; }
+  "$BIN" --cleanup >>"$LOG" 2>&1
+}
+
 # ------------------------------------------------------------ dual-stack ----
 # IPv6 beside the IPv4 lab: the node and the client on fd00:50::/64, pod1 and
 # pod2 at fd00:244::11/12 (host routes, as their IPv4 addresses), each
@@ -567,6 +621,7 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run restart-keeps-established-tcp s_restart_keeps_connections
   run switch-modes-cleans-the-other-modes-state s_switch_modes
   run cleanup-removes-everything s_cleanup
+  run dry-run-diff-previews-the-first-sync s_dry_run_diff
 fi
 say "daemon log (last 30 lines):"
 tail -30 "$LOG"

@@ -1,0 +1,335 @@
+//! `--dry-run --diff`: what the first sync would change, as `+`/`-` lines
+//! in each tool's syntax. Pure: the desired lines come from the planner's
+//! renderers, the live lines from the kernel's own dumps (read by
+//! [`crate::preview`]), both already in one syntax; this module only
+//! compares and prints.
+//!
+//! - Sections whose objects are a set (IPVS servers, set members,
+//!   addresses) compare as multisets: a line is added, removed or kept.
+//! - iptables compares per table and chain: chains we own are declared or
+//!   removed (`+:CHAIN` / `-:CHAIN`), their rules compared as multisets;
+//!   in the built-in chains only the rules that jump to chains we own
+//!   count. A chain whose rules stay but change order is named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+/// One section of the preview: its heading, its `+`/`-` lines (and
+/// unprefixed context lines such as `*nat`), notes, and counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SectionDiff {
+    pub heading: String,
+    pub lines: Vec<String>,
+    /// `# ...` lines printed after the heading (what was not compared, and why).
+    pub notes: Vec<String>,
+    pub added: usize,
+    pub removed: usize,
+    pub kept: usize,
+}
+
+impl SectionDiff {
+    pub fn new(heading: &str) -> SectionDiff {
+        SectionDiff { heading: heading.to_string(), ..SectionDiff::default() }
+    }
+
+    /// Adds a note (printed as `# note`).
+    pub fn note(mut self, note: impl Into<String>) -> SectionDiff {
+        self.notes.push(note.into());
+        self
+    }
+
+    pub fn is_unchanged(&self) -> bool {
+        self.added == 0 && self.removed == 0
+    }
+
+    /// Merges the multiset difference of `desired` and `live` into this
+    /// section: `-` for live lines the plan lacks, `+` for planned lines the
+    /// kernel lacks, in sorted order (a line's removal before its addition).
+    pub fn compare(mut self, desired: &[String], live: &[String]) -> SectionDiff {
+        let (added, removed, kept) = multiset_diff(desired, live);
+        self.kept += kept;
+        self.added += added.len();
+        self.removed += removed.len();
+        let mut changed: Vec<(&str, char)> =
+            removed.iter().map(|l| (l.as_str(), '-')).chain(added.iter().map(|l| (l.as_str(), '+'))).collect();
+        changed.sort();
+        self.lines.extend(changed.into_iter().map(|(l, sign)| format!("{sign}{l}")));
+        self
+    }
+}
+
+/// (added, removed, kept): the lines of `desired` not in `live`, those of
+/// `live` not in `desired` (counting repeats), and how many match.
+fn multiset_diff<'a>(desired: &'a [String], live: &'a [String]) -> (Vec<&'a String>, Vec<&'a String>, usize) {
+    let mut have: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in live {
+        *have.entry(l.as_str()).or_default() += 1;
+    }
+    let mut added = Vec::new();
+    let mut kept = 0;
+    for l in desired {
+        match have.get_mut(l.as_str()) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                kept += 1;
+            }
+            _ => added.push(l),
+        }
+    }
+    let mut left = have;
+    let mut removed = Vec::new();
+    for l in live {
+        if let Some(n) = left.get_mut(l.as_str()) {
+            if *n > 0 {
+                *n -= 1;
+                removed.push(l);
+            }
+        }
+    }
+    (added, removed, kept)
+}
+
+/// The rules of one iptables table: chains declared, and each chain's
+/// rules (the text after `-A CHAIN `) in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableRules {
+    pub chains: BTreeSet<String>,
+    pub rules: BTreeMap<String, Vec<String>>,
+}
+
+/// Tables by name, from `iptables-save` output or `iptables-restore` input.
+pub type Tables = BTreeMap<String, TableRules>;
+
+/// Parses `iptables-save` output or `iptables-restore` input: `*table`,
+/// `:CHAIN ...`, `-A CHAIN rule`, `-I CHAIN [N] rule` (taken as one of the
+/// chain's rules, in front). Other lines (`COMMIT`, `-X`, comments) are skipped.
+pub fn parse_tables(text: &str) -> Tables {
+    let mut tables = Tables::new();
+    let mut table = String::new();
+    for line in text.lines().map(str::trim_end) {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name.to_string();
+            tables.entry(table.clone()).or_default();
+            continue;
+        }
+        let Some(t) = tables.get_mut(&table) else { continue };
+        if let Some(decl) = line.strip_prefix(':') {
+            if let Some(name) = decl.split_whitespace().next() {
+                t.chains.insert(name.to_string());
+            }
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            if let Some((chain, rule)) = rest.split_once(' ') {
+                t.rules.entry(chain.to_string()).or_default().push(rule.to_string());
+            }
+        } else if let Some(rest) = line.strip_prefix("-I ") {
+            if let Some((chain, rule)) = rest.split_once(' ') {
+                let rule = match rule.split_once(' ') {
+                    Some((n, r)) if n.bytes().all(|b| b.is_ascii_digit()) => r,
+                    _ => rule,
+                };
+                t.rules.entry(chain.to_string()).or_default().insert(0, rule.to_string());
+            }
+        }
+    }
+    tables
+}
+
+/// The chain a rule jumps or goes to (`-j X` / `-g X`), if any.
+fn target(rule: &str) -> Option<&str> {
+    let mut words = rule.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "-j" || w == "-g" {
+            return words.next();
+        }
+    }
+    None
+}
+
+/// Whether `chain` is one of a table's built-in chains.
+pub fn is_builtin(chain: &str) -> bool {
+    matches!(chain, "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING")
+}
+
+/// Compares the planned tables with the live ones. `owned(table, chain)`
+/// says which non-built-in chains the first sync rewrites or removes
+/// (besides those the plan declares); rules in built-in chains count only
+/// when they jump to such a chain.
+pub fn iptables_diff(
+    heading: &str,
+    desired: &Tables,
+    live: &Tables,
+    owned: impl Fn(&str, &str) -> bool,
+) -> SectionDiff {
+    let mut out = SectionDiff::new(heading);
+    let empty = TableRules::default();
+    let names: BTreeSet<&String> = desired.keys().chain(live.keys()).collect();
+    for table in ["raw", "mangle", "nat", "filter"].iter().map(|t| t.to_string()).filter(|t| names.contains(t)) {
+        let want = desired.get(&table).unwrap_or(&empty);
+        let have = live.get(&table).unwrap_or(&empty);
+        let ours = |chain: &str| !is_builtin(chain) && (want.chains.contains(chain) || owned(&table, chain));
+        let mut lines = Vec::new();
+        let mut sub = SectionDiff::default();
+        // Chains: declared by the plan, or ours and there.
+        let chains: BTreeSet<&String> = want.chains.iter().chain(have.chains.iter().filter(|c| ours(c))).collect();
+        for c in &chains {
+            if is_builtin(c) {
+                continue;
+            }
+            match (want.chains.contains(*c), have.chains.contains(*c)) {
+                (true, false) => {
+                    lines.push(format!("+:{c}"));
+                    sub.added += 1;
+                }
+                (false, true) => {
+                    lines.push(format!("-:{c}"));
+                    sub.removed += 1;
+                }
+                _ => sub.kept += 1,
+            }
+        }
+        // Rules: every chain with rules on either side that counts.
+        let rule_chains: BTreeSet<&String> = want.rules.keys().chain(have.rules.keys()).collect();
+        for c in rule_chains {
+            let pick = |rules: Option<&Vec<String>>| -> Vec<String> {
+                let rules = rules.map(Vec::as_slice).unwrap_or(&[]);
+                if is_builtin(c) {
+                    rules.iter().filter(|r| target(r).is_some_and(&ours)).cloned().collect()
+                } else if ours(c) {
+                    rules.to_vec()
+                } else {
+                    Vec::new()
+                }
+            };
+            let (w, h) = (pick(want.rules.get(c)), pick(have.rules.get(c)));
+            if w.is_empty() && h.is_empty() {
+                continue;
+            }
+            let (added, removed, kept) = multiset_diff(&w, &h);
+            sub.kept += kept;
+            sub.added += added.len();
+            sub.removed += removed.len();
+            lines.extend(removed.iter().map(|r| format!("--A {c} {r}")));
+            lines.extend(added.iter().map(|r| format!("+-A {c} {r}")));
+            if added.is_empty() && removed.is_empty() && w != h && !is_builtin(c) {
+                out.notes.push(format!("{table} {c}: the same rules in a new order"));
+            }
+        }
+        if !lines.is_empty() {
+            out.lines.push(format!("*{table}"));
+            out.lines.extend(lines);
+        }
+        out.added += sub.added;
+        out.removed += sub.removed;
+        out.kept += sub.kept;
+    }
+    out
+}
+
+/// Renders the sections and a `# summary` with one line per section.
+pub fn render(sections: &[SectionDiff]) -> String {
+    let mut out = String::new();
+    for s in sections {
+        let _ = writeln!(out, "{}", s.heading);
+        for n in &s.notes {
+            let _ = writeln!(out, "# {n}");
+        }
+        for l in &s.lines {
+            let _ = writeln!(out, "{l}");
+        }
+    }
+    out.push_str("# summary\n");
+    for s in sections {
+        let name = s.heading.trim_start_matches("# ");
+        let _ = writeln!(out, "{name}: {} to add, {} to remove, {} kept", s.added, s.removed, s.kept);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(s: &[&str]) -> Vec<String> {
+        s.iter().map(|l| l.to_string()).collect()
+    }
+
+    #[test]
+    fn set_like_sections_list_removals_and_additions_sorted_and_count_the_rest() {
+        let desired = lines(&["-A -t 10.96.0.1:443 -s rr", "-a -t 10.96.0.1:443 -r 10.0.0.2:6443 -m -w 1"]);
+        let live = lines(&["-A -t 10.96.0.1:443 -s rr", "-a -t 10.96.0.1:443 -r 10.0.0.1:6443 -m -w 1"]);
+        let d = SectionDiff::new("# ipvs").compare(&desired, &live);
+        assert_eq!(
+            d.lines,
+            ["--a -t 10.96.0.1:443 -r 10.0.0.1:6443 -m -w 1", "+-a -t 10.96.0.1:443 -r 10.0.0.2:6443 -m -w 1"]
+        );
+        assert_eq!((d.added, d.removed, d.kept), (1, 1, 1));
+    }
+
+    #[test]
+    fn repeated_lines_count_each_time() {
+        let d = SectionDiff::new("# x").compare(&lines(&["a", "a"]), &lines(&["a", "a", "a"]));
+        assert_eq!((d.added, d.removed, d.kept), (0, 1, 2));
+    }
+
+    #[test]
+    fn parses_save_output_and_restore_input_alike() {
+        let t = parse_tables(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n\
+             -I PREROUTING 1 -j KUBE-SERVICES\n-A PREROUTING -j DOCKER\nCOMMIT\n",
+        );
+        let nat = &t["nat"];
+        assert!(nat.chains.contains("KUBE-SERVICES"));
+        assert_eq!(nat.rules["PREROUTING"], ["-j KUBE-SERVICES", "-j DOCKER"]);
+        assert_eq!(nat.rules["KUBE-SERVICES"], ["-j RETURN"]);
+    }
+
+    #[test]
+    fn iptables_diff_counts_only_our_chains_and_the_jumps_to_them() {
+        let desired = parse_tables(
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-NEW - [0:0]\n-A KUBE-SERVICES -d 10.96.0.2/32 -j KUBE-SVC-NEW\n\
+             -A KUBE-SVC-NEW -j DNAT --to-destination 10.0.0.1:80\n-I PREROUTING 1 -j KUBE-SERVICES\nCOMMIT\n",
+        );
+        let live = parse_tables(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-OLD - [0:0]\n:DOCKER - [0:0]\n\
+             -A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -j DOCKER\n-A DOCKER -j RETURN\n\
+             -A KUBE-SERVICES -d 10.96.0.1/32 -j KUBE-SVC-OLD\n-A KUBE-SVC-OLD -j DNAT --to-destination 10.0.0.1:80\n\
+             COMMIT\n",
+        );
+        let owned = |_: &str, c: &str| c.starts_with("KUBE-");
+        let d = iptables_diff("# iptables", &desired, &live, owned);
+        assert_eq!(
+            d.lines,
+            [
+                "*nat",
+                "+:KUBE-SVC-NEW",
+                "-:KUBE-SVC-OLD",
+                "--A KUBE-SERVICES -d 10.96.0.1/32 -j KUBE-SVC-OLD",
+                "+-A KUBE-SERVICES -d 10.96.0.2/32 -j KUBE-SVC-NEW",
+                "+-A KUBE-SVC-NEW -j DNAT --to-destination 10.0.0.1:80",
+                "--A KUBE-SVC-OLD -j DNAT --to-destination 10.0.0.1:80",
+            ]
+        );
+        // KUBE-SERVICES declared on both sides, the PREROUTING jump kept; DOCKER not counted.
+        assert_eq!((d.added, d.removed, d.kept), (3, 3, 2));
+    }
+
+    #[test]
+    fn a_chain_in_a_new_order_is_named() {
+        let desired = parse_tables("*filter\n:KUBE-X - [0:0]\n-A KUBE-X -j A\n-A KUBE-X -j B\nCOMMIT\n");
+        let live = parse_tables("*filter\n:KUBE-X - [0:0]\n-A KUBE-X -j B\n-A KUBE-X -j A\nCOMMIT\n");
+        let d = iptables_diff("# iptables", &desired, &live, |_, _| false);
+        assert!(d.is_unchanged());
+        assert_eq!(d.notes, ["filter KUBE-X: the same rules in a new order"]);
+    }
+
+    #[test]
+    fn the_summary_names_every_section() {
+        let a = SectionDiff::new("# ipvs").compare(&lines(&["x"]), &[]);
+        let b = SectionDiff::new("# ipset ipv6").note("no sets").compare(&[], &[]);
+        assert_eq!(
+            render(&[a, b]),
+            "# ipvs\n+x\n# ipset ipv6\n# no sets\n# summary\nipvs: 1 to add, 0 to remove, 0 kept\n\
+             ipset ipv6: 0 to add, 0 to remove, 0 kept\n"
+        );
+    }
+}
