@@ -323,7 +323,10 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
             ProxyMode::Iptables => dry_run_nfacct(family),
             ProxyMode::Ipvs | ProxyMode::Nftables => crate::nfacct::NfacctRules::default(),
         };
-        let host = nfacct.on(HostFeatures { random_fully, ..HostFeatures::default() });
+        // As the daemon: it sets the sysctl when configured, then reads it.
+        let liberal = cfg.conntrack.tcp_be_liberal
+            || crate::kernel::sysctl::is_on(crate::plan::iptables::context::SYSCTL_TCP_BE_LIBERAL);
+        let host = nfacct.on(HostFeatures { random_fully, conntrack_tcp_liberal: liberal, ..HostFeatures::default() });
         let settings = settings::derive(cfg, family, &node_name, host);
         let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
         plans.push(FamilyPlan { settings, text, suffix: families.suffix(family) });

@@ -473,13 +473,9 @@ async fn start_iptables(
 /// nfacct counters `nfacct` found at start ([`crate::nfacct::set_up`]).
 /// Public for `kpr-bench iptables`, which wires iptables mode as the daemon does.
 pub fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
-    let liberal = std::fs::read_to_string(format!("/proc/sys/{}", iptables_plan::context::SYSCTL_TCP_BE_LIBERAL))
-        .ok()
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .is_some_and(|v| v != 0);
     let host = HostFeatures {
         random_fully: IptablesHandle::new(family).random_fully(),
-        conntrack_tcp_liberal: liberal,
+        conntrack_tcp_liberal: sysctl::is_on(iptables_plan::context::SYSCTL_TCP_BE_LIBERAL),
         ..HostFeatures::default()
     };
     nfacct.on(host)

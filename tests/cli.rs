@@ -459,3 +459,21 @@ fn diff_without_dry_run_is_refused() {
     assert_eq!(code, 1);
     assert!(err.contains("--diff needs --dry-run"), "{err}");
 }
+
+/// As the daemon: `conntrack.tcpBeLiberal` (here its flag), or the
+/// namespace's `nf_conntrack_tcp_be_liberal` already 1, means no
+/// INVALID-drop rule (upstream's proxier reads the sysctl).
+#[test]
+fn dry_run_in_iptables_mode_drops_no_invalid_packets_when_tcp_is_liberal() {
+    let ns = Netns::new("kpr-drylib");
+    let invalid = "--ctstate INVALID";
+    let (plain, _) = dry_run_iptables_mode_in(&ns);
+    assert!(plain.contains(invalid), "{plain}");
+    let mut args = dry_run_iptables_mode_args();
+    args.push("--conntrack-tcp-be-liberal=true".into());
+    let flagged = ns.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!flagged.contains(invalid), "{flagged}");
+    ns.ok(&["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"]);
+    let (read, _) = dry_run_iptables_mode_in(&ns);
+    assert!(!read.contains(invalid), "{read}");
+}

@@ -33,6 +33,15 @@ pub fn ensure_sysctl_at(root: &Path, path: &str, value: i32) -> Result<bool, Ker
     Ok(true)
 }
 
+/// Whether `/proc/sys/PATH` is readable and holds a non-zero number
+/// (read-only; a missing or unreadable setting is off).
+pub fn is_on(path: &str) -> bool {
+    std::fs::read_to_string(Path::new("/proc/sys").join(path))
+        .ok()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .is_some_and(|v| v != 0)
+}
+
 /// The running kernel's release (`/proc/sys/kernel/osrelease`), as upstream reads it.
 pub fn kernel_release() -> Result<String, KernelError> {
     let file = Path::new(PROC_SYS).join("kernel/osrelease");
