@@ -1824,6 +1824,49 @@ fn nfacct_counters_count_invalid_drops_and_localhost_node_ports() {
     assert!(!log.contains("unavailable") && !log.contains("unusable"), "no nfacct warning:\n{log}");
 }
 
+/// A firewalld-style flush of filter and nat, then the nfacct objects
+/// deleted (`nfacct flush`: possible once no rule names them): the canary
+/// sees the flush, and the full resync that follows creates the objects
+/// again before its restore, so the counting rules come back and no sync
+/// fails on a missing object.
+#[test]
+fn nfacct_objects_deleted_with_the_rules_are_created_again_by_the_full_resync() {
+    let mut lab = Lab::new("nfr", Flavour::Legacy, &["b1"]);
+    lab.config("iptables", "60s");
+    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    let mut daemon = lab.start_synced();
+    assert!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().all(Option::is_some));
+    let last = lab.syncs().expect("syncs")[0].generation;
+
+    let tool = Flavour::Legacy.tool("iptables", "");
+    let tool6 = Flavour::Legacy.tool("ip6tables", "");
+    let flush: Vec<String> = [&tool, &tool6]
+        .iter()
+        .flat_map(|t| ["filter", "nat"].map(|table| format!("{t} -w 5 -t {table} -F && {t} -w 5 -t {table} -X")))
+        .collect();
+    lab.node.ok(&["sh", "-c", &flush.join(" && ")]);
+    let deleted = lab.node.block_on(|| async {
+        let nfacct = NetlinkNfacct::new().expect("netfilter netlink socket");
+        let mut out = Vec::new();
+        for name in [NFACCT_INVALID, NFACCT_LOCALHOST] {
+            out.push(nfacct.delete(name).await);
+        }
+        out
+    });
+    assert!(deleted.iter().all(|d| matches!(d, Ok(true))), "{deleted:?}");
+    assert!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().all(Option::is_none));
+
+    let bound = CANARY_INTERVAL + Duration::from_secs(3);
+    let resync = lab.wait_sync(&mut daemon, last, bound);
+    assert!(resync.full, "drift gives a full resync (wait_sync: none failed): {resync:?}");
+    assert!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().all(Option::is_some), "created again");
+    let filter = lab.save(Some("filter")).replace("--nfacct-name  ", "--nfacct-name ");
+    assert!(filter.contains("-m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP"), "{filter}");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(!log.contains("unavailable") && !log.contains("unusable"), "no nfacct warning:\n{log}");
+}
+
 /// Kubernetes issue 142068: a kernel with nfnetlink_acct but without the
 /// iptables nfacct match (here: `iptables-restore` refusing the match, as
 /// it does there). Upstream writes the match anyway and every restore
