@@ -17,6 +17,7 @@ pub mod mem;
 pub mod netlink;
 pub mod nfacct;
 pub mod nft_split;
+pub mod nftables;
 pub mod sysctl;
 pub mod tool;
 pub mod xtables_gen;

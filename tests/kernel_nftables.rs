@@ -1,0 +1,159 @@
+//! The nf_tables netlink client (`kernel::nftables`, issue 17's codec)
+//! against the real kernel, in network namespaces each test creates (the
+//! host's ruleset is never touched): what it writes is what `nft -f` writes
+//! for the same text (`nft list table` compared), a transaction carries
+//! element deletes and adds and a chain flush at once, and a transaction
+//! with a refused op changes nothing and names that op.
+//! Needs root and `nft`: without them the tests fail, never skip.
+
+mod common;
+
+use common::Netns;
+use kube_proxy_rs::kernel::nftables::{
+    BaseChain, ChainHook, KeyPart, KeyType, NetlinkNftables, NftOp, TransactionError, Verdict,
+};
+use kube_proxy_rs::net::IpFamily;
+
+const TABLE: &str = "kube-proxy";
+
+fn apply(ns: &Netns, family: IpFamily, ops: Vec<NftOp>) -> Result<(), TransactionError> {
+    ns.block_on(move || async move {
+        let nft = NetlinkNftables::new().expect("netfilter netlink socket");
+        nft.apply(family, TABLE, &ops).await
+    })
+}
+
+/// `nft list table` without the handles' and counters' noise.
+fn listed(ns: &Netns, family: &str) -> String {
+    ns.ok(&["nft", "list", "table", family, TABLE])
+}
+
+fn key(addr: &str, proto: u8, port: u16) -> Vec<KeyPart> {
+    vec![KeyPart::Addr(addr.parse().expect("test address")), KeyPart::Proto(proto), KeyPart::Port(port)]
+}
+
+/// Upstream's table skeleton in miniature: the table with its comment, a
+/// base chain, regular chains, the `service-ips` verdict map keyed by
+/// address . protocol . port, one element and one rule.
+fn skeleton(addr: &str, key_type: KeyType) -> Vec<NftOp> {
+    vec![
+        NftOp::AddTable { comment: Some("rules for kube-proxy".into()) },
+        NftOp::AddChain { name: "services".into(), base: None, comment: None },
+        NftOp::AddChain {
+            name: "nat-prerouting".into(),
+            base: Some(BaseChain { kind: "nat", hook: ChainHook::Prerouting, priority: -100 }),
+            comment: None,
+        },
+        NftOp::AddChain { name: "service-ULMVA6XW-ns1/svc1/tcp/p80".into(), base: None, comment: None },
+        NftOp::AddSet {
+            name: "service-ips".into(),
+            key: vec![key_type, KeyType::InetProto, KeyType::InetService],
+            verdict_map: true,
+            comment: Some("ClusterIP, ExternalIP and LoadBalancer IP traffic".into()),
+        },
+        NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![(key(addr, 6, 80), Some(Verdict::Goto("service-ULMVA6XW-ns1/svc1/tcp/p80".into())))],
+        },
+        NftOp::AddRule { chain: "nat-prerouting".into(), verdict: Verdict::Jump("services".into()), comment: None },
+    ]
+}
+
+/// The same as `nft -f` input.
+fn skeleton_text(family: &str, addr: &str, key_type: &str) -> String {
+    format!(
+        "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}\n\
+         add chain {family} {TABLE} services\n\
+         add chain {family} {TABLE} nat-prerouting {{ type nat hook prerouting priority -100 ; }}\n\
+         add chain {family} {TABLE} service-ULMVA6XW-ns1/svc1/tcp/p80\n\
+         add map {family} {TABLE} service-ips {{ type {key_type} . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }}\n\
+         add element {family} {TABLE} service-ips {{ {addr} . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }}\n\
+         add rule {family} {TABLE} nat-prerouting jump services\n"
+    )
+}
+
+#[test]
+fn one_transaction_writes_what_nft_writes_for_the_same_text() {
+    for (family, nft_family, addr, key_type, name) in [
+        (IpFamily::V4, "ip", "10.96.0.10", KeyType::Ipv4Addr, "ipv4_addr"),
+        (IpFamily::V6, "ip6", "fd00:96::10", KeyType::Ipv6Addr, "ipv6_addr"),
+    ] {
+        let ours = Netns::new("kpr-nft-ours");
+        apply(&ours, family, skeleton(addr, key_type)).expect("the transaction");
+        let tool = Netns::new("kpr-nft-tool");
+        tool.pipe(&["nft", "-f", "-"], &skeleton_text(nft_family, addr, name));
+        let (a, b) = (listed(&ours, nft_family), listed(&tool, nft_family));
+        assert_eq!(a, b, "ours:\n{a}\nnft -f:\n{b}");
+        for want in [
+            "comment \"rules for kube-proxy\"",
+            &format!("type {name} . inet_proto . inet_service : verdict"),
+            &format!("{addr} . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80"),
+            "type nat hook prerouting priority dstnat; policy accept;",
+            "jump services",
+        ] {
+            assert!(a.contains(want), "no {want:?} in:\n{a}");
+        }
+    }
+}
+
+#[test]
+fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
+    let ns = Netns::new("kpr-nft-delta");
+    apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("the first transaction");
+    let chain = "service-ULMVA6XW-ns1/svc1/tcp/p80".to_string();
+    let delta = vec![
+        NftOp::DeleteElements { set: "service-ips".into(), keys: vec![key("10.96.0.10", 6, 80)] },
+        NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![
+                (key("10.96.0.11", 17, 53), Some(Verdict::Goto(chain.clone()))),
+                (key("10.96.0.12", 132, 9000), Some(Verdict::Jump(chain.clone()))),
+            ],
+        },
+        NftOp::FlushChain("nat-prerouting".into()),
+    ];
+    apply(&ns, IpFamily::V4, delta).expect("the delta");
+    let t = listed(&ns, "ip");
+    assert!(!t.contains("10.96.0.10 . tcp . 80"), "{t}");
+    assert!(t.contains("10.96.0.11 . udp . 53 : goto service-ULMVA6XW-ns1/svc1/tcp/p80"), "{t}");
+    assert!(t.contains("10.96.0.12 . sctp . 9000 : jump service-ULMVA6XW-ns1/svc1/tcp/p80"), "{t}");
+    assert!(!t.contains("jump services"), "the chain is flushed:\n{t}");
+    assert!(t.contains("chain nat-prerouting"), "and kept:\n{t}");
+
+    // A stale chain: flushed and deleted, with the element pointing at it, at once.
+    let gone = vec![
+        NftOp::DeleteElements {
+            set: "service-ips".into(),
+            keys: vec![key("10.96.0.11", 17, 53), key("10.96.0.12", 132, 9000)],
+        },
+        NftOp::FlushChain(chain.clone()),
+        NftOp::DeleteChain(chain),
+    ];
+    apply(&ns, IpFamily::V4, gone).expect("the removal");
+    let t = listed(&ns, "ip");
+    assert!(!t.contains("service-ULMVA6XW"), "{t}");
+}
+
+#[test]
+fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
+    let ns = Netns::new("kpr-nft-abort");
+    apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("the first transaction");
+    let before = listed(&ns, "ip");
+    let bad = vec![
+        NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![(key("10.96.0.20", 6, 443), Some(Verdict::Goto("services".into())))],
+        },
+        NftOp::FlushChain("nat-prerouting".into()),
+        NftOp::AddElements { set: "no-such-map".into(), elements: vec![(key("10.96.0.21", 6, 80), None)] },
+    ];
+    match apply(&ns, IpFamily::V4, bad) {
+        Err(TransactionError::Refused { index, op, errno }) => {
+            assert_eq!(index, 2, "{op}: {errno}");
+            assert!(op.contains("no-such-map"), "{op}");
+            assert_eq!(errno.0, 2, "ENOENT: {errno}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(listed(&ns, "ip"), before, "nothing of the aborted transaction applied");
+}
