@@ -14,16 +14,17 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
+use netlink_packet_core::{DefaultNla, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
-    ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber, Immediate,
-    InetHookNumber, ListAttribute, NfTablesMessage, Register, RuleAttribute, RuleMessage, SetAttribute, SetDescription,
-    SetElementAttribute, SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage,
-    Verdict as NlVerdict, VerdictAttribute,
+    ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Hook, HookNumber, InetHookNumber, ListAttribute,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetDescription, SetElementAttribute, SetElementFlags,
+    SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict,
+    VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
+use super::rule::{self, AnonKey, AnonSet, RuleError};
 use crate::net::IpFamily;
 
 /// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
@@ -38,6 +39,7 @@ const UDATA_TABLE_COMMENT: u8 = 0;
 const UDATA_CHAIN_COMMENT: u8 = 0;
 const UDATA_RULE_COMMENT: u8 = 0;
 const UDATA_SET_COMMENT: u8 = 7;
+const UDATA_ELEM_COMMENT: u8 = 0;
 /// Netfilter's verdicts accept and drop (NF_ACCEPT, NF_DROP).
 const NF_ACCEPT: u32 = 1;
 const NF_DROP: u32 = 0;
@@ -73,6 +75,24 @@ impl KeyType {
     }
 }
 
+impl KeyType {
+    /// One of nft's type names (`ipv4_addr`, `inet_proto`, ...).
+    pub fn parse(name: &str) -> Option<KeyType> {
+        Some(match name {
+            "ipv4_addr" => KeyType::Ipv4Addr,
+            "ipv6_addr" => KeyType::Ipv6Addr,
+            "inet_proto" => KeyType::InetProto,
+            "inet_service" => KeyType::InetService,
+            _ => return None,
+        })
+    }
+
+    /// A `type` clause's key (`ipv4_addr . inet_proto . inet_service`).
+    pub fn parse_concat(text: &str) -> Option<Vec<KeyType>> {
+        text.split(" . ").map(|t| KeyType::parse(t.trim())).collect()
+    }
+}
+
 /// One field of an element's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KeyPart {
@@ -80,6 +100,21 @@ pub enum KeyPart {
     /// An IP protocol number (6 TCP, 17 UDP, 132 SCTP).
     Proto(u8),
     Port(u16),
+}
+
+impl KeyPart {
+    /// A key field as nft writes it: an address, a protocol name, a port.
+    pub fn parse(field: &str) -> Option<KeyPart> {
+        if let Ok(a) = field.parse::<IpAddr>() {
+            return Some(KeyPart::Addr(a));
+        }
+        match field {
+            "tcp" => Some(KeyPart::Proto(6)),
+            "udp" => Some(KeyPart::Proto(17)),
+            "sctp" => Some(KeyPart::Proto(132)),
+            _ => field.parse().ok().map(KeyPart::Port),
+        }
+    }
 }
 
 impl fmt::Display for KeyPart {
@@ -103,6 +138,22 @@ pub enum Verdict {
     Return,
     Jump(String),
     Goto(String),
+}
+
+impl Verdict {
+    /// `accept`, `drop`, `return`, `jump CHAIN`, `goto CHAIN`.
+    pub fn parse(text: &str) -> Option<Verdict> {
+        let mut w = text.split_whitespace();
+        let v = match (w.next()?, w.next()) {
+            ("accept", None) => Verdict::Accept,
+            ("drop", None) => Verdict::Drop,
+            ("return", None) => Verdict::Return,
+            ("jump", Some(c)) => Verdict::Jump(c.to_string()),
+            ("goto", Some(c)) => Verdict::Goto(c.to_string()),
+            _ => return None,
+        };
+        w.next().is_none().then_some(v)
+    }
 }
 
 impl fmt::Display for Verdict {
@@ -136,6 +187,27 @@ pub struct BaseChain {
     pub priority: i32,
 }
 
+/// An element of a set or verdict map.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Element {
+    pub key: Vec<KeyPart>,
+    /// The verdict, in a verdict map.
+    pub verdict: Option<Verdict>,
+    pub comment: Option<String>,
+}
+
+impl Element {
+    /// A set member.
+    pub fn key(key: Vec<KeyPart>) -> Element {
+        Element { key, verdict: None, comment: None }
+    }
+
+    /// A verdict map entry.
+    pub fn to(key: Vec<KeyPart>, verdict: Verdict) -> Element {
+        Element { key, verdict: Some(verdict), comment: None }
+    }
+}
+
 /// One op of a transaction on one table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NftOp {
@@ -153,29 +225,31 @@ pub enum NftOp {
     /// `flush chain`: its rules go, the chain stays.
     FlushChain(String),
     DeleteChain(String),
-    /// `add set` / `add map NAME { type K : verdict }`.
+    /// `add set` / `add map NAME { type K : verdict }`; with a timeout
+    /// (seconds), `flags dynamic,timeout` (the affinity sets).
     AddSet {
         name: String,
         key: Vec<KeyType>,
         verdict_map: bool,
+        timeout: Option<u32>,
         comment: Option<String>,
     },
     DeleteSet(String),
     /// `add element`: keys, with their verdicts in a verdict map.
     AddElements {
         set: String,
-        elements: Vec<(Vec<KeyPart>, Option<Verdict>)>,
+        elements: Vec<Element>,
     },
     /// `delete element`.
     DeleteElements {
         set: String,
         keys: Vec<Vec<KeyPart>>,
     },
-    /// `add rule CHAIN VERDICT` (the match expressions come with the planner).
+    /// `add rule CHAIN TEXT`: upstream's rule syntax ([`super::rule`]), a
+    /// trailing `comment "..."` included.
     AddRule {
         chain: String,
-        verdict: Verdict,
-        comment: Option<String>,
+        rule: String,
     },
 }
 
@@ -209,9 +283,9 @@ impl fmt::Display for NftOp {
             }
             NftOp::DeleteSet(name) => write!(f, "delete set {name}"),
             NftOp::AddElements { set, elements } => {
-                let first = elements.first().map(|(k, v)| match v {
-                    Some(v) => format!("{} : {v}", key_text(k)),
-                    None => key_text(k),
+                let first = elements.first().map(|e| match &e.verdict {
+                    Some(v) => format!("{} : {v}", key_text(&e.key)),
+                    None => key_text(&e.key),
                 });
                 write!(f, "add element {set} {{ {}{} }}", first.unwrap_or_default(), more(elements.len()))
             }
@@ -219,7 +293,7 @@ impl fmt::Display for NftOp {
                 let first = keys.first().map(|k| key_text(k)).unwrap_or_default();
                 write!(f, "delete element {set} {{ {first}{} }}", more(keys.len()))
             }
-            NftOp::AddRule { chain, verdict, .. } => write!(f, "add rule {chain} {verdict}"),
+            NftOp::AddRule { chain, rule } => write!(f, "add rule {chain} {rule}"),
         }
     }
 }
@@ -248,12 +322,96 @@ pub fn batch_end() -> NetfilterMessage {
     )
 }
 
-/// The message of `op` on table `table` of `family`.
-pub fn message(family: IpFamily, table: &str, op: &NftOp) -> NetfilterMessage {
-    let proto = match family {
+/// The messages of `op` on table `table` of `family`: one, or for a rule
+/// with anonymous sets, those sets and their elements first. `next_id`
+/// numbers the anonymous sets of one transaction.
+pub fn messages(
+    family: IpFamily,
+    table: &str,
+    op: &NftOp,
+    next_id: &mut u32,
+) -> Result<Vec<NetfilterMessage>, RuleError> {
+    let proto = proto_family(family);
+    let wrap = |inner: NfTablesMessage| NetfilterMessage::new(NetfilterHeader::new(proto, 0, 0), inner);
+    if let NftOp::AddRule { chain, rule } = op {
+        let compiled = rule::compile(family, rule, next_id)?;
+        let mut out: Vec<NetfilterMessage> =
+            compiled.anon.iter().flat_map(|a| anon_set_messages(table, a)).map(wrap).collect();
+        let exprs = compiled.exprs.into_iter().map(ListAttribute::<ExpressionAttribute>::from).collect();
+        let mut attributes = vec![
+            RuleAttribute::Table(table.to_string()),
+            RuleAttribute::Chain(chain.clone()),
+            RuleAttribute::Expressions(exprs),
+        ];
+        if let Some(c) = &compiled.comment {
+            attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
+        }
+        out.push(wrap(NfTablesMessage::NewRule(RuleMessage { attributes })));
+        return Ok(out);
+    }
+    Ok(object_message(table, op).map(wrap).into_iter().collect())
+}
+
+fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
         IpFamily::V4 => NetfilterProtoFamily::IPv4,
         IpFamily::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+/// An anonymous set of a rule: the set, then its elements (by id).
+fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
+    let (name, flags, key_type, key_len, map) = match a.key {
+        AnonKey::Integer => ("__map%d", SetFlags::Anonymous | SetFlags::Constant | SetFlags::Map, 4u32, 4u32, true),
+        AnonKey::Addr(f) => {
+            let (t, l) = if f == IpFamily::V4 { (KeyType::Ipv4Addr.id(), 4) } else { (KeyType::Ipv6Addr.id(), 16) };
+            ("__set%d", SetFlags::Anonymous | SetFlags::Constant | SetFlags::Interval, t, l, false)
+        }
     };
+    let mut attributes = vec![
+        SetAttribute::Table(table.to_string()),
+        SetAttribute::Name(name.to_string()),
+        SetAttribute::Flags(flags),
+        SetAttribute::KeyType(key_type),
+        SetAttribute::KeyLen(key_len),
+        SetAttribute::Id(a.id),
+    ];
+    if map {
+        attributes.push(SetAttribute::DataType(0xffff_ff00));
+        // libnftnl's NFTNL_UDATA_SET_KEYBYTEORDER: host order (numgen's integers).
+        let mut udata = vec![0u8, 4];
+        udata.extend_from_slice(&1u32.to_ne_bytes());
+        attributes.push(SetAttribute::UserData(udata));
+    }
+    let elements = a
+        .elements
+        .iter()
+        .map(|(key, verdict, end)| {
+            let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key.clone()))];
+            if let Some(v) = verdict {
+                attrs.push(SetElementAttribute::Data(verdict_data(v)));
+            }
+            if *end {
+                attrs.push(SetElementAttribute::Flags(SetElementFlags::IntervalEnd));
+            }
+            ListAttribute::Element(attrs)
+        })
+        .collect();
+    vec![
+        NfTablesMessage::NewSet(SetMessage { attributes }),
+        NfTablesMessage::NewSetElement(SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(table.to_string()),
+                SetElementList::Set(name.to_string()),
+                SetElementList::SetId(a.id),
+                SetElementList::Elements(elements),
+            ],
+        }),
+    ]
+}
+
+/// The message of `op` on table `table`; `None` for a rule (compiled by [`messages`]).
+fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
     let t = || table.to_string();
     let inner = match op {
         NftOp::AddTable { comment } => {
@@ -288,14 +446,14 @@ pub fn message(family: IpFamily, table: &str, op: &NftOp) -> NetfilterMessage {
         NftOp::DeleteChain(name) => NfTablesMessage::DeleteChain(ChainMessage {
             attributes: vec![ChainAttribute::Table(t()), ChainAttribute::Name(name.clone())],
         }),
-        NftOp::AddSet { name, key, verdict_map, comment } => {
-            NfTablesMessage::NewSet(SetMessage { attributes: set_attributes(t(), name, key, *verdict_map, comment) })
-        }
+        NftOp::AddSet { name, key, verdict_map, timeout, comment } => NfTablesMessage::NewSet(SetMessage {
+            attributes: set_attributes(t(), name, key, *verdict_map, *timeout, comment),
+        }),
         NftOp::DeleteSet(name) => NfTablesMessage::DeleteSet(SetMessage {
             attributes: vec![SetAttribute::Table(t()), SetAttribute::Name(name.clone())],
         }),
         NftOp::AddElements { set, elements } => {
-            let list = elements.iter().map(|(k, v)| element(k, v.as_ref())).collect();
+            let list = elements.iter().map(|e| element(&e.key, e.verdict.as_ref(), e.comment.as_deref())).collect();
             NfTablesMessage::NewSetElement(SetElementMessage {
                 attributes: vec![
                     SetElementList::Table(t()),
@@ -305,7 +463,7 @@ pub fn message(family: IpFamily, table: &str, op: &NftOp) -> NetfilterMessage {
             })
         }
         NftOp::DeleteElements { set, keys } => {
-            let list = keys.iter().map(|k| element(k, None)).collect();
+            let list = keys.iter().map(|k| element(k, None, None)).collect();
             NfTablesMessage::DeleteSetElement(SetElementMessage {
                 attributes: vec![
                     SetElementList::Table(t()),
@@ -314,21 +472,9 @@ pub fn message(family: IpFamily, table: &str, op: &NftOp) -> NetfilterMessage {
                 ],
             })
         }
-        NftOp::AddRule { chain, verdict, comment } => {
-            let immediate = Expressions::Immediate(vec![
-                Immediate::DestinationRegister(Register::Verdict),
-                Immediate::Data(verdict_data(verdict)),
-            ]);
-            let exprs: Vec<ListAttribute<ExpressionAttribute>> = vec![immediate.into()];
-            let mut attributes =
-                vec![RuleAttribute::Table(t()), RuleAttribute::Chain(chain.clone()), RuleAttribute::Expressions(exprs)];
-            if let Some(c) = comment {
-                attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
-            }
-            NfTablesMessage::NewRule(RuleMessage { attributes })
-        }
+        NftOp::AddRule { .. } => return None,
     };
-    NetfilterMessage::new(NetfilterHeader::new(proto, 0, 0), inner)
+    Some(inner)
 }
 
 fn hook_number(h: ChainHook) -> InetHookNumber {
@@ -351,6 +497,7 @@ fn set_attributes(
     name: &str,
     key: &[KeyType],
     verdict_map: bool,
+    timeout: Option<u32>,
     comment: &Option<String>,
 ) -> Vec<SetAttribute> {
     let key_type = key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | k.id());
@@ -361,6 +508,9 @@ fn set_attributes(
     }
     if verdict_map {
         flags |= SetFlags::Map;
+    }
+    if timeout.is_some() {
+        flags |= SetFlags::Timeout | SetFlags::Eval;
     }
     let mut attributes = vec![
         SetAttribute::Table(table),
@@ -374,10 +524,15 @@ fn set_attributes(
         // NFT_DATA_VERDICT; the kernel sets the length itself.
         attributes.push(SetAttribute::DataType(0xffff_ff00));
     }
+    if let Some(secs) = timeout {
+        attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
+    }
     if key.len() > 1 {
         let fields = key
             .iter()
-            .map(|k| nested(NFTA_LIST_ELEM, &[DefaultNla::new(NFTA_SET_FIELD_LEN, k.len().to_be_bytes().to_vec())]))
+            .map(|k| {
+                rule::nested(NFTA_LIST_ELEM, &[DefaultNla::new(NFTA_SET_FIELD_LEN, k.len().to_be_bytes().to_vec())])
+            })
             .collect();
         attributes.push(SetAttribute::Description(vec![SetDescription::Concat(fields)]));
     }
@@ -387,17 +542,13 @@ fn set_attributes(
     attributes
 }
 
-/// A nested attribute of `kind` holding `inner`.
-fn nested(kind: u16, inner: &[DefaultNla]) -> DefaultNla {
-    let mut value = vec![0; inner.buffer_len()];
-    inner.emit(&mut value);
-    DefaultNla::new(kind | NLA_F_NESTED, value)
-}
-
-fn element(key: &[KeyPart], verdict: Option<&Verdict>) -> ListAttribute<SetElementAttribute> {
+fn element(key: &[KeyPart], verdict: Option<&Verdict>, comment: Option<&str>) -> ListAttribute<SetElementAttribute> {
     let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(key)))];
     if let Some(v) = verdict {
         attrs.push(SetElementAttribute::Data(verdict_data(v)));
+    }
+    if let Some(c) = comment {
+        attrs.push(SetElementAttribute::UserData(comment_udata(UDATA_ELEM_COMMENT, c)));
     }
     ListAttribute::Element(attrs)
 }
@@ -451,6 +602,7 @@ mod tests {
             "service-ips",
             &[KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
             true,
+            None,
             &None,
         );
         assert!(attrs.contains(&SetAttribute::KeyType((7 << 12) | (12 << 6) | 13)));
@@ -467,9 +619,9 @@ mod tests {
     fn ops_name_themselves_for_errors() {
         let op = NftOp::AddElements {
             set: "service-ips".into(),
-            elements: vec![(
+            elements: vec![Element::to(
                 vec![KeyPart::Addr("10.96.0.10".parse().unwrap()), KeyPart::Proto(6), KeyPart::Port(53)],
-                Some(Verdict::Goto("service-X".into())),
+                Verdict::Goto("service-X".into()),
             )],
         };
         assert_eq!(op.to_string(), "add element service-ips { 10.96.0.10 . tcp . 53 : goto service-X }");

@@ -12,6 +12,7 @@
 //!   names the op the kernel refused ([`TransactionError`]).
 
 pub mod codec;
+pub mod rule;
 
 use std::fmt;
 
@@ -19,7 +20,7 @@ use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
-pub use self::codec::{BaseChain, ChainHook, KeyPart, KeyType, NftOp, Verdict};
+pub use self::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, Verdict};
 use crate::kernel::netlink::{BatchFailure, Client, Errno, RawNfnl};
 use crate::net::IpFamily;
 
@@ -31,6 +32,8 @@ pub enum TransactionError {
     Refused { index: usize, op: String, errno: Errno },
     /// No answer, or not one per op: whether it was committed is unknown.
     Unknown(String),
+    /// A rule is not in upstream's grammar; nothing was sent.
+    Rule(rule::RuleError),
 }
 
 impl fmt::Display for TransactionError {
@@ -40,6 +43,7 @@ impl fmt::Display for TransactionError {
                 write!(f, "nf_tables refused op {index} ({op}): {errno}; nothing of the transaction applied")
             }
             TransactionError::Unknown(why) => write!(f, "nf_tables transaction outcome unknown: {why}"),
+            TransactionError::Rule(e) => write!(f, "{e}; nothing sent"),
         }
     }
 }
@@ -69,8 +73,17 @@ impl NetlinkNftables {
         if ops.is_empty() {
             return Ok(());
         }
-        let msgs: Vec<NetlinkMessage<RawNfnl>> =
-            ops.iter().map(|op| request(&codec::message(family, table, op), op.flags())).collect();
+        // Each message and the op it belongs to (a rule brings its anonymous sets).
+        let mut msgs: Vec<NetlinkMessage<RawNfnl>> = Vec::with_capacity(ops.len());
+        let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
+        let mut next_id = 0;
+        for (i, op) in ops.iter().enumerate() {
+            let built = codec::messages(family, table, op, &mut next_id).map_err(TransactionError::Rule)?;
+            for m in built {
+                msgs.push(request(&m, flags_of(op, &m)));
+                owner.push(i);
+            }
+        }
         let codes = self
             .client
             .transaction(request(&codec::batch_begin(), 0), msgs, request(&codec::batch_end(), 0))
@@ -81,12 +94,25 @@ impl NetlinkNftables {
             })?;
         match codes.iter().position(|c| *c != 0) {
             None => Ok(()),
-            Some(index) => Err(TransactionError::Refused {
-                index,
-                op: ops[index].to_string(),
-                errno: Errno::from_code(codes[index]),
-            }),
+            Some(m) => {
+                let index = owner[m];
+                Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(codes[m]) })
+            }
         }
+    }
+}
+
+/// An op's flags; an anonymous set of a rule is created as `nft` does.
+fn flags_of(op: &NftOp, msg: &NetfilterMessage) -> u16 {
+    use netlink_packet_netfilter::nftables::NfTablesMessage;
+    use netlink_packet_netfilter::NetfilterMessageInner;
+    match &msg.inner {
+        NetfilterMessageInner::NfTables(NfTablesMessage::NewSet(_) | NfTablesMessage::NewSetElement(_))
+            if matches!(op, NftOp::AddRule { .. }) =>
+        {
+            netlink_packet_core::NLM_F_CREATE | netlink_packet_core::NLM_F_ACK
+        }
+        _ => op.flags(),
     }
 }
 
