@@ -6,6 +6,7 @@ pub mod conntrack;
 pub mod context;
 pub mod iptables;
 pub mod ipvs;
+pub mod nftables;
 pub mod render;
 pub mod rules_ipvs;
 pub mod sets;
