@@ -1,0 +1,356 @@
+//! nftables mode on the host kernel, in network namespaces of its own: the
+//! `--dry-run --proxy-mode nftables` output loads with `nft -f` into an empty
+//! namespace as is, and the planner's transactions (a full sync, then
+//! partial syncs) carry TCP and UDP from an off-cluster client to backends
+//! in other namespaces, as upstream's nftables proxier would.
+//!
+//! The lab is iptables mode's (`common::lab`): a node namespace (the rules
+//! go there) routing between a client on 192.168.50.0/24 and backends b1,
+//! b2 (this node's) and b3 ("other-node") on 10.244.N.0/24, each serving
+//! TCP and UDP on 8080 and answering with its name and the source it saw.
+//! Transactions are applied with `nft -f -` inside the node namespace; the
+//! netlink actor that will replace `nft` is not built yet.
+//!
+//! Needs root, iproute2 and nft (package nftables); nothing is skipped.
+//! Traffic stays inside the namespaces created here.
+
+mod common;
+
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use common::lab::{self, names, set, Answer, Backend, CLIENT_IP, NODE_IP};
+use common::{bin, Netns};
+use kube_proxy_rs::fixtures::{applied_service, applied_slice, from_json, node, slice, Ep};
+use kube_proxy_rs::model::{Model, NodeInfo};
+use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
+use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
+use kube_proxy_rs::plan::nftables::{
+    delete_stale, desired, full_sync, nftables_context, partial_sync, update, KernelObjects, NftablesContext,
+    NftablesSettings, Ruleset,
+};
+use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
+use serde_json::{json, Value};
+
+const NODE: &str = "node-a";
+const DROP_WAIT: Duration = Duration::from_millis(800);
+const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
+
+fn demo(path: &str) -> String {
+    format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The text of section `heading` (`# nftables`, `# nftables ipv6`), if any.
+fn section<'a>(out: &'a str, heading: &str) -> Option<&'a str> {
+    let start = out.find(&format!("{heading}\n"))?;
+    let body = &out[start + heading.len() + 1..];
+    let end = body.find("\n# ").map_or(body.len(), |i| i + 1);
+    Some(&body[..end])
+}
+
+/// `--dry-run --proxy-mode nftables` on the demo cluster loads into a fresh
+/// namespace with `nft -f` as one transaction, and `nft list table` shows
+/// upstream's objects with the demo's services in them.
+#[test]
+fn dry_run_loads_into_an_empty_namespace_with_nft() {
+    let mut ns = Netns::new("kpr-drynft");
+    ns.veth_to_host("192.168.50.2/24", "192.168.50.1/24");
+    let args = [
+        bin(),
+        "--manifests".into(),
+        demo("demo"),
+        "--dry-run".into(),
+        "--proxy-mode".into(),
+        "nftables".into(),
+        "--hostname-override".into(),
+        "demo-node".into(),
+    ];
+    let out = ns.exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let v4 = section(&stdout, "# nftables").unwrap_or_else(|| panic!("no # nftables section in:\n{stdout}"));
+    assert!(v4.starts_with("add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n"), "{v4}");
+    let target = Netns::new("kpr-drynft-t");
+    target.pipe(&["nft", "-f", "-"], v4);
+    let listed = target.ok(&["nft", "list", "table", "ip", "kube-proxy"]);
+    for want in [
+        "comment \"rules for kube-proxy\"",
+        "chain nat-prerouting {",
+        "type nat hook prerouting priority dstnat; policy accept;",
+        "type filter hook prerouting priority dstnat - 10; policy accept;",
+        "chain services {",
+        "map service-ips {",
+        "map no-endpoint-services {",
+        "set cluster-ips {",
+        "chain mark-for-masquerade {",
+        "masquerade fully-random",
+        "numgen random mod ",
+        // The node's primary IP accepts NodePorts (nftables mode's default), loopback never.
+        "elements = { 192.168.50.2 }",
+    ] {
+        assert!(listed.contains(want), "{want:?} not in:\n{listed}");
+    }
+    // Every chain and element of the dry run is in the kernel.
+    for line in v4.lines().filter(|l| l.starts_with("add chain")) {
+        let name = line.split(' ').nth(4).unwrap();
+        assert!(listed.contains(&format!("chain {name} {{")), "{name} not in:\n{listed}");
+    }
+    let elements = v4.lines().filter(|l| l.starts_with("add element")).count();
+    assert!(elements > 10, "the demo's services fill the maps:\n{v4}");
+    if let Some(v6) = section(&stdout, "# nftables ipv6") {
+        target.pipe(&["nft", "-f", "-"], v6);
+        let listed = target.ok(&["nft", "list", "table", "ip6", "kube-proxy"]);
+        assert!(listed.contains("map service-ips {") && listed.contains("ip6 daddr"), "{listed}");
+    }
+}
+
+/// The node, an off-cluster client, three backends, the model and the
+/// ruleset the kernel holds.
+struct Lab {
+    node: Netns,
+    client: Netns,
+    backends: Vec<Backend>,
+    model: Model,
+    ctx: NftablesContext,
+    applied: Option<Ruleset>,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        let (node, client, backends) = lab::topology(&format!("nfm-{tag}"), &BACKENDS);
+        let mut model = Model::new(IpFamily::V4, NODE);
+        model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+        model.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
+        Lab { node, client, backends, model, ctx: lab_context(), applied: None }
+    }
+
+    fn backend(&self, name: &str) -> &Netns {
+        &self.backends.iter().find(|b| b.0 == name).expect("backend").1
+    }
+
+    fn change(&mut self, events: &[SourceEvent]) -> Vec<kube_proxy_rs::model::ServicePortName> {
+        for e in events {
+            self.model.record(e).unwrap_or_else(|e| panic!("{e}"));
+        }
+        self.model.apply().ports.into_iter().collect()
+    }
+
+    fn nft(&self, text: &str) {
+        self.node.pipe(&["nft", "-f", "-"], text);
+    }
+
+    /// A full sync over what the kernel holds.
+    fn full_sync(&mut self) -> String {
+        let rs = desired(&self.model, &self.ctx);
+        let delta = full_sync(&rs, &KernelObjects::default(), self.applied.is_some());
+        let text = delta.tx.to_string();
+        self.nft(&text);
+        self.applied = Some(rs);
+        text
+    }
+
+    /// A partial sync of `changed`; stale chains are deleted by a second
+    /// transaction (upstream waits a second for kernels before 6.2).
+    fn partial_sync(&mut self, changed: &[kube_proxy_rs::model::ServicePortName]) -> (String, Vec<String>) {
+        let old = self.applied.take().expect("a full sync first");
+        let mut rs = old.clone();
+        update(&mut rs, &self.model, &self.ctx, changed);
+        let delta = partial_sync(&old, &rs);
+        let text = delta.tx.to_string();
+        if !delta.tx.is_empty() {
+            self.nft(&text);
+        }
+        if !delta.stale_chains.is_empty() {
+            self.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());
+        }
+        self.applied = Some(rs);
+        (text, delta.stale_chains)
+    }
+
+    fn list(&self) -> String {
+        self.node.ok(&["nft", "list", "table", "ip", "kube-proxy"])
+    }
+}
+
+/// What the daemon would compute for the lab's node: pods in 10.244.0.0/16,
+/// NodePorts on the node's primary IP, ServiceCIDR 10.96.0.0/16.
+fn lab_context() -> NftablesContext {
+    let settings = NftablesSettings {
+        family: IpFamily::V4,
+        node_name: NODE.into(),
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: LocalDetector::Cidr("10.244.0.0/16".parse().unwrap()),
+        node_ports: NodePortFilter::Primary,
+        service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
+    };
+    let addrs: Vec<LocalAddr> = [("lo", "127.0.0.1"), ("nc0", NODE_IP), ("up0", "172.31.0.1")]
+        .iter()
+        .chain(&[("nb1", "10.244.1.1"), ("nb2", "10.244.2.1"), ("nb3", "10.244.3.1")])
+        .map(|(i, ip)| LocalAddr { ifname: i.to_string(), ip: ip.parse().unwrap() })
+        .collect();
+    nftables_context(&settings, &NodeInfo::from_node(&node(NODE, NODE_IP, "z1")), &addrs)
+}
+
+/// A Service `default/<name>` with port `http` 80/TCP (and `dns` 80/UDP
+/// when `udp`) to target port 8080; `spec` adds or overrides fields.
+fn service(name: &str, cluster_ip: &str, udp: bool, spec: Value, status: Value) -> SourceEvent {
+    let mut ports = vec![json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080})];
+    if udp {
+        ports.push(json!({"name": "dns", "protocol": "UDP", "port": 80, "targetPort": 8080}));
+    }
+    let mut s = json!({"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": ports});
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        s[k] = v.clone();
+    }
+    applied_service(from_json(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name},
+        "spec": s, "status": status,
+    })))
+}
+
+/// The endpoints of `default/<name>`: the named backends, b3 on another node.
+fn endpoints(name: &str, backends: &[&str]) -> SourceEvent {
+    let eps: Vec<Ep> = backends
+        .iter()
+        .map(|b| {
+            let n: usize = b[1..].parse().unwrap();
+            let node_name = if *b == "b3" { "other-node" } else { NODE };
+            kube_proxy_rs::fixtures::ep(&format!("10.244.{n}.2"), node_name)
+        })
+        .collect();
+    let ports = [("http", "TCP", 8080), ("dns", "UDP", 8080)];
+    applied_slice(slice("default", &format!("{name}-1"), name, &ports, &eps))
+}
+
+fn ask(ns: &Netns, to: &str, n: usize, udp: bool) -> Vec<Answer> {
+    lab::ask(ns, to, n, udp, DROP_WAIT)
+}
+
+#[test]
+fn cluster_ips_spread_reject_without_endpoints_and_drop_unallocated() {
+    let mut lab = Lab::new("cip");
+    lab.change(&[
+        service("web", "10.96.0.10", true, json!({}), json!({})),
+        endpoints("web", &BACKENDS),
+        service("empty", "10.96.0.11", false, json!({}), json!({})),
+    ]);
+    lab.full_sync();
+    let tcp = ask(&lab.client, "10.96.0.10:80", 45, false);
+    assert_eq!(names(&tcp), set(&BACKENDS), "{tcp:?}");
+    // Off-cluster clients are masqueraded (`ip saddr != 10.244.0.0/16`).
+    assert!(tcp.iter().all(|a| a.as_ref().unwrap().1.starts_with("10.244.")), "{tcp:?}");
+    let udp = ask(&lab.client, "10.96.0.10:80", 45, true);
+    assert_eq!(names(&udp), set(&BACKENDS), "{udp:?}");
+    // A pod is not masqueraded, except to itself (hairpin).
+    let from_pod = ask(lab.backend("b3"), "10.96.0.10:80", 30, false);
+    assert_eq!(names(&from_pod), set(&BACKENDS));
+    for a in from_pod.iter().map(|a| a.as_ref().unwrap()) {
+        assert_eq!(a.1 == "10.244.3.2", a.0 != "b3", "{a:?}");
+    }
+    // No endpoints: rejected (reject-chain); an undefined port of a
+    // ClusterIP: rejected (cluster-ips-check); an unallocated address of
+    // the ServiceCIDR: dropped.
+    let empty = ask(&lab.client, "10.96.0.11:80", 2, false);
+    assert!(empty.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "{empty:?}");
+    let bad_port = ask(&lab.client, "10.96.0.10:81", 2, false);
+    assert!(bad_port.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "{bad_port:?}");
+    let unallocated = ask(&lab.client, "10.96.0.99:80", 2, false);
+    assert!(unallocated.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "{unallocated:?}");
+}
+
+#[test]
+fn node_ports_load_balancers_and_affinity() {
+    let mut lab = Lab::new("np");
+    let lb = |node_port: u16, ranges: Value| {
+        json!({"type": "LoadBalancer", "loadBalancerSourceRanges": ranges,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": node_port}]})
+    };
+    let ingress = |ip: &str| json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+    let sticky = json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 300}}});
+    lab.change(&[
+        service("open", "10.96.0.30", false, lb(30090, json!([])), ingress("203.0.113.10")),
+        endpoints("open", &BACKENDS),
+        service("allowed", "10.96.0.31", false, lb(30091, json!(["192.168.50.0/24"])), ingress("203.0.113.11")),
+        endpoints("allowed", &BACKENDS),
+        service("denied", "10.96.0.32", false, lb(30092, json!(["198.51.100.0/24"])), ingress("203.0.113.12")),
+        endpoints("denied", &BACKENDS),
+        service("sticky", "10.96.0.50", true, sticky, json!({})),
+        endpoints("sticky", &BACKENDS),
+    ]);
+    let text = lab.full_sync();
+    let fw_chains = text.lines().filter(|l| l.starts_with("add chain ip kube-proxy firewall-") && l.contains('/'));
+    assert_eq!(fw_chains.count(), 2, "{text}");
+    let np = ask(&lab.client, &format!("{NODE_IP}:30090"), 30, false);
+    assert_eq!(names(&np), set(&BACKENDS), "{np:?}");
+    assert!(np.iter().all(|a| a.as_ref().unwrap().1 != CLIENT_IP), "Cluster policy masquerades");
+    assert_eq!(names(&ask(&lab.client, "203.0.113.10:80", 30, false)), set(&BACKENDS));
+    assert_eq!(names(&ask(&lab.client, "203.0.113.11:80", 30, false)), set(&BACKENDS));
+    let denied = ask(&lab.client, "203.0.113.12:80", 2, false);
+    assert!(denied.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "dropped by the firewall chain: {denied:?}");
+    // NodePorts are not subject to the source ranges (as upstream).
+    assert!(ask(&lab.client, &format!("{NODE_IP}:30092"), 3, false).iter().all(Result::is_ok));
+    // ClientIP affinity: one backend per client, TCP and UDP.
+    assert_eq!(names(&ask(&lab.client, "10.96.0.50:80", 20, false)).len(), 1);
+    assert_eq!(names(&ask(&lab.client, "10.96.0.50:80", 20, true)).len(), 1);
+    assert_eq!(names(&ask(lab.backend("b2"), "10.96.0.50:80", 10, false)).len(), 1);
+    let listed = lab.list();
+    assert!(listed.contains("set affinity-") && listed.contains("flags dynamic,timeout"), "{listed}");
+}
+
+#[test]
+fn partial_syncs_change_the_kernel_service_by_service() {
+    let mut lab = Lab::new("part");
+    lab.change(&[
+        service("web", "10.96.0.10", false, json!({}), json!({})),
+        endpoints("web", &["b1", "b2"]),
+        service("other", "10.96.0.12", false, json!({}), json!({})),
+        endpoints("other", &["b3"]),
+    ]);
+    lab.full_sync();
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b2"]));
+    // One endpoint swapped: only web's chains and no element.
+    let changed = lab.change(&[endpoints("web", &["b1", "b3"])]);
+    let (text, stale) = lab.partial_sync(&changed);
+    assert!(!text.contains("add element") && !text.contains("other"), "{text}");
+    assert_eq!(stale.len(), 1, "b2's endpoint chain: {stale:?}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b3"]));
+    assert!(!lab.list().contains(&stale[0]), "stale chain deleted");
+    // All endpoints gone: the ClusterIP moves to no-endpoint-services and rejects.
+    let changed = lab.change(&[endpoints("web", &[])]);
+    let (text, stale) = lab.partial_sync(&changed);
+    assert!(text.contains("delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }"), "{text}");
+    assert_eq!(stale.len(), 3, "{stale:?}");
+    let refused = ask(&lab.client, "10.96.0.10:80", 2, false);
+    assert!(refused.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "{refused:?}");
+    // Back, and the other service never stopped.
+    let changed = lab.change(&[endpoints("web", &["b2"])]);
+    lab.partial_sync(&changed);
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 10, false)), set(&["b2"]));
+    assert_eq!(names(&ask(&lab.client, "10.96.0.12:80", 10, false)), set(&["b3"]));
+    // What the kernel holds is what a full sync from scratch would write.
+    let listed = lab.list();
+    let fresh = Netns::new("nfm-part-fresh");
+    fresh.pipe(&["nft", "-f", "-"], &desired(&lab.model, &lab.ctx).dump());
+    assert_eq!(blocks(&listed), blocks(&fresh.ok(&["nft", "list", "table", "ip", "kube-proxy"])), "{listed}");
+}
+
+/// The chains, sets and maps of an `nft list table` listing, each as its
+/// text (the listing orders them by creation).
+fn blocks(listing: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut current = String::new();
+    for line in listing.lines() {
+        if line.starts_with("\tchain ") || line.starts_with("\tset ") || line.starts_with("\tmap ") {
+            current = String::new();
+        }
+        current.push_str(line);
+        current.push('\n');
+        if line == "\t}" {
+            out.insert(std::mem::take(&mut current));
+        }
+    }
+    out
+}
