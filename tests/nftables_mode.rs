@@ -354,3 +354,15 @@ fn blocks(listing: &str) -> std::collections::BTreeSet<String> {
     }
     out
 }
+
+/// The daemon does not program nftables yet: `--proxy-mode nftables` (or
+/// `mode: nftables`) outside `--dry-run` is a start error naming the mode.
+#[test]
+fn the_daemon_refuses_to_run_in_nftables_mode() {
+    let ns = Netns::new("kpr-nftrun");
+    let args = [bin(), "--manifests".into(), demo("demo"), "--proxy-mode".into(), "nftables".into()];
+    let out = ns.exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("proxy mode \"nftables\" is not supported"), "{err}");
+}

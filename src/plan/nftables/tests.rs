@@ -441,3 +441,39 @@ fn local_policies_without_local_endpoints_are_counted_and_dropped() {
     assert!(dump.contains("no-endpoint-services { 172.30.1.1 . tcp . 80 comment \"ns1/svc1:p80\" : drop }"), "{dump}");
     assert!(dump.contains("no-endpoint-nodeports { tcp . 3001 comment \"ns1/svc1:p80\" : drop }"), "{dump}");
 }
+
+/// `mode: nftables` takes the `nftables:` section (masqueradeBit,
+/// masqueradeAll, sync periods), not `iptables:`, and nodePortAddresses
+/// defaults to the node's primary IP.
+#[test]
+fn the_nftables_config_section_shapes_the_ruleset() {
+    use crate::config::KubeProxyConfiguration;
+    use crate::plan::iptables::HostFeatures;
+    use std::time::Duration;
+    let mut cfg = KubeProxyConfiguration::with_defaults();
+    cfg.mode = "nftables".into();
+    cfg.cluster_cidr = "10.244.0.0/16".into();
+    cfg.iptables.masquerade_bit = Some(3);
+    cfg.iptables.masquerade_all = false;
+    cfg.nftables.masquerade_bit = Some(10);
+    cfg.nftables.masquerade_all = true;
+    cfg.nftables.sync_period = Duration::from_secs(40).into();
+    cfg.nftables.min_sync_period = Duration::from_secs(2).into();
+    let s = crate::settings::derive(&cfg, IpFamily::V4, NODE, HostFeatures::default());
+    assert_eq!((s.min_sync, s.max_sync), (Duration::from_secs(2), Duration::from_secs(40)));
+    let node = crate::model::NodeInfo::from_node(&node(NODE, "192.168.0.2", "z1"));
+    let addrs = [
+        crate::net::LocalAddr { ifname: "lo".into(), ip: ip("127.0.0.1") },
+        crate::net::LocalAddr { ifname: "eth0".into(), ip: ip("192.168.0.2") },
+        crate::net::LocalAddr { ifname: "eth0".into(), ip: ip("192.168.1.2") },
+    ];
+    let ctx = nftables_context(&s.nftables_settings(&node), &node, &addrs);
+    assert_eq!(ctx.mark, "0x000400");
+    assert!(ctx.masquerade_all);
+    assert_eq!(ctx.local, LocalDetector::Cidr("10.244.0.0/16".parse().unwrap()));
+    assert_eq!(ctx.node_ports, NodePorts::Ips(vec![ip("192.168.0.2")]));
+    assert_eq!(ctx.zone, "z1");
+    let dump = dry_run(&model_with(&repeated_events()), &ctx);
+    assert!(dump.contains("add rule ip kube-proxy mark-for-masquerade mark set mark or 0x000400\n"), "{dump}");
+    assert!(dump.contains("add element ip kube-proxy nodeport-ips { 192.168.0.2 }\n"), "{dump}");
+}
