@@ -366,3 +366,119 @@ fn the_daemon_refuses_to_run_in_nftables_mode() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("proxy mode \"nftables\" is not supported"), "{err}");
 }
+
+#[test]
+fn traffic_policies_local_use_local_endpoints_or_drop() {
+    let mut lab = Lab::new("pol");
+    let np = |port: u16| {
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local",
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": port}]})
+    };
+    let itp = json!({"internalTrafficPolicy": "Local"});
+    lab.change(&[
+        service("local", "10.96.0.60", false, np(30060), json!({})),
+        endpoints("local", &["b1", "b3"]),
+        service("remote", "10.96.0.61", false, np(30061), json!({})),
+        endpoints("remote", &["b3"]),
+        service("ilocal", "10.96.0.70", false, itp.clone(), json!({})),
+        endpoints("ilocal", &["b1", "b3"]),
+        service("iremote", "10.96.0.71", false, itp, json!({})),
+        endpoints("iremote", &["b3"]),
+    ]);
+    let text = lab.full_sync();
+    assert!(text.contains("no-endpoint-nodeports { tcp . 30061 comment \"default/remote:http\" : drop }"), "{text}");
+    // eTP Local: outside clients reach the local endpoint only, unmasqueraded.
+    let local = ask(&lab.client, &format!("{NODE_IP}:30060"), 20, false);
+    assert_eq!(names(&local), set(&["b1"]));
+    assert!(local.iter().all(|a| a.as_ref().unwrap().1 == CLIENT_IP), "source kept: {local:?}");
+    let remote = ask(&lab.client, &format!("{NODE_IP}:30061"), 2, false);
+    assert!(remote.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "no local endpoint: dropped: {remote:?}");
+    // Pods and the node itself short-circuit to every endpoint.
+    assert_eq!(names(&ask(lab.backend("b2"), &format!("{NODE_IP}:30061"), 5, false)), set(&["b3"]));
+    assert_eq!(names(&ask(&lab.node, &format!("{NODE_IP}:30061"), 5, false)), set(&["b3"]));
+    // iTP Local: pods reach local endpoints only; none: dropped.
+    assert_eq!(names(&ask(lab.backend("b2"), "10.96.0.70:80", 20, false)), set(&["b1"]));
+    let dropped = ask(lab.backend("b2"), "10.96.0.71:80", 2, false);
+    assert!(dropped.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "{dropped:?}");
+}
+
+#[test]
+fn node_ports_and_external_ips_without_endpoints_refuse_connections() {
+    let mut lab = Lab::new("rej");
+    let spec = json!({"type": "NodePort", "externalIPs": ["198.51.100.30"],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30070}]});
+    lab.change(&[service("empty", "10.96.0.80", false, spec, json!({}))]);
+    let text = lab.full_sync();
+    let service_chain = |l: &str| l.starts_with("add chain") && l.split(' ').nth(4).is_some_and(|n| n.contains('/'));
+    assert!(!text.lines().any(service_chain), "no service chains: {text}");
+    for to in ["10.96.0.80:80", "198.51.100.30:80", &format!("{NODE_IP}:30070")] {
+        assert_eq!(ask(&lab.client, to, 1, false), [Err(ErrorKind::ConnectionRefused)], "{to}");
+    }
+    assert_eq!(ask(lab.backend("b1"), "10.96.0.80:80", 1, false), [Err(ErrorKind::ConnectionRefused)]);
+}
+
+/// A second full sync over the table in the kernel (as after a restart:
+/// base chains re-created, containers reset, an unknown per-service chain
+/// flushed) keeps traffic flowing.
+#[test]
+fn a_full_sync_over_the_kernels_table_repairs_it() {
+    let mut lab = Lab::new("full");
+    lab.change(&[service("web", "10.96.0.10", true, json!({}), json!({})), endpoints("web", &BACKENDS)]);
+    lab.full_sync();
+    lab.nft("add chain ip kube-proxy service-XXXXXXXX-gone/svc/tcp/http\n");
+    let listed = lab.list();
+    let names_of = |kind: &str| -> Vec<String> {
+        let head = format!("\t{kind} ");
+        listed
+            .lines()
+            .filter_map(|l| l.strip_prefix(head.as_str()))
+            .map(|l| l.trim_end_matches(" {").to_string())
+            .collect()
+    };
+    let kernel = KernelObjects { chains: names_of("chain"), sets: names_of("set") };
+    assert!(kernel.chains.iter().any(|c| c.contains("gone")), "{kernel:?}");
+    let delta = full_sync(lab.applied.as_ref().unwrap(), &kernel, true);
+    assert_eq!(delta.stale_chains, ["service-XXXXXXXX-gone/svc/tcp/http"]);
+    lab.nft(&delta.tx.to_string());
+    lab.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());
+    assert!(!lab.list().contains("gone"));
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&BACKENDS));
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, true)), set(&BACKENDS));
+}
+
+/// The ip6 table: an IPv6 ClusterIP spread over the backends' IPv6
+/// addresses, masquerading the off-cluster client.
+#[test]
+fn ipv6_cluster_ips_use_the_ip6_table() {
+    let (node_ns, client, backends) = lab::topology("nfm-v6", &BACKENDS);
+    let mut model = Model::new(IpFamily::V6, NODE);
+    model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+    model.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
+    let spec = json!({"ipFamilies": ["IPv6"], "clusterIPs": ["fd00:96::10"]});
+    model.record(&service("web", "fd00:96::10", true, spec, json!({}))).unwrap();
+    let eps: Vec<Ep> = (1..=3).map(|n| kube_proxy_rs::fixtures::ep(&format!("fd00:244:{n}::2"), NODE)).collect();
+    let mut sl = slice("default", "web-1", "web", &[("http", "TCP", 8080), ("dns", "UDP", 8080)], &eps);
+    sl.address_type = "IPv6".into();
+    model.record(&applied_slice(sl)).unwrap();
+    model.apply();
+    let settings = NftablesSettings {
+        family: IpFamily::V6,
+        node_name: NODE.into(),
+        masquerade_all: false,
+        masquerade_bit: 14,
+        local: LocalDetector::Cidr("fd00:244::/48".parse().unwrap()),
+        node_ports: NodePortFilter::Primary,
+        service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
+    };
+    let addrs = [LocalAddr { ifname: "nc0".into(), ip: lab::NODE_IP6.parse().unwrap() }];
+    let ctx = nftables_context(&settings, &NodeInfo::default(), &addrs);
+    let rs = desired(&model, &ctx);
+    node_ns.pipe(&["nft", "-f", "-"], &full_sync(&rs, &KernelObjects::default(), false).tx.to_string());
+    let tcp = lab::ask(&client, "[fd00:96::10]:80", 45, false, DROP_WAIT);
+    assert_eq!(names(&tcp), set(&BACKENDS), "{tcp:?}");
+    assert!(tcp.iter().all(|a| a.as_ref().unwrap().1.starts_with("fd00:244:")), "masqueraded: {tcp:?}");
+    assert_eq!(names(&lab::ask(&client, "[fd00:96::10]:80", 45, true, DROP_WAIT)), set(&BACKENDS));
+    let unallocated = lab::ask(&client, "[fd00:96::99]:80", 1, false, DROP_WAIT);
+    assert_eq!(unallocated, [Err(ErrorKind::TimedOut)]);
+    drop(backends);
+}
