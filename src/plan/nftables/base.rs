@@ -60,7 +60,13 @@ fn vmap(name: &str, key_type: &str, comment: &str) -> Set {
 
 /// The top-level objects for `ctx`.
 pub fn top_level(ctx: &NftablesContext) -> Objects {
-    let (ip, addr) = (nft_family(ctx.family), addr_type(ctx.family));
+    let (sets, elements) = containers(ctx);
+    Objects { chains: chains(ctx), sets, elements }
+}
+
+/// The base chains and the top-level regular chains, with their rules.
+fn chains(ctx: &NftablesContext) -> Vec<Chain> {
+    let ip = nft_family(ctx.family);
     let mut chains: Vec<Chain> = BASE_CHAINS
         .iter()
         .map(|(name, kind, hook, priority)| Chain {
@@ -127,7 +133,12 @@ pub fn top_level(ctx: &NftablesContext) -> Objects {
             c.rules.push(Rule::new(text));
         }
     }
+    chains
+}
 
+/// The sets and maps, and the members of `nodeport-ips`.
+fn containers(ctx: &NftablesContext) -> (Vec<Set>, Vec<Element>) {
+    let addr = addr_type(ctx.family);
     let dispatch = format!("{addr} . inet_proto . inet_service");
     let mut sets = vec![
         set(CLUSTER_IPS, addr.to_string(), "Active ClusterIPs"),
@@ -149,5 +160,5 @@ pub fn top_level(ctx: &NftablesContext) -> Objects {
             .map(|ip| Element { set: NODEPORT_IPS.into(), key: vec![ip.to_string()], value: vec![], comment: None })
             .collect();
     }
-    Objects { chains, sets, elements }
+    (sets, elements)
 }

@@ -171,7 +171,9 @@ fn internal_masquerade(p: &Plan) -> Option<Rule> {
     }
     let head = format!("{} daddr {}", p.ip, p.sp.cluster_ip);
     if p.ctx.masquerade_all {
-        Some(Rule::new(format!("{head} jump {MARK_MASQ}")))
+        // Upstream's text before and (as far as its PR 131492 says: it
+        // simplified the masqueradeAll=false rule only) after that change.
+        Some(Rule::new(format!("{head} {} dport {} jump {MARK_MASQ}", p.proto, p.sp.port)))
     } else {
         if_not_local(p.ctx.family, &p.ctx.local).map(|m| Rule::new(format!("{head} {m} jump {MARK_MASQ}")))
     }

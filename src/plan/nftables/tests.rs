@@ -379,7 +379,7 @@ fn masquerade_all_and_other_local_detectors() {
     let ctx = NftablesContext { masquerade_all: true, ..fake_ctx() };
     let dump = dry_run(&model_with(&events), &ctx);
     assert!(dump.contains(
-        "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 jump mark-for-masquerade\n"
+        "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 tcp dport 80 jump mark-for-masquerade\n"
     ));
     let ctx = NftablesContext { local: LocalDetector::None, ..fake_ctx() };
     let dump = dry_run(&model_with(&events), &ctx);
