@@ -14,6 +14,9 @@
 //!   flushed now and deleted by a later transaction
 //!   ([`diff::delete_stale`], upstream waits at least 1 s), stale affinity
 //!   sets are deleted at once.
+//! - [`NftablesPlanner`] keeps the state between syncs: what the kernel
+//!   holds once a transaction is acknowledged, whether the next sync must be
+//!   full, and when stale chains are due for deletion (time is an argument).
 //! - [`dry_run`] prints the table a full sync from an empty kernel leaves,
 //!   in the order of knftables' `Fake.Dump()` (what upstream's tests
 //!   compare), which `nft -f` takes as one transaction.
@@ -34,6 +37,7 @@ pub mod base;
 pub mod context;
 pub mod diff;
 pub mod names;
+pub mod planner;
 pub mod ruleset;
 pub mod service;
 
@@ -42,6 +46,7 @@ mod tests;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
 pub use diff::{delete_stale, full_sync, partial_sync, Delta, KernelObjects, NftOp, Transaction};
+pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};
 
 use crate::model::{Model, ServicePortName};

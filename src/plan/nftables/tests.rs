@@ -477,3 +477,56 @@ fn the_nftables_config_section_shapes_the_ruleset() {
     assert!(dump.contains("add rule ip kube-proxy mark-for-masquerade mark set mark or 0x000400\n"), "{dump}");
     assert!(dump.contains("add element ip kube-proxy nodeport-ips { 192.168.0.2 }\n"), "{dump}");
 }
+
+/// The planner's state: partial syncs only over a confirmed state, stale
+/// chains deleted a second after the sync that flushed them (not if used
+/// again), a failure forcing a full sync.
+#[test]
+fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure() {
+    let s = |secs: u64| std::time::Duration::from_secs(secs);
+    let mut model = model_with(&repeated_events());
+    let mut p = NftablesPlanner::new(fake_ctx());
+    assert!(p.needs_full() && p.partial(&model, []).is_none());
+    let d = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(d
+        .tx
+        .to_string()
+        .contains("add chain ip kube-proxy nat-prerouting\ndelete chain ip kube-proxy nat-prerouting\n"));
+    p.confirm_applied(s(0));
+    assert_eq!(p.desired(), &desired(&model, &fake_ctx()));
+
+    // svc1's endpoint moves: its old endpoint chain is stale.
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
+    let changed = model.apply().ports;
+    let d = p.partial(&model, &changed).unwrap();
+    assert_eq!(d.stale_chains, ["endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80"]);
+    assert!(p.stale_chains().is_empty(), "not before the kernel has it");
+    p.confirm_applied(s(10));
+    assert_eq!(p.stale_chains(), d.stale_chains);
+    assert!(p.delete_due(s(10)).is_none(), "not within a second");
+    let del = p.delete_due(s(11)).unwrap();
+    assert_eq!(del.to_string(), "delete chain ip kube-proxy endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80\n");
+    assert!(p.stale_chains().is_empty());
+
+    // Flushed, then used again before it is due: not deleted.
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.1")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    assert_eq!(p.stale_chains(), ["endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80"]);
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.1")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    assert!(p.delete_due(s(30)).is_some_and(|t| !t.to_string().contains("10.0.1.1/80")));
+
+    // A failure: the next sync must be full, and it does not re-create the base chains.
+    p.failed();
+    assert!(p.needs_full() && p.partial(&model, &changed).is_none());
+    let d = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(!d.tx.to_string().contains("delete chain"), "{}", d.tx);
+}
