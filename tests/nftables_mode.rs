@@ -27,8 +27,8 @@ use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
 use kube_proxy_rs::plan::nftables::{
-    delete_stale, desired, full_sync, nftables_context, partial_sync, update, KernelObjects, NftablesContext,
-    NftablesSettings, Ruleset,
+    delete_stale, desired, full_sync, nftables_context, KernelObjects, NftablesContext, NftablesPlanner,
+    NftablesSettings, STALE_CHAIN_DELAY,
 };
 use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 use serde_json::{json, Value};
@@ -106,14 +106,15 @@ fn dry_run_loads_into_an_empty_namespace_with_nft() {
 }
 
 /// The node, an off-cluster client, three backends, the model and the
-/// ruleset the kernel holds.
+/// planner (on a virtual clock).
 struct Lab {
     node: Netns,
     client: Netns,
     backends: Vec<Backend>,
     model: Model,
     ctx: NftablesContext,
-    applied: Option<Ruleset>,
+    planner: NftablesPlanner,
+    clock: Duration,
 }
 
 impl Lab {
@@ -122,7 +123,8 @@ impl Lab {
         let mut model = Model::new(IpFamily::V4, NODE);
         model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
         model.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
-        Lab { node, client, backends, model, ctx: lab_context(), applied: None }
+        let ctx = lab_context();
+        Lab { node, client, backends, model, planner: NftablesPlanner::new(ctx.clone()), ctx, clock: Duration::ZERO }
     }
 
     fn backend(&self, name: &str) -> &Netns {
@@ -140,31 +142,28 @@ impl Lab {
         self.node.pipe(&["nft", "-f", "-"], text);
     }
 
-    /// A full sync over what the kernel holds.
+    /// A full sync (the planner's first re-creates the base chains).
     fn full_sync(&mut self) -> String {
-        let rs = desired(&self.model, &self.ctx);
-        let delta = full_sync(&rs, &KernelObjects::default(), self.applied.is_some());
+        let delta = self.planner.full(&self.model, self.ctx.clone(), &KernelObjects::default());
         let text = delta.tx.to_string();
         self.nft(&text);
-        self.applied = Some(rs);
+        self.planner.confirm_applied(self.clock);
         text
     }
 
-    /// A partial sync of `changed`; stale chains are deleted by a second
-    /// transaction (upstream waits a second for kernels before 6.2).
+    /// A partial sync of `changed`; a second later (virtual) the chains it
+    /// left stale are deleted by a transaction of their own, as upstream.
     fn partial_sync(&mut self, changed: &[kube_proxy_rs::model::ServicePortName]) -> (String, Vec<String>) {
-        let old = self.applied.take().expect("a full sync first");
-        let mut rs = old.clone();
-        update(&mut rs, &self.model, &self.ctx, changed);
-        let delta = partial_sync(&old, &rs);
+        let delta = self.planner.partial(&self.model, changed).expect("a full sync first");
         let text = delta.tx.to_string();
         if !delta.tx.is_empty() {
             self.nft(&text);
         }
-        if !delta.stale_chains.is_empty() {
-            self.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());
+        self.planner.confirm_applied(self.clock);
+        self.clock += STALE_CHAIN_DELAY;
+        if let Some(tx) = self.planner.delete_due(self.clock) {
+            self.nft(&tx.to_string());
         }
-        self.applied = Some(rs);
         (text, delta.stale_chains)
     }
 
@@ -437,7 +436,7 @@ fn a_full_sync_over_the_kernels_table_repairs_it() {
     };
     let kernel = KernelObjects { chains: names_of("chain"), sets: names_of("set") };
     assert!(kernel.chains.iter().any(|c| c.contains("gone")), "{kernel:?}");
-    let delta = full_sync(lab.applied.as_ref().unwrap(), &kernel, true);
+    let delta = full_sync(lab.planner.desired(), &kernel, true);
     assert_eq!(delta.stale_chains, ["service-XXXXXXXX-gone/svc/tcp/http"]);
     lab.nft(&delta.tx.to_string());
     lab.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());
