@@ -530,3 +530,12 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
     let d = p.full(&model, fake_ctx(), &KernelObjects::default());
     assert!(!d.tx.to_string().contains("delete chain"), "{}", d.tx);
 }
+
+#[test]
+fn the_secondary_familys_section_is_named_after_it() {
+    let text = "# nftables\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n";
+    assert_eq!(
+        crate::daemon::with_heading_suffix(text, " ipv6"),
+        "# nftables ipv6\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n"
+    );
+}
