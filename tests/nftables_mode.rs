@@ -436,7 +436,7 @@ fn a_full_sync_over_the_kernels_table_repairs_it() {
     };
     let kernel = KernelObjects { chains: names_of("chain"), sets: names_of("set") };
     assert!(kernel.chains.iter().any(|c| c.contains("gone")), "{kernel:?}");
-    let delta = full_sync(lab.planner.desired(), &kernel, true);
+    let delta = full_sync(lab.planner.applied().expect("a confirmed full sync"), &kernel, true);
     assert_eq!(delta.stale_chains, ["service-XXXXXXXX-gone/svc/tcp/http"]);
     lab.nft(&delta.tx.to_string());
     lab.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());

@@ -196,6 +196,8 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
 
 /// A partial sync from `old` (what the kernel holds) to `new`: only groups
 /// (the top-level objects, each service port) that differ are written.
+/// Compares every group; a caller that knows what changed uses
+/// [`groups_sync`] with those groups only.
 pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
     let empty = Objects::default();
     let mut pairs: Vec<(&Objects, &Objects)> = vec![];
@@ -209,6 +211,14 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
             pairs.push((o, n));
         }
     }
+    groups_sync(new.family, pairs)
+}
+
+/// The transaction taking each group from its old to its new objects (an
+/// absent group is empty): the new chains rewritten (add + flush + rules),
+/// chains no longer used flushed (stale), sets added or deleted, elements
+/// deleted and added one by one. Work follows the groups given.
+pub fn groups_sync<'a>(family: IpFamily, pairs: impl IntoIterator<Item = (&'a Objects, &'a Objects)>) -> Delta {
     let mut ops = Ops::default();
     let mut old_elems: BTreeMap<(String, String), &Element> = BTreeMap::new();
     let mut new_elems: BTreeMap<(String, String), &Element> = BTreeMap::new();
@@ -239,7 +249,7 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
             ops.element_adds.push(NftOp::AddElement((*e).clone()));
         }
     }
-    Delta { tx: ops.into_tx(new.family, vec![]), stale_chains: stale }
+    Delta { tx: ops.into_tx(family, vec![]), stale_chains: stale }
 }
 
 /// Deletes chains a sync left stale (flushed); the caller leaves out those a

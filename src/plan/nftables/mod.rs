@@ -45,7 +45,7 @@ pub mod service;
 mod tests;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
-pub use diff::{delete_stale, full_sync, partial_sync, Delta, KernelObjects, NftOp, Transaction};
+pub use diff::{delete_stale, full_sync, groups_sync, partial_sync, Delta, KernelObjects, NftOp, Transaction};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};
 

@@ -1,22 +1,24 @@
-//! The nftables-mode planner's state between syncs: the desired ruleset,
-//! what the kernel holds (after an acknowledged transaction), and the stale
-//! chains waiting to be deleted. Pure: time is an argument (any monotonic
-//! clock, e.g. the time since start).
+//! The nftables-mode planner's state between syncs: what the kernel holds
+//! (after an acknowledged transaction), the sync planned and not yet
+//! acknowledged, and the stale chains waiting to be deleted. Pure: time is
+//! an argument (any monotonic clock, e.g. the time since start).
 //!
 //! A sync is planned ([`NftablesPlanner::full`] or
 //! [`NftablesPlanner::partial`]), sent, and then either confirmed
 //! ([`NftablesPlanner::confirm_applied`]: the kernel holds it) or failed
 //! ([`NftablesPlanner::failed`]: unknown, the next sync must be full, as
-//! upstream's needFullSync). Chains a confirmed sync left stale are deleted
-//! by [`NftablesPlanner::delete_due`] once [`STALE_CHAIN_DELAY`] has passed,
+//! upstream's needFullSync). A partial sync renders, compares and commits
+//! the changed service ports only: its cost follows the change, not the
+//! cluster. Chains a confirmed sync left stale are deleted by
+//! [`NftablesPlanner::delete_due`] once [`STALE_CHAIN_DELAY`] has passed,
 //! unless a later sync used them again (upstream's staleChains).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
-use super::diff::{delete_stale, full_sync, partial_sync, Delta, KernelObjects, Transaction};
-use super::ruleset::Ruleset;
+use super::diff::{delete_stale, full_sync, groups_sync, Delta, KernelObjects, Transaction};
+use super::ruleset::{Objects, Ruleset};
 use crate::model::{Model, ServicePortName};
 
 /// How long a flushed chain waits before it is deleted (upstream: a
@@ -24,15 +26,26 @@ use crate::model::{Model, ServicePortName};
 /// points to a chain).
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 
+/// What the last planned sync changes, until it is confirmed.
+#[derive(Debug, Default)]
+enum Pending {
+    #[default]
+    Nothing,
+    /// The whole table.
+    Full(Ruleset),
+    /// These service ports' objects (`None`: gone).
+    Ports(Vec<(ServicePortName, Option<Objects>)>),
+}
+
 #[derive(Debug)]
 pub struct NftablesPlanner {
     ctx: NftablesContext,
-    /// What the last planned sync makes the kernel hold.
-    desired: Ruleset,
     /// What the kernel holds: `None` until a full sync is confirmed, and after a failure.
     applied: Option<Ruleset>,
-    /// The last planned sync's stale chains, until confirmed.
+    pending: Pending,
+    /// The last planned sync's chains: stale ones, and written ones.
     planned_stale: Vec<String>,
+    planned_chains: Vec<String>,
     /// Flushed chains and when they were flushed.
     stale: BTreeMap<String, Duration>,
     /// The base chains were re-created once (upstream does it once per process).
@@ -41,12 +54,12 @@ pub struct NftablesPlanner {
 
 impl NftablesPlanner {
     pub fn new(ctx: NftablesContext) -> NftablesPlanner {
-        let desired = Ruleset { family: ctx.family, top: super::base::top_level(&ctx), services: BTreeMap::new() };
         NftablesPlanner {
             ctx,
-            desired,
             applied: None,
+            pending: Pending::Nothing,
             planned_stale: vec![],
+            planned_chains: vec![],
             stale: BTreeMap::new(),
             recreated_base: false,
         }
@@ -56,9 +69,9 @@ impl NftablesPlanner {
         &self.ctx
     }
 
-    /// The desired ruleset of the last planned sync.
-    pub fn desired(&self) -> &Ruleset {
-        &self.desired
+    /// What the kernel holds after the last confirmed sync.
+    pub fn applied(&self) -> Option<&Ruleset> {
+        self.applied.as_ref()
     }
 
     /// Whether the next sync must be full (none confirmed yet, or one failed).
@@ -70,10 +83,12 @@ impl NftablesPlanner {
     /// (listed by the caller). The first one also re-creates the base chains.
     pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
         self.ctx = ctx;
-        self.desired = super::desired(model, &self.ctx);
-        let delta = full_sync(&self.desired, kernel, !self.recreated_base);
+        let desired = super::desired(model, &self.ctx);
+        let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
         self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
+        self.pending = Pending::Full(desired);
         delta
     }
 
@@ -85,29 +100,59 @@ impl NftablesPlanner {
         changed: impl IntoIterator<Item = &'a ServicePortName>,
     ) -> Option<Delta> {
         let applied = self.applied.as_ref()?;
-        let mut next = applied.clone();
-        super::update(&mut next, model, &self.ctx, changed);
-        let delta = partial_sync(applied, &next);
-        self.desired = next;
+        let ports: Vec<(ServicePortName, Option<Objects>)> = changed
+            .into_iter()
+            .map(|spn| {
+                let objects =
+                    model.service_port(spn).map(|sp| super::service::render_port(&self.ctx, sp, model.endpoints(spn)));
+                (spn.clone(), objects)
+            })
+            .collect();
+        let empty = Objects::default();
+        let pairs = ports.iter().filter_map(|(spn, new)| {
+            let old = applied.services.get(spn).unwrap_or(&empty);
+            let new = new.as_ref().unwrap_or(&empty);
+            (old != new).then_some((old, new))
+        });
+        let delta = groups_sync(self.ctx.family, pairs);
         self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains =
+            ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
+        self.pending = Pending::Ports(ports);
         Some(delta)
     }
 
     /// The last planned sync is in the kernel (acknowledged at `now`).
     pub fn confirm_applied(&mut self, now: Duration) {
-        let active: std::collections::BTreeSet<&str> = self.desired.chains().map(|c| c.name.as_str()).collect();
-        self.stale.retain(|c, _| !active.contains(c.as_str()));
+        match std::mem::take(&mut self.pending) {
+            Pending::Nothing => {}
+            Pending::Full(rs) => self.applied = Some(rs),
+            Pending::Ports(ports) => {
+                if let Some(applied) = self.applied.as_mut() {
+                    for (spn, objects) in ports {
+                        match objects {
+                            Some(o) => applied.services.insert(spn, o),
+                            None => applied.services.remove(&spn),
+                        };
+                    }
+                }
+            }
+        }
+        for c in std::mem::take(&mut self.planned_chains) {
+            self.stale.remove(&c);
+        }
         for c in std::mem::take(&mut self.planned_stale) {
             self.stale.entry(c).or_insert(now);
         }
-        self.applied = Some(self.desired.clone());
     }
 
     /// The last planned sync failed or its outcome is unknown: the next
     /// one is full, and stale chains are found again from the kernel.
     pub fn failed(&mut self) {
         self.applied = None;
+        self.pending = Pending::Nothing;
         self.planned_stale.clear();
+        self.planned_chains.clear();
         self.stale.clear();
     }
 

@@ -493,7 +493,7 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
         .to_string()
         .contains("add chain ip kube-proxy nat-prerouting\ndelete chain ip kube-proxy nat-prerouting\n"));
     p.confirm_applied(s(0));
-    assert_eq!(p.desired(), &desired(&model, &fake_ctx()));
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
 
     // svc1's endpoint moves: its old endpoint chain is stale.
     model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
@@ -524,6 +524,8 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
     p.confirm_applied(s(20));
     assert!(p.delete_due(s(30)).is_some_and(|t| !t.to_string().contains("10.0.1.1/80")));
 
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())), "partial syncs commit what they wrote");
+
     // A failure: the next sync must be full, and it does not re-create the base chains.
     p.failed();
     assert!(p.needs_full() && p.partial(&model, &changed).is_none());
@@ -538,4 +540,28 @@ fn the_secondary_familys_section_is_named_after_it() {
         crate::daemon::with_heading_suffix(text, " ipv6"),
         "# nftables ipv6\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n"
     );
+}
+
+/// One endpoint change among 2,000 services is a transaction of a few ops
+/// (its service's chains), and the planner renders that service only.
+#[test]
+fn an_endpoint_change_costs_the_same_at_any_cluster_size() {
+    let mut events = vec![];
+    for i in 0..2000 {
+        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
+        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
+        events.push(eps("ns", &name, 80, &[no_node(&format!("10.1.{a}.{b}"))]));
+    }
+    let mut model = model_with(&events);
+    let mut p = NftablesPlanner::new(fake_ctx());
+    let full = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(full.tx.len() > 2000 * 10, "{}", full.tx.len());
+    p.confirm_applied(std::time::Duration::ZERO);
+    model.record(&eps("ns", "svc7", 80, &[no_node("10.9.9.9")])).unwrap();
+    let changed = model.apply().ports;
+    let d = p.partial(&model, &changed).unwrap();
+    // Service chain and new endpoint chain: add, flush, 2 rules each; the old one flushed.
+    assert_eq!(d.tx.len(), 9, "{}", d.tx);
+    p.confirm_applied(std::time::Duration::ZERO);
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
 }
