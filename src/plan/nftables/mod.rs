@@ -43,6 +43,8 @@ pub mod service;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trace_tests;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
 pub use diff::{delete_stale, full_sync, groups_sync, partial_sync, Delta, KernelObjects, NftOp, Transaction};
