@@ -473,7 +473,15 @@ fn upstream_node_ports() {
                 ("pod to cluster IP", "10.0.0.2", "tcp", "172.30.0.41", 80, both, false),
                 ("external to nodePort", EXTERNAL_CLIENT, "tcp", "192.168.0.2", 3001, both, true),
                 ("node to nodePort", "192.168.0.2", "tcp", "192.168.0.2", 3001, both, true),
-                ("external to nodePort on secondary IP", EXTERNAL_CLIENT, "tcp", "192.168.1.2", 3001, alt, alt != ""),
+                (
+                    "external to nodePort on secondary IP",
+                    EXTERNAL_CLIENT,
+                    "tcp",
+                    "192.168.1.2",
+                    3001,
+                    alt,
+                    !alt.is_empty(),
+                ),
             ],
         );
     }
