@@ -303,7 +303,7 @@ fn node_ports_load_balancers_and_affinity() {
 fn partial_syncs_change_the_kernel_service_by_service() {
     let mut lab = Lab::new("part");
     lab.change(&[
-        service("web", "10.96.0.10", false, json!({}), json!({})),
+        service("web", "10.96.0.10", true, json!({}), json!({})),
         endpoints("web", &["b1", "b2"]),
         service("other", "10.96.0.12", false, json!({}), json!({})),
         endpoints("other", &["b3"]),
@@ -314,14 +314,16 @@ fn partial_syncs_change_the_kernel_service_by_service() {
     let changed = lab.change(&[endpoints("web", &["b1", "b3"])]);
     let (text, stale) = lab.partial_sync(&changed);
     assert!(!text.contains("add element") && !text.contains("other"), "{text}");
-    assert_eq!(stale.len(), 1, "b2's endpoint chain: {stale:?}");
+    assert_eq!(stale.len(), 2, "b2's endpoint chains (TCP and UDP): {stale:?}");
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b3"]));
     assert!(!lab.list().contains(&stale[0]), "stale chain deleted");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, true)), set(&["b1", "b3"]));
     // All endpoints gone: the ClusterIP moves to no-endpoint-services and rejects.
     let changed = lab.change(&[endpoints("web", &[])]);
     let (text, stale) = lab.partial_sync(&changed);
     assert!(text.contains("delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }"), "{text}");
-    assert_eq!(stale.len(), 3, "{stale:?}");
+    assert!(!text.contains("cluster-ips"), "the ClusterIP stays: {text}");
+    assert_eq!(stale.len(), 6, "both ports' service chains and endpoint chains: {stale:?}");
     let refused = ask(&lab.client, "10.96.0.10:80", 2, false);
     assert!(refused.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "{refused:?}");
     // Back, and the other service never stopped.

@@ -14,7 +14,7 @@
 //! sets, then chains (add + flush), then rules, then element deletes and
 //! adds, then set deletes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS};
@@ -173,7 +173,8 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
     let stale: Vec<String> =
         kernel.chains.iter().filter(|c| is_service_chain(c) && !active.contains(c.as_str())).cloned().collect();
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
-    ops.element_adds.extend(new.elements().cloned().map(NftOp::AddElement));
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    ops.element_adds.extend(new.elements().filter(|e| seen.insert(e.id())).cloned().map(NftOp::AddElement));
     if !new.top.sets.iter().any(|s| s.name == NODEPORT_IPS) {
         // Upstream's add + delete: gone whether or not it was there.
         let def = Set {
@@ -194,6 +195,20 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
     Delta { tx: ops.into_tx(new.family, head), stale_chains: stale }
 }
 
+/// How many groups of a ruleset hold each element (by `(set, key)`): a
+/// ClusterIP is in `cluster-ips` once per port of its service, and stays
+/// there until the last of them goes.
+pub type ElementRefs = HashMap<(String, String), usize>;
+
+/// The [`ElementRefs`] of `rs`.
+pub fn element_refs(rs: &Ruleset) -> ElementRefs {
+    let mut refs = ElementRefs::new();
+    for e in rs.elements() {
+        *refs.entry(e.id()).or_default() += 1;
+    }
+    refs
+}
+
 /// A partial sync from `old` (what the kernel holds) to `new`: only groups
 /// (the top-level objects, each service port) that differ are written.
 /// Compares every group; a caller that knows what changed uses
@@ -211,17 +226,23 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
             pairs.push((o, n));
         }
     }
-    groups_sync(new.family, pairs)
+    groups_sync(new.family, pairs, &element_refs(old))
 }
 
 /// The transaction taking each group from its old to its new objects (an
 /// absent group is empty): the new chains rewritten (add + flush + rules),
 /// chains no longer used flushed (stale), sets added or deleted, elements
-/// deleted and added one by one. Work follows the groups given.
-pub fn groups_sync<'a>(family: IpFamily, pairs: impl IntoIterator<Item = (&'a Objects, &'a Objects)>) -> Delta {
+/// deleted and added one by one. `refs` counts the groups holding each
+/// element in the kernel's state: an element another group still holds is
+/// not deleted, one already there is not added. Work follows the groups given.
+pub fn groups_sync<'a>(
+    family: IpFamily,
+    pairs: impl IntoIterator<Item = (&'a Objects, &'a Objects)>,
+    refs: &ElementRefs,
+) -> Delta {
     let mut ops = Ops::default();
-    let mut old_elems: BTreeMap<(String, String), &Element> = BTreeMap::new();
-    let mut new_elems: BTreeMap<(String, String), &Element> = BTreeMap::new();
+    let mut old_elems: BTreeMap<(String, String), (usize, &Element)> = BTreeMap::new();
+    let mut new_elems: BTreeMap<(String, String), (usize, &Element)> = BTreeMap::new();
     let mut old_chains: BTreeSet<&str> = BTreeSet::new();
     let mut new_chains: BTreeSet<&str> = BTreeSet::new();
     for (o, n) in pairs {
@@ -234,18 +255,25 @@ pub fn groups_sync<'a>(family: IpFamily, pairs: impl IntoIterator<Item = (&'a Ob
         for s in o.sets.iter().filter(|s| !n.sets.iter().any(|x| x.name == s.name)) {
             ops.set_deletes.push(NftOp::DeleteSet { name: s.name.clone(), map: s.map });
         }
-        old_elems.extend(o.elements.iter().map(|e| (e.id(), e)));
-        new_elems.extend(n.elements.iter().map(|e| (e.id(), e)));
+        for e in &o.elements {
+            old_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+        }
+        for e in &n.elements {
+            new_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+        }
     }
     let stale: Vec<String> = old_chains.difference(&new_chains).map(|c| c.to_string()).collect();
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
-    for (id, e) in &old_elems {
-        if new_elems.get(id).is_none_or(|n| n != e) {
+    let ids: BTreeSet<&(String, String)> = old_elems.keys().chain(new_elems.keys()).collect();
+    for id in ids {
+        let before = refs.get(id).copied().unwrap_or(0);
+        let (old, new) = (old_elems.get(id), new_elems.get(id));
+        let after = (before + new.map_or(0, |n| n.0)).saturating_sub(old.map_or(0, |o| o.0));
+        let changed = matches!((old, new), (Some(o), Some(n)) if o.1 != n.1);
+        if before > 0 && (after == 0 || changed) {
             ops.element_deletes.push(NftOp::DeleteElement { set: id.0.clone(), key: id.1.clone() });
         }
-    }
-    for (id, e) in &new_elems {
-        if old_elems.get(id).is_none_or(|o| o != e) {
+        if let Some((_, e)) = new.filter(|_| before == 0 || changed) {
             ops.element_adds.push(NftOp::AddElement((*e).clone()));
         }
     }

@@ -47,7 +47,10 @@ mod tests;
 mod trace_tests;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
-pub use diff::{delete_stale, full_sync, groups_sync, partial_sync, Delta, KernelObjects, NftOp, Transaction};
+pub use diff::{
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects, NftOp,
+    Transaction,
+};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};
 

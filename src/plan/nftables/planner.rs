@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
-use super::diff::{delete_stale, full_sync, groups_sync, Delta, KernelObjects, Transaction};
+use super::diff::{delete_stale, element_refs, full_sync, groups_sync, Delta, ElementRefs, KernelObjects, Transaction};
 use super::ruleset::{Objects, Ruleset};
 use crate::model::{Model, ServicePortName};
 
@@ -42,6 +42,8 @@ pub struct NftablesPlanner {
     ctx: NftablesContext,
     /// What the kernel holds: `None` until a full sync is confirmed, and after a failure.
     applied: Option<Ruleset>,
+    /// How many service ports (or the top level) hold each element of `applied`.
+    refs: ElementRefs,
     pending: Pending,
     /// The last planned sync's chains: stale ones, and written ones.
     planned_stale: Vec<String>,
@@ -57,6 +59,7 @@ impl NftablesPlanner {
         NftablesPlanner {
             ctx,
             applied: None,
+            refs: ElementRefs::new(),
             pending: Pending::Nothing,
             planned_stale: vec![],
             planned_chains: vec![],
@@ -114,7 +117,7 @@ impl NftablesPlanner {
             let new = new.as_ref().unwrap_or(&empty);
             (old != new).then_some((old, new))
         });
-        let delta = groups_sync(self.ctx.family, pairs);
+        let delta = groups_sync(self.ctx.family, pairs, &self.refs);
         self.planned_stale = delta.stale_chains.clone();
         self.planned_chains =
             ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
@@ -126,14 +129,23 @@ impl NftablesPlanner {
     pub fn confirm_applied(&mut self, now: Duration) {
         match std::mem::take(&mut self.pending) {
             Pending::Nothing => {}
-            Pending::Full(rs) => self.applied = Some(rs),
+            Pending::Full(rs) => {
+                self.refs = element_refs(&rs);
+                self.applied = Some(rs);
+            }
             Pending::Ports(ports) => {
                 if let Some(applied) = self.applied.as_mut() {
                     for (spn, objects) in ports {
-                        match objects {
-                            Some(o) => applied.services.insert(spn, o),
+                        let old = match objects {
+                            Some(o) => {
+                                count(&mut self.refs, &o, 1);
+                                applied.services.insert(spn, o)
+                            }
                             None => applied.services.remove(&spn),
                         };
+                        if let Some(old) = old {
+                            count(&mut self.refs, &old, -1);
+                        }
                     }
                 }
             }
@@ -150,6 +162,7 @@ impl NftablesPlanner {
     /// one is full, and stale chains are found again from the kernel.
     pub fn failed(&mut self) {
         self.applied = None;
+        self.refs.clear();
         self.pending = Pending::Nothing;
         self.planned_stale.clear();
         self.planned_chains.clear();
@@ -178,5 +191,21 @@ impl NftablesPlanner {
             self.stale.remove(c);
         }
         Some(delete_stale(self.ctx.family, &due))
+    }
+}
+
+/// Adds (`by` 1) or removes (-1) `objects`' elements to `refs`.
+fn count(refs: &mut ElementRefs, objects: &Objects, by: i8) {
+    for e in &objects.elements {
+        let id = e.id();
+        let n = refs.entry(id.clone()).or_default();
+        if by > 0 {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                refs.remove(&id);
+            }
+        }
     }
 }

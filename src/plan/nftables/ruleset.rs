@@ -248,11 +248,12 @@ impl Ruleset {
         let w = Writer { family: self.family };
         let chains: BTreeMap<&str, &Chain> = self.chains().map(|c| (c.name.as_str(), c)).collect();
         let sets: BTreeMap<(bool, &str), &Set> = self.sets().map(|s| ((s.map, s.name.as_str()), s)).collect();
-        let mut elements: BTreeMap<(bool, &str), Vec<String>> = BTreeMap::new();
+        // A set lists an element once, however many groups hold it.
+        let mut elements: BTreeMap<(bool, &str), std::collections::BTreeSet<String>> = BTreeMap::new();
         let is_map: BTreeMap<&str, bool> = sets.keys().map(|(m, n)| (*n, *m)).collect();
         for e in self.elements() {
             let map = is_map.get(e.set.as_str()).copied().unwrap_or(false);
-            elements.entry((map, e.set.as_str())).or_default().push(w.element(e));
+            elements.entry((map, e.set.as_str())).or_default().insert(w.element(e));
         }
         let mut out = String::new();
         let mut line = |s: String| {
@@ -265,8 +266,7 @@ impl Ruleset {
         for c in chains.values() {
             c.rules.iter().for_each(|r| line(w.rule(&c.name, r)));
         }
-        for mut lines in elements.into_values() {
-            lines.sort();
+        for lines in elements.into_values() {
             lines.into_iter().for_each(&mut line);
         }
         out

@@ -565,3 +565,42 @@ fn an_endpoint_change_costs_the_same_at_any_cluster_size() {
     p.confirm_applied(std::time::Duration::ZERO);
     assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
 }
+
+/// A ClusterIP is in `cluster-ips` once, for all the ports of its service,
+/// and leaves it with the last of them.
+#[test]
+fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
+    let two = json!({"type": "ClusterIP", "clusterIP": "172.30.0.41", "ports": [port(80, 0), port(443, 0)]});
+    let one = json!({"type": "ClusterIP", "clusterIP": "172.30.0.41", "ports": [port(80, 0)]});
+    let mut model = model_with(&[svc("ns1", "svc1", two, json!({}))]);
+    let dump = dry_run(&model, &fake_ctx());
+    assert_eq!(dump.matches("add element ip kube-proxy cluster-ips { 172.30.0.41 }").count(), 1, "{dump}");
+    let mut p = NftablesPlanner::new(fake_ctx());
+    let full = p.full(&model, fake_ctx(), &KernelObjects::default()).tx.to_string();
+    assert_eq!(full.matches("add element ip kube-proxy cluster-ips { 172.30.0.41 }").count(), 1, "{full}");
+    p.confirm_applied(std::time::Duration::ZERO);
+    let mut rs = desired(&model, &fake_ctx());
+
+    // One port goes: its no-endpoint element only.
+    let d = step(&mut model, &mut rs, &[svc("ns1", "svc1", one, json!({}))]);
+    assert_eq!(d.tx.to_string(), "delete element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 443 }\n");
+    let changed: Vec<ServicePortName> = rs
+        .services
+        .keys()
+        .cloned()
+        .chain([ServicePortName {
+            service: NamespacedName::new("ns1", "svc1"),
+            port: "p443".into(),
+            protocol: Protocol::Tcp,
+        }])
+        .collect();
+    assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
+    p.confirm_applied(std::time::Duration::ZERO);
+
+    // The last one goes: the ClusterIP too.
+    let gone = from_json::<Service>(json!({"metadata": {"namespace": "ns1", "name": "svc1"}, "spec": {}}));
+    let d = step(&mut model, &mut rs, &[deleted_service(gone)]);
+    let text = d.tx.to_string();
+    assert!(text.contains("delete element ip kube-proxy cluster-ips { 172.30.0.41 }\n"), "{text}");
+    assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
+}
