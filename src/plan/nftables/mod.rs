@@ -6,17 +6,19 @@
 //! - [`desired`] renders one family's whole `kube-proxy` table as data
 //!   ([`Ruleset`]): the top-level objects apart from each service port's,
 //!   so [`update`] re-renders only the service ports that changed.
-//! - [`diff::full_sync`] and [`diff::partial_sync`] turn desired states into
-//!   one transaction ([`diff::Transaction`]: add/flush/delete chain, add
-//!   rule, add/delete set and element) with upstream's partial-sync
-//!   semantics: a changed service port's chains are rewritten whole, map
-//!   elements are added and deleted one by one, chains no longer used are
-//!   flushed now and deleted by a later transaction
-//!   ([`diff::delete_stale`], upstream waits at least 1 s), stale affinity
-//!   sets are deleted at once.
+//! - [`diff::full_sync`], [`diff::partial_sync`] and [`diff::groups_sync`]
+//!   turn desired states into one transaction ([`diff::Transaction`]:
+//!   add/flush/delete chain, add rule, add/delete set and element) with
+//!   upstream's partial-sync semantics: a changed service port's chains are
+//!   rewritten whole, map elements are added and deleted one by one (an
+//!   element several service ports hold, a ClusterIP, goes with the last),
+//!   chains no longer used are flushed now and deleted by a later
+//!   transaction ([`diff::delete_stale`], upstream waits at least 1 s),
+//!   stale affinity sets are deleted at once.
 //! - [`NftablesPlanner`] keeps the state between syncs: what the kernel
 //!   holds once a transaction is acknowledged, whether the next sync must be
-//!   full, and when stale chains are due for deletion (time is an argument).
+//!   full, and when stale chains are due for deletion (time is an
+//!   argument); a partial sync costs what changed, not the cluster.
 //! - [`dry_run`] prints the table a full sync from an empty kernel leaves,
 //!   in the order of knftables' `Fake.Dump()` (what upstream's tests
 //!   compare), which `nft -f` takes as one transaction.
