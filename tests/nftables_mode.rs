@@ -71,6 +71,12 @@ fn dry_run_loads_into_an_empty_namespace_with_nft() {
     assert!(out.status.success(), "{stderr}");
     let v4 = section(&stdout, "# nftables").unwrap_or_else(|| panic!("no # nftables section in:\n{stdout}"));
     assert!(v4.starts_with("add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n"), "{v4}");
+    let golden = std::fs::read_to_string(demo("../tests/golden/demo-nftables.txt")).expect("golden file");
+    if v4 != golden {
+        let path = std::env::temp_dir().join("demo-nftables.got.txt");
+        let _ = std::fs::write(&path, v4.as_bytes());
+        panic!("the dry run's IPv4 section differs from tests/golden/demo-nftables.txt; got {}", path.display());
+    }
     let target = Netns::new("kpr-drynft-t");
     target.pipe(&["nft", "-f", "-"], v4);
     let listed = target.ok(&["nft", "list", "table", "ip", "kube-proxy"]);
