@@ -18,6 +18,7 @@ use serde_json::json;
 use super::tests::{eps, fake_ctx, model_with, no_node, svc};
 use super::*;
 use crate::fixtures::{applied_slice, ep, slice, Ep};
+use crate::plan::rules_ipvs::LocalDetector;
 
 /// Upstream's testNodeIPs (IPv4 ones).
 const NODE_IPS: [&str; 3] = ["192.168.0.2", "192.168.1.2", "192.168.99.11"];
@@ -216,11 +217,16 @@ fn trace(rs: &Ruleset, src: &str, proto: &str, dst: &str, port: u16) -> (String,
 type Flow<'a> = (&'a str, &'a str, &'a str, &'a str, u16, &'a str, bool);
 
 fn run_flows(rs: &Ruleset, flows: &[Flow]) {
+    run_case("", rs, flows);
+}
+
+/// [`run_flows`] for one of a test's cases, named in failures.
+fn run_case(case: &str, rs: &Ruleset, flows: &[Flow]) {
     let mut failed = vec![];
     for (name, src, proto, dst, port, want, masq) in flows {
         let got = trace(rs, src, proto, dst, *port);
         if got != (want.to_string(), *masq) {
-            failed.push(format!("{name}: {src} -> {dst}:{port}/{proto}: got {got:?}, want ({want:?}, {masq})"));
+            failed.push(format!("{case} {name}: {src} -> {dst}:{port}/{proto}: got {got:?}, want ({want:?}, {masq})"));
         }
     }
     assert!(failed.is_empty(), "{}\n\n{}", failed.join("\n"), rs.dump());
@@ -484,5 +490,175 @@ fn upstream_node_ports() {
                 ),
             ],
         );
+    }
+}
+
+/// Upstream's terminating-endpoints flow test: ready endpoints win, else
+/// serving terminating ones (local or remote), else REJECT; and REJECT
+/// once the slice is gone.
+#[test]
+fn upstream_terminating_endpoints() {
+    let service = || {
+        svc(
+            "ns1",
+            "svc1",
+            json!({"type": "LoadBalancer", "clusterIP": "172.30.1.1", "externalTrafficPolicy": "Cluster",
+                   "healthCheckNodePort": 30000, "ports": [{"name": "", "protocol": "TCP", "port": 80, "targetPort": 80}]}),
+            json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}),
+        )
+    };
+    let gone = |ip: &str, node: &str| Ep { serving: Some(false), ..ep(ip, node).terminating() };
+    let cases: [(&str, Vec<Ep>, &str); 4] = [
+        (
+            "ready endpoints exist",
+            vec![
+                local("10.0.1.1"),
+                local("10.0.1.2"),
+                ep("10.0.1.3", "another-node").terminating(),
+                gone("10.0.1.4", "another-node"),
+                ep("10.0.1.5", "another-node"),
+            ],
+            "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+        ),
+        (
+            "only terminating endpoints exist",
+            vec![
+                local("10.0.1.2").terminating(),
+                local("10.0.1.3").terminating(),
+                gone("10.0.1.4", "another-node"),
+                ep("10.0.1.5", "another-node").terminating(),
+            ],
+            "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
+        ),
+        ("terminating endpoints on remote node", vec![ep("10.0.1.5", "node-1").terminating()], "10.0.1.5:80"),
+        ("no usable endpoints on any node", vec![gone("10.0.1.5", NODE), gone("10.0.1.5", "node-1")], "REJECT"),
+    ];
+    for (name, endpoints, want) in cases {
+        let slice = applied_slice(slice("ns1", "svc1-1", "svc1", &[("", "TCP", 80)], &endpoints));
+        let rs = desired(&model_with(&[service(), slice]), &fake_ctx());
+        let masq = want != "REJECT";
+        run_flows(
+            &rs,
+            &[
+                (name, "10.0.0.2", "tcp", "172.30.1.1", 80, want, false),
+                (name, EXTERNAL_CLIENT, "tcp", "1.2.3.4", 80, want, masq),
+            ],
+        );
+        let rs = desired(&model_with(&[service()]), &fake_ctx());
+        run_flows(
+            &rs,
+            &[
+                ("pod to clusterIP after endpoints deleted", "10.0.0.2", "tcp", "172.30.1.1", 80, "REJECT", false),
+                ("external to LB after endpoints deleted", EXTERNAL_CLIENT, "tcp", "1.2.3.4", 80, "REJECT", false),
+            ],
+        );
+    }
+}
+
+/// (name, masqueradeAll, local detector, flows whose masq flips, flows
+/// reaching the local eTP endpoint only).
+type Case<'a> = (&'a str, bool, bool, Vec<&'a str>, Vec<&'a str>);
+
+/// Upstream's TestInternalExternalMasquerade: three LoadBalancers (Cluster,
+/// eTP Local, iTP Local), 27 packets, with and without a local-traffic
+/// detector and masqueradeAll.
+#[test]
+fn upstream_internal_external_masquerade() {
+    let lb = |ns: &str, cip: &str, np: u16, extra: serde_json::Value, ingress: &str| {
+        let mut spec = json!({"type": "LoadBalancer", "clusterIP": cip,
+            "ports": [{"name": "p80", "protocol": "TCP", "port": 80, "nodePort": np}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            spec[k] = v.clone();
+        }
+        let name = ns.replace("ns", "svc");
+        svc(ns, &name, spec, json!({"loadBalancer": {"ingress": [{"ip": ingress}]}}))
+    };
+    let events = [
+        lb("ns1", "172.30.0.41", 3001, json!({"healthCheckNodePort": 30001}), "1.2.3.4"),
+        lb(
+            "ns2",
+            "172.30.0.42",
+            3002,
+            json!({"healthCheckNodePort": 30002, "externalTrafficPolicy": "Local"}),
+            "5.6.7.8",
+        ),
+        lb(
+            "ns3",
+            "172.30.0.43",
+            3003,
+            json!({"healthCheckNodePort": 30003, "internalTrafficPolicy": "Local"}),
+            "9.10.11.12",
+        ),
+        eps("ns1", "svc1", 80, &[local("10.180.0.1"), ep("10.180.1.1", "remote")]),
+        eps("ns2", "svc2", 80, &[local("10.180.0.2"), ep("10.180.1.2", "remote")]),
+        eps("ns3", "svc3", 80, &[local("10.180.0.3"), ep("10.180.1.3", "remote")]),
+    ];
+    let (n, pod, ext) = ("192.168.0.2", "10.0.0.2", EXTERNAL_CLIENT);
+    let (a1, a2, a3) = ("10.180.0.1:80, 10.180.1.1:80", "10.180.0.2:80, 10.180.1.2:80", "10.180.0.3:80, 10.180.1.3:80");
+    let (l2, l3) = ("10.180.0.2:80", "10.180.0.3:80");
+    let flows: Vec<Flow> = vec![
+        ("pod to ClusterIP", pod, "tcp", "172.30.0.41", 80, a1, false),
+        ("pod to NodePort", pod, "tcp", n, 3001, a1, true),
+        ("pod to LB", pod, "tcp", "1.2.3.4", 80, a1, true),
+        ("node to ClusterIP", n, "tcp", "172.30.0.41", 80, a1, true),
+        ("node to NodePort", n, "tcp", n, 3001, a1, true),
+        ("node to LB", n, "tcp", "1.2.3.4", 80, a1, true),
+        ("external to ClusterIP", ext, "tcp", "172.30.0.41", 80, a1, true),
+        ("external to NodePort", ext, "tcp", n, 3001, a1, true),
+        ("external to LB", ext, "tcp", "1.2.3.4", 80, a1, true),
+        ("pod to ClusterIP with eTP:Local", pod, "tcp", "172.30.0.42", 80, a2, false),
+        ("pod to NodePort with eTP:Local", pod, "tcp", n, 3002, a2, false),
+        ("pod to LB with eTP:Local", pod, "tcp", "5.6.7.8", 80, a2, false),
+        ("node to ClusterIP with eTP:Local", n, "tcp", "172.30.0.42", 80, a2, true),
+        ("node to NodePort with eTP:Local", n, "tcp", n, 3001, a1, true),
+        ("node to LB with eTP:Local", n, "tcp", "5.6.7.8", 80, a2, true),
+        ("external to ClusterIP with eTP:Local", ext, "tcp", "172.30.0.42", 80, a2, true),
+        ("external to NodePort with eTP:Local", ext, "tcp", n, 3002, l2, false),
+        ("external to LB with eTP:Local", ext, "tcp", "5.6.7.8", 80, l2, false),
+        ("pod to ClusterIP with iTP:Local", pod, "tcp", "172.30.0.43", 80, l3, false),
+        ("pod to NodePort with iTP:Local", pod, "tcp", n, 3003, a3, true),
+        ("pod to LB with iTP:Local", pod, "tcp", "9.10.11.12", 80, a3, true),
+        ("node to ClusterIP with iTP:Local", n, "tcp", "172.30.0.43", 80, l3, true),
+        ("node to NodePort with iTP:Local", n, "tcp", n, 3003, a3, true),
+        ("node to LB with iTP:Local", n, "tcp", "9.10.11.12", 80, a3, true),
+        ("external to ClusterIP with iTP:Local", ext, "tcp", "172.30.0.43", 80, l3, true),
+        ("external to NodePort with iTP:Local", ext, "tcp", n, 3003, a3, true),
+        ("external to LB with iTP:Local", ext, "tcp", "9.10.11.12", 80, a3, true),
+    ];
+    // Upstream's overrides per case: (masqueradeAll, detector, masq overrides, output overrides).
+    let no_detector_masq = [
+        "node to ClusterIP",
+        "node to ClusterIP with eTP:Local",
+        "node to ClusterIP with iTP:Local",
+        "external to ClusterIP",
+        "external to ClusterIP with eTP:Local",
+        "external to ClusterIP with iTP:Local",
+    ];
+    let pods_to_cluster_ip = ["pod to ClusterIP", "pod to ClusterIP with eTP:Local", "pod to ClusterIP with iTP:Local"];
+    let pods_to_etp = ["pod to NodePort with eTP:Local", "pod to LB with eTP:Local"];
+    let cases: [Case; 4] = [
+        ("base", false, true, vec![], vec![]),
+        ("no LocalTrafficDetector", false, false, no_detector_masq.to_vec(), pods_to_etp.to_vec()),
+        ("masqueradeAll", true, true, pods_to_cluster_ip.to_vec(), vec![]),
+        ("masqueradeAll, no LocalTrafficDetector", true, false, pods_to_cluster_ip.to_vec(), pods_to_etp.to_vec()),
+    ];
+    for (case, masquerade_all, detector, flip_masq, local_only) in cases {
+        let local = if detector { fake_ctx().local } else { LocalDetector::None };
+        let ctx = NftablesContext { masquerade_all, local, ..fake_ctx() };
+        let rs = desired(&model_with(&events), &ctx);
+        let case_flows: Vec<Flow> = flows
+            .iter()
+            .map(|f| {
+                let mut f = *f;
+                if flip_masq.contains(&f.0) {
+                    f.6 = !f.6;
+                }
+                if local_only.contains(&f.0) {
+                    f.5 = l2;
+                }
+                f
+            })
+            .collect();
+        run_case(case, &rs, &case_flows);
     }
 }
