@@ -367,8 +367,7 @@ pub fn with_heading_suffix(text: &str, suffix: &str) -> String {
 }
 
 /// The headings of `--dry-run`'s sections.
-const SECTION_HEADINGS: [&str; 5] =
-    ["# ipvs", "# ipset", "# addresses kube-ipvs0", "# iptables", "# nftables mode is not supported"];
+const SECTION_HEADINGS: [&str; 5] = ["# ipvs", "# ipset", "# addresses kube-ipvs0", "# iptables", "# nftables"];
 
 /// The pure part of `--dry-run`, for tests.
 pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent], addrs: &[LocalAddr]) -> String {
@@ -393,7 +392,10 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
             let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
             format!("# iptables\n{text}")
         }
-        ProxyMode::Nftables => "# nftables mode is not supported\n".to_string(),
+        ProxyMode::Nftables => {
+            let ctx = crate::plan::nftables::nftables_context(&s.nftables_settings(model.node()), model.node(), addrs);
+            format!("# nftables\n{}", crate::plan::nftables::dry_run(&model, &ctx))
+        }
     }
 }
 

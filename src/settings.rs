@@ -138,6 +138,23 @@ impl FamilySettings {
     }
 }
 
+impl FamilySettings {
+    /// nftables mode's settings on `node`. No ServiceCIDR source yet: no
+    /// drop rule for unallocated ClusterIPs (upstream's, when it watches
+    /// ServiceCIDR objects).
+    pub fn nftables_settings(&self, node: &NodeInfo) -> crate::plan::nftables::NftablesSettings {
+        crate::plan::nftables::NftablesSettings {
+            family: self.family,
+            node_name: self.plan.node_name.clone(),
+            masquerade_all: self.masquerade_all,
+            masquerade_bit: self.masquerade_bit,
+            local: self.local_detector(node),
+            node_ports: self.plan.node_ports.clone(),
+            service_cidrs: Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ pub mod context;
 pub mod diff;
 pub mod iptables;
 pub mod ipvs;
+pub mod nftables;
 pub mod render;
 pub mod rules_ipvs;
 pub mod sets;

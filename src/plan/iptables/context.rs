@@ -108,7 +108,11 @@ impl IptablesContext {
 /// nodePortAddresses as CIDRs of `family` (upstream's NewNodePortAddresses
 /// after `primary` was replaced by the node IP's host CIDR). `None` means
 /// match all: no CIDR of this family, or one of them is the zero CIDR.
-fn node_port_cidrs(family: IpFamily, filter: &NodePortFilter, primary: Option<IpAddr>) -> Option<Vec<IpNet>> {
+pub(crate) fn node_port_cidrs(
+    family: IpFamily,
+    filter: &NodePortFilter,
+    primary: Option<IpAddr>,
+) -> Option<Vec<IpNet>> {
     let cidrs: Vec<IpNet> = match filter {
         NodePortFilter::All => return None,
         NodePortFilter::Primary => primary

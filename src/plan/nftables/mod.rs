@@ -1,0 +1,95 @@
+//! The nftables-mode planner: upstream's nftables proxier
+//! (pkg/proxy/nftables/proxier.go, syncProxyRules) as a pure function of
+//! the model, with upstream's table, chain, set and map names, rule text and
+//! hashed per-service names, so a node can switch between upstream and us.
+//!
+//! - [`desired`] renders one family's whole `kube-proxy` table as data
+//!   ([`Ruleset`]): the top-level objects apart from each service port's,
+//!   so [`update`] re-renders only the service ports that changed.
+//! - [`diff::full_sync`], [`diff::partial_sync`] and [`diff::groups_sync`]
+//!   turn desired states into one transaction ([`diff::Transaction`]:
+//!   add/flush/delete chain, add rule, add/delete set and element) with
+//!   upstream's partial-sync semantics: a changed service port's chains are
+//!   rewritten whole, map elements are added and deleted one by one (an
+//!   element several service ports hold, a ClusterIP, goes with the last),
+//!   chains no longer used are flushed now and deleted by a later
+//!   transaction ([`diff::delete_stale`], upstream waits at least 1 s),
+//!   stale affinity sets are deleted at once.
+//! - [`NftablesPlanner`] keeps the state between syncs: what the kernel
+//!   holds once a transaction is acknowledged, whether the next sync must be
+//!   full, and when stale chains are due for deletion (time is an
+//!   argument); a partial sync costs what changed, not the cluster.
+//! - [`dry_run`] prints the table a full sync from an empty kernel leaves,
+//!   in the order of knftables' `Fake.Dump()` (what upstream's tests
+//!   compare), which `nft -f` takes as one transaction.
+//!
+//! As upstream: no localhost NodePorts (loopback is never a NodePort
+//! address), masquerading by mark with `masquerade fully-random`, a
+//! `cluster-ips-check` rejecting undefined ports of ClusterIPs and dropping
+//! unallocated addresses of the ServiceCIDRs, `numgen random mod N vmap`
+//! load balancing, affinity through dynamic sets with a timeout.
+//!
+//! Unlike upstream: service ports are rendered in name order and elements
+//! listed sorted (upstream: Go map order; the kernel does not care).
+//! Upstream's later rework (kubernetes PRs 135800 and 136499: the
+//! `mark-for-masquerade` chain inlined, a hairpin set) is not followed yet:
+//! this is the ruleset of upstream's tests with `mark-for-masquerade`.
+
+pub mod base;
+pub mod context;
+pub mod diff;
+pub mod names;
+pub mod planner;
+pub mod ruleset;
+pub mod service;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod trace_tests;
+
+pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
+pub use diff::{
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects, NftOp,
+    Transaction,
+};
+pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
+pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};
+
+use crate::model::{Model, ServicePortName};
+
+/// One family's whole desired table for `model`.
+pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
+    let mut rs = Ruleset { family: ctx.family, top: base::top_level(ctx), services: Default::default() };
+    for sp in model.service_ports() {
+        rs.services.insert(sp.name.clone(), service::render_port(ctx, sp, model.endpoints(&sp.name)));
+    }
+    rs
+}
+
+/// Renders `changed` service ports again into `rs` (removing those the
+/// model no longer has); the rest of `rs` is kept as it is. `ctx` must be
+/// the context `rs` was rendered with (else render it whole: [`desired`]).
+pub fn update<'a>(
+    rs: &mut Ruleset,
+    model: &Model,
+    ctx: &NftablesContext,
+    changed: impl IntoIterator<Item = &'a ServicePortName>,
+) {
+    for spn in changed {
+        match model.service_port(spn) {
+            Some(sp) => {
+                rs.services.insert(spn.clone(), service::render_port(ctx, sp, model.endpoints(spn)));
+            }
+            None => {
+                rs.services.remove(spn);
+            }
+        }
+    }
+}
+
+/// `--dry-run` in nftables mode: the table a full sync from an empty kernel
+/// leaves (the caller prints it after a `# nftables` line).
+pub fn dry_run(model: &Model, ctx: &NftablesContext) -> String {
+    desired(model, ctx).dump()
+}

@@ -1,0 +1,211 @@
+//! The nftables-mode planner's state between syncs: what the kernel holds
+//! (after an acknowledged transaction), the sync planned and not yet
+//! acknowledged, and the stale chains waiting to be deleted. Pure: time is
+//! an argument (any monotonic clock, e.g. the time since start).
+//!
+//! A sync is planned ([`NftablesPlanner::full`] or
+//! [`NftablesPlanner::partial`]), sent, and then either confirmed
+//! ([`NftablesPlanner::confirm_applied`]: the kernel holds it) or failed
+//! ([`NftablesPlanner::failed`]: unknown, the next sync must be full, as
+//! upstream's needFullSync). A partial sync renders, compares and commits
+//! the changed service ports only: its cost follows the change, not the
+//! cluster. Chains a confirmed sync left stale are deleted by
+//! [`NftablesPlanner::delete_due`] once [`STALE_CHAIN_DELAY`] has passed,
+//! unless a later sync used them again (upstream's staleChains).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::context::NftablesContext;
+use super::diff::{delete_stale, element_refs, full_sync, groups_sync, Delta, ElementRefs, KernelObjects, Transaction};
+use super::ruleset::{Objects, Ruleset};
+use crate::model::{Model, ServicePortName};
+
+/// How long a flushed chain waits before it is deleted (upstream: a
+/// second; kernels before 6.2 notice late that a map element no longer
+/// points to a chain).
+pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
+
+/// What the last planned sync changes, until it is confirmed.
+#[derive(Debug, Default)]
+enum Pending {
+    #[default]
+    Nothing,
+    /// The whole table.
+    Full(Ruleset),
+    /// These service ports' objects (`None`: gone).
+    Ports(Vec<(ServicePortName, Option<Objects>)>),
+}
+
+#[derive(Debug)]
+pub struct NftablesPlanner {
+    ctx: NftablesContext,
+    /// What the kernel holds: `None` until a full sync is confirmed, and after a failure.
+    applied: Option<Ruleset>,
+    /// How many service ports (or the top level) hold each element of `applied`.
+    refs: ElementRefs,
+    pending: Pending,
+    /// The last planned sync's chains: stale ones, and written ones.
+    planned_stale: Vec<String>,
+    planned_chains: Vec<String>,
+    /// Flushed chains and when they were flushed.
+    stale: BTreeMap<String, Duration>,
+    /// The base chains were re-created once (upstream does it once per process).
+    recreated_base: bool,
+}
+
+impl NftablesPlanner {
+    pub fn new(ctx: NftablesContext) -> NftablesPlanner {
+        NftablesPlanner {
+            ctx,
+            applied: None,
+            refs: ElementRefs::new(),
+            pending: Pending::Nothing,
+            planned_stale: vec![],
+            planned_chains: vec![],
+            stale: BTreeMap::new(),
+            recreated_base: false,
+        }
+    }
+
+    pub fn context(&self) -> &NftablesContext {
+        &self.ctx
+    }
+
+    /// What the kernel holds after the last confirmed sync.
+    pub fn applied(&self) -> Option<&Ruleset> {
+        self.applied.as_ref()
+    }
+
+    /// Whether the next sync must be full (none confirmed yet, or one failed).
+    pub fn needs_full(&self) -> bool {
+        self.applied.is_none()
+    }
+
+    /// A full sync of `model` with `ctx` over a kernel holding `kernel`
+    /// (listed by the caller). The first one also re-creates the base chains.
+    pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
+        self.ctx = ctx;
+        let desired = super::desired(model, &self.ctx);
+        let delta = full_sync(&desired, kernel, !self.recreated_base);
+        self.recreated_base = true;
+        self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
+        self.pending = Pending::Full(desired);
+        delta
+    }
+
+    /// A partial sync of the `changed` service ports over the confirmed
+    /// state. `None` when the next sync must be full.
+    pub fn partial<'a>(
+        &mut self,
+        model: &Model,
+        changed: impl IntoIterator<Item = &'a ServicePortName>,
+    ) -> Option<Delta> {
+        let applied = self.applied.as_ref()?;
+        let ports: Vec<(ServicePortName, Option<Objects>)> = changed
+            .into_iter()
+            .map(|spn| {
+                let objects =
+                    model.service_port(spn).map(|sp| super::service::render_port(&self.ctx, sp, model.endpoints(spn)));
+                (spn.clone(), objects)
+            })
+            .collect();
+        let empty = Objects::default();
+        let pairs = ports.iter().filter_map(|(spn, new)| {
+            let old = applied.services.get(spn).unwrap_or(&empty);
+            let new = new.as_ref().unwrap_or(&empty);
+            (old != new).then_some((old, new))
+        });
+        let delta = groups_sync(self.ctx.family, pairs, &self.refs);
+        self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains =
+            ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
+        self.pending = Pending::Ports(ports);
+        Some(delta)
+    }
+
+    /// The last planned sync is in the kernel (acknowledged at `now`).
+    pub fn confirm_applied(&mut self, now: Duration) {
+        match std::mem::take(&mut self.pending) {
+            Pending::Nothing => {}
+            Pending::Full(rs) => {
+                self.refs = element_refs(&rs);
+                self.applied = Some(rs);
+            }
+            Pending::Ports(ports) => {
+                if let Some(applied) = self.applied.as_mut() {
+                    for (spn, objects) in ports {
+                        let old = match objects {
+                            Some(o) => {
+                                count(&mut self.refs, &o, 1);
+                                applied.services.insert(spn, o)
+                            }
+                            None => applied.services.remove(&spn),
+                        };
+                        if let Some(old) = old {
+                            count(&mut self.refs, &old, -1);
+                        }
+                    }
+                }
+            }
+        }
+        for c in std::mem::take(&mut self.planned_chains) {
+            self.stale.remove(&c);
+        }
+        for c in std::mem::take(&mut self.planned_stale) {
+            self.stale.entry(c).or_insert(now);
+        }
+    }
+
+    /// The last planned sync failed or its outcome is unknown: the next
+    /// one is full, and stale chains are found again from the kernel.
+    pub fn failed(&mut self) {
+        self.applied = None;
+        self.refs.clear();
+        self.pending = Pending::Nothing;
+        self.planned_stale.clear();
+        self.planned_chains.clear();
+        self.stale.clear();
+    }
+
+    /// Chains waiting to be deleted.
+    pub fn stale_chains(&self) -> Vec<String> {
+        self.stale.keys().cloned().collect()
+    }
+
+    /// A transaction deleting the stale chains flushed at least
+    /// [`STALE_CHAIN_DELAY`] before `now` (forgotten here: if it fails they
+    /// are found again by the next full sync, as upstream).
+    pub fn delete_due(&mut self, now: Duration) -> Option<Transaction> {
+        let due: Vec<String> = self
+            .stale
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) >= STALE_CHAIN_DELAY)
+            .map(|(c, _)| c.clone())
+            .collect();
+        if due.is_empty() {
+            return None;
+        }
+        for c in &due {
+            self.stale.remove(c);
+        }
+        Some(delete_stale(self.ctx.family, &due))
+    }
+}
+
+/// Adds (`by` 1) or removes (-1) `objects`' elements to `refs`.
+fn count(refs: &mut ElementRefs, objects: &Objects, by: i8) {
+    for e in &objects.elements {
+        let id = e.id();
+        let n = refs.entry(id.clone()).or_default();
+        if by > 0 {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                refs.remove(&id);
+            }
+        }
+    }
+}
