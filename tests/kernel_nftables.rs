@@ -114,6 +114,26 @@ fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
         NftOp::FlushChain("nat-prerouting".into()),
     ];
     apply(&ns, IpFamily::V4, delta).expect("the delta");
+    // A map flushed: its elements go, the map stays (and takes new ones in the same transaction).
+    let flush = vec![
+        NftOp::FlushSet("service-ips".into()),
+        NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![Element::to(key("10.96.0.11", 17, 53), Verdict::Goto(chain.clone()))],
+        },
+    ];
+    apply(&ns, IpFamily::V4, flush).expect("the flush");
+    let t = listed(&ns, "ip");
+    assert!(!t.contains("10.96.0.12 . sctp . 9000"), "{t}");
+    apply(
+        &ns,
+        IpFamily::V4,
+        vec![NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![Element::to(key("10.96.0.12", 132, 9000), Verdict::Jump(chain.clone()))],
+        }],
+    )
+    .expect("the element back");
     let t = listed(&ns, "ip");
     assert!(!t.contains("10.96.0.10 . tcp . 80"), "{t}");
     assert!(t.contains("10.96.0.11 . udp . 53 : goto service-ULMVA6XW-ns1/svc1/tcp/p80"), "{t}");

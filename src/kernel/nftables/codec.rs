@@ -235,6 +235,8 @@ pub enum NftOp {
         comment: Option<String>,
     },
     DeleteSet(String),
+    /// `flush set` / `flush map`: every element goes, the set stays.
+    FlushSet(String),
     /// `add element`: keys, with their verdicts in a verdict map.
     AddElements {
         set: String,
@@ -282,6 +284,7 @@ impl fmt::Display for NftOp {
                 write!(f, "add {} {name}", if *verdict_map { "map" } else { "set" })
             }
             NftOp::DeleteSet(name) => write!(f, "delete set {name}"),
+            NftOp::FlushSet(name) => write!(f, "flush set {name}"),
             NftOp::AddElements { set, elements } => {
                 let first = elements.first().map(|e| match &e.verdict {
                     Some(v) => format!("{} : {v}", key_text(&e.key)),
@@ -451,6 +454,10 @@ fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
         }),
         NftOp::DeleteSet(name) => NfTablesMessage::DeleteSet(SetMessage {
             attributes: vec![SetAttribute::Table(t()), SetAttribute::Name(name.clone())],
+        }),
+        // A element delete without elements flushes the set.
+        NftOp::FlushSet(name) => NfTablesMessage::DeleteSetElement(SetElementMessage {
+            attributes: vec![SetElementList::Table(t()), SetElementList::Set(name.clone())],
         }),
         NftOp::AddElements { set, elements } => {
             let list = elements.iter().map(|e| element(&e.key, e.verdict.as_ref(), e.comment.as_deref())).collect();
