@@ -160,6 +160,16 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
     let ns = Netns::new("kpr-nft-abort");
     apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("the first transaction");
     let before = listed(&ns, "ip");
+    let names = ns.block_on(|| async {
+        let nft = NetlinkNftables::new().expect("netfilter netlink socket");
+        (nft.list(IpFamily::V4, TABLE).await, nft.list(IpFamily::V6, TABLE).await)
+    });
+    let (v4, v6) = (names.0.expect("listed"), names.1.expect("listed"));
+    let mut chains = v4.chains.clone();
+    chains.sort();
+    assert_eq!(chains, ["nat-prerouting", "service-ULMVA6XW-ns1/svc1/tcp/p80", "services"]);
+    assert_eq!(v4.sets, ["service-ips"]);
+    assert!(v6.chains.is_empty() && v6.sets.is_empty(), "no ip6 table: {v6:?}");
     let bad = vec![
         NftOp::AddElements {
             set: "service-ips".into(),

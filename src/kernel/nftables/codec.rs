@@ -309,6 +309,51 @@ fn more(n: usize) -> String {
     }
 }
 
+/// What a dump lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpKind {
+    Chains,
+    Sets,
+}
+
+/// A dump of `kind` in `family`, asking for table `table` only.
+pub fn dump_request(family: IpFamily, table: &str, kind: DumpKind) -> NetfilterMessage {
+    let inner = match kind {
+        DumpKind::Chains => {
+            NfTablesMessage::GetChain(ChainMessage { attributes: vec![ChainAttribute::Table(table.to_string())] })
+        }
+        DumpKind::Sets => {
+            NfTablesMessage::GetSet(SetMessage { attributes: vec![SetAttribute::Table(table.to_string())] })
+        }
+    };
+    NetfilterMessage::new(NetfilterHeader::new(proto_family(family), 0, 0), inner)
+}
+
+/// In a dump reply of `kind` (its bytes after the netlink header): the
+/// object's name when it is in table `table`. Both carry the table in
+/// attribute 1 (`NFTA_CHAIN_TABLE`, `NFTA_SET_TABLE`); the name is
+/// `NFTA_CHAIN_NAME` (3) or `NFTA_SET_NAME` (2).
+pub fn name_in_table(payload: &[u8], table: &str, kind: DumpKind) -> Option<String> {
+    use netlink_packet_core::{NlaBuffer, NlasIterator};
+    let name_attr = match kind {
+        DumpKind::Chains => 3,
+        DumpKind::Sets => 2,
+    };
+    // nfgenmsg: family, version, res_id.
+    let attrs = payload.get(4..)?;
+    let (mut in_table, mut name) = (false, None);
+    for nla in NlasIterator::new(attrs) {
+        let nla: NlaBuffer<&[u8]> = nla.ok()?;
+        let text = || std::str::from_utf8(nla.value()).ok().map(|s| s.trim_end_matches('\0').to_string());
+        match nla.kind() {
+            1 => in_table = text().as_deref() == Some(table),
+            k if k == name_attr => name = text(),
+            _ => {}
+        }
+    }
+    name.filter(|_| in_table)
+}
+
 /// `NFNL_MSG_BATCH_BEGIN` for nf_tables.
 pub fn batch_begin() -> NetfilterMessage {
     NetfilterMessage::new(

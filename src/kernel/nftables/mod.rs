@@ -116,6 +116,62 @@ fn flags_of(op: &NftOp, msg: &NetfilterMessage) -> u16 {
     }
 }
 
+/// The names of a table's chains and sets, as a dump lists them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub chains: Vec<String>,
+    pub sets: Vec<String>,
+}
+
+impl NetlinkNftables {
+    /// The chains and sets (maps included; anonymous sets left out) of
+    /// table `table` of `family`: two dumps. A missing table lists nothing.
+    pub async fn list(&self, family: IpFamily, table: &str) -> Result<Listed, TransactionError> {
+        let chains = self.dump_names(family, table, codec::DumpKind::Chains).await?;
+        let sets = self.dump_names(family, table, codec::DumpKind::Sets).await?;
+        Ok(Listed { chains, sets: sets.into_iter().filter(|s| !s.starts_with("__")).collect() })
+    }
+
+    async fn dump_names(
+        &self,
+        family: IpFamily,
+        table: &str,
+        kind: codec::DumpKind,
+    ) -> Result<Vec<String>, TransactionError> {
+        let what = format!("list {kind:?} of table {table}");
+        let dump = request(&codec::dump_request(family, table, kind), netlink_packet_core::NLM_F_DUMP);
+        let mut replies = self
+            .client
+            .request(vec![dump])
+            .map_err(|e| TransactionError::Unknown(format!("{what}: netlink connection closed: {e}")))?;
+        let mut names = Vec::new();
+        loop {
+            let msg = match replies.next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return Err(TransactionError::Unknown(format!("{what}: the dump ended early"))),
+                Err(_) => return Err(TransactionError::Unknown(format!("{what}: no reply in time"))),
+            };
+            match msg.payload {
+                NetlinkPayload::InnerMessage(raw) => {
+                    if let Some(name) = codec::name_in_table(raw.payload(), table, kind) {
+                        names.push(name);
+                    }
+                }
+                NetlinkPayload::Done(_) => return Ok(names),
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    let errno = Errno::from_code(e.raw_code());
+                    // No such table (or family): nothing of ours there.
+                    if errno == Errno::ENOENT {
+                        return Ok(Vec::new());
+                    }
+                    return Err(TransactionError::Refused { index: 0, op: what, errno });
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// `msg` as a request of the shared raw connection, with `flags` besides
 /// `NLM_F_REQUEST`.
 fn request(msg: &NetfilterMessage, flags: u16) -> NetlinkMessage<RawNfnl> {
