@@ -189,95 +189,6 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
     assert_eq!(listed(&ns, "ip"), before, "nothing of the aborted transaction applied");
 }
 
-/// `{ a ; b ; }` clauses of an `add` line: (head words, clauses).
-fn split_clauses(rest: &str) -> (&str, Vec<String>) {
-    match rest.split_once(" { ") {
-        Some((head, body)) => {
-            let body = body.trim_end().trim_end_matches('}').trim();
-            (
-                head,
-                body.split(" ; ")
-                    .map(|c| c.trim().trim_end_matches(';').trim().to_string())
-                    .filter(|c| !c.is_empty())
-                    .collect(),
-            )
-        }
-        None => (rest, Vec::new()),
-    }
-}
-
-fn quoted(clause: &str, word: &str) -> Option<String> {
-    clause.strip_prefix(word).map(|c| c.trim().trim_matches('"').to_string())
-}
-
-/// One `nft -f` line of the planner's dry run as our op (the test's own
-/// reading of upstream's syntax; the daemon gets structured objects).
-fn op_of_line(line: &str) -> NftOp {
-    let mut w = line.splitn(5, ' ');
-    let (verb, kind, _family, _table) = (w.next().unwrap(), w.next().unwrap(), w.next().unwrap(), w.next().unwrap());
-    assert_eq!(verb, "add", "{line}");
-    let rest = w.next().unwrap_or("");
-    match kind {
-        "table" => {
-            let (_, clauses) = split_clauses(&format!("x {rest}"));
-            NftOp::AddTable { comment: clauses.iter().find_map(|c| quoted(c, "comment")) }
-        }
-        "chain" => {
-            let (name, clauses) = split_clauses(rest);
-            let base = clauses.iter().find_map(|c| {
-                let t: Vec<&str> = c.split_whitespace().collect();
-                (t.first() == Some(&"type")).then(|| BaseChain {
-                    kind: if t[1] == "nat" { "nat" } else { "filter" },
-                    hook: match t[3] {
-                        "prerouting" => ChainHook::Prerouting,
-                        "input" => ChainHook::Input,
-                        "forward" => ChainHook::Forward,
-                        "output" => ChainHook::Output,
-                        _ => ChainHook::Postrouting,
-                    },
-                    priority: t[5].parse().expect("numeric priority"),
-                })
-            });
-            NftOp::AddChain { name: name.into(), base, comment: clauses.iter().find_map(|c| quoted(c, "comment")) }
-        }
-        "set" | "map" => {
-            let (name, clauses) = split_clauses(rest);
-            let ty = clauses.iter().find_map(|c| c.strip_prefix("type ")).expect("a type clause");
-            let key = KeyType::parse_concat(ty.trim_end_matches(" : verdict")).expect("known key types");
-            let timeout = clauses
-                .iter()
-                .find_map(|c| c.strip_prefix("timeout "))
-                .map(|t| t.trim_end_matches('s').parse().expect("seconds"));
-            NftOp::AddSet {
-                name: name.into(),
-                key,
-                verdict_map: kind == "map",
-                timeout,
-                comment: clauses.iter().find_map(|c| quoted(c, "comment")),
-            }
-        }
-        "element" => {
-            let (set, body) = rest.split_once(" { ").expect("element braces");
-            let body = body.trim_end().trim_end_matches('}').trim();
-            let (key_part, verdict) = match body.rsplit_once(" : ") {
-                Some((k, v)) => (k, Verdict::parse(v)),
-                None => (body, None),
-            };
-            let (key_text, comment) = match key_part.split_once(" comment ") {
-                Some((k, c)) => (k, Some(c.trim_matches('"').to_string())),
-                None => (key_part, None),
-            };
-            let key = key_text.split(" . ").map(|f| KeyPart::parse(f).expect("key field")).collect();
-            NftOp::AddElements { set: set.into(), elements: vec![Element { key, verdict, comment }] }
-        }
-        "rule" => {
-            let (chain, rule) = rest.split_once(' ').expect("chain and rule");
-            NftOp::AddRule { chain: chain.into(), rule: rule.into() }
-        }
-        other => panic!("unknown object {other} in {line}"),
-    }
-}
-
 /// The whole demo ruleset as upstream's proxier writes it (the planner's
 /// `--dry-run --proxy-mode nftables`, kept as a fixture): every rule form
 /// upstream uses (concatenated vmaps, `numgen random mod N vmap`, affinity
@@ -294,12 +205,7 @@ fn the_demo_ruleset_in_one_transaction_lists_as_nft_f_of_the_same_text() {
     let tool = Netns::new("kpr-nft-demof");
     tool.pipe(&["nft", "-f", "-"], &text);
     for (family, name) in [(IpFamily::V4, "ip"), (IpFamily::V6, "ip6")] {
-        let prefix = format!(" {name} {TABLE}");
-        let ops: Vec<NftOp> = text
-            .lines()
-            .filter(|l| l.split_whitespace().nth(2) == Some(name) && l.contains(&prefix))
-            .map(op_of_line)
-            .collect();
+        let ops = kube_proxy_rs::kernel::nftables::text::parse_ops(&text, family).expect("the fixture parses");
         assert!(ops.len() > 20, "{name}: {} ops", ops.len());
         apply(&ours, family, ops).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (a, b) = (listed(&ours, name), listed(&tool, name));

@@ -13,6 +13,7 @@
 
 pub mod codec;
 pub mod rule;
+pub mod text;
 
 use std::fmt;
 
