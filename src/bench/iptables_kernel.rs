@@ -184,7 +184,7 @@ fn check_tools(flavour: Flavour) -> anyhow::Result<()> {
 /// `eth0` with node-0's address (the node's InternalIP, as a real node has).
 /// The namespace has no name; it goes away with the thread (and whatever it
 /// started), whatever `f` does.
-fn in_new_netns<T: Send>(f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+pub(crate) fn in_new_netns<T: Send>(f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
     std::thread::scope(|s| {
         let inner = s.spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).context("unshare(CLONE_NEWNET); needs root")?;

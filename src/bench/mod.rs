@@ -7,6 +7,7 @@ pub mod dual;
 pub mod gen;
 pub mod iptables_kernel;
 pub mod ipvs_kernel;
+pub mod nftables_kernel;
 pub mod stats;
 
 use crate::net::IpFamily;

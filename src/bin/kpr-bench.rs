@@ -146,6 +146,15 @@ enum Cmd {
         #[arg(long)]
         json_out: Option<std::path::PathBuf>,
     },
+    /// nftables mode's planner and netlink codec on the real kernel, as root,
+    /// each size in network namespaces of its own: cold transaction vs `nft -f`
+    /// of the same text, endpoint changes and new Services, ops per change.
+    Nftables {
+        #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+        services: Vec<usize>,
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+    },
     /// iptables mode on the real kernel, as root, in a network namespace of its own:
     /// cold sync, endpoint changes vs iptables-restore alone, lines per change, CPU during churn.
     Iptables {
@@ -669,6 +678,24 @@ fn main() {
                 breakdown: !no_breakdown,
             };
             bench_ipvs_kernel(&opts, json_out.as_deref(), &mut r)
+        }
+        Cmd::Nftables { services, changes } => {
+            let opts = kube_proxy_rs::bench::nftables_kernel::Options {
+                seed: cli.seed,
+                nodes: cli.nodes,
+                endpoints: cli.endpoints,
+                services: services.clone(),
+                changes: *changes,
+            };
+            let mut figures = Vec::new();
+            let res = kube_proxy_rs::bench::nftables_kernel::run(&opts, &mut figures);
+            for f in figures {
+                match f.limit {
+                    Some(limit) => r.target(f.bench, f.services, &f.metric, f.value, f.unit, limit),
+                    None => r.add(f.bench, f.services, &f.metric, f.value, f.unit),
+                }
+            }
+            res
         }
         Cmd::Iptables {
             services,

@@ -1,0 +1,210 @@
+//! `kpr-bench nftables`: the nftables mode's planner and netlink codec on
+//! the real kernel, each size in a network namespace of its own (issue 17,
+//! point 7, before the actor exists: what a sync costs the planner and the
+//! kernel, not yet through the coordinator).
+//!
+//! Per cluster size N (the generator's services, seed 1):
+//! - cold: the planner's full sync from an empty kernel, its transaction
+//!   read into ops ([`text::parse_ops`]) and sent as one nf_tables
+//!   transaction ([`NetlinkNftables::apply`]), against `nft -f` of the same
+//!   text in another fresh namespace; both tables are then listed and
+//!   compared (`nft list table`), so the figures are of equal work;
+//! - endpoint changes, one at a time: the model's change → the planner's
+//!   partial sync → ops → one transaction acked; wall time and ops;
+//! - one new Service added among the N, the same way.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _};
+
+use crate::bench::gen::{node_ip, ChurnKind, Cluster, ClusterSpec, THIS_NODE};
+use crate::bench::iptables_kernel::{in_new_netns, Figure};
+use crate::bench::stats::quantile;
+use crate::config::KubeProxyConfiguration;
+use crate::kernel::nftables::{text, NetlinkNftables};
+use crate::model::Model;
+use crate::net::{IpFamily, LocalAddr};
+use crate::plan::iptables::HostFeatures;
+use crate::plan::nftables::{nftables_context, KernelObjects, NftablesPlanner};
+use crate::settings;
+
+const FAMILY: IpFamily = IpFamily::V4;
+const TABLE: &str = "kube-proxy";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub seed: u64,
+    pub nodes: usize,
+    pub endpoints: usize,
+    pub services: Vec<usize>,
+    pub changes: usize,
+}
+
+pub fn run(opts: &Options, out: &mut Vec<Figure>) -> anyhow::Result<()> {
+    ensure!(Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success()), "nft is not installed");
+    for &n in &opts.services {
+        bench_size(opts, n, out)?;
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn figure(out: &mut Vec<Figure>, n: usize, metric: &str, value: f64, unit: &'static str, limit: Option<f64>) {
+    out.push(Figure {
+        bench: "nftables",
+        services: n,
+        metric: metric.into(),
+        value: (value * 1e3).round() / 1e3,
+        unit,
+        limit,
+    });
+}
+
+/// `nft -f -` with `text`, in this thread's namespace; its wall time.
+fn time_nft(text: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(text.as_bytes()).context("writing to nft")?;
+    }
+    let out = child.wait_with_output()?;
+    let took = t.elapsed();
+    ensure!(out.status.success(), "nft -f failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(took)
+}
+
+fn list_table() -> anyhow::Result<String> {
+    let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().context("running nft list")?;
+    ensure!(out.status.success(), "nft list table: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result<()> {
+    let spec = ClusterSpec { services: n, endpoints_per_service: opts.endpoints, nodes: opts.nodes, seed: opts.seed };
+    let mut cluster = Cluster::new(spec).context("generating the cluster")?;
+    let mut model = Model::new(FAMILY, THIS_NODE);
+    for ev in cluster.initial_events() {
+        model.record(&ev).context("a generated object")?;
+    }
+    model.apply();
+    let mut cfg = KubeProxyConfiguration::with_defaults();
+    cfg.mode = "nftables".into();
+    cfg.cluster_cidr = "10.0.0.0/8".into();
+    let derived = settings::derive(&cfg, FAMILY, THIS_NODE, HostFeatures::default());
+    let addrs = vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }];
+    let ctx = nftables_context(&derived.nftables_settings(model.node()), model.node(), &addrs);
+    let mut planner = NftablesPlanner::new(ctx.clone());
+
+    let t = Instant::now();
+    let delta = planner.full(&model, ctx, &KernelObjects::default());
+    let plan_time = t.elapsed();
+    let cold_text = delta.tx.to_string();
+    let t = Instant::now();
+    let ops = text::parse_ops(&cold_text, FAMILY).map_err(anyhow::Error::msg)?;
+    let translate_time = t.elapsed();
+    let cold_ops = ops.len();
+
+    // The tool, on the same text, in a namespace of its own.
+    let (tool_time, tool_listing) = in_new_netns(|| {
+        let took = time_nft(&cold_text)?;
+        Ok((took, list_table()?))
+    })?;
+
+    let changes = opts.changes;
+    let (apply_time, our_listing, change_times, change_ops, add_times) = in_new_netns(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let nft = NetlinkNftables::new().context("netfilter netlink socket")?;
+            let t = Instant::now();
+            nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("cold transaction: {e}"))?;
+            let apply_time = t.elapsed();
+            planner.confirm_applied(Duration::ZERO);
+            let listing = list_table()?;
+            let mut times = Vec::with_capacity(changes);
+            let mut op_counts = Vec::with_capacity(changes);
+            let mut adds = Vec::new();
+            let mut now = Duration::ZERO;
+            let sync = |model: &mut Model, planner: &mut NftablesPlanner, events: Vec<crate::msgs::SourceEvent>| {
+                for ev in &events {
+                    model.record(ev).context("a generated change")?;
+                }
+                let changed = model.apply();
+                let delta = planner
+                    .partial(model, changed.ports.iter())
+                    .ok_or_else(|| anyhow::anyhow!("the planner wants a full sync"))?;
+                let ops = text::parse_ops(&delta.tx.to_string(), FAMILY).map_err(anyhow::Error::msg)?;
+                Ok::<_, anyhow::Error>(ops)
+            };
+            for _ in 0..changes {
+                let (_, events) = cluster.next_endpoint_change();
+                let t = Instant::now();
+                let ops = sync(&mut model, &mut planner, events)?;
+                nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("a change: {e}"))?;
+                times.push(t.elapsed());
+                op_counts.push(ops.len());
+                now += Duration::from_millis(100);
+                planner.confirm_applied(now);
+                if let Some(tx) = planner.delete_due(now) {
+                    let ops = text::parse_ops(&tx.to_string(), FAMILY).map_err(anyhow::Error::msg)?;
+                    nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("stale chains: {e}"))?;
+                }
+            }
+            for _ in 0..changes.min(50) {
+                let events = loop {
+                    let (kind, events) = cluster.next_change();
+                    if kind == ChurnKind::ServiceAdded {
+                        break events;
+                    }
+                };
+                let t = Instant::now();
+                let ops = sync(&mut model, &mut planner, events)?;
+                nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("a new service: {e}"))?;
+                adds.push(t.elapsed());
+                now += Duration::from_millis(100);
+                planner.confirm_applied(now);
+            }
+            Ok((apply_time, listing, times, op_counts, adds))
+        })
+    })?;
+    ensure!(our_listing == tool_listing, "the codec's table differs from nft -f's at N = {n}");
+
+    let ours = plan_time + translate_time + apply_time;
+    figure(out, n, "cold: transaction ops", cold_ops as f64, "ops", None);
+    figure(out, n, "cold: plan (full sync)", ms(plan_time), "ms", None);
+    figure(out, n, "cold: text → ops", ms(translate_time), "ms", None);
+    figure(out, n, "cold: one netlink transaction, sent → acked", ms(apply_time), "ms", None);
+    figure(out, n, "cold: `nft -f` of the same text", ms(tool_time), "ms", None);
+    figure(
+        out,
+        n,
+        "cold: ours (plan + ops + transaction) / nft -f",
+        ours.as_secs_f64() / tool_time.as_secs_f64(),
+        "×",
+        Some(1.0),
+    );
+    let mut t: Vec<f64> = change_times.iter().map(|d| ms(*d)).collect();
+    t.sort_by(f64::total_cmp);
+    figure(out, n, "endpoint change → acked, p50", quantile(&t, 0.5), "ms", None);
+    figure(out, n, "endpoint change → acked, p99", quantile(&t, 0.99), "ms", Some(5.0));
+    let mut o = change_ops.clone();
+    o.sort();
+    figure(out, n, "ops per endpoint change, p50", quantile(&o, 0.5) as f64, "ops", None);
+    figure(out, n, "ops per endpoint change, max", o.last().copied().unwrap_or(0) as f64, "ops", None);
+    let mut a: Vec<f64> = add_times.iter().map(|d| ms(*d)).collect();
+    a.sort_by(f64::total_cmp);
+    figure(out, n, "new Service → acked, p50", quantile(&a, 0.5), "ms", None);
+    figure(out, n, "new Service → acked, p99", quantile(&a, 0.99), "ms", Some(10.0));
+    Ok(())
+}
