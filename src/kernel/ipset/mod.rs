@@ -40,14 +40,14 @@ use tracing::{info, warn};
 
 use self::codec::SetHeader;
 use self::netlink::{NetlinkIpset, IPSET_ERR_EXIST};
-
-/// `EEXIST`: what the kernel answers a create of a name that exists with
-/// other parameters.
-const EEXIST: i32 = crate::kernel::netlink::Errno::EEXIST.0;
 use super::{set_diff, Applied, Checked, IpsetKernel, KResult, KernelError, Subsystem};
 use crate::msgs::ipset::SetLine;
 use crate::msgs::{IpsetOp, SetEntry, SetSpec, SetType};
 use crate::net::{IpFamily, Protocol};
+
+/// `EEXIST`: what the kernel answers a create of a name that exists with
+/// other parameters.
+const EEXIST: i32 = crate::kernel::netlink::Errno::EEXIST.0;
 
 /// One set, over a shared [`NetlinkIpset`] client. Cheap to clone; clones
 /// share the client and the counter.

@@ -193,7 +193,7 @@ pub struct Listing {
 pub struct NetlinkIpset {
     client: Client<RawNfnl>,
     protocol: Arc<OnceCell<u8>>,
-    revisions: Arc<Mutex<HashMap<(SetType, u8), u8>>>,
+    revisions: Arc<Mutex<HashMap<(SetType, u8), Arc<OnceCell<u8>>>>>,
 }
 
 impl NetlinkIpset {
@@ -216,28 +216,15 @@ impl NetlinkIpset {
         self.protocol.get_or_try_init(|| self.ask_protocol()).await.copied()
     }
 
-    /// The revision of `spec`'s type to create, asked on first use and cached.
+    /// The revision of `spec`'s type to create, asked on first use and
+    /// cached (the sets of one type wait for one answer; a failure is not cached).
     pub async fn revision(&self, spec: &SetSpec) -> Result<u8, IpsetError> {
         let family = codec::set_family(spec);
-        let key = (spec.set_type, family);
-        if let Some(r) = self.cached_revision(key) {
-            return Ok(r);
-        }
-        let protocol = self.protocol().await?;
-        let type_name = spec.set_type.as_str();
-        let request = Request::Type { type_name: type_name.to_string(), family };
-        let answer = self.query(codec::type_request(protocol, type_name, family), &request, None).await?;
-        let range = codec::revision_range(&answer).map_err(|what| IpsetError::Reply { request, what })?;
-        let revision = pick_revision(spec.set_type, range)?;
-        debug!(set_type = type_name, kernel_min = range.min, kernel_max = range.max, revision, "ipset: type revision");
-        if let Ok(mut cache) = self.revisions.lock() {
-            cache.insert(key, revision);
-        }
-        Ok(revision)
-    }
-
-    fn cached_revision(&self, key: (SetType, u8)) -> Option<u8> {
-        self.revisions.lock().ok().and_then(|cache| cache.get(&key).copied())
+        let cell = match self.revisions.lock() {
+            Ok(mut cache) => cache.entry((spec.set_type, family)).or_default().clone(),
+            Err(_) => Arc::default(),
+        };
+        cell.get_or_try_init(|| self.ask_revision(spec.set_type, family)).await.copied()
     }
 
     /// Creates `spec` with upstream's parameters (`ipset create ... -exist`):
@@ -313,6 +300,17 @@ impl NetlinkIpset {
     }
 
     // ------------------------------------------------------------ internals
+
+    async fn ask_revision(&self, set_type: SetType, family: u8) -> Result<u8, IpsetError> {
+        let protocol = self.protocol().await?;
+        let type_name = set_type.as_str();
+        let request = Request::Type { type_name: type_name.to_string(), family };
+        let answer = self.query(codec::type_request(protocol, type_name, family), &request, None).await?;
+        let range = codec::revision_range(&answer).map_err(|what| IpsetError::Reply { request, what })?;
+        let revision = pick_revision(set_type, range)?;
+        debug!(set_type = type_name, kernel_min = range.min, kernel_max = range.max, revision, "ipset: type revision");
+        Ok(revision)
+    }
 
     async fn ask_protocol(&self) -> Result<u8, IpsetError> {
         let request = Request::Protocol;
