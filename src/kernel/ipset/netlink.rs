@@ -171,6 +171,9 @@ fn pick_protocol(kernel: Range) -> Result<u8, IpsetError> {
 
 type Msg = NetlinkMessage<RawNfnl>;
 
+/// A set type's revision (of one family), asked once.
+type Revision = Arc<OnceCell<u8>>;
+
 /// The bytes of [`codec::netlink_request`], in the connection's type.
 fn raw_request(msg: &IpsetMessage) -> Msg {
     let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::emitted(msg)));
@@ -193,7 +196,7 @@ pub struct Listing {
 pub struct NetlinkIpset {
     client: Client<RawNfnl>,
     protocol: Arc<OnceCell<u8>>,
-    revisions: Arc<Mutex<HashMap<(SetType, u8), Arc<OnceCell<u8>>>>>,
+    revisions: Arc<Mutex<HashMap<(SetType, u8), Revision>>>,
 }
 
 impl NetlinkIpset {
