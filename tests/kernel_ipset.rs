@@ -315,6 +315,24 @@ fn destroy_removes_a_set_and_a_missing_one_is_fine() {
     assert_eq!(ns.ok(&["ipset", "list", "-n"]), "");
 }
 
+/// A set an iptables rule still names cannot go (why `--cleanup` removes
+/// the rules first): the error says so, and the set stays.
+#[test]
+fn destroying_a_set_a_rule_names_is_refused_in_ipsets_words() {
+    let ns = Netns::new("kpr-ipset-busy");
+    ns.ok(&["ipset", "create", "KUBE-IPVS-IPS", "hash:ip"]);
+    ns.ok(&["iptables", "-A", "INPUT", "-m", "set", "--match-set", "KUBE-IPVS-IPS", "dst", "-j", "ACCEPT"]);
+    let err = ns.block_on(|| async {
+        NetlinkIpset::new().expect("ipset netlink socket").destroy("KUBE-IPVS-IPS").await.expect_err("in use")
+    });
+    assert_eq!(err.errno(), Some(4100), "IPSET_ERR_BUSY");
+    assert_eq!(
+        err.to_string(),
+        "destroy KUBE-IPVS-IPS: the set is in use by a kernel component (an iptables rule or another set)"
+    );
+    assert_eq!(ns.ok(&["ipset", "list", "-n"]), "KUBE-IPVS-IPS\n");
+}
+
 /// A set upstream (or an operator) created with other parameters is used as
 /// it is; the kernel's refusals (here: the set is full) fail only their op,
 /// in the middle of one pipelined batch, and the later ops still apply in
