@@ -23,6 +23,7 @@ use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
 use crate::http::{self, ServiceHealthServers, SharedServiceHealth};
 use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::ipset::netlink::NetlinkIpset;
 use crate::kernel::ipset::IpsetHandle;
 use crate::kernel::iptables::IptablesHandle;
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
@@ -411,8 +412,9 @@ fn start_ipvs(
     if let Some(every) = check_interval() {
         graceful = graceful.with_check_interval(every);
     }
+    let ipset = NetlinkIpset::new().map_err(StartError::Kernel)?;
     let sets: BTreeMap<IpvsSet, IpsetHandle> =
-        IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(s.spec(family)))).collect();
+        IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(&ipset, s.spec(family)))).collect();
     let conntrack = conntrack_handle(family, hooks.metrics())?;
     let iptables = IptablesHandle::new(family);
     let link = DummyLink::new().map_err(StartError::Kernel)?.with_family(family);
@@ -664,10 +666,15 @@ async fn cleanup_ipvs_mode(family: IpFamily) -> Vec<String> {
     if let Err(e) = IptablesHandle::new(family).cleanup().await {
         errors.push(format!("IPVS mode's rules ({family:?}): {e}"));
     }
-    for set in IpvsSet::ALL {
-        if let Err(e) = IpsetHandle::destroy(&set.name(family)).await {
-            errors.push(format!("ipset {}: {e}", set.name(family)));
+    match NetlinkIpset::new() {
+        Ok(ipset) => {
+            for set in IpvsSet::ALL {
+                if let Err(e) = ipset.destroy(&set.name(family)).await {
+                    errors.push(format!("ipset {}: {e}", set.name(family)));
+                }
+            }
         }
+        Err(e) => errors.push(format!("ipsets ({family:?}): {e}")),
     }
     if family == IpFamily::V4 {
         match NetlinkIpvs::connect().await {

@@ -1,12 +1,13 @@
-//! `IpsetHandle` against the real kernel, through the `ipset` tool, in a
-//! network namespace each test creates (ipsets are per namespace: the host's
-//! sets are never touched).
+//! `IpsetHandle` against the real kernel, over our ip_set netlink client,
+//! in a network namespace each test creates (ipsets are per namespace: the
+//! host's sets are never touched).
 //!
 //! How a test runs in its namespace: the handle's calls run on a thread that
-//! entered the namespace with setns(2) (`Netns::block_on`), so the `ipset`
-//! processes it starts are in the namespace too; checks use `ip netns exec
-//! NS ipset save`. Needs root and the `ipset` tool: without them the tests
-//! fail, they are never skipped.
+//! entered the namespace with setns(2) (`Netns::block_on`), and the netlink
+//! socket is opened there, so it speaks to the namespace's sets; checks use
+//! the `ipset` tool (`ip netns exec NS ipset save`), which also proves the
+//! tool reads what we programmed. Needs root and the `ipset` tool: without
+//! them the tests fail, they are never skipped.
 
 mod common;
 
@@ -14,6 +15,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use common::Netns;
+use kube_proxy_rs::kernel::ipset::netlink::NetlinkIpset;
 use kube_proxy_rs::kernel::ipset::IpsetHandle;
 use kube_proxy_rs::kernel::{IpsetKernel, KResult, Subsystem};
 use kube_proxy_rs::msgs::{IpsetOp, SetEntry, SetSpec, SetType};
@@ -26,6 +28,13 @@ fn ip(s: &str) -> IpAddr {
 
 fn spec(name: &str, set_type: SetType, family: IpFamily) -> SetSpec {
     SetSpec { name: name.into(), set_type, family, comment: "" }
+}
+
+/// A handle for `s` over a client of its own: call it inside
+/// `Netns::block_on` (the socket is opened in the calling thread's namespace
+/// and its connection task runs on that call's runtime).
+fn handle(s: &SetSpec) -> IpsetHandle {
+    IpsetHandle::new(&NetlinkIpset::new().expect("ipset netlink socket"), s.clone())
 }
 
 /// `ipset save NAME` in the namespace: its `add` lines, sorted.
@@ -83,12 +92,12 @@ fn sets_of_every_type_hold_tcp_udp_and_sctp_members() {
     let got: Vec<(Vec<KResult<()>>, BTreeSet<SetEntry>, u64)> = ns.block_on(|| async {
         let mut out = Vec::new();
         for (s, entries) in &specs {
-            let h = IpsetHandle::new(s.clone());
+            let h = handle(s);
             h.ensure().await.unwrap_or_else(|e| panic!("ensure {}: {e}", s.name));
             h.ensure().await.unwrap_or_else(|e| panic!("ensure again {}: {e}", s.name));
             let results = h.apply(entries.iter().map(|e| IpsetOp::Add(*e)).collect()).await;
             let members = h.members().await.unwrap_or_else(|e| panic!("members {}: {e}", s.name));
-            out.push((results, members, h.lines_written()));
+            out.push((results, members, h.ops_sent()));
         }
         out
     });
@@ -114,7 +123,7 @@ fn upstreams_sets_are_created_with_upstreams_parameters() {
     ns.block_on(|| async {
         for family in [IpFamily::V4, IpFamily::V6] {
             for set in IpvsSet::ALL {
-                let h = IpsetHandle::new(set.spec(family));
+                let h = handle(&set.spec(family));
                 h.ensure().await.unwrap_or_else(|e| panic!("ensure {}: {e}", set.name(family)));
             }
         }
@@ -123,6 +132,20 @@ fn upstreams_sets_are_created_with_upstreams_parameters() {
     assert_eq!(names.lines().count(), 34, "{names}");
     let save = ns.ok(&["ipset", "save", "KUBE-6-LOAD-BALANCER-SOURCE-CID"]);
     assert!(save.starts_with("create KUBE-6-LOAD-BALANCER-SOURCE-CID hash:ip,port,net family inet6"), "{save}");
+    // The revision of each type is the one the tool creates.
+    let revision = |name: &str| {
+        let header = ns.ok(&["ipset", "list", "-t", name]);
+        header.lines().find(|l| l.starts_with("Revision:")).map(str::to_string).expect("a revision")
+    };
+    for set in IpvsSet::ALL {
+        let spec = set.spec(IpFamily::V4);
+        let mut create: Vec<String> = spec.create_line().split_whitespace().map(str::to_string).collect();
+        create[1] = "KPR-BY-THE-TOOL".into();
+        create.insert(0, "ipset".into());
+        ns.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(revision(&spec.name), revision("KPR-BY-THE-TOOL"), "{}", spec.name);
+        ns.ok(&["ipset", "destroy", "KPR-BY-THE-TOOL"]);
+    }
 }
 
 #[test]
@@ -153,7 +176,7 @@ fn reconcile_removes_extras_and_adds_what_is_missing() {
     .map(IpsetOp::Add)
     .collect();
     let (first, second) = ns.block_on(|| async {
-        let h = IpsetHandle::new(s.clone());
+        let h = handle(&s);
         let first = h.reconcile(desired.clone()).await.expect("reconcile");
         let second = h.reconcile(desired.clone()).await.expect("reconcile again");
         (first, second)
@@ -175,7 +198,7 @@ fn reconcile_removes_extras_and_adds_what_is_missing() {
     );
 }
 
-/// The syncPeriod's check: the member count from `ipset list -t` when it
+/// The syncPeriod's check: the member count from the set's header when it
 /// matches (nothing written), a reconcile when the set was flushed or
 /// destroyed.
 #[test]
@@ -184,10 +207,12 @@ fn verify_repairs_a_flushed_or_destroyed_set_and_writes_nothing_otherwise() {
     let s = spec("KUBE-CLUSTER-IP", SetType::HashIpPort, IpFamily::V4);
     let desired: Vec<IpsetOp> =
         (1..=20u16).map(|p| IpsetOp::Add(SetEntry::IpPort(ip("10.96.0.1"), Protocol::Tcp, p))).collect();
-    let h = IpsetHandle::new(s.clone());
     let (quiet, after_flush) = ns.block_on(|| async {
+        let h = handle(&s);
         h.reconcile(desired.clone()).await.expect("reconcile");
+        let sent = h.ops_sent();
         let quiet = h.verify(desired.clone()).await.expect("verify");
+        assert_eq!(h.ops_sent(), sent, "a quiet check sends no op");
         ns_flush();
         (quiet, h.verify(desired.clone()).await.expect("verify after flush"))
     });
@@ -196,7 +221,8 @@ fn verify_repairs_a_flushed_or_destroyed_set_and_writes_nothing_otherwise() {
     all_ok(&after_flush.results);
     assert!(!after_flush.drift, "repaired in place");
     ns.ok(&["ipset", "destroy", "KUBE-CLUSTER-IP"]);
-    let after_destroy = ns.block_on(|| async { h.verify(desired.clone()).await.expect("verify after destroy") });
+    let after_destroy =
+        ns.block_on(|| async { handle(&s).verify(desired.clone()).await.expect("verify after destroy") });
     assert_eq!(after_destroy.applied.len(), 20);
     assert_eq!(saved(&ns, "KUBE-CLUSTER-IP").len(), 20);
 }
@@ -220,16 +246,16 @@ fn a_bad_entry_in_the_middle_of_a_batch_fails_only_its_op() {
         IpsetOp::Add(SetEntry::IpPort(ip("10.0.0.4"), Protocol::Udp, 80)),
     ];
     let (results, lines) = ns.block_on(|| async {
-        let h = IpsetHandle::new(s.clone());
+        let h = handle(&s);
         h.ensure().await.expect("ensure");
         let results = h.apply(ops.clone()).await;
-        (results, h.lines_written())
+        (results, h.ops_sent())
     });
     let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
     assert_eq!(failed, [2, 4], "{results:?}");
     let err = results[2].as_ref().expect_err("ipv6 entry");
     assert_eq!(err.op(), "add KUBE-LOAD-BALANCER fd00::1,tcp:80");
-    assert!(err.cause().to_string().contains("fd00::1"), "the tool's message: {err}");
+    assert_eq!(err.cause().to_string(), "fd00::1 is not an address of set KUBE-LOAD-BALANCER's family inet");
     let err = results[4].as_ref().expect_err("wrong type");
     assert_eq!(err.op(), "add KUBE-LOAD-BALANCER 10.0.0.3");
     assert_eq!(
@@ -240,8 +266,9 @@ fn a_bad_entry_in_the_middle_of_a_batch_fails_only_its_op() {
             "add KUBE-LOAD-BALANCER 10.0.0.4,udp:80"
         ]
     );
-    // 6 lines, then 5 (without the first bad one), then 4.
-    assert_eq!(lines, 15);
+    // The two that cannot be members were never sent; the 4 others went
+    // in one datagram.
+    assert_eq!(lines, 4);
 }
 
 #[test]
@@ -249,16 +276,16 @@ fn ops_on_a_missing_set_fail_alike_without_a_retry_per_op() {
     let ns = Netns::new("kpr-ipset-missing");
     let s = spec("KUBE-NOT-CREATED", SetType::BitmapPort, IpFamily::V4);
     let (results, lines) = ns.block_on(|| async {
-        let h = IpsetHandle::new(s.clone());
+        let h = handle(&s);
         let ops = (30000..30010).map(|p| IpsetOp::Add(SetEntry::Port(p))).collect();
-        (h.apply(ops).await, h.lines_written())
+        (h.apply(ops).await, h.ops_sent())
     });
     assert_eq!(results.len(), 10);
     for r in &results {
         let err = r.as_ref().expect_err("no such set");
         assert!(err.cause().to_string().contains("does not exist"), "{err}");
     }
-    assert_eq!(lines, 10, "one restore");
+    assert_eq!(lines, 10, "one request each, no retry");
 }
 
 #[test]
@@ -267,8 +294,8 @@ fn a_set_of_another_type_or_family_is_a_clear_error() {
     ns.ok(&["ipset", "create", "KUBE-CLUSTER-IP", "hash:ip"]);
     ns.ok(&["ipset", "create", "KUBE-EXTERNAL-IP", "hash:ip,port", "family", "inet6"]);
     let (ensure_err, members_err) = ns.block_on(|| async {
-        let a = IpsetHandle::new(spec("KUBE-CLUSTER-IP", SetType::HashIpPort, IpFamily::V4));
-        let b = IpsetHandle::new(spec("KUBE-EXTERNAL-IP", SetType::HashIpPort, IpFamily::V4));
+        let a = handle(&spec("KUBE-CLUSTER-IP", SetType::HashIpPort, IpFamily::V4));
+        let b = handle(&spec("KUBE-EXTERNAL-IP", SetType::HashIpPort, IpFamily::V4));
         (a.ensure().await.expect_err("type differs"), b.reconcile(Vec::new()).await.expect_err("family differs"))
     });
     assert_eq!(ensure_err.cause().to_string(), "set KUBE-CLUSTER-IP exists with type hash:ip, want hash:ip,port");
@@ -280,9 +307,91 @@ fn destroy_removes_a_set_and_a_missing_one_is_fine() {
     let ns = Netns::new("kpr-ipset-destroy");
     ns.ok(&["ipset", "create", "KUBE-IPVS-IPS", "hash:ip"]);
     let (first, second) = ns.block_on(|| async {
-        (IpsetHandle::destroy("KUBE-IPVS-IPS").await, IpsetHandle::destroy("KUBE-IPVS-IPS").await)
+        let ipset = NetlinkIpset::new().expect("ipset netlink socket");
+        (ipset.destroy("KUBE-IPVS-IPS").await.ok(), ipset.destroy("KUBE-IPVS-IPS").await.ok())
     });
-    assert_eq!(first, Ok(true));
-    assert_eq!(second, Ok(false));
+    assert_eq!(first, Some(true));
+    assert_eq!(second, Some(false));
     assert_eq!(ns.ok(&["ipset", "list", "-n"]), "");
+}
+
+/// A set an iptables rule still names cannot go (why `--cleanup` removes
+/// the rules first): the error says so, and the set stays.
+#[test]
+fn destroying_a_set_a_rule_names_is_refused_in_ipsets_words() {
+    let ns = Netns::new("kpr-ipset-busy");
+    ns.ok(&["ipset", "create", "KUBE-IPVS-IPS", "hash:ip"]);
+    ns.ok(&["iptables", "-A", "INPUT", "-m", "set", "--match-set", "KUBE-IPVS-IPS", "dst", "-j", "ACCEPT"]);
+    let err = ns.block_on(|| async {
+        NetlinkIpset::new().expect("ipset netlink socket").destroy("KUBE-IPVS-IPS").await.expect_err("in use")
+    });
+    assert_eq!(err.errno(), Some(4100), "IPSET_ERR_BUSY");
+    assert_eq!(
+        err.to_string(),
+        "destroy KUBE-IPVS-IPS: the set is in use by a kernel component (an iptables rule or another set)"
+    );
+    assert_eq!(ns.ok(&["ipset", "list", "-n"]), "KUBE-IPVS-IPS\n");
+}
+
+/// A set upstream (or an operator) created with other parameters is used as
+/// it is; the kernel's refusals (here: the set is full) fail only their op,
+/// in the middle of one pipelined batch, and the later ops still apply in
+/// order.
+#[test]
+fn kernel_refusals_fail_only_their_op_and_order_is_kept() {
+    let ns = Netns::new("kpr-ipset-full");
+    ns.ok(&["ipset", "create", "KUBE-LOOP-BACK", "hash:ip,port,ip", "maxelem", "2"]);
+    let s = spec("KUBE-LOOP-BACK", SetType::HashIpPortIp, IpFamily::V4);
+    let e = |n: &str| SetEntry::IpPortIp(ip(n), Protocol::Tcp, 80, ip(n));
+    let ops = vec![
+        IpsetOp::Add(e("10.244.0.1")),
+        IpsetOp::Add(e("10.244.0.2")),
+        IpsetOp::Add(e("10.244.0.3")), // full
+        IpsetOp::Del(e("10.244.0.1")),
+        IpsetOp::Add(e("10.244.0.4")), // room again
+    ];
+    let results = ns.block_on(|| async {
+        let h = handle(&s);
+        h.ensure().await.expect("the existing set is used");
+        h.apply(ops.clone()).await
+    });
+    let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
+    assert_eq!(failed, [2], "{results:?}");
+    let err = results[2].as_ref().expect_err("full");
+    assert_eq!(err.op(), "add KUBE-LOOP-BACK 10.244.0.3,tcp:80,10.244.0.3");
+    assert!(err.outcome_known());
+    assert!(err.cause().to_string().ends_with("the set is full (maxelem reached)"), "{err}");
+    assert_eq!(
+        saved(&ns, "KUBE-LOOP-BACK"),
+        ["add KUBE-LOOP-BACK 10.244.0.2,tcp:80,10.244.0.2", "add KUBE-LOOP-BACK 10.244.0.4,tcp:80,10.244.0.4"]
+    );
+    let header = ns.ok(&["ipset", "save", "KUBE-LOOP-BACK"]);
+    assert!(header.contains("maxelem 2"), "left as it was: {header}");
+}
+
+/// Sets far larger than one datagram of requests or one dump message of
+/// members: every op is acked, the listing is read to its end, and the
+/// header's count matches.
+#[test]
+fn thousands_of_members_go_in_batches_and_list_completely() {
+    let ns = Netns::new("kpr-ipset-large");
+    let s = spec("KUBE-CLUSTER-IP", SetType::HashIpPort, IpFamily::V4);
+    let desired: Vec<IpsetOp> = (0..5000u32)
+        .map(|i| {
+            let addr = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + i);
+            IpsetOp::Add(SetEntry::IpPort(IpAddr::V4(addr), Protocol::ALL[i as usize % 3], 80))
+        })
+        .collect();
+    let (applied, members, quiet) = ns.block_on(|| async {
+        let h = handle(&s);
+        let (ops, results) = h.reconcile(desired.clone()).await.expect("reconcile");
+        all_ok(&results);
+        let members = h.members().await.expect("members");
+        let quiet = h.verify(desired.clone()).await.expect("verify");
+        (ops.len(), members, quiet)
+    });
+    assert_eq!(applied, 5000);
+    assert_eq!(members.len(), 5000);
+    assert!(quiet.applied.is_empty(), "the header's count matches");
+    assert_eq!(saved(&ns, "KUBE-CLUSTER-IP").len(), 5000);
 }

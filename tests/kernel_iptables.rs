@@ -16,6 +16,7 @@
 mod common;
 
 use common::Netns;
+use kube_proxy_rs::kernel::ipset::netlink::NetlinkIpset;
 use kube_proxy_rs::kernel::ipset::IpsetHandle;
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use kube_proxy_rs::kernel::xtables_gen::{self, Backend};
@@ -90,8 +91,9 @@ fn assert_each_jump_once(saved: &str) {
 /// Creates upstream's 17 sets of `family` (the rules name them).
 fn create_sets(ns: &Netns, family: IpFamily) {
     ns.block_on(|| async {
+        let ipset = NetlinkIpset::new().expect("ipset netlink socket");
         for set in IpvsSet::ALL {
-            IpsetHandle::new(set.spec(family)).ensure().await.unwrap_or_else(|e| panic!("{e}"));
+            IpsetHandle::new(&ipset, set.spec(family)).ensure().await.unwrap_or_else(|e| panic!("{e}"));
         }
     });
 }
@@ -156,8 +158,9 @@ fn rules_apply_reconcile_detect_flush_and_clean_up(family: IpFamily, flavour: &s
     assert_eq!(count(&saved, "-A OUTPUT -j FOREIGN"), 1, "{saved}");
     // And the sets are free to go: no rule references them any more.
     ns.block_on(|| async {
+        let ipset = NetlinkIpset::new().expect("ipset netlink socket");
         for set in IpvsSet::ALL {
-            IpsetHandle::destroy(&set.name(family)).await.unwrap_or_else(|e| panic!("{e}"));
+            ipset.destroy(&set.name(family)).await.unwrap_or_else(|e| panic!("{e}"));
         }
     });
 }

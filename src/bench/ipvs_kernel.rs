@@ -9,14 +9,14 @@
 //! walks it.
 //!
 //! 1. the daemon's actors over the real kernel handles, as `runtime.rs`
-//!    builds them (graceful IPVS over our netlink client, one `ipset` handle
-//!    per set, `kube-ipvs0` over rtnetlink, `iptables-restore`, ctnetlink),
+//!    builds them (graceful IPVS over our netlink client, one ipset handle
+//!    per set over one ipset netlink client, `kube-ipvs0` over rtnetlink, `iptables-restore`, ctnetlink),
 //!    and the coordinator with minSyncPeriod 0 and a one-hour syncPeriod;
 //!    cold full sync: every initial event sent → every actor acked, timed,
 //!    with each actor's apply time and the kernel handles' counters; the
 //!    guest's idle CPU before and after; then single endpoint changes, one
 //!    at a time (generator churn): event → every actor acked, and the
-//!    counters' deltas per change (IPVS netlink messages, ipset lines, link
+//!    counters' deltas per change (IPVS netlink messages, ipset add/del messages, link
 //!    requests, iptables-restore lines, conntrack messages); peak RSS
 //!    (VmHWM, reset before each size);
 //! 2. the planning alone (no kernel), then the cold state through each
@@ -52,6 +52,7 @@ use crate::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::stats::quantile;
 use crate::bench::{local_addrs, plan_settings, rules_config};
 use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::ipset::netlink::NetlinkIpset;
 use crate::kernel::ipset::IpsetHandle;
 use crate::kernel::iptables::{restore_input_on_empty_kernel, IptablesHandle};
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
@@ -152,7 +153,7 @@ fn mb(kb: f64) -> f64 {
 struct Counters {
     ipvs_messages: u64,
     ipvs_datagrams: u64,
-    ipset_lines: u64,
+    ipset_ops: u64,
     link_requests: u64,
     iptables_lines: u64,
     conntrack_messages: u64,
@@ -163,7 +164,7 @@ impl Counters {
         Counters {
             ipvs_messages: self.ipvs_messages - before.ipvs_messages,
             ipvs_datagrams: self.ipvs_datagrams - before.ipvs_datagrams,
-            ipset_lines: self.ipset_lines - before.ipset_lines,
+            ipset_ops: self.ipset_ops - before.ipset_ops,
             link_requests: self.link_requests - before.link_requests,
             iptables_lines: self.iptables_lines - before.iptables_lines,
             conntrack_messages: self.conntrack_messages - before.conntrack_messages,
@@ -174,7 +175,7 @@ impl Counters {
     fn named(&self) -> [(&'static str, u64, &'static str); 5] {
         [
             ("IPVS netlink messages", self.ipvs_messages, "msgs"),
-            ("ipset restore lines", self.ipset_lines, "lines"),
+            ("ipset add/del netlink messages", self.ipset_ops, "msgs"),
             ("kube-ipvs0 rtnetlink requests", self.link_requests, "requests"),
             ("iptables-restore lines", self.iptables_lines, "lines"),
             ("conntrack netlink messages", self.conntrack_messages, "msgs"),
@@ -196,7 +197,7 @@ impl Handles {
         Counters {
             ipvs_messages: self.ipvs.messages_sent(),
             ipvs_datagrams: self.ipvs.datagrams_sent(),
-            ipset_lines: self.sets.iter().map(IpsetHandle::lines_written).sum(),
+            ipset_ops: self.sets.iter().map(IpsetHandle::ops_sent).sum(),
             link_requests: self.link.requests(),
             iptables_lines: self.iptables.lines_written(),
             conntrack_messages: self.conntrack.messages_sent(),
@@ -225,8 +226,9 @@ fn not_available(e: IpvsError) -> anyhow::Error {
 async fn start_daemon(random_fully: bool) -> anyhow::Result<Daemon> {
     let ipvs = NetlinkIpvs::connect().await.map_err(not_available)?;
     let graceful = GracefulIpvs::new(ipvs.clone(), Ownership { family: FAMILY, exclude: Vec::new() });
+    let ipset = NetlinkIpset::new().context("ipset netlink")?;
     let sets: BTreeMap<IpvsSet, IpsetHandle> =
-        IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(s.spec(FAMILY)))).collect();
+        IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(&ipset, s.spec(FAMILY)))).collect();
     let link = DummyLink::new().context("rtnetlink")?.with_family(FAMILY);
     let iptables = IptablesHandle::new(FAMILY);
     let conntrack = NetlinkConntrack::new(FAMILY).context("conntrack netlink")?;
@@ -698,7 +700,7 @@ impl Ours {
         cold_actor_figures(n, &d.stats(), f);
         f.add(n, "cold: IPVS netlink messages", c.ipvs_messages as f64, "msgs");
         f.add(n, "cold: IPVS netlink datagrams", c.ipvs_datagrams as f64, "datagrams");
-        f.add(n, "cold: ipset restore lines", c.ipset_lines as f64, "lines");
+        f.add(n, "cold: ipset add/del netlink messages", c.ipset_ops as f64, "msgs");
         f.add(n, "cold: kube-ipvs0 rtnetlink requests", c.link_requests as f64, "requests");
         f.add(n, "cold: iptables-restore lines", c.iptables_lines as f64, "lines");
         let state = if verify { Some(KernelState::read()?) } else { None };
@@ -747,12 +749,15 @@ impl Ours {
     }
 }
 
-/// What an endpoint change had to run besides IPVS netlink messages: an
-/// `ipset restore` process (a local endpoint: KUBE-LOOP-BACK), a conntrack
-/// flush (a UDP endpoint removed), or neither.
+/// What an endpoint change had to do besides IPVS netlink messages: start
+/// an `iptables-restore` process, send ipset messages (a local endpoint:
+/// KUBE-LOOP-BACK; in-process since the netlink client, a process before),
+/// flush conntrack (a UDP endpoint removed), or none of these.
 fn change_class(c: &Counters) -> &'static str {
-    if c.ipset_lines > 0 || c.iptables_lines > 0 {
-        "with an ipset/iptables process"
+    if c.iptables_lines > 0 {
+        "with an iptables-restore process"
+    } else if c.ipset_ops > 0 {
+        "with ipset messages"
     } else if c.conntrack_messages > 0 {
         "with a conntrack flush"
     } else {
@@ -761,7 +766,7 @@ fn change_class(c: &Counters) -> &'static str {
 }
 
 /// Latency per class of change ([`change_class`]): the p99 over all changes
-/// is set by the few that start a process.
+/// is set by the few slow ones.
 fn class_figures(n: usize, prefix: &str, per_change: &[(Duration, Counters)], f: &mut Figures) {
     let mut by_class: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for (t, c) in per_change {
@@ -876,8 +881,9 @@ fn handles_one_at_a_time(n: usize, desired: &IpvsDesired, rules: &str, f: &mut F
 
         let mut sets = Duration::ZERO;
         let mut slowest = (Duration::ZERO, String::new());
+        let ipset = NetlinkIpset::new().context("ipset netlink")?;
         for set in IpvsSet::ALL {
-            let handle = IpsetHandle::new(set.spec(FAMILY));
+            let handle = IpsetHandle::new(&ipset, set.spec(FAMILY));
             let adds: Vec<IpsetOp> = desired.sets.get(&set).into_iter().flatten().map(|e| IpsetOp::Add(*e)).collect();
             let t = Instant::now();
             let (_, results) = handle.reconcile(adds).await?;
@@ -1119,8 +1125,8 @@ mod tests {
 
     #[test]
     fn counters_subtract() {
-        let a = Counters { ipvs_messages: 10, ipset_lines: 3, ..Counters::default() };
-        let b = Counters { ipvs_messages: 12, ipset_lines: 3, conntrack_messages: 2, ..Counters::default() };
+        let a = Counters { ipvs_messages: 10, ipset_ops: 3, ..Counters::default() };
+        let b = Counters { ipvs_messages: 12, ipset_ops: 3, conntrack_messages: 2, ..Counters::default() };
         let d = b.since(a);
         assert_eq!(d.named().map(|x| x.1), [2, 0, 0, 0, 2]);
     }

@@ -181,8 +181,10 @@ RULES
   wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "no sync: $(tail -5 $LOG)"; return 1; }
   wait_for 10 ipvs_lacks "10.96.9.9" || { echo "stale VS kept"; return 1; }
   ipvs_has "-A -t 10.99.0.1:80" || { echo "excluded VS deleted"; return 1; }
-  ! ipset list KUBE-CLUSTER-IP | grep -q 10.96.9.9 || { echo "stale set entry kept"; return 1; }
-  ! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9 || { echo "stale address kept"; return 1; }
+  # The ipset actors run beside the IPVS one: their first sync may end after it.
+  wait_for 10 sh -c '! ipset list KUBE-CLUSTER-IP | grep -q 10.96.9.9' || { echo "stale set entry kept"; return 1; }
+  # Unbinds go once every set actor acked (stage 2): wait for them too.
+  wait_for 10 sh -c '! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9' || { echo "stale address kept"; return 1; }
   ip -d link show kube-ipvs0 | grep -q 'state DOWN' || { echo "kube-ipvs0 is up"; return 1; }
   wait_for 10 sh -c 'iptables-save -t nat | grep -q "^:KUBE-LOAD-BALANCER"' || { echo "no IPVS-mode rules"; return 1; }
   local nat; nat=$(iptables-save -t nat)
