@@ -178,40 +178,6 @@ where
     }
 }
 
-impl<T> Client<T>
-where
-    T: NetlinkSerializable + NetlinkDeserializable + Debug + Clone + Send + Unpin + 'static,
-{
-    /// Sends an nfnetlink transaction in one datagram: `begin`, `msgs`
-    /// (each asking for an ack), `end`. The kernel answers the batch markers
-    /// only on some versions (6.10+, and only when asked), so they are sent
-    /// without expecting a reply; returns each message's error code (0 for
-    /// an ack) in order. The kernel reports every message's outcome only
-    /// after the whole batch, committed or, if any failed, aborted.
-    pub async fn transaction(
-        &self,
-        begin: NetlinkMessage<T>,
-        msgs: Vec<NetlinkMessage<T>>,
-        end: NetlinkMessage<T>,
-    ) -> Result<Vec<i32>, BatchFailure> {
-        use netlink_proto::ReplyExpectation::{Expected, NotExpected};
-        let n = msgs.len();
-        trace!(messages = n, "netlink: sending a transaction");
-        self.counters.messages.fetch_add(n as u64 + 2, Ordering::Relaxed);
-        self.counters.datagrams.fetch_add(1, Ordering::Relaxed);
-        let all = std::iter::once((begin, NotExpected))
-            .chain(msgs.into_iter().map(|m| (m, Expected)))
-            .chain(std::iter::once((end, NotExpected)));
-        let stream = self
-            .handle
-            .request_batch_with_expectation(all, SocketAddr::new(0, 0))
-            .map_err(|e| BatchFailure::Closed(Arc::new(e)))?;
-        let replies = Replies { stream: Box::pin(stream), timeout: self.reply_timeout };
-        let replies = replies.collect().await.ok_or(BatchFailure::NoReply)?;
-        codes_in_order(&replies, n).ok_or(BatchFailure::NoReply)
-    }
-}
-
 /// A nfnetlink payload kept as bytes (conntrack's and nfacct's sockets
 /// carry it), so the connection never parses: a reply that does not parse
 /// must fail the request that wanted it, not vanish in the connection task

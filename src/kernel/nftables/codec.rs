@@ -354,6 +354,32 @@ pub fn name_in_table(payload: &[u8], table: &str, kind: DumpKind) -> Option<Stri
     name.filter(|_| in_table)
 }
 
+/// The (sequence, error code) of every refusal (`NLMSG_ERROR` with a
+/// non-zero code) in a datagram the kernel sent.
+pub fn errors_in(datagram: &[u8]) -> Vec<(u32, i32)> {
+    const NLMSG_ERROR: u16 = 2;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(h) = datagram.get(at..at + 16) {
+        let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let kind = u16::from_ne_bytes([h[4], h[5]]);
+        let seq = u32::from_ne_bytes([h[8], h[9], h[10], h[11]]);
+        if len < 16 {
+            break;
+        }
+        if kind == NLMSG_ERROR {
+            if let Some(c) = datagram.get(at + 16..at + 20) {
+                let code = i32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                if code != 0 {
+                    out.push((seq, code));
+                }
+            }
+        }
+        at += len.next_multiple_of(4);
+    }
+    out
+}
+
 /// `NFNL_MSG_BATCH_BEGIN` for nf_tables.
 pub fn batch_begin() -> NetfilterMessage {
     NetfilterMessage::new(

@@ -22,7 +22,7 @@ use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
 pub use self::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, Verdict};
-use crate::kernel::netlink::{BatchFailure, Client, Errno, RawNfnl};
+use crate::kernel::netlink::{Client, Errno, RawNfnl};
 use crate::net::IpFamily;
 
 /// Why a transaction changed nothing.
@@ -56,12 +56,18 @@ impl std::error::Error for TransactionError {}
 #[derive(Clone, Debug)]
 pub struct NetlinkNftables {
     client: Client<RawNfnl>,
+    sender: std::sync::Arc<Sender>,
+    seq: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NetlinkNftables {
     /// Opens the socket and spawns its connection task (inside a Tokio runtime).
     pub fn new() -> std::io::Result<NetlinkNftables> {
-        Ok(NetlinkNftables { client: Client::open(NETLINK_NETFILTER)? })
+        Ok(NetlinkNftables {
+            client: Client::open(NETLINK_NETFILTER)?,
+            sender: std::sync::Arc::new(Sender::open()?),
+            seq: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1)),
+        })
     }
 
     /// Netlink messages sent so far (batch markers included).
@@ -81,25 +87,107 @@ impl NetlinkNftables {
         for (i, op) in ops.iter().enumerate() {
             let built = codec::messages(family, table, op, &mut next_id).map_err(TransactionError::Rule)?;
             for m in built {
-                msgs.push(request(&m, flags_of(op, &m)));
+                msgs.push(request(&m, flags_of(op, &m) & !netlink_packet_core::NLM_F_ACK));
                 owner.push(i);
             }
         }
-        let codes = self
-            .client
-            .transaction(request(&codec::batch_begin(), 0), msgs, request(&codec::batch_end(), 0))
+        let mut batch = Vec::new();
+        let begin = request(&codec::batch_begin(), 0);
+        let end = request(&codec::batch_end(), 0);
+        let seq0 = self.next_seq(msgs.len() as u32 + 2);
+        for (i, mut m) in std::iter::once(begin).chain(msgs).chain(std::iter::once(end)).enumerate() {
+            m.header.sequence_number = seq0.wrapping_add(i as u32);
+            m.finalize();
+            let at = batch.len();
+            batch.resize(at + m.buffer_len(), 0);
+            m.serialize(&mut batch[at..]);
+        }
+        let sender = self.sender.clone();
+        let errors = tokio::task::spawn_blocking(move || sender.send(&batch))
             .await
-            .map_err(|e| match e {
-                BatchFailure::Closed(e) => TransactionError::Unknown(format!("netlink connection closed: {e}")),
-                BatchFailure::NoReply => TransactionError::Unknown("no answer for every op".into()),
-            })?;
-        match codes.iter().position(|c| *c != 0) {
-            None => Ok(()),
-            Some(m) => {
+            .map_err(|e| TransactionError::Unknown(format!("the sending thread: {e}")))?
+            .map_err(|e| TransactionError::Unknown(format!("sending the transaction: {e}")))?;
+        // The first refused message (the batch markers are not ops).
+        let refused = errors
+            .iter()
+            .filter_map(|(seq, code)| Some((seq.wrapping_sub(seq0).checked_sub(1)? as usize, *code)))
+            .filter(|(i, _)| *i < owner.len())
+            .min();
+        match refused {
+            None if errors.is_empty() => Ok(()),
+            None => Err(TransactionError::Unknown(format!("the kernel refused the batch itself: {errors:?}"))),
+            Some((m, code)) => {
                 let index = owner[m];
-                Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(codes[m]) })
+                Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(code) })
             }
         }
+    }
+
+    fn next_seq(&self, n: u32) -> u32 {
+        self.seq.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The transactions' own socket. A batch is processed by the kernel within
+/// the `send` that carries it (nfnetlink runs in the sender's context), so
+/// when `send` returns every error it has to report is queued: read them
+/// without waiting. Ops ask no ack (as `nft`): a large transaction's acks
+/// would overflow any receive buffer; only refusals come back.
+#[derive(Debug)]
+struct Sender {
+    socket: std::sync::Mutex<netlink_sys::Socket>,
+}
+
+impl Sender {
+    fn open() -> std::io::Result<Sender> {
+        let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        // Room for many refusals (each echoes its request's header only).
+        socket.set_cap_ack(true)?;
+        set_buffer(&socket, libc::SO_RCVBUFFORCE, 4 << 20);
+        Ok(Sender { socket: std::sync::Mutex::new(socket) })
+    }
+
+    /// Sends `batch` in one datagram; the (sequence, error code) of every
+    /// message the kernel refused.
+    fn send(&self, batch: &[u8]) -> std::io::Result<Vec<(u32, i32)>> {
+        let socket = crate::sync::lock(&self.socket);
+        // A datagram must fit the send buffer (the kernel checks its length against it).
+        set_buffer(&socket, libc::SO_SNDBUFFORCE, batch.len() + (64 << 10));
+        socket.set_non_blocking(false)?;
+        socket.send(batch, 0)?;
+        socket.set_non_blocking(true)?;
+        let mut errors = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match socket.recv(&mut &mut buf[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(errors),
+                Err(e) => return Err(e),
+            };
+            errors.extend(codec::errors_in(&buf[..n]));
+        }
+    }
+}
+
+/// SO_SNDBUFFORCE / SO_RCVBUFFORCE (CAP_NET_ADMIN; the daemon runs with
+/// it); without the privilege the kernel's default stays and a too large
+/// transaction fails with EMSGSIZE, named.
+fn set_buffer(socket: &netlink_sys::Socket, option: libc::c_int, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt reads one c_int from the pointer given, for its length.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            std::ptr::from_ref(&size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), option, "cannot size the nf_tables socket");
     }
 }
 
