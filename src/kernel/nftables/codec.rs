@@ -12,7 +12,6 @@
 //!   TLV (type, length, the text with its NUL).
 
 use std::fmt;
-use std::net::IpAddr;
 
 use netlink_packet_core::{DefaultNla, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
@@ -24,7 +23,9 @@ use netlink_packet_netfilter::nftables::{
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
+use super::attrs;
 use super::rule::{self, AnonKey, AnonSet, RuleError};
+pub use super::types::{key_bytes, KeyPart, KeyType, Verdict};
 use crate::net::IpFamily;
 
 /// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
@@ -43,130 +44,6 @@ const UDATA_ELEM_COMMENT: u8 = 0;
 /// Netfilter's verdicts accept and drop (NF_ACCEPT, NF_DROP).
 const NF_ACCEPT: u32 = 1;
 const NF_DROP: u32 = 0;
-
-/// One field of a set's key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KeyType {
-    Ipv4Addr,
-    Ipv6Addr,
-    InetProto,
-    InetService,
-}
-
-impl KeyType {
-    /// nft's datatype id.
-    fn id(self) -> u32 {
-        match self {
-            KeyType::Ipv4Addr => 7,
-            KeyType::Ipv6Addr => 8,
-            KeyType::InetProto => 12,
-            KeyType::InetService => 13,
-        }
-    }
-
-    /// The field's own length in bytes.
-    fn len(self) -> u32 {
-        match self {
-            KeyType::Ipv4Addr => 4,
-            KeyType::Ipv6Addr => 16,
-            KeyType::InetProto => 1,
-            KeyType::InetService => 2,
-        }
-    }
-}
-
-impl KeyType {
-    /// One of nft's type names (`ipv4_addr`, `inet_proto`, ...).
-    pub fn parse(name: &str) -> Option<KeyType> {
-        Some(match name {
-            "ipv4_addr" => KeyType::Ipv4Addr,
-            "ipv6_addr" => KeyType::Ipv6Addr,
-            "inet_proto" => KeyType::InetProto,
-            "inet_service" => KeyType::InetService,
-            _ => return None,
-        })
-    }
-
-    /// A `type` clause's key (`ipv4_addr . inet_proto . inet_service`).
-    pub fn parse_concat(text: &str) -> Option<Vec<KeyType>> {
-        text.split(" . ").map(|t| KeyType::parse(t.trim())).collect()
-    }
-}
-
-/// One field of an element's key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KeyPart {
-    Addr(IpAddr),
-    /// An IP protocol number (6 TCP, 17 UDP, 132 SCTP).
-    Proto(u8),
-    Port(u16),
-}
-
-impl KeyPart {
-    /// A key field as nft writes it: an address, a protocol name, a port.
-    pub fn parse(field: &str) -> Option<KeyPart> {
-        if let Ok(a) = field.parse::<IpAddr>() {
-            return Some(KeyPart::Addr(a));
-        }
-        match field {
-            "tcp" => Some(KeyPart::Proto(6)),
-            "udp" => Some(KeyPart::Proto(17)),
-            "sctp" => Some(KeyPart::Proto(132)),
-            _ => field.parse().ok().map(KeyPart::Port),
-        }
-    }
-}
-
-impl fmt::Display for KeyPart {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeyPart::Addr(a) => write!(f, "{a}"),
-            KeyPart::Proto(6) => f.write_str("tcp"),
-            KeyPart::Proto(17) => f.write_str("udp"),
-            KeyPart::Proto(132) => f.write_str("sctp"),
-            KeyPart::Proto(p) => write!(f, "{p}"),
-            KeyPart::Port(p) => write!(f, "{p}"),
-        }
-    }
-}
-
-/// A verdict: a rule's, or a verdict map element's data.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Verdict {
-    Accept,
-    Drop,
-    Return,
-    Jump(String),
-    Goto(String),
-}
-
-impl Verdict {
-    /// `accept`, `drop`, `return`, `jump CHAIN`, `goto CHAIN`.
-    pub fn parse(text: &str) -> Option<Verdict> {
-        let mut w = text.split_whitespace();
-        let v = match (w.next()?, w.next()) {
-            ("accept", None) => Verdict::Accept,
-            ("drop", None) => Verdict::Drop,
-            ("return", None) => Verdict::Return,
-            ("jump", Some(c)) => Verdict::Jump(c.to_string()),
-            ("goto", Some(c)) => Verdict::Goto(c.to_string()),
-            _ => return None,
-        };
-        w.next().is_none().then_some(v)
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Verdict::Accept => f.write_str("accept"),
-            Verdict::Drop => f.write_str("drop"),
-            Verdict::Return => f.write_str("return"),
-            Verdict::Jump(c) => write!(f, "jump {c}"),
-            Verdict::Goto(c) => write!(f, "goto {c}"),
-        }
-    }
-}
 
 /// The hook of a base chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -579,7 +456,7 @@ fn set_attributes(
     comment: &Option<String>,
 ) -> Vec<SetAttribute> {
     let key_type = key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | k.id());
-    let key_len: u32 = key.iter().map(|k| k.len().next_multiple_of(4)).sum();
+    let key_len: u32 = key.iter().map(|k| k.field_len().next_multiple_of(4)).sum();
     let mut flags = SetFlags::empty();
     if key.len() > 1 {
         flags |= SetFlags::Concat;
@@ -609,7 +486,10 @@ fn set_attributes(
         let fields = key
             .iter()
             .map(|k| {
-                rule::nested(NFTA_LIST_ELEM, &[DefaultNla::new(NFTA_SET_FIELD_LEN, k.len().to_be_bytes().to_vec())])
+                attrs::nested(
+                    NFTA_LIST_ELEM,
+                    &[DefaultNla::new(NFTA_SET_FIELD_LEN, k.field_len().to_be_bytes().to_vec())],
+                )
             })
             .collect();
         attributes.push(SetAttribute::Description(vec![SetDescription::Concat(fields)]));
@@ -629,23 +509,6 @@ fn element(key: &[KeyPart], verdict: Option<&Verdict>, comment: Option<&str>) ->
         attrs.push(SetElementAttribute::UserData(comment_udata(UDATA_ELEM_COMMENT, c)));
     }
     ListAttribute::Element(attrs)
-}
-
-/// An element's key: each field in network order, padded to 4 bytes.
-pub fn key_bytes(key: &[KeyPart]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() * 4);
-    for part in key {
-        match part {
-            KeyPart::Addr(IpAddr::V4(a)) => out.extend_from_slice(&a.octets()),
-            KeyPart::Addr(IpAddr::V6(a)) => out.extend_from_slice(&a.octets()),
-            KeyPart::Proto(p) => out.extend_from_slice(&[*p, 0, 0, 0]),
-            KeyPart::Port(p) => {
-                out.extend_from_slice(&p.to_be_bytes());
-                out.extend_from_slice(&[0, 0]);
-            }
-        }
-    }
-    out
 }
 
 fn verdict_data(v: &Verdict) -> DataAttribute {

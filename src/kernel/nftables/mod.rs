@@ -11,9 +11,11 @@
 //!   The kernel applies all or nothing; every ack is checked, and a failure
 //!   names the op the kernel refused ([`TransactionError`]).
 
+mod attrs;
 pub mod codec;
 pub mod rule;
 pub mod text;
+pub mod types;
 
 use std::fmt;
 

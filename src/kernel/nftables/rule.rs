@@ -18,10 +18,11 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
+use netlink_packet_core::DefaultNla;
 use netlink_packet_netfilter::nftables::Expressions;
 
-use super::codec::{KeyPart, KeyType, Verdict};
+use super::attrs::{data_value, str_attr, u32_attr, verdict_data};
+use super::types::{KeyPart, KeyType, Verdict};
 use crate::net::IpFamily;
 
 /// A rule that is not in the grammar.
@@ -67,10 +68,6 @@ pub struct Compiled {
 }
 
 // Expression attributes (include/uapi/linux/netfilter/nf_tables.h).
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
@@ -513,16 +510,6 @@ impl Compiler<'_> {
     }
 }
 
-impl KeyType {
-    /// The field's length padded to a 32-bit register.
-    pub fn padded_len(self) -> u32 {
-        match self {
-            KeyType::Ipv6Addr => 16,
-            _ => 4,
-        }
-    }
-}
-
 fn proto_number(w: &str) -> Result<u8, String> {
     match w {
         "tcp" => Ok(6),
@@ -594,47 +581,9 @@ fn interval_elements(nets: &[IpNet]) -> Vec<(Vec<u8>, Option<Verdict>, bool)> {
     out
 }
 
-pub(super) fn u32_attr(kind: u16, v: u32) -> DefaultNla {
-    DefaultNla::new(kind, v.to_be_bytes().to_vec())
-}
-
-pub(super) fn str_attr(kind: u16, s: &str) -> DefaultNla {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    DefaultNla::new(kind, v)
-}
-
-/// A nested attribute of `kind` holding `inner`.
-pub(super) fn nested(kind: u16, inner: &[DefaultNla]) -> DefaultNla {
-    let mut value = vec![0; inner.buffer_len()];
-    inner.emit(&mut value);
-    DefaultNla::new(kind | NLA_F_NESTED, value)
-}
-
-/// `NFTA_DATA_VALUE` data in attribute `kind`.
-pub(super) fn data_value(kind: u16, bytes: &[u8]) -> DefaultNla {
-    nested(kind, &[DefaultNla::new(NFTA_DATA_VALUE, bytes.to_vec())])
-}
-
-/// `NFTA_DATA_VERDICT` data in attribute `kind`.
-pub(super) fn verdict_data(kind: u16, v: &Verdict) -> DefaultNla {
-    let (code, chain): (i32, Option<&str>) = match v {
-        Verdict::Accept => (1, None),
-        Verdict::Drop => (0, None),
-        Verdict::Return => (-5, None),
-        Verdict::Jump(c) => (-3, Some(c)),
-        Verdict::Goto(c) => (-4, Some(c)),
-    };
-    let mut inner = vec![DefaultNla::new(NFTA_VERDICT_CODE, code.to_be_bytes().to_vec())];
-    if let Some(c) = chain {
-        inner.push(str_attr(NFTA_VERDICT_CHAIN, c));
-    }
-    nested(kind, &[nested(NFTA_DATA_VERDICT, &inner)])
-}
-
 /// An element key of `parts` (re-exported for the planner's elements).
 pub fn element_key(parts: &[KeyPart]) -> Vec<u8> {
-    super::codec::key_bytes(parts)
+    super::types::key_bytes(parts)
 }
 
 #[cfg(test)]

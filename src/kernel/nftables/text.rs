@@ -3,7 +3,8 @@
 //! back into [`NftOp`]s, so one text is what operators read, what `nft -f`
 //! takes and what the codec sends. Only the forms upstream writes.
 
-use super::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, Verdict};
+use super::codec::{BaseChain, ChainHook, Element, NftOp};
+use super::types::{KeyPart, KeyType, Verdict};
 use crate::net::IpFamily;
 
 /// One line: its family and op (`None` for a blank line).
