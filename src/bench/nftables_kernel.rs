@@ -123,7 +123,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     })?;
 
     let changes = opts.changes;
-    let (apply_time, our_listing, change_times, change_ops, add_times) = in_new_netns(|| {
+    let (apply_time, our_listing, change_times, change_ops, add_times, probes) = in_new_netns(|| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         rt.block_on(async {
             let nft = NetlinkNftables::new().context("netfilter netlink socket")?;
@@ -175,7 +175,57 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 now += Duration::from_millis(100);
                 planner.confirm_applied(now);
             }
-            Ok((apply_time, listing, times, op_counts, adds))
+            // Which transactions cost what, at this table size: a plain set
+            // element, a verdict-map element with a goto, a chain with a rule
+            // without a jump (each added, then deleted: two transactions).
+            use crate::kernel::nftables::{Element, KeyPart, NftOp, Verdict};
+            let target = planner
+                .applied()
+                .and_then(|rs| rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next())
+                .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
+            let addr = |i: u8| KeyPart::Addr(std::net::IpAddr::from([10, 255, 0, i]));
+            let kinds: [(&str, Vec<NftOp>, Vec<NftOp>); 3] = [
+                (
+                    "a plain set element",
+                    vec![NftOp::AddElements { set: "cluster-ips".into(), elements: vec![Element::key(vec![addr(1)])] }],
+                    vec![NftOp::DeleteElements { set: "cluster-ips".into(), keys: vec![vec![addr(1)]] }],
+                ),
+                (
+                    "a verdict-map element (goto)",
+                    vec![NftOp::AddElements {
+                        set: "service-ips".into(),
+                        elements: vec![Element::to(
+                            vec![addr(2), KeyPart::Proto(6), KeyPart::Port(80)],
+                            Verdict::Goto(target),
+                        )],
+                    }],
+                    vec![NftOp::DeleteElements {
+                        set: "service-ips".into(),
+                        keys: vec![vec![addr(2), KeyPart::Proto(6), KeyPart::Port(80)]],
+                    }],
+                ),
+                (
+                    "a chain with a dnat rule (no jump)",
+                    vec![
+                        NftOp::AddChain { name: "probe".into(), base: None, comment: None },
+                        NftOp::AddRule { chain: "probe".into(), rule: "meta l4proto tcp dnat to 10.255.0.9:80".into() },
+                    ],
+                    vec![NftOp::FlushChain("probe".into()), NftOp::DeleteChain("probe".into())],
+                ),
+            ];
+            let mut probes = Vec::new();
+            for (what, add, del) in kinds {
+                let mut t = Vec::new();
+                for _ in 0..20 {
+                    let s = Instant::now();
+                    nft.apply(FAMILY, TABLE, &add).await.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+                    t.push(ms(s.elapsed()));
+                    nft.apply(FAMILY, TABLE, &del).await.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+                }
+                t.sort_by(f64::total_cmp);
+                probes.push((what, quantile(&t, 0.5)));
+            }
+            Ok((apply_time, listing, times, op_counts, adds, probes))
         })
     })?;
     ensure!(our_listing == tool_listing, "the codec's table differs from nft -f's at N = {n}");
@@ -206,5 +256,8 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     a.sort_by(f64::total_cmp);
     figure(out, n, "new Service → acked, p50", quantile(&a, 0.5), "ms", None);
     figure(out, n, "new Service → acked, p99", quantile(&a, 0.99), "ms", Some(10.0));
+    for (what, p50) in probes {
+        figure(out, n, &format!("one transaction adding {what}, p50 of 20"), p50, "ms", None);
+    }
     Ok(())
 }
