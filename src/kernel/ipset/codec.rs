@@ -45,9 +45,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-    NetlinkSerializable, Nla, NlaBuffer, NlasIterator, Parseable, ParseableParametrized, NLA_F_NESTED,
-    NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    DecodeError, DefaultNla, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
+    NlaBuffer, NlasIterator, Parseable, ParseableParametrized, NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLM_F_ACK,
+    NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
 
@@ -520,30 +520,7 @@ impl IpsetMessage {
     }
 }
 
-impl Emitable for IpsetMessage {
-    fn buffer_len(&self) -> usize {
-        self.header.buffer_len() + self.attrs.as_slice().buffer_len()
-    }
-
-    fn emit(&self, buf: &mut [u8]) {
-        self.header.emit(buf);
-        self.attrs.as_slice().emit(&mut buf[self.header.buffer_len()..]);
-    }
-}
-
-impl NetlinkSerializable for IpsetMessage {
-    fn message_type(&self) -> u16 {
-        (u16::from(NFNL_SUBSYS_IPSET) << 8) | u16::from(u8::from(self.command))
-    }
-
-    fn buffer_len(&self) -> usize {
-        Emitable::buffer_len(self)
-    }
-
-    fn serialize(&self, buf: &mut [u8]) {
-        self.emit(buf)
-    }
-}
+crate::kernel::netlink::nfnl_message!(IpsetMessage, NFNL_SUBSYS_IPSET);
 
 impl ParseableParametrized<[u8], u16> for IpsetMessage {
     fn parse_with_param(buf: &[u8], message_type: u16) -> Result<IpsetMessage, DecodeError> {

@@ -178,6 +178,40 @@ where
     }
 }
 
+/// `Emitable` and `NetlinkSerializable` for an nfnetlink message struct
+/// with fields `header` (`NetfilterHeader`), `command` (into `u8`) and
+/// `attrs` (a `Vec` of `Nla`s) of subsystem `$subsys`: the nfgenmsg header,
+/// then the attributes; the message type is `subsys << 8 | command`.
+macro_rules! nfnl_message {
+    ($ty:ty, $subsys:expr) => {
+        impl netlink_packet_core::Emitable for $ty {
+            fn buffer_len(&self) -> usize {
+                self.header.buffer_len() + self.attrs.as_slice().buffer_len()
+            }
+
+            fn emit(&self, buf: &mut [u8]) {
+                self.header.emit(buf);
+                self.attrs.as_slice().emit(&mut buf[self.header.buffer_len()..]);
+            }
+        }
+
+        impl netlink_packet_core::NetlinkSerializable for $ty {
+            fn message_type(&self) -> u16 {
+                (u16::from($subsys) << 8) | u16::from(u8::from(self.command))
+            }
+
+            fn buffer_len(&self) -> usize {
+                netlink_packet_core::Emitable::buffer_len(self)
+            }
+
+            fn serialize(&self, buf: &mut [u8]) {
+                netlink_packet_core::Emitable::emit(self, buf)
+            }
+        }
+    };
+}
+pub(crate) use nfnl_message;
+
 /// A nfnetlink payload kept as bytes (conntrack's and nfacct's sockets
 /// carry it), so the connection never parses: a reply that does not parse
 /// must fail the request that wanted it, not vanish in the connection task

@@ -34,8 +34,8 @@
 //! libnetfilter_acct); the tests compare them with its captures.
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, Nla,
-    NlaBuffer, NlasIterator, Parseable, ParseableParametrized, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST,
+    DecodeError, DefaultNla, Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NlaBuffer, NlasIterator,
+    Parseable, ParseableParametrized, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterProtoFamily};
 
@@ -174,30 +174,7 @@ impl AcctMessage {
     }
 }
 
-impl Emitable for AcctMessage {
-    fn buffer_len(&self) -> usize {
-        self.header.buffer_len() + self.attrs.as_slice().buffer_len()
-    }
-
-    fn emit(&self, buf: &mut [u8]) {
-        self.header.emit(buf);
-        self.attrs.as_slice().emit(&mut buf[self.header.buffer_len()..]);
-    }
-}
-
-impl NetlinkSerializable for AcctMessage {
-    fn message_type(&self) -> u16 {
-        (u16::from(NFNL_SUBSYS_ACCT) << 8) | u16::from(u8::from(self.command))
-    }
-
-    fn buffer_len(&self) -> usize {
-        Emitable::buffer_len(self)
-    }
-
-    fn serialize(&self, buf: &mut [u8]) {
-        self.emit(buf)
-    }
-}
+crate::kernel::netlink::nfnl_message!(AcctMessage, NFNL_SUBSYS_ACCT);
 
 impl ParseableParametrized<[u8], u16> for AcctMessage {
     fn parse_with_param(buf: &[u8], message_type: u16) -> Result<AcctMessage, DecodeError> {
