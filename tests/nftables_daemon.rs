@@ -539,3 +539,37 @@ fn a_dual_stack_service_answers_on_both_families() {
     let log = daemon.stop();
     assert!(log.contains("kube-proxy running in dual-stack mode"), "{log}");
 }
+
+/// The table deleted behind the daemon's back (`nft delete table`): the
+/// next partial sync's transaction is refused (its chains have no table),
+/// counted in `..._nftables_sync_failures_total`, and the retry a second
+/// later is a full sync that lists the (missing) table and writes it whole.
+/// (A quiet cluster notices only at the hourly full sync: there is no
+/// cheap drift check in nftables mode yet.)
+#[test]
+fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
+    let mut lab = Lab::new("fail", &["b1", "b2"]);
+    lab.put("web", &web(&["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let last = lab.syncs().expect("syncs")[0].generation;
+    lab.node.ok(&["nft", "delete", "table", "ip", "kube-proxy"]);
+    lab.put("web", &web(&["b1", "b2"]));
+    let (failed, repaired) = wait_for("a failed sync, then a full one", CHANGE_WAIT, || {
+        daemon.assert_running();
+        let syncs = lab.syncs()?;
+        let mut new: Vec<&SyncRec> = syncs.iter().filter(|s| s.generation > last).collect();
+        new.sort_by_key(|s| s.generation);
+        match new.as_slice() {
+            [first, second, ..] => Ok(((*first).clone(), (*second).clone())),
+            _ => Err(format!("{syncs:?}")),
+        }
+    });
+    assert!(!failed.full && failed.failed == 1, "the partial sync over no table fails: {failed:?}");
+    assert!(repaired.full && repaired.failed == 0, "then a full one: {repaired:?}");
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
+    let n = lab.family_metric("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "IPv4");
+    assert_eq!(n, Some(1.0));
+    let log = daemon.stop();
+    assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
+}
