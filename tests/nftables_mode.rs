@@ -8,8 +8,8 @@
 //! go there) routing between a client on 192.168.50.0/24 and backends b1,
 //! b2 (this node's) and b3 ("other-node") on 10.244.N.0/24, each serving
 //! TCP and UDP on 8080 and answering with its name and the source it saw.
-//! Transactions are applied with `nft -f -` inside the node namespace; the
-//! netlink actor that will replace `nft` is not built yet.
+//! Transactions are applied with `nft -f -` inside the node namespace (the
+//! planner alone; the daemon's own netlink path is `nftables_daemon.rs`).
 //!
 //! Needs root, iproute2 and nft (package nftables); nothing is skipped.
 //! Traffic stays inside the namespaces created here.
