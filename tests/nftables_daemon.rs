@@ -573,3 +573,35 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     let log = daemon.stop();
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
+
+/// 1,000 Services (≈ 19,000 netlink ops in the first transaction, MBs in one
+/// datagram, more than the socket's default 208 KiB send buffer: the kernel
+/// refused it with EMSGSIZE before the nftables socket's buffers were
+/// raised) are written by one full sync, and each answers.
+#[test]
+fn a_thousand_services_go_in_one_transaction() {
+    let mut lab = Lab::new("big", &["b1", "b2"]);
+    let mut items = Vec::new();
+    for i in 0..1000 {
+        let ip = format!("10.96.{}.{}", 100 + i / 250, i % 250 + 1);
+        let m = service_manifest(&format!("s{i}"), &[&ip], 0, if i % 2 == 0 { &["b1"] } else { &["b2"] });
+        items.extend(m["items"].as_array().unwrap().iter().cloned().map(|mut item| {
+            if item["kind"] == "Service" {
+                item["spec"]["type"] = json!("ClusterIP");
+                for p in item["spec"]["ports"].as_array_mut().unwrap() {
+                    p.as_object_mut().unwrap().remove("nodePort");
+                }
+            }
+            item
+        }));
+    }
+    lab.put("many", &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}));
+    let mut d = lab.start();
+    let first = lab.wait_sync(&mut d, 0, Duration::from_secs(60));
+    assert!(first.full && first.ops > 15_000, "{first:?}");
+    for (to, want) in [("10.96.100.1:80", "b1"), ("10.96.103.250:80", "b2")] {
+        lab.wait_traffic(to, false, &[want], CHANGE_WAIT);
+        lab.wait_traffic(to, true, &[want], CHANGE_WAIT);
+    }
+    d.stop();
+}
