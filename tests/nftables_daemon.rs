@@ -195,6 +195,7 @@ impl Lab {
             .map(|s| SyncRec {
                 generation: s["generation"].as_u64().unwrap(),
                 full: s["full"].as_bool().unwrap(),
+                periodic: s["periodic"].as_bool().unwrap(),
                 ops: s["ops"].as_u64().unwrap(),
                 failed: s["failed"].as_u64().unwrap(),
             })
@@ -229,6 +230,7 @@ impl Lab {
 struct SyncRec {
     generation: u64,
     full: bool,
+    periodic: bool,
     ops: u64,
     failed: u64,
 }
@@ -604,4 +606,30 @@ fn a_thousand_services_go_in_one_transaction() {
         lab.wait_traffic(to, true, &[want], CHANGE_WAIT);
     }
     d.stop();
+}
+
+/// A quiet cluster: each syncPeriod (2 s here) brings a periodic partial
+/// sync that sends nothing: the namespace's nf_tables generation (which
+/// every transaction increments) stays as it was.
+#[test]
+fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
+    let mut lab = Lab::new("qui", &["b1"]);
+    lab.config("nftables", "2s");
+    lab.put("web", &web(&["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    // Stale chains of the start (none here) and the first syncs settle.
+    let first = lab.wait_sync(&mut daemon, lab.syncs().expect("syncs")[0].generation, CHANGE_WAIT).generation;
+    // The namespace's nf_tables generation: every transaction increments it.
+    let generation = |lab: &Lab| lab.node.run(|| kube_proxy_rs::kernel::xtables_gen::nft_generation().expect("genid"));
+    let (before, listed) = (generation(&lab), lab.table("ip"));
+    let mut seen: Vec<SyncRec> = Vec::new();
+    while seen.len() < 2 {
+        let after = seen.last().map_or(first, |s| s.generation);
+        seen.push(lab.wait_sync(&mut daemon, after, CHANGE_WAIT));
+    }
+    assert!(seen.iter().all(|s| s.periodic && !s.full && s.ops == 0), "{seen:?}");
+    assert_eq!(generation(&lab), before, "no transaction over two syncPeriods");
+    assert_eq!(lab.table("ip"), listed);
+    daemon.stop();
 }
