@@ -576,10 +576,10 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
 
-/// 1,000 Services (≈ 19,000 netlink ops in the first transaction, MBs in one
-/// datagram, more than the socket's default 208 KiB send buffer: the kernel
-/// refused it with EMSGSIZE before the nftables socket's buffers were
-/// raised) are written by one full sync, and each answers.
+/// 1,000 Services (≈ 19,000 ops in the first transaction, MBs in one
+/// datagram, more than a socket's default 208 KiB send buffer, which made
+/// the kernel refuse it with EMSGSIZE before the codec sized the buffer to
+/// the batch) are written by one full sync, and each answers.
 #[test]
 fn a_thousand_services_go_in_one_transaction() {
     let mut lab = Lab::new("big", &["b1", "b2"]);
