@@ -60,8 +60,8 @@ pub enum StartError {
         #[source]
         source: FamilyUnsupported,
     },
-    #[error("proxy mode \"{0}\" is not supported; use --proxy-mode=iptables or ipvs")]
-    Mode(crate::config::ProxyMode),
+    #[error("nf_tables netlink socket: {0}")]
+    Nftables(#[source] std::io::Error),
     /// Flags that do not go together.
     #[error("{0}")]
     Usage(&'static str),

@@ -238,6 +238,12 @@ impl SyncObserver for SyncHooks {
         if outcome.partial_restore_failed {
             self.metrics.iptables_partial_restore_failed(self.family);
         }
+        if outcome.nftables_sync_failed {
+            self.metrics.nftables_sync_failed(self.family);
+        }
+        if outcome.nftables_cleanup_failed {
+            self.metrics.nftables_cleanup_failed(self.family);
+        }
         if let Some(r) = outcome.rules {
             self.metrics.iptables_rules(self.family, "filter", r.filter_total, r.filter_last);
             self.metrics.iptables_rules(self.family, "nat", r.nat_total, r.nat_last);

@@ -1,4 +1,4 @@
-//! The running daemon, in IPVS or iptables mode: checks the kernel, sets
+//! The running daemon, in IPVS, iptables or nftables mode: checks the kernel, sets
 //! upstream's sysctls, removes what the other mode left (a node switching
 //! modes), builds the kernel handles, starts one actor per subsystem and
 //! the coordinator, connects the source, and runs until SIGTERM/SIGINT,
@@ -12,12 +12,12 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::actors::coordinator::{
-    AddrSource, ContextBuilder, Coordinator, GetSyncHistory, IptablesDataplane, IpvsDataplane, Reconfigure,
-    RulesRenderer, Settings, Shutdown,
+    AddrSource, ContextBuilder, Coordinator, GetSyncHistory, IptablesDataplane, IpvsDataplane, NftContextBuilder,
+    NftablesDataplane, Reconfigure, RulesRenderer, Settings, Shutdown,
 };
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
-use crate::actors::wiring::{start_iptables_actors, start_ipvs_actors, IpvsKernels};
+use crate::actors::wiring::{start_iptables_actors, start_ipvs_actors, start_nftables_actors, IpvsKernels};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
@@ -29,6 +29,8 @@ use crate::kernel::iptables::IptablesHandle;
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
+use crate::kernel::netlink::Errno;
+use crate::kernel::nftables::{self as nft_kernel, NetlinkNftables, TransactionError};
 use crate::kernel::{addrs, sysctl};
 use crate::metrics::ProxyMetrics;
 use crate::model::NodeInfo;
@@ -37,6 +39,8 @@ use crate::net::IpFamily;
 use crate::nfacct::{self, Nfacct, NfacctRules};
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures};
+use crate::plan::nftables::names::TABLE as NFT_TABLE;
+use crate::plan::nftables::nftables_context;
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
 use crate::settings::{self, FamilySettings};
@@ -166,8 +170,7 @@ async fn run_async(
             set_ipvs_timeouts(&ipvs, &cfg).await;
             Some(ipvs)
         }
-        ProxyMode::Iptables => None,
-        ProxyMode::Nftables => return Err(StartError::Mode(ProxyMode::Nftables)),
+        ProxyMode::Iptables | ProxyMode::Nftables => None,
     };
     let node_name = cfg.hostname()?;
     let (node, ready) = match source {
@@ -212,11 +215,12 @@ async fn run_async(
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
         let settings = settings::derive(&cfg, family, &node_name, host_features(family, nfacct.probe.rules(family)));
-        let engine = match &ipvs {
-            Some(ipvs) => {
+        let engine = match (&ipvs, mode) {
+            (Some(ipvs), _) => {
                 Engine::Ipvs { coordinator: start_ipvs(&settings, ipvs.clone(), &registry, hooks)?, ipvs: ipvs.clone() }
             }
-            None => Engine::Iptables(start_iptables(&settings, &registry, hooks, &nfacct).await?),
+            (None, ProxyMode::Nftables) => Engine::Nftables(start_nftables(&settings, &registry, hooks)?),
+            (None, _) => Engine::Iptables(start_iptables(&settings, &registry, hooks, &nfacct).await?),
         };
         engines.push((family, engine));
     }
@@ -327,6 +331,7 @@ fn report_conflicts(conflicts: &[crate::model::node_ports::Conflict], metrics: &
 enum Engine {
     Ipvs { coordinator: Addr<Coordinator<IpvsDataplane>>, ipvs: NetlinkIpvs },
     Iptables(Addr<Coordinator<IptablesDataplane>>),
+    Nftables(Addr<Coordinator<NftablesDataplane>>),
 }
 
 impl Engine {
@@ -334,6 +339,7 @@ impl Engine {
         match self {
             Engine::Ipvs { coordinator, .. } => coordinator.clone().recipient(),
             Engine::Iptables(c) => c.clone().recipient(),
+            Engine::Nftables(c) => c.clone().recipient(),
         }
     }
 
@@ -341,6 +347,7 @@ impl Engine {
         match self {
             Engine::Ipvs { coordinator, .. } => coordinator.clone().recipient(),
             Engine::Iptables(c) => c.clone().recipient(),
+            Engine::Nftables(c) => c.clone().recipient(),
         }
     }
 
@@ -348,6 +355,7 @@ impl Engine {
         let done = match self {
             Engine::Ipvs { coordinator, .. } => coordinator.send(Shutdown).await,
             Engine::Iptables(c) => c.send(Shutdown).await,
+            Engine::Nftables(c) => c.send(Shutdown).await,
         };
         if let Err(e) = done {
             tracing::warn!(error = %e, "coordinator gone before shutdown");
@@ -373,32 +381,78 @@ impl Engine {
                 let dataplane = context_builder(&derived);
                 c.do_send(Reconfigure::<IptablesDataplane> { settings, dataplane });
             }
-        }
-    }
-}
-
-/// A node switching modes: removes what the other mode left (upstream's
-/// CleanupLeftovers of the inactive proxier). Only when that mode's own
-/// chains are there, so a plain restart touches nothing.
-async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
-    let (other, cleanup): (_, fn(IpFamily) -> _) = match mode {
-        ProxyMode::Iptables => (&rules_ipvs::PROFILE, |f| Box::pin(cleanup_ipvs_mode(f)) as CleanupFuture),
-        ProxyMode::Ipvs => (&iptables_plan::PROFILE, |f| Box::pin(cleanup_iptables_mode(f)) as CleanupFuture),
-        ProxyMode::Nftables => return,
-    };
-    match IptablesHandle::new(family).for_mode(other).has_leftovers().await {
-        Ok(false) => {}
-        Ok(true) => {
-            tracing::info!(mode = other.mode, "removing what the node's earlier proxy mode left");
-            for e in cleanup(family).await {
-                tracing::warn!(error = %e, "cleaning up the other mode");
+            Engine::Nftables(c) => {
+                let dataplane = nft_context_builder(&derived);
+                c.do_send(Reconfigure::<NftablesDataplane> { settings, dataplane });
             }
         }
-        Err(e) => tracing::warn!(error = %e, mode = other.mode, "cannot check for the other mode's rules"),
     }
 }
 
-type CleanupFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>>;
+/// A node switching modes: removes what the other modes left (upstream's
+/// CleanupLeftovers of the inactive proxiers: iptables and IPVS mode's
+/// rules, sets and IPVS state when switching to nftables mode; our
+/// nftables table when switching to iptables or IPVS mode). Only what is
+/// there, so a plain restart touches nothing.
+async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
+    let others: &[&'static crate::msgs::chains::ChainProfile] = match mode {
+        ProxyMode::Iptables => &[&rules_ipvs::PROFILE],
+        ProxyMode::Ipvs => &[&iptables_plan::PROFILE],
+        ProxyMode::Nftables => &[&iptables_plan::PROFILE, &rules_ipvs::PROFILE],
+    };
+    let mut found: Vec<&'static crate::msgs::chains::ChainProfile> = Vec::new();
+    for other in others {
+        match IptablesHandle::new(family).for_mode(other).has_leftovers().await {
+            Ok(false) => {}
+            Ok(true) => found.push(other),
+            Err(e) => tracing::warn!(error = %e, mode = other.mode, "cannot check for the other mode's rules"),
+        }
+    }
+    for other in &found {
+        tracing::info!(mode = other.mode, "removing what the node's earlier proxy mode left");
+    }
+    let errors = match (mode, found.as_slice()) {
+        (_, []) => Vec::new(),
+        (ProxyMode::Iptables, _) => cleanup_ipvs_mode(family).await,
+        (ProxyMode::Ipvs, _) => cleanup_iptables_mode(family).await,
+        (ProxyMode::Nftables, found) => {
+            // Both modes' chains in one restore when both are there: they share chains.
+            let mut errors = match IptablesHandle::new(family).cleanup_modes(found).await {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![format!("iptables ({family:?}): {e}")],
+            };
+            if found.iter().any(|p| p.mode == rules_ipvs::PROFILE.mode) {
+                errors.extend(cleanup_ipvs_state(family).await);
+            }
+            errors
+        }
+    };
+    for e in errors {
+        tracing::warn!(error = %e, "cleaning up the other mode");
+    }
+    if mode != ProxyMode::Nftables {
+        match delete_nftables_table(family).await {
+            Ok(true) => tracing::info!(table = NFT_TABLE, "removed what the node's earlier nftables mode left"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "cleaning up nftables mode's table"),
+        }
+    }
+}
+
+/// Deletes nftables mode's `kube-proxy` table of `family` (upstream's
+/// nftables CleanupLeftovers): `Ok(false)` when there was none.
+async fn delete_nftables_table(family: IpFamily) -> Result<bool, String> {
+    let nft = NetlinkNftables::new().map_err(|e| format!("nf_tables netlink socket: {e}"))?;
+    match nft.apply(family, NFT_TABLE, &[nft_kernel::NftOp::DeleteTable]).await {
+        Ok(()) => Ok(true),
+        Err(TransactionError::Refused { errno, .. }) if errno == Errno::ENOENT => Ok(false),
+        Err(e) => Err(format!("deleting table {} {NFT_TABLE}: {e}", nft_family_name(family))),
+    }
+}
+
+fn nft_family_name(family: IpFamily) -> &'static str {
+    crate::plan::nftables::ruleset::nft_family(family)
+}
 
 fn start_ipvs(
     s: &FamilySettings,
@@ -469,6 +523,34 @@ async fn start_iptables(
         let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
         Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
     }))
+}
+
+/// nftables mode: the nftables actor (this family's `kube-proxy` table) and
+/// the conntrack actor, and the coordinator; its first sync lists the table
+/// and adopts (or flushes and deletes) what an earlier run left.
+fn start_nftables(
+    s: &FamilySettings,
+    registry: &StatsRegistry,
+    hooks: SyncHooks,
+) -> Result<Addr<Coordinator<NftablesDataplane>>, StartError> {
+    let family = s.family;
+    let nft = NetlinkNftables::new().map_err(StartError::Nftables)?;
+    let conntrack = conntrack_handle(family, hooks.metrics())?;
+    let context = nft_context_builder(s);
+    let settings = coordinator_settings(s);
+    Ok(Coordinator::create(move |ctx| {
+        let targets = start_nftables_actors(nft, family, conntrack, registry, ctx.address().recipient());
+        let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
+        Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
+    }))
+}
+
+/// The nftables planner's context for the current Node and addresses.
+pub fn nft_context_builder(s: &FamilySettings) -> NftContextBuilder {
+    let s = s.clone();
+    Box::new(move |node: &NodeInfo, addrs: &[crate::net::LocalAddr]| {
+        nftables_context(&s.nftables_settings(node), node, addrs)
+    })
 }
 
 /// What iptables mode probes on the host (upstream's NewProxier), with the
@@ -628,8 +710,9 @@ async fn run_until_stopped(live: &mut Live, reload: &Reloader, stop: &mut crate:
     }
 }
 
-/// `--cleanup`: removes what either mode installed, in both families:
-/// every virtual server, set, rule and address of ours.
+/// `--cleanup`: removes what any mode installed, in both families:
+/// every virtual server, set, rule and address of ours, and nftables
+/// mode's `kube-proxy` tables.
 pub fn cleanup() -> Result<(), StartError> {
     let system = actix_rt::System::new();
     system.block_on(async {
@@ -641,6 +724,9 @@ pub fn cleanup() -> Result<(), StartError> {
                 errors.push(format!("iptables ({family:?}): {e}"));
             }
             errors.extend(cleanup_ipvs_mode(family).await);
+            if let Err(e) = delete_nftables_table(family).await {
+                errors.push(e);
+            }
         }
         if errors.is_empty() {
             tracing::info!("cleanup done");
@@ -666,6 +752,14 @@ async fn cleanup_ipvs_mode(family: IpFamily) -> Vec<String> {
     if let Err(e) = IptablesHandle::new(family).cleanup().await {
         errors.push(format!("IPVS mode's rules ({family:?}): {e}"));
     }
+    errors.extend(cleanup_ipvs_state(family).await);
+    errors
+}
+
+/// IPVS mode's state besides its rules: the sets, IPVS (flushed, as
+/// upstream) and kube-ipvs0.
+async fn cleanup_ipvs_state(family: IpFamily) -> Vec<String> {
+    let mut errors = Vec::new();
     match NetlinkIpset::new() {
         Ok(ipset) => {
             for set in IpvsSet::ALL {

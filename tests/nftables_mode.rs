@@ -8,8 +8,8 @@
 //! go there) routing between a client on 192.168.50.0/24 and backends b1,
 //! b2 (this node's) and b3 ("other-node") on 10.244.N.0/24, each serving
 //! TCP and UDP on 8080 and answering with its name and the source it saw.
-//! Transactions are applied with `nft -f -` inside the node namespace; the
-//! netlink actor that will replace `nft` is not built yet.
+//! Transactions are applied with `nft -f -` inside the node namespace (the
+//! planner alone; the daemon's own netlink path is `nftables_daemon.rs`).
 //!
 //! Needs root, iproute2 and nft (package nftables); nothing is skipped.
 //! Traffic stays inside the namespaces created here.
@@ -362,16 +362,48 @@ fn blocks(listing: &str) -> std::collections::BTreeSet<String> {
     out
 }
 
-/// The daemon does not program nftables yet: `--proxy-mode nftables` (or
-/// `mode: nftables`) outside `--dry-run` is a start error naming the mode.
+/// The daemon runs in nftables mode (`--proxy-mode nftables`): on the demo
+/// cluster it writes the `ip kube-proxy` table through its netlink client
+/// (the demo's services in it), and SIGTERM leaves it in place. The packet
+/// tests of the running daemon are `tests/nftables_daemon.rs`.
 #[test]
-fn the_daemon_refuses_to_run_in_nftables_mode() {
+fn the_daemon_runs_in_nftables_mode() {
     let ns = Netns::new("kpr-nftrun");
-    let args = [bin(), "--manifests".into(), demo("demo"), "--proxy-mode".into(), "nftables".into()];
-    let out = ns.exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(err.contains("proxy mode \"nftables\" is not supported"), "{err}");
+    // The node's address on a veth pair inside the namespace (the host is not touched).
+    for cmd in ["ip link add e0 type veth peer name e1", "ip addr add 192.168.50.2/24 dev e0", "ip link set e1 up"] {
+        ns.ok(&cmd.split(' ').collect::<Vec<_>>());
+    }
+    ns.ok(&["ip", "link", "set", "e0", "up"]);
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let args = ["--manifests", &demo("demo"), "--proxy-mode", "nftables", "--hostname-override", "demo-node"];
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, &bin()])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(log.reopen().expect("log"))
+        .stderr(log.reopen().expect("log"))
+        .spawn()
+        .expect("start kube-proxy-rs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let out = ns.exec(&["nft", "list", "table", "ip", "kube-proxy"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && text.contains("map service-ips") && text.contains("elements = {") {
+            break Some(text);
+        }
+        if std::time::Instant::now() > deadline || child.try_wait().expect("try_wait").is_some() {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().expect("wait");
+    let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+    let listed = listed.unwrap_or_else(|| panic!("no ip kube-proxy table with the demo's services; log:\n{text}"));
+    assert!(listed.contains("comment \"rules for kube-proxy\""), "{listed}");
+    assert!(status.success(), "SIGTERM: clean exit; log:\n{text}");
+    assert!(!text.contains("not supported"), "{text}");
+    assert!(ns.exec(&["nft", "list", "table", "ip", "kube-proxy"]).status.success(), "left in place");
 }
 
 #[test]

@@ -2,5 +2,6 @@
 
 pub mod coordinator;
 pub mod kernel_actor;
+pub mod nftables;
 pub mod source;
 pub mod wiring;

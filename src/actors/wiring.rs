@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 
 use actix::prelude::*;
 
-use super::coordinator::{IptablesTargets, Target, Targets};
+use super::coordinator::{IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
+use super::nftables::NftablesTarget;
+use crate::kernel::nftables::NetlinkNftables;
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
+use crate::net::IpFamily;
 use crate::plan::IpvsSet;
 use crate::stats::StatsRegistry;
 
@@ -75,6 +78,21 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
 ) -> IptablesTargets {
     IptablesTargets {
         iptables: start(iptables, "iptables", registry, drift.clone()),
+        conntrack: start(conntrack, "conntrack", registry, drift),
+    }
+}
+
+/// Starts nftables mode's two actors: `family`'s `kube-proxy` table over
+/// `nft`, and conntrack (reporting drift to `drift`, as every kernel actor).
+pub fn start_nftables_actors<C: ConntrackKernel>(
+    nft: NetlinkNftables,
+    family: IpFamily,
+    conntrack: C,
+    registry: &StatsRegistry,
+    drift: Recipient<DriftDetected>,
+) -> NftablesTargets {
+    NftablesTargets {
+        nftables: NftablesTarget::start(nft, family, registry.register("nftables")),
         conntrack: start(conntrack, "conntrack", registry, drift),
     }
 }

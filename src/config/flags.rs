@@ -110,7 +110,7 @@ pub struct Flags {
     /// Previous version whose hidden metrics are shown (`X.Y`).
     #[arg(long = "show-hidden-metrics-for-version", value_name = "X.Y")]
     pub show_hidden_metrics_for_version: Option<String>,
-    /// Proxy mode: iptables (default) or ipvs; nftables is accepted in the config but not implemented yet (the daemon refuses it).
+    /// Proxy mode: iptables (default), ipvs or nftables.
     #[arg(long = "proxy-mode", value_name = "MODE")]
     pub proxy_mode: Option<String>,
 

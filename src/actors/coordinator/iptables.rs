@@ -149,7 +149,7 @@ impl Dataplane for IptablesDataplane {
             iptables_restore_failed: !restore_ok,
             partial_restore_failed: !restore_ok && self.partial,
             rules: restore_ok.then(|| self.planner.rule_counts()),
-            drift: false,
+            ..Finished::default()
         }
     }
 

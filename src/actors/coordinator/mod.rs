@@ -9,6 +9,7 @@
 
 pub mod iptables;
 pub mod ipvs;
+pub mod nftables;
 pub mod retry;
 #[cfg(test)]
 mod tests;
@@ -30,9 +31,14 @@ use crate::stats::ActorStats;
 
 pub use self::iptables::{ContextBuilder, IptablesDataplane, IptablesTargets};
 pub use self::ipvs::{IpvsDataplane, RulesRenderer, Targets};
+pub use self::nftables::{NftContextBuilder, NftablesDataplane, NftablesTargets};
 
 /// Reads the node's interface addresses (I/O, done by the caller's closure).
 pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr> + Send>;
+
+/// What a dataplane reads from the kernel before it plans a sync: resolves
+/// to what to record in the dataplane ([`Dataplane::prepare`]).
+pub type Prepare<D> = LocalBoxFuture<'static, Box<dyn FnOnce(&mut D)>>;
 
 /// A mode's planner and actors, as the coordinator drives them.
 pub trait Dataplane: Unpin + 'static {
@@ -40,6 +46,17 @@ pub trait Dataplane: Unpin + 'static {
     type Outcome: 'static;
     /// What a configuration reload replaces.
     type Config: Send + 'static;
+
+    /// What sync `kind` must read from the kernel before it is planned
+    /// (nftables mode lists its table before a full sync); `None`: plan at
+    /// once. Called at the start of every sync, after the model's changes
+    /// were taken; the sync's plan follows when the read is recorded.
+    fn prepare(&mut self, _kind: SyncKind) -> Option<Prepare<Self>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 
     /// Plans sync `generation` of `kind` (a full one also if the dataplane
     /// needs one after a failure; a periodic one adds each actor's cheap
@@ -95,6 +112,10 @@ pub struct SyncOutcome {
     pub partial_restore_failed: bool,
     /// iptables mode: the rules of the restore that succeeded.
     pub rules: Option<RuleCounts>,
+    /// nftables mode: the sync's transaction failed.
+    pub nftables_sync_failed: bool,
+    /// nftables mode: deleting stale chains failed.
+    pub nftables_cleanup_failed: bool,
 }
 
 /// A planned sync.
@@ -125,6 +146,10 @@ pub struct Finished {
     /// A periodic check found drift that the actor's full batch repairs:
     /// sync again soon.
     pub drift: bool,
+    /// nftables mode: the sync's transaction failed.
+    pub nftables_sync_failed: bool,
+    /// nftables mode: deleting stale chains failed.
+    pub nftables_cleanup_failed: bool,
 }
 
 /// Sync timing and planning settings.
@@ -281,6 +306,27 @@ impl<D: Dataplane> Coordinator<D> {
         if let Some(h) = self.observer.as_mut() {
             h.sync_started(&self.model, &changes, kind == SyncKind::Full);
         }
+        match self.dataplane.prepare(kind) {
+            // The model's applied state stays as it is meanwhile (events are
+            // recorded as pending), and the scheduler counts this sync as running.
+            Some(read) => {
+                ctx.spawn(read.into_actor(self).map(move |record, act, ctx| {
+                    record(&mut act.dataplane);
+                    act.run_sync(kind, generation, started, changes, ctx);
+                }));
+            }
+            None => self.run_sync(kind, generation, started, changes, ctx),
+        }
+    }
+
+    fn run_sync(
+        &mut self,
+        kind: SyncKind,
+        generation: u64,
+        started: Instant,
+        changes: ModelChanges,
+        ctx: &mut Context<Self>,
+    ) {
         let planned = self.dataplane.sync(&self.model, &changes, kind, generation);
         let (full, ports_changed, planned_ops) = (planned.full, changes.ports.len(), planned.ops);
         let periodic = kind == SyncKind::Periodic;
@@ -331,6 +377,8 @@ impl<D: Dataplane> Coordinator<D> {
                 iptables_restore_failed: f.iptables_restore_failed,
                 partial_restore_failed: f.partial_restore_failed,
                 rules: f.rules,
+                nftables_sync_failed: f.nftables_sync_failed,
+                nftables_cleanup_failed: f.nftables_cleanup_failed,
             });
         }
         let rec = SyncRecord {

@@ -801,3 +801,68 @@ fn a_failing_family_does_not_hold_back_the_other() {
         assert!(v4.k.journal.lines().iter().all(|l| !l.contains("fd00::")), "nothing of IPv6 in IPv4's kernels");
     });
 }
+
+/// A dataplane that reads the kernel before it plans (as nftables mode lists
+/// its table before a full sync), on a 10 ms read: records what it is called with.
+struct Reading {
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Dataplane for Reading {
+    type Outcome = ();
+    type Config = ();
+
+    fn prepare(&mut self, kind: SyncKind) -> Option<Prepare<Self>> {
+        self.log.lock().unwrap().push(format!("prepare {kind:?}"));
+        let read = async {
+            sleep(10 * MS).await;
+            Box::new(|d: &mut Reading| d.log.lock().unwrap().push("read".into())) as Box<dyn FnOnce(&mut Reading)>
+        };
+        Some(Box::pin(read))
+    }
+
+    fn sync(&mut self, _: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
+        self.log.lock().unwrap().push(format!("sync {generation} {kind:?} ports={}", changes.ports.len()));
+        Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(async {}) }
+    }
+
+    fn finished(&mut self, _: ()) -> Finished {
+        Finished::default()
+    }
+
+    fn reconfigure(&mut self, _: ()) {}
+}
+
+#[test]
+fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_next() {
+    run_paused(|| async {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let settings = Settings {
+            plan: PlanSettings {
+                family: IpFamily::V4,
+                node_name: "node-a".into(),
+                scheduler: String::new(),
+                node_ports: NodePortFilter::All,
+            },
+            min_sync: Duration::ZERO,
+            max_sync: Duration::from_secs(30),
+            burst: 2,
+        };
+        let coord = Coordinator::with_dataplane(settings, Reading { log: log.clone() }).start();
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        coord.send(SourceBatch(first)).await.unwrap();
+        sleep(5 * MS).await;
+        // Mid-read: a second service is recorded, not planned into this sync.
+        coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
+        sleep(50 * MS).await;
+        let lines = log.lock().unwrap().clone();
+        assert_eq!(
+            lines[..6],
+            ["prepare Full", "read", "sync 1 Full ports=1", "prepare Partial", "read", "sync 2 Partial ports=1"],
+            "{lines:?}"
+        );
+        let syncs = coord.send(GetSyncHistory).await.unwrap();
+        assert_eq!(syncs.len(), 2, "{syncs:?}");
+    });
+}

@@ -174,6 +174,11 @@ impl NftablesPlanner {
         self.stale.keys().cloned().collect()
     }
 
+    /// When the first stale chain is due for deletion ([`Self::delete_due`]).
+    pub fn next_delete_due(&self) -> Option<Duration> {
+        self.stale.values().min().map(|at| *at + STALE_CHAIN_DELAY)
+    }
+
     /// A transaction deleting the stale chains flushed at least
     /// [`STALE_CHAIN_DELAY`] before `now` (forgotten here: if it fails they
     /// are found again by the next full sync, as upstream).

@@ -503,10 +503,12 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
     assert!(p.stale_chains().is_empty(), "not before the kernel has it");
     p.confirm_applied(s(10));
     assert_eq!(p.stale_chains(), d.stale_chains);
+    assert_eq!(p.next_delete_due(), Some(s(11)));
     assert!(p.delete_due(s(10)).is_none(), "not within a second");
     let del = p.delete_due(s(11)).unwrap();
     assert_eq!(del.to_string(), "delete chain ip kube-proxy endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80\n");
     assert!(p.stale_chains().is_empty());
+    assert_eq!(p.next_delete_due(), None);
 
     // Flushed, then used again before it is due: not deleted.
     model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.1")])).unwrap();

@@ -1,0 +1,243 @@
+//! nftables mode's dataplane: the nftables planner, the nftables actor (one
+//! nf_tables transaction per sync) and the conntrack actor.
+//!
+//! - A full sync (the first one, after a failed or unanswered transaction,
+//!   after a reload or a topology change, when the node's addresses changed
+//!   at a periodic sync, and hourly) first lists the table's chains and sets
+//!   ([`Dataplane::prepare`]), then writes the whole table in one
+//!   transaction, as upstream's needFullSync: sets and maps reset, every
+//!   chain rewritten, per-service chains nobody uses flushed (stale).
+//! - Otherwise a partial sync: the changed service ports only; with nothing
+//!   changed (the syncPeriod's sync of a quiet cluster) nothing is sent.
+//! - A transaction the kernel refused, or whose answer never came, makes the
+//!   planner forget what the kernel holds ([`NftablesPlanner::failed`]): the
+//!   next sync is full, after the scheduler's backoff.
+//! - Stale chains are deleted by a transaction of their own at the start of
+//!   the first sync at least [`crate::plan::nftables::STALE_CHAIN_DELAY`]
+//!   after the one that flushed them (upstream's order). That sync is asked
+//!   for through [`Dataplane::next_retry`], so it comes about a second later
+//!   (rate-limited by minSyncPeriod) rather than at the next syncPeriod.
+//!   A failed deletion is counted (upstream's cleanup failures) and does not
+//!   fail the sync; the chains are found again by the next full sync.
+//! - Conntrack flushes follow a successful transaction, as in iptables mode.
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use super::{batch, AddrSource, Dataplane, Finished, Planned, Prepare, Target};
+use crate::actors::nftables::{translate, NftSyncError, NftablesTarget};
+use crate::model::{Model, ModelChanges, NodeInfo};
+use crate::msgs::*;
+use crate::net::IpFamily;
+use crate::plan::conntrack::conntrack_ops;
+use crate::plan::context::LocalAddr;
+use crate::plan::nftables::{KernelObjects, NftOp, NftablesContext, NftablesPlanner};
+use crate::schedule::SyncKind;
+
+/// Builds the planner's context from the Node and the node's addresses.
+pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> NftablesContext + Send>;
+
+/// The actors of nftables mode.
+pub struct NftablesTargets {
+    pub nftables: NftablesTarget,
+    pub conntrack: Target<ConntrackOp>,
+}
+
+/// What [`Dataplane::prepare`] decided for the sync it prepared.
+struct Decision {
+    full: bool,
+    /// The node's addresses, read for a full or periodic sync.
+    addrs: Option<Vec<LocalAddr>>,
+}
+
+/// nftables mode: plans with [`NftablesPlanner`], one transaction per sync.
+pub struct NftablesDataplane {
+    family: IpFamily,
+    planner: NftablesPlanner,
+    targets: NftablesTargets,
+    addrs: AddrSource,
+    context: NftContextBuilder,
+    /// The planner's clock starts here.
+    epoch: Instant,
+    decision: Option<Decision>,
+    /// The table as listed before the full sync being planned.
+    listed: Option<Result<KernelObjects, NftSyncError>>,
+    /// The node's addresses of the last full sync (nodePortAddresses):
+    /// read again at each periodic sync.
+    last_addrs: Vec<LocalAddr>,
+    /// The sync in flight is a partial one.
+    partial: bool,
+    deferred_conntrack: Vec<ConntrackOp>,
+}
+
+impl NftablesDataplane {
+    pub fn new(family: IpFamily, targets: NftablesTargets, addrs: AddrSource, context: NftContextBuilder) -> Self {
+        let planner = NftablesPlanner::new(context(&NodeInfo::default(), &[]));
+        NftablesDataplane {
+            family,
+            planner,
+            targets,
+            addrs,
+            context,
+            epoch: Instant::now(),
+            decision: None,
+            listed: None,
+            last_addrs: Vec::new(),
+            partial: false,
+            deferred_conntrack: Vec::new(),
+        }
+    }
+
+    fn decide(&mut self, kind: SyncKind) -> Decision {
+        let mut full = kind == SyncKind::Full || self.planner.needs_full();
+        let addrs = (full || kind == SyncKind::Periodic).then(|| (self.addrs)());
+        if kind == SyncKind::Periodic && !full && addrs.as_ref() != Some(&self.last_addrs) {
+            tracing::info!(ip_family = self.label(), "the node's addresses changed: full resync");
+            full = true;
+        }
+        Decision { full, addrs }
+    }
+
+    fn label(&self) -> &'static str {
+        crate::net::ip_family_label(self.family)
+    }
+
+    /// A sync that fails before anything is sent.
+    fn not_sent(&mut self, e: NftSyncError, full: bool, conntrack: Vec<ConntrackOp>) -> Planned<Outcome> {
+        tracing::error!(ip_family = self.label(), error = %e, "nftables sync not sent");
+        let outcome = Outcome { cleanup: None, main: Err(e), conntrack: None, deferred: conntrack };
+        Planned { full, ops: 0, run: async move { outcome }.boxed_local() }
+    }
+}
+
+/// The results of one sync.
+pub struct Outcome {
+    /// The stale chains' deletion, if one was sent.
+    cleanup: Option<Result<(), NftSyncError>>,
+    main: Result<(), NftSyncError>,
+    conntrack: Option<Option<Ack<ConntrackOp>>>,
+    deferred: Vec<ConntrackOp>,
+}
+
+impl Dataplane for NftablesDataplane {
+    type Outcome = Outcome;
+    type Config = NftContextBuilder;
+
+    fn prepare(&mut self, kind: SyncKind) -> Option<Prepare<Self>> {
+        let decision = self.decide(kind);
+        let full = decision.full;
+        self.decision = Some(decision);
+        if !full {
+            return None;
+        }
+        let nft = self.targets.nftables.clone();
+        let read = async move {
+            let listed = nft.list().await.map(|l| KernelObjects { chains: l.chains, sets: l.sets });
+            Box::new(move |d: &mut NftablesDataplane| d.listed = Some(listed))
+                as Box<dyn FnOnce(&mut NftablesDataplane)>
+        };
+        Some(read.boxed_local())
+    }
+
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
+        let Decision { full, addrs } = match self.decision.take() {
+            Some(d) => d,
+            None => self.decide(kind),
+        };
+        self.partial = !full;
+        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
+        conntrack.extend(conntrack_ops(model, changes));
+        let cleanup = self.planner.delete_due(self.epoch.elapsed());
+        let delta = if full {
+            let mut kernel = match self.listed.take() {
+                Some(Ok(k)) => k,
+                Some(Err(e)) => return self.not_sent(e, full, conntrack),
+                None => KernelObjects::default(),
+            };
+            // Chains deleted by this sync's cleanup are no longer there to flush.
+            if let Some(tx) = &cleanup {
+                kernel.chains.retain(|c| !tx.ops.iter().any(|op| matches!(op, NftOp::DeleteChain(d) if d == c)));
+            }
+            let addrs = addrs.unwrap_or_else(|| (self.addrs)());
+            let ctx = (self.context)(model.node(), &addrs);
+            self.last_addrs = addrs;
+            self.planner.full(model, ctx, &kernel)
+        } else {
+            match self.planner.partial(model, &changes.ports) {
+                Some(d) => d,
+                None => return self.not_sent(NftSyncError::NoConfirmedState, full, conntrack),
+            }
+        };
+        let main = match translate(&delta.tx) {
+            Ok(ops) => ops,
+            Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
+        };
+        let cleanup = match cleanup.as_ref().map(translate).transpose() {
+            Ok(ops) => ops,
+            Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
+        };
+        let ops = main.len() + cleanup.as_ref().map_or(0, Vec::len) + conntrack.len();
+        tracing::debug!(
+            ip_family = self.label(),
+            generation,
+            full,
+            plan_ops = delta.tx.len(),
+            stale = delta.stale_chains.len(),
+            "nftables transaction planned"
+        );
+        let (nft, ct) = (self.targets.nftables.clone(), self.targets.conntrack.clone());
+        let run = async move {
+            let cleanup = match cleanup {
+                Some(ops) => Some(nft.apply(generation, ops).await),
+                None => None,
+            };
+            let main = if main.is_empty() { Ok(()) } else { nft.apply(generation, main).await };
+            let (conntrack, deferred) = if main.is_ok() && !conntrack.is_empty() {
+                (Some(ct.send(batch(generation, SyncMode::Incremental, conntrack)).await), Vec::new())
+            } else {
+                (None, conntrack)
+            };
+            Outcome { cleanup, main, conntrack, deferred }
+        };
+        Planned { full, ops, run: run.boxed_local() }
+    }
+
+    fn finished(&mut self, o: Outcome) -> Finished {
+        let now = self.epoch.elapsed();
+        let mut failed = 0;
+        let cleanup_failed = matches!(o.cleanup, Some(Err(_)));
+        if let Some(Err(e)) = &o.cleanup {
+            tracing::warn!(ip_family = self.label(), error = %e, "deleting stale chains failed; the next full sync finds them");
+        }
+        let sync_failed = o.main.is_err();
+        match o.main {
+            Ok(()) => self.planner.confirm_applied(now),
+            Err(e) => {
+                failed += 1;
+                self.planner.failed();
+                let partial = self.partial;
+                tracing::warn!(ip_family = self.label(), error = %e, partial, "nftables sync failed: the next sync is a full one");
+            }
+        }
+        if let Some(ack) = o.conntrack {
+            failed += ack.map_or(1, |a| a.failed.len());
+        }
+        self.deferred_conntrack.extend(o.deferred);
+        Finished {
+            failed,
+            resync: failed > 0,
+            nftables_sync_failed: sync_failed,
+            nftables_cleanup_failed: cleanup_failed,
+            ..Finished::default()
+        }
+    }
+
+    /// Stale chains due for deletion bring a sync (see the module's doc).
+    fn next_retry(&self) -> Option<Instant> {
+        self.planner.next_delete_due().map(|d| self.epoch + d)
+    }
+
+    fn reconfigure(&mut self, context: NftContextBuilder) {
+        self.context = context;
+    }
+}
