@@ -58,9 +58,10 @@ use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::{self, http_exchange, http_get, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
@@ -85,19 +86,6 @@ const START_WAIT: Duration = Duration::from_secs(15);
 /// How long a manifest change may take to show in traffic (inotify
 /// debounce of 100 ms, one sync, one iptables-restore).
 const CHANGE_WAIT: Duration = Duration::from_secs(5);
-
-/// Polls with a deadline: `f` returns `Some` when done. Panics with `what`
-/// and `f`'s last complaint.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => panic!("timed out after {timeout:?} waiting for {what}: {last}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
 
 // ------------------------------------------------------------------ the lab
 
@@ -282,22 +270,7 @@ impl Lab {
 
     /// The daemon's recent syncs, newest first, once the coordinator answers.
     fn syncs(&self) -> Result<Vec<SyncRec>, String> {
-        let data = self.dashboard()?;
-        if data["syncs_available"] != json!(true) {
-            return Err(format!("coordinator did not answer: {data}"));
-        }
-        let syncs = data["syncs"].as_array().ok_or_else(|| format!("no syncs in {data}"))?;
-        Ok(syncs
-            .iter()
-            .map(|s| SyncRec {
-                generation: s["generation"].as_u64().unwrap(),
-                full: s["full"].as_bool().unwrap(),
-                periodic: s["periodic"].as_bool().unwrap(),
-                ops: s["ops"].as_u64().unwrap(),
-                ports_changed: s["ports_changed"].as_u64().unwrap(),
-                failed: s["failed"].as_u64().unwrap(),
-            })
-            .collect())
+        daemon::syncs(&self.node)
     }
 
     /// Waits for the first sync after generation `after`; returns it.
@@ -323,14 +296,7 @@ impl Lab {
     /// `/metrics`: the sum of `family`'s samples (`ip_family="IPv4"`) named
     /// `name`; `None` if there is none (a metric family without samples yet).
     fn family_metric(&self, name: &str, family: &str) -> Option<f64> {
-        let text = http_get(&self.node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
-        let label = format!("ip_family=\"{family}\"");
-        let samples: Vec<f64> = text
-            .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') && rest.contains(&label)))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
-            .collect();
-        (!samples.is_empty()).then(|| samples.iter().sum())
+        daemon::family_metric(&self.node, name, family)
     }
 
     /// `/metrics`: the value of the unlabelled sample `name`, if any.
@@ -400,84 +366,6 @@ impl Lab {
     }
 }
 
-/// One entry of the dashboard's sync list.
-#[derive(Debug, Clone)]
-struct SyncRec {
-    generation: u64,
-    full: bool,
-    periodic: bool,
-    ops: u64,
-    ports_changed: u64,
-    failed: u64,
-}
-
-/// A running daemon; SIGTERMed (then SIGKILLed) on drop if still running,
-/// and its log printed if the test is failing.
-struct Daemon {
-    child: Option<Child>,
-    log: PathBuf,
-    node: String,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Panics (with the log) if the daemon exited.
-    fn assert_running(&mut self) {
-        let child = self.child.as_mut().expect("daemon was started");
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            panic!("the daemon in {} exited ({status}); log:\n{}", self.node, self.log());
-        }
-    }
-
-    /// Waits up to `timeout` for the daemon to exit by itself; panics
-    /// (the log is printed on drop) if it keeps running.
-    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let child = self.child.as_mut().expect("daemon was started");
-        wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
-    }
-
-    /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
-    fn stop(mut self) -> String {
-        let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
-        let log = self.log();
-        assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM: clean exit; log:\n{log}");
-        assert!(log.contains("kernel state left in place"), "{log}");
-        log
-    }
-}
-
-/// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
-fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
-    if let Ok(Some(s)) = child.try_wait() {
-        return Some(s);
-    }
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            terminate(child, Duration::from_secs(5));
-        }
-        if std::thread::panicking() {
-            eprintln!("---- daemon log {} ----\n{}---- end of daemon log ----", self.log.display(), self.log());
-        }
-    }
-}
-
 /// The absolute path of `tool` on PATH.
 fn which(tool: &str) -> PathBuf {
     std::env::var("PATH")
@@ -486,33 +374,6 @@ fn which(tool: &str) -> PathBuf {
         .map(|d| Path::new(d).join(tool))
         .find(|p| p.exists())
         .unwrap_or_else(|| panic!("{tool} not found on PATH"))
-}
-
-/// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
-fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
-    let (head, body) = http_exchange(ns, 10249, path)?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(head);
-    }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Err(format!("chunked bodies are not parsed here: {head}"));
-    }
-    Ok(body)
-}
-
-/// `GET path` on `127.0.0.1:port` in `ns`, one connection: the response's
-/// head and body.
-fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, String), String> {
-    ns.run(|| {
-        let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
-            .map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
-        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
-        Ok((head.to_string(), body.to_string()))
-    })
 }
 
 fn count(haystack: &str, line: &str) -> usize {

@@ -22,12 +22,12 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::io::ErrorKind;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::{self, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use serde_json::{json, Value};
@@ -40,17 +40,6 @@ const START_WAIT: Duration = Duration::from_secs(15);
 /// sync, one transaction; stale chains a second later).
 const CHANGE_WAIT: Duration = Duration::from_secs(6);
 const WEB: &str = "10.96.0.10:80";
-
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => panic!("timed out after {timeout:?} waiting for {what}: {last}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
 
 // ------------------------------------------------------------------ the lab
 
@@ -183,23 +172,9 @@ impl Lab {
         })
     }
 
+    /// The daemon's recent syncs, newest first, once the coordinator answers.
     fn syncs(&self) -> Result<Vec<SyncRec>, String> {
-        let body = http_get(&self.node, "/dashboard/data")?;
-        let data: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-        if data["syncs_available"] != json!(true) {
-            return Err(format!("coordinator did not answer: {data}"));
-        }
-        let syncs = data["syncs"].as_array().ok_or_else(|| format!("no syncs in {data}"))?;
-        Ok(syncs
-            .iter()
-            .map(|s| SyncRec {
-                generation: s["generation"].as_u64().unwrap(),
-                full: s["full"].as_bool().unwrap(),
-                periodic: s["periodic"].as_bool().unwrap(),
-                ops: s["ops"].as_u64().unwrap(),
-                failed: s["failed"].as_u64().unwrap(),
-            })
-            .collect())
+        daemon::syncs(&self.node)
     }
 
     /// Waits for the first sync after generation `after`. Panics if a sync failed or the daemon exited.
@@ -215,101 +190,8 @@ impl Lab {
 
     /// `/metrics`: the sum of `family`'s samples named `name`.
     fn family_metric(&self, name: &str, family: &str) -> Option<f64> {
-        let text = http_get(&self.node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
-        let label = format!("ip_family=\"{family}\"");
-        let samples: Vec<f64> = text
-            .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') && rest.contains(&label)))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
-            .collect();
-        (!samples.is_empty()).then(|| samples.iter().sum())
+        daemon::family_metric(&self.node, name, family)
     }
-}
-
-#[derive(Debug, Clone)]
-struct SyncRec {
-    generation: u64,
-    full: bool,
-    periodic: bool,
-    ops: u64,
-    failed: u64,
-}
-
-/// A running daemon; SIGTERMed (then SIGKILLed) on drop if still running,
-/// and its log printed if the test is failing.
-struct Daemon {
-    child: Option<Child>,
-    log: PathBuf,
-    node: String,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        let child = self.child.as_mut().expect("daemon was started");
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            panic!("the daemon in {} exited ({status}); log:\n{}", self.node, self.log());
-        }
-    }
-
-    /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
-    fn stop(mut self) -> String {
-        let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
-        let log = self.log();
-        assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM: clean exit; log:\n{log}");
-        assert!(log.contains("kernel state left in place"), "{log}");
-        log
-    }
-}
-
-fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
-    if let Ok(Some(s)) = child.try_wait() {
-        return Some(s);
-    }
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            terminate(child, Duration::from_secs(5));
-        }
-        if std::thread::panicking() {
-            eprintln!("---- daemon log {} ----\n{}---- end of daemon log ----", self.log.display(), self.log());
-        }
-    }
-}
-
-/// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
-fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
-    let path = path.to_string();
-    let (head, body) = ns.run(move || {
-        let mut s = TcpStream::connect_timeout(&addr("127.0.0.1:10249"), Duration::from_secs(1))
-            .map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
-        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
-        Ok::<_, String>((head.to_string(), body.to_string()))
-    })?;
-    if !head.starts_with("HTTP/1.1 200") || head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Err(head);
-    }
-    Ok(body)
 }
 
 // ---------------------------------------------------------------- manifests

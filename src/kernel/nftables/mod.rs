@@ -37,6 +37,9 @@ pub enum TransactionError {
     Unknown(String),
     /// A rule is not in upstream's grammar; nothing was sent.
     Rule(rule::RuleError),
+    /// The datagram was refused whole (larger than the socket may send,
+    /// e.g. without CAP_NET_ADMIN to raise its buffer): nothing applied.
+    TooLarge { ops: usize, error: String },
 }
 
 impl fmt::Display for TransactionError {
@@ -47,6 +50,9 @@ impl fmt::Display for TransactionError {
             }
             TransactionError::Unknown(why) => write!(f, "nf_tables transaction outcome unknown: {why}"),
             TransactionError::Rule(e) => write!(f, "{e}; nothing sent"),
+            TransactionError::TooLarge { ops, error } => {
+                write!(f, "nf_tables transaction of {ops} ops refused whole ({error}); nothing applied")
+            }
         }
     }
 }
@@ -108,7 +114,13 @@ impl NetlinkNftables {
         let errors = tokio::task::spawn_blocking(move || sender.send(&batch))
             .await
             .map_err(|e| TransactionError::Unknown(format!("the sending thread: {e}")))?
-            .map_err(|e| TransactionError::Unknown(format!("sending the transaction: {e}")))?;
+            .map_err(|e| match e.raw_os_error() {
+                // Refused whole before any op ran: nothing applied.
+                Some(libc::EMSGSIZE) | Some(libc::ENOBUFS) => {
+                    TransactionError::TooLarge { ops: ops.len(), error: e.to_string() }
+                }
+                _ => TransactionError::Unknown(format!("sending the transaction: {e}")),
+            })?;
         // The first refused message (the batch markers are not ops).
         let refused = errors
             .iter()

@@ -1,0 +1,167 @@
+//! The daemon binary under test, as `iptables_daemon` and `nftables_daemon`
+//! run it: a child process in the node namespace with its log in a file,
+//! stopped with SIGTERM (exit 0 asserted), killed by a guard if a panicking
+//! test left it running (its log printed then); its dashboard's sync list
+//! and `/metrics` read over the metrics port.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::lab::addr;
+use super::Netns;
+
+/// Polls `f` every 100 ms until it succeeds; panics with its last error after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => panic!("timed out after {timeout:?} waiting for {what}: {last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// One entry of the dashboard's sync list.
+#[derive(Debug, Clone)]
+pub struct SyncRec {
+    pub generation: u64,
+    pub full: bool,
+    pub periodic: bool,
+    pub ops: u64,
+    pub ports_changed: u64,
+    pub failed: u64,
+}
+
+/// The dashboard's sync list of the daemon in `node`.
+pub fn syncs(node: &Netns) -> Result<Vec<SyncRec>, String> {
+    let body = http_get(node, "/dashboard/data")?;
+    let data: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    if data["syncs_available"] != json!(true) {
+        return Err(format!("coordinator did not answer: {data}"));
+    }
+    let syncs = data["syncs"].as_array().ok_or_else(|| format!("no syncs in {data}"))?;
+    Ok(syncs
+        .iter()
+        .map(|s| SyncRec {
+            generation: s["generation"].as_u64().unwrap(),
+            full: s["full"].as_bool().unwrap(),
+            periodic: s["periodic"].as_bool().unwrap(),
+            ops: s["ops"].as_u64().unwrap(),
+            ports_changed: s["ports_changed"].as_u64().unwrap_or(0),
+            failed: s["failed"].as_u64().unwrap(),
+        })
+        .collect())
+}
+
+/// `/metrics` of the daemon in `node`: the sum of `family`'s samples
+/// (`ip_family="IPv4"`) named `name`; `None` if there is none.
+pub fn family_metric(node: &Netns, name: &str, family: &str) -> Option<f64> {
+    let text = http_get(node, "/metrics").unwrap_or_else(|e| panic!("/metrics: {e}"));
+    let label = format!("ip_family=\"{family}\"");
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') && rest.contains(&label)))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+/// A running daemon; SIGTERMed (then SIGKILLed) on drop if still running,
+/// and its log printed if the test is failing.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+    pub node: String,
+}
+
+impl Daemon {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics (with the log) if the daemon exited.
+    pub fn assert_running(&mut self) {
+        let child = self.child.as_mut().expect("daemon was started");
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the daemon in {} exited ({status}); log:\n{}", self.node, self.log());
+        }
+    }
+
+    /// Waits up to `timeout` for the daemon to exit by itself; panics
+    /// (the log is printed on drop) if it keeps running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("daemon was started");
+        wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
+    }
+
+    /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
+    pub fn stop(mut self) -> String {
+        let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
+        let log = self.log();
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM: clean exit; log:\n{log}");
+        assert!(log.contains("kernel state left in place"), "{log}");
+        log
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
+pub fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    if let Ok(Some(s)) = child.try_wait() {
+        return Some(s);
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            terminate(child, Duration::from_secs(5));
+        }
+        if std::thread::panicking() {
+            eprintln!("---- daemon log {} ----\n{}---- end of daemon log ----", self.log.display(), self.log());
+        }
+    }
+}
+
+/// `GET path` on the daemon's metrics server (127.0.0.1:10249 in `ns`): the body of a 200.
+pub fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
+    let (head, body) = http_exchange(ns, 10249, path)?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head);
+    }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Err(format!("chunked bodies are not parsed here: {head}"));
+    }
+    Ok(body)
+}
+
+/// `GET path` on `127.0.0.1:port` in `ns`, one connection: the response's
+/// head and body.
+pub fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, String), String> {
+    ns.run(|| {
+        let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
+        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
+        Ok((head.to_string(), body.to_string()))
+    })
+}
