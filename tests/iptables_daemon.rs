@@ -449,52 +449,6 @@ fn dual_stack_node_manifest() -> Value {
     })
 }
 
-/// NodePort Service `default/<name>` with `cluster_ips` (their families, in
-/// order, are its ipFamilies; two make it RequireDualStack), ports `http`
-/// 80/TCP and `dns` 80/UDP to 8080 on `node_port`, and one EndpointSlice
-/// per family with the named backends (ready, on this node).
-fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
-    let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
-    let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
-    let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
-    let mut items = vec![json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-            "ipFamilies": families, "ipFamilyPolicy": policy,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-            ],
-        },
-    })];
-    for fam in families {
-        let endpoints: Vec<Value> = backends
-            .iter()
-            .map(|b| {
-                let n: usize = b[1..].parse().unwrap();
-                let ip = if fam == "IPv6" { format!("fd00:244:{n}::2") } else { format!("10.244.{n}.2") };
-                json!({"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
-                    "nodeName": NODE})
-            })
-            .collect();
-        items.push(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{name}-{}", fam.to_lowercase()), "namespace": "default",
-                "labels": {"kubernetes.io/service-name": name,
-                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": fam,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
-                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
-            ],
-            "endpoints": endpoints,
-        }));
-    }
-    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
-}
-
 /// Someone else's rules in the node: a chain of their own in filter and nat,
 /// each with a rule, jumped to from a built-in chain. Returns their
 /// `iptables-save` lines, which nothing of ours may touch.
@@ -1002,8 +956,8 @@ fn a_dual_stack_service_answers_on_both_families() {
     let config = std::fs::read_to_string(lab.config_path()).unwrap();
     let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
     std::fs::write(lab.config_path(), config).unwrap();
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
-    lab.put("v6only", &dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
+    lab.put("v6only", &daemon::dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
     let daemon = lab.start_synced();
     let both = ["b1", "b2"];
     for to in ["10.96.0.40:80", "[fd00:96::40]:80", "192.168.50.1:30040", "[fd00:50::1]:30040"] {
@@ -1033,8 +987,8 @@ fn a_dual_stack_service_answers_on_both_families() {
     }
 
     // The IPv6 slice alone changes: IPv6 traffic follows, IPv4 keeps both backends.
-    let mut web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
-    let v6_only_b1 = dual_stack_service_manifest("x", &["fd00:96::40"], 30040, &["b1"]);
+    let mut web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    let v6_only_b1 = daemon::dual_stack_service_manifest("x", &["fd00:96::40"], 30040, &["b1"]);
     web["items"][2]["endpoints"] = v6_only_b1["items"][1]["endpoints"].clone();
     lab.put("web", &web);
     lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
@@ -1048,7 +1002,7 @@ fn a_dual_stack_service_answers_on_both_families() {
 #[test]
 fn a_node_without_ipv6_runs_single_stack_and_says_why() {
     let mut lab = Lab::new("no6", Flavour::Legacy, &["b1"]);
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
     lab.node.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
     let daemon = lab.start_synced();
     lab.wait_traffic("10.96.0.40:80", false, &["b1"], CHANGE_WAIT);
@@ -1080,7 +1034,7 @@ fn the_api_source_programs_a_dual_stack_service() {
     )
     .unwrap();
     api.create(&dual_stack_node_manifest()).unwrap();
-    let web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    let web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
     for item in web["items"].as_array().unwrap() {
         api.create(item).unwrap();
     }
@@ -1123,7 +1077,7 @@ fn sighup_reconfigures_both_families() {
     let config = std::fs::read_to_string(lab.config_path()).unwrap();
     let dual = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
     std::fs::write(lab.config_path(), &dual).unwrap();
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
     let mut daemon = lab.start_synced();
     lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
     // The cluster IP rules that mark for masquerade, per family.
@@ -1163,7 +1117,7 @@ fn sighup_reconfigures_both_families() {
 fn health_check_node_port_answers_on_both_families() {
     let mut lab = Lab::new("dshc", Flavour::Nft, &["b1", "b2"]);
     lab.put("node", &dual_stack_node_manifest());
-    let mut web = dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    let mut web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
     web["items"][0]["spec"]["type"] = json!("LoadBalancer");
     web["items"][0]["spec"]["externalTrafficPolicy"] = json!("Local");
     web["items"][0]["spec"]["healthCheckNodePort"] = json!(32040);
@@ -1320,8 +1274,8 @@ fn ignored_slices_are_logged_once_and_counted() {
 #[test]
 fn a_node_port_held_by_another_service_is_refused_and_named() {
     let mut lab = Lab::new("npc", Flavour::Legacy, &["b1", "b2"]);
-    lab.put("a", &dual_stack_service_manifest("a", &["10.96.0.50"], 30050, &["b1"]));
-    lab.put("b", &dual_stack_service_manifest("b", &["10.96.0.51"], 30050, &["b2"]));
+    lab.put("a", &daemon::dual_stack_service_manifest("a", &["10.96.0.50"], 30050, &["b1"]));
+    lab.put("b", &daemon::dual_stack_service_manifest("b", &["10.96.0.51"], 30050, &["b2"]));
     let daemon = lab.start_synced();
     let node_port = format!("{NODE_IP}:30050");
     lab.wait_traffic(&node_port, false, &["b1"], CHANGE_WAIT);
@@ -1650,7 +1604,7 @@ fn send_invalid_tcp(lab: &Lab, dst: [u8; 4]) {
 #[test]
 fn nfacct_counters_count_invalid_drops_and_localhost_node_ports() {
     let mut lab = Lab::new("nfa", Flavour::Legacy, &["b1"]);
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
     let daemon = lab.start_synced();
     assert_eq!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().filter(|p| p.is_some()).count(), 2);
     // iptables-save prints the nfacct match with two spaces before the name.
@@ -1694,7 +1648,7 @@ fn nfacct_counters_count_invalid_drops_and_localhost_node_ports() {
 fn nfacct_objects_deleted_with_the_rules_are_created_again_by_the_full_resync() {
     let mut lab = Lab::new("nfr", Flavour::Legacy, &["b1"]);
     lab.config("iptables", "60s");
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
     let mut daemon = lab.start_synced();
     assert!(lab.nfacct_packets(&[NFACCT_INVALID, NFACCT_LOCALHOST]).iter().all(Option::is_some));
     let last = lab.syncs().expect("syncs")[0].generation;
@@ -1738,7 +1692,7 @@ fn nfacct_objects_deleted_with_the_rules_are_created_again_by_the_full_resync() 
 fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     let mut lab = Lab::new("nfm", Flavour::Legacy, &["b1"]);
     lab.refuse_nfacct_match();
-    lab.put("web", &dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
     let daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     let saved = lab.save(None);

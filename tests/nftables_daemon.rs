@@ -28,7 +28,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::{self, wait_for, Daemon, SyncRec};
-use common::lab::{self, addr, names, set, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
+use common::lab::{self, addr, names, set, Answer, Backend, Conn, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use serde_json::{json, Value};
 
@@ -209,54 +209,8 @@ fn node_manifest(dual: bool) -> Value {
     })
 }
 
-/// Service `default/<name>` at `cluster_ips` (their families in order;
-/// two make it RequireDualStack), NodePort `node_port` for ports `http`
-/// 80/TCP and `dns` 80/UDP to 8080, and one EndpointSlice per family with
-/// the named backends (ready, on this node).
-fn service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
-    let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
-    let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
-    let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
-    let mut items = vec![json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-            "ipFamilies": families, "ipFamilyPolicy": policy,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-            ],
-        },
-    })];
-    for fam in families {
-        let endpoints: Vec<Value> = backends
-            .iter()
-            .map(|b| {
-                let n: usize = b[1..].parse().unwrap();
-                let ip = if fam == "IPv6" { format!("fd00:244:{n}::2") } else { format!("10.244.{n}.2") };
-                json!({"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
-                    "nodeName": NODE})
-            })
-            .collect();
-        items.push(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{name}-{}", fam.to_lowercase()), "namespace": "default",
-                "labels": {"kubernetes.io/service-name": name,
-                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": fam,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
-                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
-            ],
-            "endpoints": endpoints,
-        }));
-    }
-    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
-}
-
 fn web(backends: &[&str]) -> Value {
-    service_manifest("web", &["10.96.0.10"], 30010, backends)
+    daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30010, backends)
 }
 
 /// The chain names of an `nft list table` listing.
@@ -278,7 +232,7 @@ fn chains(listing: &str) -> Vec<String> {
 fn traffic_follows_endpoints_and_deleted_services_leave_nothing() {
     let mut lab = Lab::new("flow", &["b1", "b2"]);
     lab.put("web", &web(&["b1", "b2"]));
-    lab.put("api", &service_manifest("api", &["10.96.0.11"], 30011, &["b1"]));
+    lab.put("api", &daemon::dual_stack_service_manifest("api", &["10.96.0.11"], 30011, &["b1"]));
     let mut daemon = lab.start_synced();
     let both = ["b1", "b2"];
     lab.wait_traffic(WEB, false, &both, CHANGE_WAIT);
@@ -405,7 +359,7 @@ fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state() 
 fn a_dual_stack_service_answers_on_both_families() {
     let mut lab = Lab::new("ds", &["b1", "b2"]);
     lab.put("node", &node_manifest(true));
-    lab.put("web", &service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
     let daemon = lab.start_synced();
     let both = ["b1", "b2"];
     for to in ["10.96.0.40:80", "[fd00:96::40]:80", "192.168.50.1:30040", "[fd00:50::1]:30040"] {
@@ -468,7 +422,12 @@ fn a_thousand_services_go_in_one_transaction() {
     let mut items = Vec::new();
     for i in 0..1000 {
         let ip = format!("10.96.{}.{}", 100 + i / 250, i % 250 + 1);
-        let m = service_manifest(&format!("s{i}"), &[&ip], 0, if i % 2 == 0 { &["b1"] } else { &["b2"] });
+        let m = daemon::dual_stack_service_manifest(
+            &format!("s{i}"),
+            &[&ip],
+            0,
+            if i % 2 == 0 { &["b1"] } else { &["b2"] },
+        );
         items.extend(m["items"].as_array().unwrap().iter().cloned().map(|mut item| {
             if item["kind"] == "Service" {
                 item["spec"]["type"] = json!("ClusterIP");

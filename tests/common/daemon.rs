@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::lab::addr;
+use super::lab::{addr, BACKEND_PORT};
 use super::Netns;
 
 /// Polls `f` every 100 ms until it succeeds; panics with its last error after `timeout`.
@@ -164,4 +164,50 @@ pub fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, Strin
         let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
         Ok((head.to_string(), body.to_string()))
     })
+}
+
+/// NodePort Service `default/<name>` with `cluster_ips` (their families, in
+/// order, are its ipFamilies; two make it RequireDualStack), ports `http`
+/// 80/TCP and `dns` 80/UDP to 8080 on `node_port`, and one EndpointSlice
+/// per family with the named backends (ready, on this node).
+pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
+    let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
+    let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
+    let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
+    let mut items = vec![json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+            "ipFamilies": families, "ipFamilyPolicy": policy,
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
+                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
+            ],
+        },
+    })];
+    for fam in families {
+        let endpoints: Vec<Value> = backends
+            .iter()
+            .map(|b| {
+                let n: usize = b[1..].parse().unwrap();
+                let ip = if fam == "IPv6" { format!("fd00:244:{n}::2") } else { format!("10.244.{n}.2") };
+                json!({"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": "node-a"})
+            })
+            .collect();
+        items.push(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-{}", fam.to_lowercase()), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": name,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": fam,
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
+                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
+            ],
+            "endpoints": endpoints,
+        }));
+    }
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
 }
