@@ -287,16 +287,7 @@ impl Compiler<'_> {
                 if net.prefix_len() != net.max_prefix_len() {
                     let mask = addr_bytes(net.netmask());
                     let zero = vec![0; mask.len()];
-                    self.push(
-                        "bitwise",
-                        vec![
-                            u32_attr(1, NFT_REG_1),
-                            u32_attr(2, NFT_REG_1),
-                            u32_attr(3, mask.len() as u32),
-                            data_value(4, &mask),
-                            data_value(5, &zero),
-                        ],
-                    );
+                    self.bitwise(&mask, &zero);
                 }
                 self.push("cmp", vec![u32_attr(1, NFT_REG_1), u32_attr(2, op), data_value(3, &addr)]);
             }
@@ -350,16 +341,7 @@ impl Compiler<'_> {
             w => return Err(format!("unknown ct state {w:?}")),
         };
         self.push("ct", vec![u32_attr(1, NFT_REG_1), u32_attr(2, 0)]);
-        self.push(
-            "bitwise",
-            vec![
-                u32_attr(1, NFT_REG_1),
-                u32_attr(2, NFT_REG_1),
-                u32_attr(3, 4),
-                data_value(4, &bit.to_ne_bytes()),
-                data_value(5, &[0; 4]),
-            ],
-        );
+        self.bitwise(&bit.to_ne_bytes(), &[0; 4]);
         self.push("cmp", vec![u32_attr(1, NFT_REG_1), u32_attr(2, 1), data_value(3, &[0; 4])]);
         Ok(())
     }
@@ -390,16 +372,7 @@ impl Compiler<'_> {
                 self.expect("==")?;
                 let v = parse_u32(self.next()?)?;
                 self.push("meta", vec![u32_attr(1, NFT_REG_1), u32_attr(2, meta_mark)]);
-                self.push(
-                    "bitwise",
-                    vec![
-                        u32_attr(1, NFT_REG_1),
-                        u32_attr(2, NFT_REG_1),
-                        u32_attr(3, 4),
-                        data_value(4, &m.to_ne_bytes()),
-                        data_value(5, &[0; 4]),
-                    ],
-                );
+                self.bitwise(&m.to_ne_bytes(), &[0; 4]);
                 self.push("cmp", vec![u32_attr(1, NFT_REG_1), u32_attr(2, 0), data_value(3, &v.to_ne_bytes())]);
             }
             "set" => {
@@ -413,16 +386,7 @@ impl Compiler<'_> {
                     w => return Err(format!("unknown mark operation {w:?}")),
                 };
                 self.push("meta", vec![u32_attr(1, NFT_REG_1), u32_attr(2, meta_mark)]);
-                self.push(
-                    "bitwise",
-                    vec![
-                        u32_attr(1, NFT_REG_1),
-                        u32_attr(2, NFT_REG_1),
-                        u32_attr(3, 4),
-                        data_value(4, &mask.to_ne_bytes()),
-                        data_value(5, &xor.to_ne_bytes()),
-                    ],
-                );
+                self.bitwise(&mask.to_ne_bytes(), &xor.to_ne_bytes());
                 // meta set mark (NFTA_META_SREG = 3).
                 self.push("meta", vec![u32_attr(2, meta_mark), u32_attr(3, NFT_REG_1)]);
             }
@@ -503,6 +467,19 @@ impl Compiler<'_> {
         }
         self.push("masq", attrs);
         Ok(())
+    }
+
+    /// Register 1 = (register 1 & `mask`) ^ `xor`, over `mask`'s length.
+    fn bitwise(&mut self, mask: &[u8], xor: &[u8]) {
+        let len = mask.len() as u32;
+        let attrs = vec![
+            u32_attr(1, NFT_REG_1),
+            u32_attr(2, NFT_REG_1),
+            u32_attr(3, len),
+            data_value(4, mask),
+            data_value(5, xor),
+        ];
+        self.push("bitwise", attrs);
     }
 
     fn push(&mut self, name: &str, attributes: Vec<DefaultNla>) {
