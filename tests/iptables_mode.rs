@@ -36,13 +36,13 @@ mod common;
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use common::lab::{self, names, set, Answer, Backend, BACKEND_PORT, CLIENT_IP, NODE_IP};
+use common::lab::{self, endpoints, names, service, set, Answer, Backend, CLIENT_IP, NODE_IP};
 use common::Netns;
-use kube_proxy_rs::fixtures::{applied_service, applied_slice, from_json, node, slice, Ep};
+use kube_proxy_rs::fixtures::node;
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
+use kube_proxy_rs::plan::context::NodePortFilter;
 use kube_proxy_rs::plan::iptables::{
     iptables_context, IptablesContext, IptablesPlanner, IptablesSettings, Jump, JUMPS, KUBELET_JUMPS,
 };
@@ -169,44 +169,8 @@ fn lab_context() -> IptablesContext {
         nfacct_ct_state_invalid: false,
         nfacct_localhost_node_ports: false,
     };
-    let addrs: Vec<LocalAddr> = [("lo", "127.0.0.1"), ("nc0", NODE_IP), ("up0", "172.31.0.1")]
-        .iter()
-        .chain(&[("nb1", "10.244.1.1"), ("nb2", "10.244.2.1"), ("nb3", "10.244.3.1")])
-        .map(|(i, ip)| LocalAddr { ifname: i.to_string(), ip: ip.parse().unwrap() })
-        .collect();
+    let addrs = lab::node_addrs();
     iptables_context(&settings, &NodeInfo::from_node(&node(NODE, NODE_IP, "z1")), &addrs)
-}
-
-/// A Service `default/<name>` with port `http` 80/TCP (and `dns` 80/UDP
-/// when `udp`) to target port 8080; `spec` adds or overrides fields.
-fn service(name: &str, cluster_ip: &str, udp: bool, spec: Value, status: Value) -> SourceEvent {
-    let mut ports = vec![json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080})];
-    if udp {
-        ports.push(json!({"name": "dns", "protocol": "UDP", "port": 80, "targetPort": 8080}));
-    }
-    let mut s = json!({"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": ports});
-    for (k, v) in spec.as_object().into_iter().flatten() {
-        s[k] = v.clone();
-    }
-    applied_service(from_json(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "default", "name": name},
-        "spec": s, "status": status,
-    })))
-}
-
-/// The endpoints of `default/<name>`: the named backends, b3 on another node.
-fn endpoints(name: &str, backends: &[&str]) -> SourceEvent {
-    let eps: Vec<Ep> = backends
-        .iter()
-        .map(|b| {
-            let n: usize = b[1..].parse().unwrap();
-            let node_name = if *b == "b3" { "other-node" } else { NODE };
-            kube_proxy_rs::fixtures::ep(&format!("10.244.{n}.2"), node_name)
-        })
-        .collect();
-    let ports = [("http", "TCP", i32::from(BACKEND_PORT)), ("dns", "UDP", i32::from(BACKEND_PORT))];
-    applied_slice(slice("default", &format!("{name}-1"), name, &ports, &eps))
 }
 
 #[test]

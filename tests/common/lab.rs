@@ -279,3 +279,58 @@ pub fn names(answers: &[Answer]) -> BTreeSet<String> {
 pub fn set(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
+
+/// The node namespace's interface addresses as the planners see them: loopback,
+/// the client-side and uplink addresses, and one per backend link.
+pub fn node_addrs() -> Vec<kube_proxy_rs::plan::context::LocalAddr> {
+    [("lo", "127.0.0.1"), ("nc0", NODE_IP), ("up0", "172.31.0.1")]
+        .iter()
+        .chain(&[("nb1", "10.244.1.1"), ("nb2", "10.244.2.1"), ("nb3", "10.244.3.1")])
+        .map(|(i, ip)| kube_proxy_rs::plan::context::LocalAddr { ifname: i.to_string(), ip: ip.parse().unwrap() })
+        .collect()
+}
+
+/// A Service `default/<name>` with port `http` 80/TCP (and `dns` 80/UDP
+/// when `udp`) to target port 8080; `spec` adds or overrides fields.
+pub fn service(
+    name: &str,
+    cluster_ip: &str,
+    udp: bool,
+    spec: serde_json::Value,
+    status: serde_json::Value,
+) -> kube_proxy_rs::msgs::SourceEvent {
+    let mut ports = vec![serde_json::json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080})];
+    if udp {
+        ports.push(serde_json::json!({"name": "dns", "protocol": "UDP", "port": 80, "targetPort": 8080}));
+    }
+    let mut s =
+        serde_json::json!({"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": ports});
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        s[k] = v.clone();
+    }
+    kube_proxy_rs::fixtures::applied_service(kube_proxy_rs::fixtures::from_json(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name},
+        "spec": s, "status": status,
+    })))
+}
+
+/// The endpoints of `default/<name>`: the named backends, b3 on another node.
+pub fn endpoints(name: &str, backends: &[&str]) -> kube_proxy_rs::msgs::SourceEvent {
+    let eps: Vec<kube_proxy_rs::fixtures::Ep> = backends
+        .iter()
+        .map(|b| {
+            let n: usize = b[1..].parse().unwrap();
+            let node_name = if *b == "b3" { "other-node" } else { "node-a" };
+            kube_proxy_rs::fixtures::ep(&format!("10.244.{n}.2"), node_name)
+        })
+        .collect();
+    let ports = [("http", "TCP", i32::from(BACKEND_PORT)), ("dns", "UDP", i32::from(BACKEND_PORT))];
+    kube_proxy_rs::fixtures::applied_slice(kube_proxy_rs::fixtures::slice(
+        "default",
+        &format!("{name}-1"),
+        name,
+        &ports,
+        &eps,
+    ))
+}
