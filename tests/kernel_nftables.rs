@@ -215,3 +215,43 @@ fn the_demo_ruleset_in_one_transaction_lists_as_nft_f_of_the_same_text() {
         assert_eq!(a, b, "{name}: ours:\n{a}\nnft -f:\n{b}");
     }
 }
+
+/// The periodic drift check's two gets: the ruleset generation moves with
+/// every commit, anybody's; the table's handle and use count move only when
+/// somebody deletes or re-creates the table or adds or removes a chain or set.
+#[test]
+fn the_generation_and_the_tables_handle_and_use_count_tell_who_changed_what() {
+    let ns = Netns::new("kpr-nft-gen");
+    apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("the first transaction");
+    let read = |ns: &Netns| {
+        ns.block_on(|| async {
+            let nft = NetlinkNftables::new().expect("netfilter netlink socket");
+            let generation = nft.generation().await.expect("generation");
+            (generation, nft.table_info(IpFamily::V4, TABLE).await.expect("table"))
+        })
+    };
+    let (g0, t0) = read(&ns);
+    let t0 = t0.expect("the table is there");
+    // 3 chains and 1 set.
+    assert_eq!(t0.use_count, 4, "{t0:?}");
+    assert_eq!(read(&ns), (g0, Some(t0)), "nothing committed, nothing moves");
+    // Somebody else's table: the generation moves, our table does not.
+    ns.ok(&["nft", "add", "table", "ip", "somebody-else"]);
+    let (g1, t1) = read(&ns);
+    assert_ne!(g1, g0);
+    assert_eq!(t1, Some(t0));
+    // An element of ours deleted: invisible to this check (the hourly full sync's part).
+    ns.ok(&["nft", "delete", "element", "ip", TABLE, "service-ips", "{ 10.96.0.10 . tcp . 80 }"]);
+    assert_eq!(read(&ns).1, Some(t0));
+    // A chain of ours deleted (nothing points to it any more): the use count moves.
+    ns.ok(&["nft", "delete", "chain", "ip", TABLE, "service-ULMVA6XW-ns1/svc1/tcp/p80"]);
+    let t2 = read(&ns).1.expect("the table is there");
+    assert_eq!((t2.handle, t2.use_count), (t0.handle, 3));
+    // The table deleted and created again: gone, then a new handle.
+    ns.ok(&["nft", "delete", "table", "ip", TABLE]);
+    assert_eq!(read(&ns).1, None);
+    apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("again");
+    let t3 = read(&ns).1.expect("the table is there");
+    assert_ne!(t3.handle, t0.handle);
+    assert_eq!(t3.use_count, t0.use_count);
+}

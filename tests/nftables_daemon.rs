@@ -474,3 +474,40 @@ fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
     assert_eq!(lab.table("ip"), listed);
     daemon.stop();
 }
+
+/// The syncPeriod's cheap drift check (the ruleset's generation, then our
+/// table's handle and use count): somebody else's commit (another table)
+/// costs two gets and changes nothing; our table deleted is written again
+/// by the next periodic sync, a full one, not an hour later.
+#[test]
+fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables() {
+    let mut lab = Lab::new("dri", &["b1"]);
+    lab.config("nftables", "2s");
+    lab.put("web", &web(&["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let mut last = lab.wait_sync(&mut daemon, lab.syncs().expect("syncs")[0].generation, CHANGE_WAIT).generation;
+    let mut next = |lab: &Lab, daemon: &mut Daemon| {
+        let s = lab.wait_sync(daemon, last, CHANGE_WAIT);
+        last = s.generation;
+        s
+    };
+    lab.node.ok(&["nft", "add", "table", "ip", "somebody-else"]);
+    // The sync in flight may have started before that commit: two more.
+    let quiet = [next(&lab, &mut daemon), next(&lab, &mut daemon)];
+    assert!(quiet.iter().all(|s| s.periodic && !s.full && s.ops == 0), "{quiet:?}");
+    lab.node.ok(&["nft", "delete", "table", "ip", "kube-proxy"]);
+    let repaired = wait_for("a periodic full sync", CHANGE_WAIT, || {
+        let s = next(&lab, &mut daemon);
+        if s.full {
+            Ok(s)
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+    assert!(repaired.periodic && repaired.ops > 0, "{repaired:?}");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let log = daemon.stop();
+    assert!(log.contains("the nftables table drifted: full resync"), "{log}");
+    assert!(log.contains("the table was deleted"), "{log}");
+}

@@ -101,7 +101,6 @@ const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
-const NFTA_GEN_ID: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 
 /// The GETGEN request: nlmsghdr + nfgenmsg (AF_UNSPEC, NFNETLINK_V0).
@@ -129,20 +128,8 @@ fn parse_getgen_reply(buf: &[u8]) -> io::Result<u32> {
     if ty != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
         return Err(bad());
     }
-    // Attributes after nlmsghdr (16) and nfgenmsg (4).
-    let mut at = 20;
-    while at + 4 <= len {
-        let alen = u16::from_ne_bytes([buf[at], buf[at + 1]]) as usize;
-        let aty = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & 0x3fff;
-        if alen < 4 || at + alen > len {
-            break;
-        }
-        if aty == NFTA_GEN_ID && alen >= 8 {
-            return Ok(u32::from_be_bytes([buf[at + 4], buf[at + 5], buf[at + 6], buf[at + 7]]));
-        }
-        at += (alen + 3) & !3;
-    }
-    Err(bad())
+    // The payload after nlmsghdr (16): nfgenmsg, then the attributes.
+    super::nftables::codec::generation_id(buf.get(16..len).unwrap_or(&[])).ok_or_else(bad)
 }
 
 /// A netlink netfilter socket whose receives time out after a second.
@@ -319,7 +306,7 @@ mod tests {
     fn reads_the_generation_and_kernel_errors() {
         let mut payload = vec![0u8; 4]; // nfgenmsg
         payload.extend(8u16.to_ne_bytes());
-        payload.extend((NFTA_GEN_ID).to_ne_bytes());
+        payload.extend(1u16.to_ne_bytes()); // NFTA_GEN_ID
         payload.extend(4242u32.to_be_bytes());
         assert_eq!(parse_getgen_reply(&reply(0x0a0f, &payload)).unwrap(), 4242);
         let err = reply(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());

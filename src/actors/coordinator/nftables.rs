@@ -3,7 +3,7 @@
 //!
 //! - A full sync (the first one, after a failed or unanswered transaction,
 //!   after a reload or a topology change, when the node's addresses changed
-//!   at a periodic sync, and hourly) first lists the table's chains and sets
+//!   at a periodic sync, after drift, and hourly) first lists the table's chains and sets
 //!   ([`Dataplane::prepare`]), then writes the whole table in one
 //!   transaction, as upstream's needFullSync: sets and maps reset, every
 //!   chain rewritten, per-service chains nobody uses flushed (stale).
@@ -19,6 +19,11 @@
 //!   (rate-limited by minSyncPeriod) rather than at the next syncPeriod.
 //!   A failed deletion is counted (upstream's cleanup failures) and does not
 //!   fail the sync; the chains are found again by the next full sync.
+//! - The syncPeriod's sync first asks the nftables actor whether anybody
+//!   changed the table since our last transaction (the ruleset's generation,
+//!   then the table's handle, use count and flags: two small gets, no
+//!   listing); if so, or if the check fails, that sync lists the table and
+//!   is a full one.
 //! - Conntrack flushes follow a successful transaction, as in iptables mode.
 
 use futures::FutureExt;
@@ -110,6 +115,11 @@ impl NftablesDataplane {
     }
 }
 
+/// The table's chains and sets, as the planner's full sync takes them.
+async fn list(nft: &NftablesTarget) -> Result<KernelObjects, NftSyncError> {
+    nft.list().await.map(|l| KernelObjects { chains: l.chains, sets: l.sets })
+}
+
 /// The results of one sync.
 pub struct Outcome {
     /// The stale chains' deletion, if one was sent.
@@ -127,14 +137,35 @@ impl Dataplane for NftablesDataplane {
         let decision = self.decide(kind);
         let full = decision.full;
         self.decision = Some(decision);
-        if !full {
+        let nft = self.targets.nftables.clone();
+        let family = self.label();
+        if full {
+            let read = async move {
+                let listed = list(&nft).await;
+                Box::new(move |d: &mut NftablesDataplane| d.listed = Some(listed))
+                    as Box<dyn FnOnce(&mut NftablesDataplane)>
+            };
+            return Some(read.boxed_local());
+        }
+        if kind != SyncKind::Periodic {
             return None;
         }
-        let nft = self.targets.nftables.clone();
+        // The syncPeriod's cheap check: two small gets; a listing and a full
+        // sync only if somebody changed the table (or the check failed).
         let read = async move {
-            let listed = nft.list().await.map(|l| KernelObjects { chains: l.chains, sets: l.sets });
-            Box::new(move |d: &mut NftablesDataplane| d.listed = Some(listed))
-                as Box<dyn FnOnce(&mut NftablesDataplane)>
+            let drift = match nft.check_drift().await {
+                Ok(None) => return Box::new(|_: &mut NftablesDataplane| ()) as Box<dyn FnOnce(&mut NftablesDataplane)>,
+                Ok(Some(what)) => what,
+                Err(e) => e.to_string(),
+            };
+            tracing::info!(ip_family = family, drift = %drift, "the nftables table drifted: full resync");
+            let listed = list(&nft).await;
+            Box::new(move |d: &mut NftablesDataplane| {
+                d.listed = Some(listed);
+                if let Some(decision) = d.decision.as_mut() {
+                    decision.full = true;
+                }
+            }) as Box<dyn FnOnce(&mut NftablesDataplane)>
         };
         Some(read.boxed_local())
     }

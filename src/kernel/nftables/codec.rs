@@ -211,24 +211,76 @@ pub fn dump_request(family: IpFamily, table: &str, kind: DumpKind) -> NetfilterM
 /// attribute 1 (`NFTA_CHAIN_TABLE`, `NFTA_SET_TABLE`); the name is
 /// `NFTA_CHAIN_NAME` (3) or `NFTA_SET_NAME` (2).
 pub fn name_in_table(payload: &[u8], table: &str, kind: DumpKind) -> Option<String> {
-    use netlink_packet_core::{NlaBuffer, NlasIterator};
     let name_attr = match kind {
         DumpKind::Chains => 3,
         DumpKind::Sets => 2,
     };
-    // nfgenmsg: family, version, res_id.
-    let attrs = payload.get(4..)?;
+    let text = |v: &[u8]| std::str::from_utf8(v).ok().map(|s| s.trim_end_matches('\0').to_string());
     let (mut in_table, mut name) = (false, None);
-    for nla in NlasIterator::new(attrs) {
-        let nla: NlaBuffer<&[u8]> = nla.ok()?;
-        let text = || std::str::from_utf8(nla.value()).ok().map(|s| s.trim_end_matches('\0').to_string());
-        match nla.kind() {
-            1 => in_table = text().as_deref() == Some(table),
-            k if k == name_attr => name = text(),
+    for (k, value) in reply_attrs(payload) {
+        match k {
+            1 => in_table = text(value).as_deref() == Some(table),
+            k if k == name_attr => name = text(value),
             _ => {}
         }
     }
     name.filter(|_| in_table)
+}
+
+/// What a get of a table says of it: enough to notice that it was deleted
+/// and created again (its handle), lost or gained chains or sets (its use
+/// count: chains, sets including rules' anonymous ones, objects) or was
+/// made dormant (its flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableInfo {
+    pub handle: u64,
+    pub use_count: u32,
+    pub flags: u32,
+}
+
+/// `NFT_MSG_GETTABLE` of table `table` of `family` (not a dump).
+pub fn table_request(family: IpFamily, table: &str) -> NetfilterMessage {
+    let inner = NfTablesMessage::GetTable(TableMessage { attributes: vec![TableAttribute::Name(table.to_string())] });
+    NetfilterMessage::new(NetfilterHeader::new(proto_family(family), 0, 0), inner)
+}
+
+/// `NFT_MSG_GETGEN`: the ruleset's generation, which every commit of any
+/// sender in the network namespace moves on.
+pub fn generation_request() -> NetfilterMessage {
+    let inner = NfTablesMessage::GetGen(netlink_packet_netfilter::nftables::GenMessage { attributes: vec![] });
+    NetfilterMessage::new(NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0), inner)
+}
+
+/// The attributes of a reply (its bytes after the netlink header, past the nfgenmsg).
+fn reply_attrs(payload: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    use netlink_packet_core::{NlaBuffer, NlasIterator};
+    NlasIterator::new(payload.get(4..).unwrap_or(&[]))
+        .map_while(|nla| nla.ok())
+        .map(|nla: NlaBuffer<&[u8]>| {
+            let (kind, len) = (nla.kind(), usize::from(nla.length()));
+            let bytes = nla.into_inner();
+            (kind, bytes.get(4..len).unwrap_or(&[]))
+        })
+}
+
+/// A `NFT_MSG_NEWTABLE` reply: `NFTA_TABLE_FLAGS` (2), `NFTA_TABLE_USE` (3),
+/// `NFTA_TABLE_HANDLE` (4), all in network order.
+pub fn table_info(payload: &[u8]) -> Option<TableInfo> {
+    let (mut flags, mut use_count, mut handle) = (None, None, None);
+    for (kind, value) in reply_attrs(payload) {
+        match kind {
+            2 => flags = value.try_into().ok().map(u32::from_be_bytes),
+            3 => use_count = value.try_into().ok().map(u32::from_be_bytes),
+            4 => handle = value.try_into().ok().map(u64::from_be_bytes),
+            _ => {}
+        }
+    }
+    Some(TableInfo { handle: handle?, use_count: use_count?, flags: flags.unwrap_or(0) })
+}
+
+/// A `NFT_MSG_NEWGEN` reply's `NFTA_GEN_ID` (1, network order).
+pub fn generation_id(payload: &[u8]) -> Option<u32> {
+    reply_attrs(payload).find(|(kind, _)| *kind == 1).and_then(|(_, v)| v.try_into().ok().map(u32::from_be_bytes))
 }
 
 /// The (sequence, error code) of every refusal (`NLMSG_ERROR` with a
@@ -533,6 +585,47 @@ fn comment_udata(kind: u8, comment: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message's bytes after the netlink header, as the kernel would send them.
+    fn payload(msg: NetfilterMessage) -> Vec<u8> {
+        use netlink_packet_core::NetlinkSerializable;
+        let mut out = vec![0; msg.buffer_len()];
+        msg.serialize(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_table_get_reply_gives_handle_use_and_flags_and_a_gen_reply_its_id() {
+        use netlink_packet_netfilter::nftables::{GenAttribute, GenMessage, TableFlags};
+        let reply = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+            NfTablesMessage::NewTable(TableMessage {
+                attributes: vec![
+                    TableAttribute::Name("kube-proxy".into()),
+                    TableAttribute::Flags(TableFlags::empty()),
+                    TableAttribute::Use(42),
+                    TableAttribute::Handle(7),
+                ],
+            }),
+        );
+        assert_eq!(table_info(&payload(reply)), Some(TableInfo { handle: 7, use_count: 42, flags: 0 }));
+        // A reply without a handle is not taken for one.
+        let partial = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+            NfTablesMessage::NewTable(TableMessage { attributes: vec![TableAttribute::Use(42)] }),
+        );
+        assert_eq!(table_info(&payload(partial)), None);
+        let gen = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0),
+            NfTablesMessage::NewGen(GenMessage { attributes: vec![GenAttribute::Id(0x0102_0304)] }),
+        );
+        assert_eq!(generation_id(&payload(gen)), Some(0x0102_0304));
+        assert_eq!(generation_id(&[0, 0, 0, 0]), None);
+        // The requests name the table, in the family asked.
+        let req = payload(table_request(IpFamily::V6, "kube-proxy"));
+        assert_eq!(req[0], libc::AF_INET6 as u8);
+        assert!(req.windows(11).any(|w| w == b"kube-proxy\0"), "{req:?}");
+    }
 
     #[test]
     fn concatenated_keys_pad_each_field_to_a_register() {

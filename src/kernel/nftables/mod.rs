@@ -7,9 +7,11 @@
 //!   go through its `Expressions::Other` (name and attributes). The ops are
 //!   built in [`codec`]; this module sends them.
 //! - One [`NetlinkNftables::apply`] is one transaction: `NFNL_MSG_BATCH_BEGIN`,
-//!   the ops (each asking for an ack), `NFNL_MSG_BATCH_END`, in one datagram.
-//!   The kernel applies all or nothing; every ack is checked, and a failure
-//!   names the op the kernel refused ([`TransactionError`]).
+//!   the ops, `NFNL_MSG_BATCH_END`, in one datagram on a socket of its own.
+//!   The kernel applies all or nothing; ops ask no ack (as `nft`), every
+//!   refusal comes back and names the op ([`TransactionError`]).
+//! - [`NetlinkNftables::generation`] and [`NetlinkNftables::table_info`]
+//!   are the cheap drift check: two small gets, no listing.
 
 mod attrs;
 pub mod codec;
@@ -23,7 +25,7 @@ use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
-pub use self::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, Verdict};
+pub use self::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, TableInfo, Verdict};
 use crate::kernel::netlink::{Client, Errno, RawNfnl};
 use crate::net::IpFamily;
 
@@ -233,6 +235,50 @@ impl NetlinkNftables {
         let chains = self.dump_names(family, table, codec::DumpKind::Chains).await?;
         let sets = self.dump_names(family, table, codec::DumpKind::Sets).await?;
         Ok(Listed { chains, sets: sets.into_iter().filter(|s| !s.starts_with("__")).collect() })
+    }
+
+    /// The ruleset's generation (`NFT_MSG_GETGEN`): it moves on with every
+    /// commit in this network namespace, ours or anybody's.
+    pub async fn generation(&self) -> Result<u32, TransactionError> {
+        let what = "get the ruleset generation";
+        let reply = self.get_one(codec::generation_request(), what).await?;
+        reply.as_ref().and_then(|r| codec::generation_id(r.payload())).ok_or_else(|| {
+            TransactionError::Unknown(format!("{what}: no generation in the reply"))
+        })
+    }
+
+    /// Table `table` of `family` as a get reports it (`None`: no such table).
+    pub async fn table_info(&self, family: IpFamily, table: &str) -> Result<Option<TableInfo>, TransactionError> {
+        let what = format!("get table {table}");
+        match self.get_one(codec::table_request(family, table), &what).await? {
+            None => Ok(None),
+            Some(r) => codec::table_info(r.payload())
+                .map(Some)
+                .ok_or_else(|| TransactionError::Unknown(format!("{what}: no handle or use count in the reply"))),
+        }
+    }
+
+    /// The one reply of a get (`None` when the kernel says ENOENT).
+    async fn get_one(&self, msg: NetfilterMessage, what: &str) -> Result<Option<RawNfnl>, TransactionError> {
+        let mut replies = self
+            .client
+            .request(vec![request(&msg, 0)])
+            .map_err(|e| TransactionError::Unknown(format!("{what}: netlink connection closed: {e}")))?;
+        match replies.next().await {
+            Ok(Some(m)) => match m.payload {
+                NetlinkPayload::InnerMessage(raw) => Ok(Some(raw)),
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    let errno = Errno::from_code(e.raw_code());
+                    if errno == Errno::ENOENT {
+                        return Ok(None);
+                    }
+                    Err(TransactionError::Refused { index: 0, op: what.to_string(), errno })
+                }
+                other => Err(TransactionError::Unknown(format!("{what}: unexpected reply {other:?}"))),
+            },
+            Ok(None) => Err(TransactionError::Unknown(format!("{what}: no reply"))),
+            Err(_) => Err(TransactionError::Unknown(format!("{what}: no reply in time"))),
+        }
     }
 
     async fn dump_names(
