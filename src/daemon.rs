@@ -152,9 +152,11 @@ impl Families {
     }
 }
 
-/// Why `family` cannot be proxied on this node, if it cannot: its iptables
-/// does not work, or (IPv6) the kernel has it off.
-pub fn family_support(family: IpFamily) -> Result<(), FamilyUnsupported> {
+/// Why `family` cannot be proxied on this node in `mode`, if it cannot: the
+/// kernel has it off (IPv6), or the mode's tool does not work for it
+/// (iptables and IPVS mode: its iptables; nftables mode: nf_tables, probed
+/// by a dump of the family's `kube-proxy` chains, as upstream tries nft).
+pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUnsupported> {
     if family == IpFamily::V6 {
         if !Path::new("/proc/net/if_inet6").exists() {
             return Err(FamilyUnsupported::Kernel("/proc/net/if_inet6 is missing".into()));
@@ -165,7 +167,14 @@ pub fn family_support(family: IpFamily) -> Result<(), FamilyUnsupported> {
             return Err(FamilyUnsupported::Kernel("net.ipv6.conf.all.disable_ipv6 is 1".into()));
         }
     }
-    crate::kernel::iptables::present(family).map_err(FamilyUnsupported::Iptables)
+    match mode {
+        ProxyMode::Nftables => crate::kernel::xtables_gen::nft_chains(family, "kube-proxy")
+            .map(|_| ())
+            .map_err(|e| FamilyUnsupported::Nftables(format!("listing nf_tables chains: {e}"))),
+        ProxyMode::Iptables | ProxyMode::Ipvs => {
+            crate::kernel::iptables::present(family).map_err(FamilyUnsupported::Iptables)
+        }
+    }
 }
 
 /// Why a family cannot be proxied.
@@ -177,6 +186,9 @@ pub enum FamilyUnsupported {
     /// Upstream's "No iptables support for family".
     #[error("no iptables support: {0}")]
     Iptables(String),
+    /// Upstream's "No nftables support for family".
+    #[error("no nftables support: {0}")]
+    Nftables(String),
 }
 
 /// Upstream's platform check, pure: the primary family must work (else the
@@ -207,6 +219,9 @@ pub fn choose_families(
                 FamilyUnsupported::Iptables(why) => {
                     tracing::info!(ip_family = label(secondary), error = %why, "No iptables support for family")
                 }
+                FamilyUnsupported::Nftables(why) => {
+                    tracing::info!(ip_family = label(secondary), error = %why, "No nftables support for family")
+                }
             }
             tracing::info!(ip_family = label(primary), "kube-proxy running in single-stack mode");
             let wrong: Vec<String> = match cfg.node_port_addresses() {
@@ -230,7 +245,8 @@ pub fn choose_families(
 /// The families to run on this node (probes iptables and the kernel).
 pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> Result<Families, StartError> {
     let primary = primary_family(cfg, node);
-    choose_families(cfg, primary, family_support(primary), family_support(primary.other()))
+    let mode = cfg.proxy_mode();
+    choose_families(cfg, primary, family_support(primary, mode), family_support(primary.other(), mode))
 }
 
 /// This node's Node object among source events, if they carry it (the family

@@ -49,13 +49,15 @@ struct Lab {
     _backends: Vec<Backend>,
     dir: tempfile::TempDir,
     started: usize,
+    /// The daemon's PATH, when not the tests' own.
+    path: Option<PathBuf>,
 }
 
 impl Lab {
     fn new(tag: &str, backends: &[&'static str]) -> Lab {
         let (node, client, list) = lab::topology(&format!("nfd-{tag}"), backends);
         let dir = tempfile::tempdir().expect("tempdir");
-        let lab = Lab { node, client, _backends: list, dir, started: 0 };
+        let lab = Lab { node, client, _backends: list, dir, started: 0, path: None };
         std::fs::create_dir(lab.manifests()).unwrap();
         lab.config("nftables", "30s");
         lab.put("node", &node_manifest(false));
@@ -97,7 +99,20 @@ impl Lab {
         c.args(["netns", "exec", &self.node.name, &bin()])
             .env("XTABLES_LOCKFILE", self.dir.path().join("xtables.lock"))
             .env_remove("RUST_LOG");
+        if let Some(path) = &self.path {
+            c.env("PATH", path);
+        }
         c
+    }
+
+    /// Runs the daemon with no iptables, ip6tables, nft or conntrack tool
+    /// on its PATH (only `ip`, which enters the namespace): nftables mode
+    /// needs none of them.
+    fn without_tools(&mut self) {
+        let bin = self.dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink("/usr/sbin/ip", bin.join("ip")).unwrap();
+        self.path = Some(bin);
     }
 
     /// `kube-proxy-rs ARGS` in the node namespace, run to completion.
@@ -355,9 +370,12 @@ fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state() 
 /// Dual-stack: one proxier per family, each its own table (`ip kube-proxy`,
 /// `ip6 kube-proxy`); a dual-stack Service answers on both ClusterIPs and
 /// both node IPs' NodePorts, and per-family metrics count each family's syncs.
+/// The families are probed through nf_tables, not iptables: the daemon runs
+/// with no iptables tool on its PATH.
 #[test]
 fn a_dual_stack_service_answers_on_both_families() {
     let mut lab = Lab::new("ds", &["b1", "b2"]);
+    lab.without_tools();
     lab.put("node", &node_manifest(true));
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
     let daemon = lab.start_synced();
@@ -382,8 +400,8 @@ fn a_dual_stack_service_answers_on_both_families() {
 /// next partial sync's transaction is refused (its chains have no table),
 /// counted in `..._nftables_sync_failures_total`, and the retry a second
 /// later is a full sync that lists the (missing) table and writes it whole.
-/// (A quiet cluster notices only at the hourly full sync: there is no
-/// cheap drift check in nftables mode yet.)
+/// (In a quiet cluster the syncPeriod's drift check notices: see
+/// `the_sync_period_repairs_a_deleted_table_and_ignores_other_tables`.)
 #[test]
 fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     let mut lab = Lab::new("fail", &["b1", "b2"]);
