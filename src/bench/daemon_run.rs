@@ -40,7 +40,7 @@ pub struct Options {
     pub binary: PathBuf,
     /// `legacy` or `nft`: the iptables the daemon finds first on its PATH.
     pub flavour: String,
-    /// The proxy mode: `iptables` or `ipvs` (no tool comparison then).
+    /// The proxy mode: `iptables`, `nftables` or `ipvs` (no tool comparison then).
     pub mode: String,
     /// How long to watch the idle daemon.
     pub idle: Duration,
@@ -51,6 +51,9 @@ pub struct Options {
     /// Serve the cluster from the test API server (inside the daemon's
     /// namespace) instead of manifest files.
     pub api_source: bool,
+    /// After the idle watch: this many EndpointSlice updates a second
+    /// through the API server (needs `api_source`), for this long.
+    pub churn: Option<(u32, Duration)>,
 }
 
 /// One figure.
@@ -219,7 +222,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
 
     let pid = std::process::id();
     let node = Netns::new(format!("kpr-bd-{pid}"))?;
-    let api = match opts.api_source {
+    let mut api = match opts.api_source {
         true => Some(ApiInNetns::start(&node.0, &events)?),
         false => None,
     };
@@ -297,8 +300,10 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     // The tool alone, on the same rules. On the nf_tables backend
     // `iptables-nft-save` of 10,000 services takes more than 15 minutes and
     // a `--noflush` restore of it longer still, so the rules are the
-    // daemon's own `--dry-run` text, restored plainly (flushing the tables).
-    let dry = if opts.flavour == "nft" && opts.mode == "iptables" {
+    // daemon's own `--dry-run` text, restored plainly (flushing the tables);
+    // nftables mode's text is what upstream pipes to `nft -f`.
+    let nftables = opts.mode == "nftables";
+    let dry = if (opts.flavour == "nft" && opts.mode == "iptables") || nftables {
         let out = Command::new("ip")
             .args(["netns", "exec", &node.0])
             .arg(&opts.binary)
@@ -312,13 +317,22 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
             .output()
             .context("kube-proxy-rs --dry-run")?;
         ensure!(out.status.success(), "kube-proxy-rs --dry-run failed");
-        dry_run_sections(&String::from_utf8_lossy(&out.stdout))
+        let headings: &[&str] = if nftables { &["# nftables"] } else { &["# iptables", "# ip6tables"] };
+        dry_run_sections(&String::from_utf8_lossy(&out.stdout), headings)
     } else {
         Vec::new()
     };
-    let compared = if opts.mode == "iptables" { families } else { 0 };
+    let compared = if opts.mode == "ipvs" { 0 } else { families };
     for (i, (tool, label)) in [("iptables", "IPv4"), ("ip6tables", "IPv6")].iter().take(compared).enumerate() {
         let fresh = Netns::new(format!("kpr-bdt-{pid}"))?;
+        if nftables {
+            let text = dry.get(i).context("no # nftables section in the dry run")?;
+            let took = fresh.pipe(&["nft", "-f", "-"], text)?;
+            fig(&format!("{label}: nft -f of the same text alone"), took.as_secs_f64(), "s");
+            let count = text.lines().filter(|l| l.starts_with("add rule")).count();
+            fig(&format!("{label}: rules"), count as f64, "rules");
+            continue;
+        }
         let restore = format!("{tool}-{}-restore", opts.flavour);
         let (rules, took, how) = match dry.get(i) {
             Some(text) => (text.clone(), fresh.pipe(&[&restore, "-w", "5"], text)?, "plain"),
@@ -339,8 +353,25 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let (c1, wall) = (cpu_seconds(daemon_pid)?, w0.elapsed());
     let pct = 100.0 * (c1 - c0) / wall.as_secs_f64();
     fig(&format!("idle CPU over {} s (daemon + its children)", wall.as_secs()), pct, "% of a core");
-    let syncs = std::fs::read_to_string(&log).unwrap_or_default().matches("sync finished").count();
-    fig("syncs logged by the end (every family)", syncs as f64, "syncs");
+    let syncs = |log: &Path| std::fs::read_to_string(log).unwrap_or_default().matches("sync finished").count();
+    if let Some((rate, seconds)) = opts.churn {
+        let api = api.as_mut().context("--churn needs --source api")?;
+        let before = syncs(&log);
+        let (c0, w0) = (cpu_seconds(daemon_pid)?, Instant::now());
+        let updates = api.churn(rate, seconds)?;
+        // The last updates' syncs: minSyncPeriod (1 s) and the sync itself.
+        std::thread::sleep(Duration::from_secs(2));
+        let (c1, wall) = (cpu_seconds(daemon_pid)?, w0.elapsed());
+        let pct = 100.0 * (c1 - c0) / wall.as_secs_f64();
+        fig(&format!("EndpointSlice updates through the API server ({rate}/s)"), updates as f64, "updates");
+        fig(
+            &format!("CPU during the churn and 2 s after, {} s (daemon + kernel work in its syscalls)", wall.as_secs()),
+            pct,
+            "% of a core",
+        );
+        fig("syncs during the churn (every family)", (syncs(&log) - before) as f64, "syncs");
+    }
+    fig("syncs logged by the end (every family)", syncs(&log) as f64, "syncs");
     fig("peak RSS (VmHWM) of the daemon", vm_hwm_mb(daemon_pid)?, "MB");
     drop(daemon);
     drop(api);
@@ -348,12 +379,13 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     Ok(out)
 }
 
-/// The restore inputs of a `--dry-run` in iptables mode, one per family
-/// (its `# iptables` / `# ip6tables` sections).
-fn dry_run_sections(text: &str) -> Vec<String> {
+/// The tool inputs of a `--dry-run`, one per family: the sections whose
+/// heading starts with one of `headings` (`# iptables` / `# ip6tables`;
+/// `# nftables` / `# nftables ipv6`).
+fn dry_run_sections(text: &str, headings: &[&str]) -> Vec<String> {
     let mut sections: Vec<String> = Vec::new();
     for line in text.lines() {
-        if line.starts_with("# iptables") || line.starts_with("# ip6tables") {
+        if headings.iter().any(|h| line.starts_with(h)) {
             sections.push(String::new());
         } else if let Some(section) = sections.last_mut() {
             section.push_str(line);
@@ -368,19 +400,52 @@ fn dry_run_sections(text: &str) -> Vec<String> {
 struct ApiInNetns {
     url: String,
     /// Dropping the server stops it.
-    _server: crate::testkit::apiserver::ApiServer,
+    server: crate::testkit::apiserver::ApiServer,
     _serving: std::sync::mpsc::Sender<()>,
+    /// EndpointSlices the churn updates, as last written.
+    slices: Vec<Value>,
 }
 
 impl ApiInNetns {
     fn start(netns: &str, events: &[SourceEvent]) -> anyhow::Result<ApiInNetns> {
         let (server, serving) = crate::testkit::apiserver::ApiServer::start_in_netns(netns);
-        for o in events.iter().filter_map(object) {
+        let mut slices = Vec::new();
+        for (ev, o) in events.iter().filter_map(|e| Some((e, object(e)?))) {
             server.create(&o).map_err(|e| anyhow::anyhow!("creating an object in the test API server: {e:?}"))?;
+            if matches!(ev, SourceEvent::EndpointSlice(_)) && slices.len() < CHURN_SLICES {
+                slices.push(o);
+            }
         }
-        Ok(ApiInNetns { url: server.url(), _server: server, _serving: serving })
+        Ok(ApiInNetns { url: server.url(), server, _serving: serving, slices })
+    }
+
+    /// `rate` EndpointSlice updates a second for `seconds`, each flipping
+    /// the first endpoint's `ready` of the next slice in turn (a partial
+    /// sync's worth of work per service: its endpoint left, or came back).
+    /// How many were made.
+    fn churn(&mut self, rate: u32, seconds: Duration) -> anyhow::Result<u64> {
+        let slices = &mut self.slices;
+        ensure!(!slices.is_empty(), "no EndpointSlice to churn");
+        let every = Duration::from_secs(1) / rate.max(1);
+        let start = Instant::now();
+        let mut n: u64 = 0;
+        while start.elapsed() < seconds {
+            let len = slices.len();
+            let slice = &mut slices[(n as usize) % len];
+            let ready = &mut slice["endpoints"][0]["conditions"]["ready"];
+            *ready = Value::Bool(!ready.as_bool().unwrap_or(true));
+            self.server.update(&*slice).map_err(|e| anyhow::anyhow!("updating an EndpointSlice: {e:?}"))?;
+            n += 1;
+            if let Some(wait) = (every * n as u32).checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        Ok(n)
     }
 }
+
+/// The EndpointSlices the churn cycles through (each update touches one).
+const CHURN_SLICES: usize = 1000;
 
 /// The saved rules without their nfacct matches: the fresh namespace the
 /// tool restores into has no nfacct objects (the daemon creates them in its

@@ -96,9 +96,11 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
-    /// The real daemon binary (iptables mode) on a generated cluster from
-    /// manifest files, in a network namespace of its own (root): time to
-    /// first sync, the tool's own restore of the same rules, idle CPU, VmHWM.
+    /// The real daemon binary (iptables, nftables or IPVS mode) on a
+    /// generated cluster from manifest files or the test API server, in a
+    /// network namespace of its own (root): time to first sync, the tool's
+    /// own load of the same rules (iptables-restore, nft -f), idle CPU,
+    /// CPU during an EndpointSlice churn, VmHWM.
     Daemon {
         #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
         services: Vec<usize>,
@@ -107,7 +109,7 @@ enum Cmd {
         flavour: String,
         /// The daemon's proxy mode (ipvs needs the ip_vs module: run it in
         /// the VM, README "Performance").
-        #[arg(long, default_value = "iptables", value_parser = ["iptables", "ipvs"])]
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs"])]
         mode: String,
         /// Seconds of idle watched after the first sync.
         #[arg(long, default_value_t = 60)]
@@ -122,6 +124,13 @@ enum Cmd {
         /// API server (in the daemon's namespace; kube-rs watchers, `--master`).
         #[arg(long, default_value = "manifests", value_parser = ["manifests", "api"])]
         source: String,
+        /// After the idle watch: EndpointSlice updates a second through the
+        /// API server (needs `--source api`; 0: none).
+        #[arg(long, default_value_t = 0)]
+        churn_rate: u32,
+        /// How long the churn lasts, seconds.
+        #[arg(long, default_value_t = 20)]
+        churn_seconds: u64,
     },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
@@ -640,7 +649,7 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
-        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary, source } => {
+        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary, source, churn_rate, churn_seconds } => {
             let binary = match binary {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()
@@ -657,6 +666,7 @@ fn main() {
                     dual_stack: cli.dual_stack,
                     sync_period: Duration::from_secs(*sync_period),
                     api_source: source == "api",
+                    churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
                 };
                 for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
                     r.add("daemon", n, &f.metric, f.value, f.unit);

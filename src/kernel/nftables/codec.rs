@@ -254,13 +254,11 @@ pub fn generation_request() -> NetfilterMessage {
 /// The attributes of a reply (its bytes after the netlink header, past the nfgenmsg).
 fn reply_attrs(payload: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     use netlink_packet_core::{NlaBuffer, NlasIterator};
-    NlasIterator::new(payload.get(4..).unwrap_or(&[]))
-        .map_while(|nla| nla.ok())
-        .map(|nla: NlaBuffer<&[u8]>| {
-            let (kind, len) = (nla.kind(), usize::from(nla.length()));
-            let bytes = nla.into_inner();
-            (kind, bytes.get(4..len).unwrap_or(&[]))
-        })
+    NlasIterator::new(payload.get(4..).unwrap_or(&[])).map_while(|nla| nla.ok()).map(|nla: NlaBuffer<&[u8]>| {
+        let (kind, len) = (nla.kind(), usize::from(nla.length()));
+        let bytes = nla.into_inner();
+        (kind, bytes.get(4..len).unwrap_or(&[]))
+    })
 }
 
 /// A `NFT_MSG_NEWTABLE` reply: `NFTA_TABLE_FLAGS` (2), `NFTA_TABLE_USE` (3),

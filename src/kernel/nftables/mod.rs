@@ -242,9 +242,10 @@ impl NetlinkNftables {
     pub async fn generation(&self) -> Result<u32, TransactionError> {
         let what = "get the ruleset generation";
         let reply = self.get_one(codec::generation_request(), what).await?;
-        reply.as_ref().and_then(|r| codec::generation_id(r.payload())).ok_or_else(|| {
-            TransactionError::Unknown(format!("{what}: no generation in the reply"))
-        })
+        reply
+            .as_ref()
+            .and_then(|r| codec::generation_id(r.payload()))
+            .ok_or_else(|| TransactionError::Unknown(format!("{what}: no generation in the reply")))
     }
 
     /// Table `table` of `family` as a get reports it (`None`: no such table).
