@@ -61,7 +61,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{self, http_exchange, http_get, wait_for, Daemon, SyncRec};
+use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
@@ -1022,26 +1022,10 @@ fn a_node_without_ipv6_runs_single_stack_and_says_why() {
 fn the_api_source_programs_a_dual_stack_service() {
     let mut lab = Lab::new("dsapi", Flavour::Nft, &["b1", "b2"]);
     let (api, _serving) = lab.node.api_server();
-    let kubeconfig = lab.dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n\
-             contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n\
-             users:\n- name: t\n  user: {{}}\n",
-            api.url()
-        ),
-    )
-    .unwrap();
+    use_api_server(&lab, &api);
     api.create(&dual_stack_node_manifest()).unwrap();
     let web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
-    for item in web["items"].as_array().unwrap() {
-        api.create(item).unwrap();
-    }
-    // With --config, the kubeconfig comes from the file (clientConnection), as upstream.
-    let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
-    config.push_str(&format!("clientConnection:\n  kubeconfig: {}\n", kubeconfig.display()));
-    std::fs::write(lab.config_path(), config).unwrap();
+    create_items(&api, &web);
     let mut daemon = lab.start_with(&[]);
     lab.wait_sync(&mut daemon, 0, START_WAIT);
     lab.wait_traffic("10.96.0.40:80", false, &["b1", "b2"], CHANGE_WAIT);
@@ -1432,13 +1416,6 @@ fn use_api_server(lab: &Lab, api: &common::apiserver::ApiServer) {
     let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
     config.push_str(&format!("clientConnection:\n  kubeconfig: {}\n", kubeconfig.display()));
     std::fs::write(lab.config_path(), config).unwrap();
-}
-
-/// Creates every item of a `List` manifest in `api`.
-fn create_items(api: &common::apiserver::ApiServer, list: &Value) {
-    for item in list["items"].as_array().unwrap() {
-        api.create(item).unwrap();
-    }
 }
 
 /// `GET path` on `127.0.0.1:port` in `ns`: the status code and body.

@@ -1,7 +1,8 @@
 //! The nf_tables netlink client (`kernel::nftables`, issue 17's codec)
 //! against the real kernel, in network namespaces each test creates (the
 //! host's ruleset is never touched): what it writes is what `nft -f` writes
-//! for the same text (`nft list table` compared), a transaction carries
+//! for the same text (`nft list table` compared), each adds its objects over
+//! a table the other wrote, a transaction carries
 //! element deletes and adds and a chain flush at once, and a transaction
 //! with a refused op changes nothing and names that op.
 //! Needs root and `nft`: without them the tests fail, never skip.
@@ -94,6 +95,41 @@ fn one_transaction_writes_what_nft_writes_for_the_same_text() {
         ] {
             assert!(a.contains(want), "no {want:?} in:\n{a}");
         }
+    }
+}
+
+/// Each adds its objects over the table the other wrote (a take-over of
+/// upstream kube-proxy's table, which `nft -f` wrote, and upstream's of
+/// ours): the kernel refuses to add a set that exists with another
+/// definition (EEXIST), so the maps and the affinity sets must be defined
+/// as `nft` defines them. (Ours marked concatenated keys as `nft` does only
+/// for interval sets, and were refused.)
+#[test]
+fn each_writes_over_the_table_the_other_wrote() {
+    for (family, nft_family, addr, key_type, name) in [
+        (IpFamily::V4, "ip", "10.96.0.10", KeyType::Ipv4Addr, "ipv4_addr"),
+        (IpFamily::V6, "ip6", "fd00:96::10", KeyType::Ipv6Addr, "ipv6_addr"),
+    ] {
+        let mut ops = skeleton(addr, key_type);
+        ops.push(NftOp::AddSet {
+            name: "affinity-X".into(),
+            key: vec![key_type],
+            verdict_map: false,
+            timeout: Some(600),
+            comment: None,
+        });
+        let text = format!(
+            "{}add set {nft_family} {TABLE} affinity-X {{ type {name} ; flags dynamic,timeout ; timeout 600s ; }}\n",
+            skeleton_text(nft_family, addr, name)
+        );
+        let theirs = Netns::new("kpr-nft-theirs");
+        theirs.pipe(&["nft", "-f", "-"], &text);
+        apply(&theirs, family, ops.clone()).expect("our transaction over nft -f's table");
+        let ours = Netns::new("kpr-nft-ours");
+        apply(&ours, family, ops).expect("our transaction");
+        ours.pipe(&["nft", "-f", "-"], &text);
+        let (a, b) = (listed(&ours, nft_family), listed(&theirs, nft_family));
+        assert_eq!(a, b, "nft -f over ours:\n{a}\nours over nft -f's:\n{b}");
     }
 }
 

@@ -5,8 +5,11 @@
 //! and real TCP and UDP packets from a client namespace reach backend
 //! namespaces through ClusterIPs. Covers: endpoint changes (partial syncs,
 //! stale chains deleted a second later), a deleted Service, a restart
-//! keeping an established connection, `--cleanup`, switching between
-//! iptables and nftables mode, and dual-stack.
+//! keeping an established connection, taking over a table upstream
+//! kube-proxy wrote (`nft -f` of the dry run's text, watched with `nft
+//! monitor`), `--cleanup`, switching between iptables and nftables mode,
+//! dual-stack, and the Kubernetes API source (`--master`, the test API
+//! server in the node namespace).
 //!
 //! The lab is `iptables_daemon`'s (`common::lab`): a node namespace routing
 //! between a client on 192.168.50.0/24 (fd00:50::/64) and backends b1, b2
@@ -25,11 +28,15 @@ mod common;
 use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::daemon::{self, wait_for, Daemon, SyncRec};
+use common::daemon::{self, create_items, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, Answer, Backend, Conn, NODE_IP, NODE_IP6};
-use common::{bin, Netns};
+use common::nft::{self, blocks, Monitor};
+use common::{bin, run_in, Netns};
+use kube_proxy_rs::plan::nftables::names::hash_and_truncate;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
@@ -120,7 +127,14 @@ impl Lab {
         self.command().args(args).output().expect("run kube-proxy-rs")
     }
 
+    /// Starts the daemon on the lab's config and manifests.
     fn start(&mut self) -> Daemon {
+        let manifests = self.manifests();
+        self.start_with(&["--manifests".as_ref(), manifests.as_os_str()])
+    }
+
+    /// Starts the daemon on the lab's config and the `source` arguments.
+    fn start_with(&mut self, source: &[&std::ffi::OsStr]) -> Daemon {
         self.started += 1;
         let log = self.dir.path().join(format!("daemon-{}.log", self.started));
         let out = std::fs::File::create(&log).unwrap();
@@ -129,8 +143,7 @@ impl Lab {
             .command()
             .arg("--config")
             .arg(self.config_path())
-            .arg("--manifests")
-            .arg(self.manifests())
+            .args(source)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -173,6 +186,39 @@ impl Lab {
 
     fn tables(&self) -> String {
         self.node.ok(&["nft", "list", "tables"])
+    }
+
+    /// The handle of table `FAMILY kube-proxy` (`nft -a`): a table deleted
+    /// and added again gets a new one.
+    fn table_handle(&self, family: &str) -> String {
+        let listed = self.node.ok(&["nft", "-a", "list", "table", family, "kube-proxy"]);
+        let first = listed.lines().next().unwrap_or_default();
+        let handle = first.split_once("# handle ").map(|(_, h)| h.trim().to_string());
+        handle.unwrap_or_else(|| panic!("no handle in {first:?}"))
+    }
+
+    /// `--dry-run --proxy-mode nftables` on the lab's config and manifests:
+    /// per family (`ip`, then `ip6` if the node runs it) the transaction a
+    /// full sync from an empty kernel writes, as `nft -f` takes it.
+    fn dry_run(&self) -> Vec<(&'static str, String)> {
+        let (config, manifests) = (self.config_path(), self.manifests());
+        let out = self
+            .command()
+            .arg("--config")
+            .arg(&config)
+            .arg("--manifests")
+            .arg(&manifests)
+            .args(["--dry-run", "--proxy-mode", "nftables"])
+            .output()
+            .expect("run kube-proxy-rs --dry-run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "--dry-run: {}", String::from_utf8_lossy(&out.stderr));
+        let sections: Vec<(&'static str, String)> = [("ip", "# nftables"), ("ip6", "# nftables ipv6")]
+            .into_iter()
+            .filter_map(|(family, heading)| nft::section(&text, heading).map(|s| (family, s.to_string())))
+            .collect();
+        assert_eq!(sections.first().map(|s| s.0), Some("ip"), "{text}");
+        sections
     }
 
     /// Waits until `pred` holds for the IPv4 table's listing.
@@ -235,6 +281,40 @@ fn chains(listing: &str) -> Vec<String> {
         .filter_map(|l| l.trim_start().strip_prefix("chain "))
         .map(|l| l.trim_end_matches(" {").to_string())
         .collect()
+}
+
+/// TCP and UDP exchanges with one address from a namespace, each on a new
+/// connection (socket), one after the other until stopped.
+struct Probes {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Probe>>,
+}
+
+/// When a probe started, and its TCP and UDP answers.
+type Probe = (Instant, Answer, Answer);
+
+impl Probes {
+    fn start(ns: &Netns, to: &str) -> Probes {
+        let (stop, name, to) = (Arc::new(AtomicBool::new(false)), ns.name.clone(), addr(to));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            run_in(&name, || {
+                let mut seen = Vec::new();
+                while !stopped.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    seen.push((at, lab::tcp_ask(to, DROP_WAIT), lab::udp_ask(to, DROP_WAIT)));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                seen
+            })
+        });
+        Probes { stop, thread }
+    }
+
+    fn stop(self) -> Vec<Probe> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the probing thread")
+    }
 }
 
 // -------------------------------------------------------------------- tests
@@ -313,6 +393,161 @@ fn an_established_connection_survives_a_daemon_restart() {
     lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
     assert_eq!(conn.exchange(), Ok(first), "after the new daemon's full sync and traffic");
     second.stop();
+}
+
+/// Taking over the table upstream kube-proxy's nftables mode wrote: `nft -f`
+/// of its transaction text (our dry run's, byte for byte) for the current
+/// objects, plus what an earlier run wrote for a Service deleted while no
+/// kube-proxy ran (the lines of a dry run with that Service that the
+/// current one lacks: its `service-`, `external-` and `endpoint-` chains
+/// and its `cluster-ips`, `service-ips` and `service-nodeports` elements).
+/// The daemon's first sync adopts the table in place: it is never deleted
+/// (no `delete table` event, the same handle); an established connection
+/// keeps working and new TCP and UDP connections are answered all through
+/// the start; the deleted Service's elements go in that first transaction,
+/// its chains are flushed there and deleted by a transaction of their own
+/// about a second later (upstream's order); and the table ends as the dry
+/// run's text loads it.
+#[test]
+fn a_table_upstream_wrote_is_taken_over_in_place() {
+    let mut lab = Lab::new("tko", &["b1", "b2"]);
+    lab.put("web", &web(&["b1", "b2"]));
+    let current = lab.dry_run();
+    lab.put("gone", &daemon::dual_stack_service_manifest("gone", &["10.96.0.99"], 30099, &["b1"]));
+    let earlier = lab.dry_run();
+    lab.remove("gone");
+    for (_, text) in &current {
+        lab.node.pipe(&["nft", "-f", "-"], text);
+    }
+    let loaded: Vec<(&str, String)> =
+        current.iter().map(|(f, _)| (*f, lab.table(f).expect("the table nft -f loaded"))).collect();
+    let gone = format!("service-{}", hash_and_truncate("default/gone/tcp/http"));
+    let leftovers: String =
+        earlier[0].1.lines().filter(|l| !current[0].1.lines().any(|c| c == *l)).map(|l| format!("{l}\n")).collect();
+    for want in [
+        format!("add chain ip kube-proxy {gone}\n"),
+        format!("add element ip kube-proxy service-ips {{ 10.96.0.99 . tcp . 80 : goto {gone} }}\n"),
+    ] {
+        assert!(leftovers.contains(&want), "{want:?} not in:\n{leftovers}");
+    }
+    lab.node.pipe(&["nft", "-f", "-"], &leftovers);
+    let handle = lab.table_handle("ip");
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.99:80", false, &["b1"], CHANGE_WAIT);
+    let mut conn = lab.client.run(|| Conn::open(addr(WEB), DROP_WAIT)).expect("connect through the ClusterIP");
+    let first = conn.exchange().expect("first exchange");
+
+    let monitor = Monitor::start(&lab.node);
+    let started = Instant::now();
+    let probes = Probes::start(&lab.client, WEB);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut daemon = lab.start();
+    let sync = lab.wait_sync(&mut daemon, 0, START_WAIT);
+    assert!(sync.full, "{sync:?}");
+    assert_eq!(conn.exchange(), Ok(first.clone()), "after the daemon's first sync");
+    lab.wait_table("the deleted Service's chains deleted", |t| !t.contains("default/gone"));
+    std::thread::sleep(Duration::from_millis(500));
+    let probes = probes.stop();
+    assert_eq!(conn.exchange(), Ok(first), "after the stale chains' deletion");
+
+    // The daemon's transactions on the ip table: the full sync, then the deletion.
+    let ours: Vec<nft::MonitoredTx> =
+        monitor.transactions().into_iter().filter(|t| t.events.iter().any(|e| e.contains(" ip kube-proxy "))).collect();
+    let [sync_tx, delete_tx] = ours.as_slice() else { panic!("two transactions on the ip table: {ours:#?}") };
+    let has = |t: &nft::MonitoredTx, prefix: &str| t.events.iter().any(|e| e.starts_with(prefix));
+    let element = format!("delete element ip kube-proxy service-ips {{ 10.96.0.99 . tcp . 80 : goto {gone} }}");
+    assert!(has(sync_tx, &element), "the element goes in the full sync: {sync_tx:#?}");
+    assert!(has(sync_tx, &format!("delete rule ip kube-proxy {gone} handle ")), "flushed: {sync_tx:#?}");
+    assert!(!has(sync_tx, &format!("delete chain ip kube-proxy {gone}")), "not deleted yet: {sync_tx:#?}");
+    assert!(!has(sync_tx, "add element ip kube-proxy cluster-ips { 10.96.0.99 }"), "{sync_tx:#?}");
+    assert!(delete_tx.events.iter().all(|e| e.starts_with("delete chain ip kube-proxy ")), "{delete_tx:#?}");
+    assert!(has(delete_tx, &format!("delete chain ip kube-proxy {gone}")), "{delete_tx:#?}");
+    // A second between the commits: the monitor reads each transaction's
+    // events a little after its commit, the big first one later than the
+    // small second, hence 0.1 s of slack.
+    let delay = delete_tx.at - sync_tx.at;
+    assert!(delay >= Duration::from_millis(900) && delay < Duration::from_secs(4), "{delay:?}");
+    let all = monitor.transactions();
+    let mut events = all.iter().flat_map(|t| &t.events);
+    assert!(!events.any(|e| e.starts_with("delete table") && e.ends_with(" kube-proxy")), "{all:#?}");
+    assert_eq!(lab.table_handle("ip"), handle, "the same table, never deleted");
+
+    // New connections were answered before, during and after the take-over.
+    let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
+    assert!(failed.is_empty(), "{} of {} probes failed: {failed:?}", failed.len(), probes.len());
+    let when = |from: Instant, to: Instant| probes.iter().filter(|p| p.0 > from && p.0 < to).count();
+    assert!(when(started, sync_tx.at) > 0, "probes before the daemon's first transaction: {probes:?}");
+    assert!(when(sync_tx.at, delete_tx.at) > 0 && when(delete_tx.at, Instant::now()) > 0, "{probes:?}");
+    let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
+    assert_eq!(names(&tcp), set(&["b1", "b2"]));
+
+    // The table is the dry run's, the deleted Service's objects gone.
+    for (family, listing) in &loaded {
+        let now = lab.table(family).expect("the table");
+        assert_eq!(blocks(&now), blocks(listing), "{family}: now\n{now}\nloaded\n{listing}");
+        assert_eq!(now.lines().count(), listing.lines().count(), "{family}: now\n{now}\nloaded\n{listing}");
+    }
+    assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::TimedOut)], "no DNAT for the deleted Service");
+    daemon.stop();
+}
+
+/// The Kubernetes API source in nftables mode, end to end: the daemon
+/// started with `--master` (the test API server: real list and watch,
+/// kube-rs's watcher) programs a RequireDualStack Service in both tables;
+/// an endpoint removed from its IPv4 EndpointSlice through the API server
+/// arrives as a partial sync, after which IPv4 traffic avoids it (IPv6
+/// still reaches both) and its chains leave the table; the Service deleted
+/// through the API server leaves nothing of it in either table.
+#[test]
+fn the_api_source_programs_a_dual_stack_service() {
+    let mut lab = Lab::new("api", &["b1", "b2"]);
+    let (api, _serving) = lab.node.api_server();
+    api.create(&node_manifest(true)).unwrap();
+    let web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
+    create_items(&api, &web);
+    let mut daemon = lab.start_with(&["--master".as_ref(), api.url().as_ref()]);
+    let first = lab.wait_sync(&mut daemon, 0, START_WAIT);
+    assert!(first.full, "{first:?}");
+    let both = ["b1", "b2"];
+    for to in ["10.96.0.40:80", "[fd00:96::40]:80", "192.168.50.1:30040", "[fd00:50::1]:30040"] {
+        lab.wait_traffic(to, false, &both, CHANGE_WAIT);
+        lab.wait_traffic(to, true, &both, CHANGE_WAIT);
+    }
+
+    // b1 leaves the IPv4 slice: a partial sync of web's two ports.
+    let last = lab.syncs().expect("syncs")[0].generation;
+    let partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count";
+    let partials = lab.family_metric(partial, "IPv4").unwrap_or(0.0);
+    let mut v4_slice = web["items"][1].clone();
+    assert_eq!(v4_slice["addressType"], "IPv4");
+    v4_slice["endpoints"] = json!([v4_slice["endpoints"][1].clone()]);
+    api.update(&v4_slice).expect("update the IPv4 EndpointSlice");
+    let sync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+    assert!(!sync.full && sync.ops > 0 && sync.ports_changed == 2, "a partial sync of http and dns: {sync:?}");
+    assert!(lab.family_metric(partial, "IPv4").is_some_and(|n| n > partials), "{partial} counted it");
+    lab.wait_traffic("10.96.0.40:80", false, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic("10.96.0.40:80", true, &["b2"], CHANGE_WAIT);
+    lab.wait_traffic("[fd00:96::40]:80", false, &both, CHANGE_WAIT);
+    lab.wait_table("b1's endpoint chains deleted", |t| !t.contains("10.244.1.2"));
+
+    // The Service deleted: nothing of it in either table.
+    let last = lab.syncs().expect("syncs")[0].generation;
+    api.delete(&web["items"][0]).expect("delete the Service");
+    let sync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+    assert!(!sync.full, "{sync:?}");
+    wait_for("web's chains and elements gone from both tables", CHANGE_WAIT, || {
+        let (v4, v6) = (lab.table("ip").unwrap_or_default(), lab.table("ip6").unwrap_or_default());
+        let left = [(&v4, "default/web"), (&v4, "10.96.0.40"), (&v6, "default/web"), (&v6, "fd00:96::40")];
+        match left.iter().find(|(t, what)| t.contains(what)) {
+            Some((t, what)) => Err(format!("{what} in\n{t}")),
+            None => Ok(()),
+        }
+    });
+    assert_eq!(lab.ask("10.96.0.40:80", 1, false), [Err(ErrorKind::TimedOut)], "no DNAT for a deleted Service");
+    let failed = lab.family_metric("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "IPv6");
+    assert_eq!(failed, Some(0.0));
+    let log = daemon.stop();
+    assert!(log.contains("kube-proxy running in dual-stack mode"), "{log}");
 }
 
 /// `kube-proxy-rs --cleanup` after the daemon ran: no `kube-proxy` table is

@@ -20,6 +20,7 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use common::lab::{self, endpoints, names, service, set, Answer, Backend, CLIENT_IP, NODE_IP};
+use common::nft::{blocks, section};
 use common::{bin, Netns};
 use kube_proxy_rs::fixtures::{applied_slice, node, slice, Ep};
 use kube_proxy_rs::model::{Model, NodeInfo};
@@ -39,14 +40,6 @@ const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
 
 fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The text of section `heading` (`# nftables`, `# nftables ipv6`), if any.
-fn section<'a>(out: &'a str, heading: &str) -> Option<&'a str> {
-    let start = out.find(&format!("{heading}\n"))?;
-    let body = &out[start + heading.len() + 1..];
-    let end = body.find("\n# ").map_or(body.len(), |i| i + 1);
-    Some(&body[..end])
 }
 
 /// `--dry-run --proxy-mode nftables` on the demo cluster loads into a fresh
@@ -306,24 +299,6 @@ fn partial_syncs_change_the_kernel_service_by_service() {
     let fresh = Netns::new("nfm-part-fresh");
     fresh.pipe(&["nft", "-f", "-"], &desired(&lab.model, &lab.ctx).dump());
     assert_eq!(blocks(&listed), blocks(&fresh.ok(&["nft", "list", "table", "ip", "kube-proxy"])), "{listed}");
-}
-
-/// The chains, sets and maps of an `nft list table` listing, each as its
-/// text (the listing orders them by creation).
-fn blocks(listing: &str) -> std::collections::BTreeSet<String> {
-    let mut out = std::collections::BTreeSet::new();
-    let mut current = String::new();
-    for line in listing.lines() {
-        if line.starts_with("\tchain ") || line.starts_with("\tset ") || line.starts_with("\tmap ") {
-            current = String::new();
-        }
-        current.push_str(line);
-        current.push('\n');
-        if line == "\t}" {
-            out.insert(std::mem::take(&mut current));
-        }
-    }
-    out
 }
 
 /// The daemon runs in nftables mode (`--proxy-mode nftables`): on the demo

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::apiserver::ApiServer;
 use super::lab::{addr, BACKEND_PORT};
 use super::Netns;
 
@@ -164,6 +165,13 @@ pub fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, Strin
         let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;
         Ok((head.to_string(), body.to_string()))
     })
+}
+
+/// Creates every item of a `List` manifest (e.g. [`dual_stack_service_manifest`]'s) in `api`.
+pub fn create_items(api: &ApiServer, list: &Value) {
+    for item in list["items"].as_array().expect("a List's items") {
+        api.create(item).unwrap_or_else(|e| panic!("create {item}: {e:?}"));
+    }
 }
 
 /// NodePort Service `default/<name>` with `cluster_ips` (their families, in

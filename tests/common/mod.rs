@@ -6,6 +6,7 @@
 pub use kube_proxy_rs::testkit::apiserver;
 pub mod daemon;
 pub mod lab;
+pub mod nft;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

@@ -5,25 +5,24 @@
 //! and what `nft` sends, so `nft list` prints what we write:
 //! - A set's key is a concatenation of [`KeyType`]s: its type is nft's
 //!   datatype ids chained 6 bits apart, its length the fields each padded
-//!   to 4 bytes (a 32-bit register), with the fields' own lengths in
-//!   `NFTA_SET_DESC_CONCAT`. An element's key is the fields' bytes in
-//!   network order, each padded the same way.
+//!   to 4 bytes (a 32-bit register); as with `nft`, no concatenation flag
+//!   or field lengths (`NFTA_SET_DESC_CONCAT`: interval sets only), see
+//!   [`set_attributes`]. An element's key is the fields' bytes in network
+//!   order, each padded the same way.
 //! - Comments go in the object's user data as libnftnl writes them: one
 //!   TLV (type, length, the text with its NUL).
 
 use std::fmt;
 
-use netlink_packet_core::{DefaultNla, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Hook, HookNumber, InetHookNumber, ListAttribute,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetDescription, SetElementAttribute, SetElementFlags,
-    SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict,
-    VerdictAttribute,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute, SetElementFlags, SetElementList,
+    SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict, VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
-use super::attrs;
 use super::rule::{self, AnonKey, AnonSet, RuleError};
 pub use super::types::{key_bytes, KeyPart, KeyType, Verdict};
 use crate::net::IpFamily;
@@ -32,9 +31,6 @@ use crate::net::IpFamily;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// nft's datatype ids (nftables' include/datatype.h) and their bit width in a concatenation.
 const TYPE_BITS: u32 = 6;
-/// `NFTA_LIST_ELEM` and `NFTA_SET_FIELD_LEN` of `NFTA_SET_DESC_CONCAT`.
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_FIELD_LEN: u16 = 1;
 /// libnftnl's user-data types of comments.
 const UDATA_TABLE_COMMENT: u8 = 0;
 const UDATA_CHAIN_COMMENT: u8 = 0;
@@ -497,6 +493,14 @@ fn set_id(name: &str) -> u32 {
     name.bytes().fold(2_166_136_261u32, |h, b| (h ^ u32::from(b)).wrapping_mul(16_777_619))
 }
 
+/// A named set's attributes, as `nft` sends them for the same `add set` /
+/// `add map` line: the kernel refuses (EEXIST) to add a set that exists
+/// with another definition (flags, key and data types and lengths, the
+/// concatenation's field count and lengths; `nft_set_is_same`), so a table
+/// `nft -f` wrote (upstream kube-proxy's) takes our adds, and ours takes
+/// theirs, only if both send the same. `nft` marks a concatenated key
+/// (`NFT_SET_CONCAT`, `NFTA_SET_DESC_CONCAT`) only in interval sets, and
+/// these are not.
 fn set_attributes(
     table: String,
     name: &str,
@@ -508,9 +512,6 @@ fn set_attributes(
     let key_type = key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | k.id());
     let key_len: u32 = key.iter().map(|k| k.field_len().next_multiple_of(4)).sum();
     let mut flags = SetFlags::empty();
-    if key.len() > 1 {
-        flags |= SetFlags::Concat;
-    }
     if verdict_map {
         flags |= SetFlags::Map;
     }
@@ -531,18 +532,6 @@ fn set_attributes(
     }
     if let Some(secs) = timeout {
         attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
-    }
-    if key.len() > 1 {
-        let fields = key
-            .iter()
-            .map(|k| {
-                attrs::nested(
-                    NFTA_LIST_ELEM,
-                    &[DefaultNla::new(NFTA_SET_FIELD_LEN, k.field_len().to_be_bytes().to_vec())],
-                )
-            })
-            .collect();
-        attributes.push(SetAttribute::Description(vec![SetDescription::Concat(fields)]));
     }
     if let Some(c) = comment {
         attributes.push(SetAttribute::UserData(comment_udata(UDATA_SET_COMMENT, c)));
@@ -639,7 +628,23 @@ mod tests {
         );
         assert!(attrs.contains(&SetAttribute::KeyType((7 << 12) | (12 << 6) | 13)));
         assert!(attrs.contains(&SetAttribute::KeyLen(12)));
-        assert!(attrs.contains(&SetAttribute::Flags(SetFlags::Concat | SetFlags::Map)));
+    }
+
+    /// What `nft` sends for upstream's maps and sets (`nft --debug=netlink`
+    /// prints flags 8 for `service-ips`): a map flag, no concatenation flag
+    /// and no field lengths (those are for interval sets). With them the
+    /// kernel refused our `add map service-ips` over a table `nft -f` wrote
+    /// (EEXIST), and every full sync over upstream's table failed.
+    #[test]
+    fn sets_are_defined_as_nft_defines_them() {
+        let concat = [KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+        let map = set_attributes("kube-proxy".into(), "service-ips", &concat, true, None, &None);
+        assert!(map.contains(&SetAttribute::Flags(SetFlags::Map)), "{map:?}");
+        assert!(!map.iter().any(|a| matches!(a, SetAttribute::Description(_))), "{map:?}");
+        let affinity = set_attributes("kube-proxy".into(), "affinity-X", &[KeyType::Ipv4Addr], false, Some(600), &None);
+        assert!(affinity.contains(&SetAttribute::Flags(SetFlags::Timeout | SetFlags::Eval)), "{affinity:?}");
+        let plain = set_attributes("kube-proxy".into(), "cluster-ips", &[KeyType::Ipv4Addr], false, None, &None);
+        assert!(plain.contains(&SetAttribute::Flags(SetFlags::empty())), "{plain:?}");
     }
 
     #[test]
