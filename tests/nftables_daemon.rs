@@ -665,12 +665,13 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
 
-/// 1,000 Services (≈ 19,000 ops in the first transaction, MBs in one
+/// 1,000 Services (≈ 19,000 ops in the first sync: its new chains in
+/// transactions of at most 8,192 ops, then the rest in one, MBs in one
 /// datagram, more than a socket's default 208 KiB send buffer, which made
 /// the kernel refuse it with EMSGSIZE before the codec sized the buffer to
 /// the batch) are written by one full sync, and each answers.
 #[test]
-fn a_thousand_services_go_in_one_transaction() {
+fn a_thousand_services_are_written_by_one_full_sync() {
     let mut lab = Lab::new("big", &["b1", "b2"]);
     let mut items = Vec::new();
     for i in 0..1000 {

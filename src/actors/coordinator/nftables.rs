@@ -26,6 +26,8 @@
 //!   is a full one.
 //! - Conntrack flushes follow a successful transaction, as in iptables mode.
 
+use std::collections::BTreeSet;
+
 use futures::FutureExt;
 use tokio::time::Instant;
 
@@ -36,8 +38,13 @@ use crate::msgs::*;
 use crate::net::IpFamily;
 use crate::plan::conntrack::conntrack_ops;
 use crate::plan::context::LocalAddr;
-use crate::plan::nftables::{KernelObjects, NftOp, NftablesContext, NftablesPlanner};
+use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner};
 use crate::schedule::SyncKind;
+
+/// At most this many ops in each transaction that writes a full sync's new
+/// per-service chains ([`staged`]): the kernel's cost per anonymous set
+/// grows with its transaction's length.
+pub const STAGE_OPS: usize = 8192;
 
 /// Builds the planner's context from the Node and the node's addresses.
 pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> NftablesContext + Send>;
@@ -179,7 +186,7 @@ impl Dataplane for NftablesDataplane {
         let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
         conntrack.extend(conntrack_ops(model, changes));
         let cleanup = self.planner.delete_due(self.epoch.elapsed());
-        let delta = if full {
+        let (delta, existing) = if full {
             let mut kernel = match self.listed.take() {
                 Some(Ok(k)) => k,
                 Some(Err(e)) => return self.not_sent(e, full, conntrack),
@@ -192,27 +199,35 @@ impl Dataplane for NftablesDataplane {
             let addrs = addrs.unwrap_or_else(|| (self.addrs)());
             let ctx = (self.context)(model.node(), &addrs);
             self.last_addrs = addrs;
-            self.planner.full(model, ctx, &kernel)
+            let delta = self.planner.full(model, ctx, &kernel);
+            (delta, Some(kernel.chains.into_iter().collect::<BTreeSet<String>>()))
         } else {
             match self.planner.partial(model, &changes.ports) {
-                Some(d) => d,
+                Some(d) => (d, None),
                 None => return self.not_sent(NftSyncError::NoConfirmedState, full, conntrack),
             }
         };
-        let main = match translate(&delta.tx) {
-            Ok(ops) => ops,
+        let plan_ops = delta.tx.len();
+        // A full sync's new per-service chains go first, in bounded transactions.
+        let txs = match existing {
+            Some(existing) => staged(delta.tx, &existing, STAGE_OPS),
+            None => vec![delta.tx],
+        };
+        let steps = match txs.iter().map(translate).collect::<Result<Vec<_>, _>>() {
+            Ok(steps) => steps,
             Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
         };
         let cleanup = match cleanup.as_ref().map(translate).transpose() {
             Ok(ops) => ops,
             Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
         };
-        let ops = main.len() + cleanup.as_ref().map_or(0, Vec::len) + conntrack.len();
+        let ops = steps.iter().map(Vec::len).sum::<usize>() + cleanup.as_ref().map_or(0, Vec::len) + conntrack.len();
         tracing::debug!(
             ip_family = self.label(),
             generation,
             full,
-            plan_ops = delta.tx.len(),
+            plan_ops,
+            transactions = steps.len(),
             stale = delta.stale_chains.len(),
             "nftables transaction planned"
         );
@@ -222,7 +237,13 @@ impl Dataplane for NftablesDataplane {
                 Some(ops) => Some(nft.apply(generation, ops).await),
                 None => None,
             };
-            let main = if main.is_empty() { Ok(()) } else { nft.apply(generation, main).await };
+            let mut main = Ok(());
+            for step in steps.into_iter().filter(|s| !s.is_empty()) {
+                main = nft.apply(generation, step).await;
+                if main.is_err() {
+                    break;
+                }
+            }
             let (conntrack, deferred) = if main.is_ok() && !conntrack.is_empty() {
                 (Some(ct.send(batch(generation, SyncMode::Incremental, conntrack)).await), Vec::new())
             } else {

@@ -358,16 +358,17 @@ fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
 
 /// An anonymous set of a rule: the set, then its elements (by id).
 fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
-    let (name, flags, key_type, key_len, map) = match a.key {
-        AnonKey::Integer => ("__map%d", SetFlags::Anonymous | SetFlags::Constant | SetFlags::Map, 4u32, 4u32, true),
+    let (flags, key_type, key_len, map) = match a.key {
+        AnonKey::Integer => (SetFlags::Anonymous | SetFlags::Constant | SetFlags::Map, 4u32, 4u32, true),
         AnonKey::Addr(f) => {
             let (t, l) = if f == IpFamily::V4 { (KeyType::Ipv4Addr.id(), 4) } else { (KeyType::Ipv6Addr.id(), 16) };
-            ("__set%d", SetFlags::Anonymous | SetFlags::Constant | SetFlags::Interval, t, l, false)
+            (SetFlags::Anonymous | SetFlags::Constant | SetFlags::Interval, t, l, false)
         }
     };
+    let name = rule::anon_name(a.key, a.id);
     let mut attributes = vec![
         SetAttribute::Table(table.to_string()),
-        SetAttribute::Name(name.to_string()),
+        SetAttribute::Name(name.clone()),
         SetAttribute::Flags(flags),
         SetAttribute::KeyType(key_type),
         SetAttribute::KeyLen(key_len),
@@ -399,7 +400,7 @@ fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
         NfTablesMessage::NewSetElement(SetElementMessage {
             attributes: vec![
                 SetElementList::Table(table.to_string()),
-                SetElementList::Set(name.to_string()),
+                SetElementList::Set(name),
                 SetElementList::SetId(a.id),
                 SetElementList::Elements(elements),
             ],

@@ -68,6 +68,9 @@ pub struct NetlinkNftables {
     client: Client<RawNfnl>,
     sender: std::sync::Arc<Sender>,
     seq: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    /// The last anonymous set id used: ids (and so the sets' names, see
+    /// [`rule::anon_name`]) stay unique in the table across transactions.
+    anon_ids: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NetlinkNftables {
@@ -77,6 +80,7 @@ impl NetlinkNftables {
             client: Client::open(NETLINK_NETFILTER)?,
             sender: std::sync::Arc::new(Sender::open()?),
             seq: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1)),
+            anon_ids: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(anon_id_seed())),
         })
     }
 
@@ -93,7 +97,8 @@ impl NetlinkNftables {
         // Each message and the op it belongs to (a rule brings its anonymous sets).
         let mut msgs: Vec<NetlinkMessage<RawNfnl>> = Vec::with_capacity(ops.len());
         let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
-        let mut next_id = 0;
+        // One transaction at a time per socket (the actor's), so the ids it takes are its own.
+        let mut next_id = self.anon_ids.load(std::sync::atomic::Ordering::Relaxed);
         for (i, op) in ops.iter().enumerate() {
             let built = codec::messages(family, table, op, &mut next_id).map_err(TransactionError::Rule)?;
             for m in built {
@@ -101,6 +106,7 @@ impl NetlinkNftables {
                 owner.push(i);
             }
         }
+        self.anon_ids.store(next_id, std::sync::atomic::Ordering::Relaxed);
         let mut batch = Vec::new();
         let begin = request(&codec::batch_begin(), 0);
         let end = request(&codec::batch_end(), 0);
@@ -142,6 +148,19 @@ impl NetlinkNftables {
     fn next_seq(&self, n: u32) -> u32 {
         self.seq.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// Where a socket's anonymous set ids start: at random in the upper half of
+/// the ids (`nft` and upstream's kube-proxy have the kernel number theirs
+/// from 0 up), so names stay clear of theirs and of an earlier run's
+/// still in the table; a clash would be refused and the next full sync
+/// would take new ids.
+fn anon_id_seed() -> u32 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let random = std::collections::hash_map::RandomState::new().hash_one((nanos, std::process::id()));
+    // 2^31 .. 2^31 + 2^30: room for 2^30 more before the counter wraps.
+    (1 << 31) | (random as u32 & ((1 << 30) - 1))
 }
 
 /// The transactions' own socket. A batch is processed by the kernel within

@@ -59,6 +59,20 @@ pub enum AnonKey {
     Addr(IpFamily),
 }
 
+/// The name of anonymous set `id` with key `key`: `__map<id>` or
+/// `__set<id>`, written out. `nft` sends `__map%d` and the kernel then
+/// numbers the set by reading every set of the table (a `sscanf` each, per
+/// anonymous set: quadratic over a cold sync); with the number written out
+/// it only checks the name is free. Listings do not show these names (the
+/// set's anonymous flag makes `nft` print it inline), so the table lists as
+/// `nft`'s does. The caller keeps ids unique within the table.
+pub fn anon_name(key: AnonKey, id: u32) -> String {
+    match key {
+        AnonKey::Integer => format!("__map{id}"),
+        AnonKey::Addr(_) => format!("__set{id}"),
+    }
+}
+
 /// A compiled rule.
 #[derive(Debug, Clone)]
 pub struct Compiled {
@@ -321,7 +335,8 @@ impl Compiler<'_> {
         let id = self.new_id();
         let elements = interval_elements(&nets);
         self.anon.push(AnonSet { id, key: AnonKey::Addr(self.family), elements });
-        let mut attrs = vec![str_attr(1, "__set%d"), u32_attr(2, NFT_REG_1), u32_attr(4, id)];
+        let name = anon_name(AnonKey::Addr(self.family), id);
+        let mut attrs = vec![str_attr(1, &name), u32_attr(2, NFT_REG_1), u32_attr(4, id)];
         if neq {
             attrs.push(u32_attr(5, 1));
         }
@@ -423,7 +438,12 @@ impl Compiler<'_> {
         self.anon.push(AnonSet { id, key: AnonKey::Integer, elements });
         self.push(
             "lookup",
-            vec![str_attr(1, "__map%d"), u32_attr(2, NFT_REG_1), u32_attr(3, NFT_REG_VERDICT), u32_attr(4, id)],
+            vec![
+                str_attr(1, &anon_name(AnonKey::Integer, id)),
+                u32_attr(2, NFT_REG_1),
+                u32_attr(3, NFT_REG_VERDICT),
+                u32_attr(4, id),
+            ],
         );
         Ok(())
     }

@@ -50,7 +50,7 @@ mod trace_tests;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
 pub use diff::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects, NftOp,
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, staged, Delta, ElementRefs, KernelObjects, NftOp,
     Transaction,
 };
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};

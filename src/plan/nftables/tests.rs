@@ -1,6 +1,7 @@
 //! The nftables-mode planner against upstream's fixtures
 //! (pkg/proxy/nftables/proxier_test.go) and its partial-sync behaviour.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
@@ -605,4 +606,70 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     let text = d.tx.to_string();
     assert!(text.contains("delete element ip kube-proxy cluster-ips { 172.30.0.41 }\n"), "{text}");
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
+}
+
+/// A cold full sync staged: the new per-service chains declared first, their
+/// rules in bounded transactions, everything else last; the same ops in
+/// all (declarations repeated, new chains' flushes dropped), and a chain the
+/// kernel already holds rewritten in the last transaction, as one.
+#[test]
+fn a_full_sync_is_staged_so_new_chains_are_written_before_anything_points_to_them() {
+    let rs = desired(&model_with(&repeated_events()), &fake_ctx());
+    let tx = full_sync(&rs, &KernelObjects::default(), true).tx;
+    let steps = staged(tx.clone(), &BTreeSet::new(), 3);
+    assert!(steps.len() > 3, "{}", steps.len());
+    let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
+    let rules = &steps[1..steps.len() - 1];
+    // Every chain a staged rule is in, or jumps to, is declared first.
+    let declared: BTreeSet<String> = declare
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            NftOp::AddChain(c) => Some(c.name.clone()),
+            _ => None,
+        })
+        .collect();
+    for op in rules.iter().flat_map(|t| &t.ops) {
+        let NftOp::AddRule { chain, rule } = op else { panic!("only rules after the declarations: {op:?}") };
+        assert!(names::is_service_chain(chain) && declared.contains(chain), "{chain}");
+        let text = &rule.text;
+        for word in text.split([' ', ',', '{', '}']) {
+            let chain_name = names::is_service_chain(word) && word.starts_with(|c: char| c.is_ascii_alphabetic());
+            if chain_name || word == "mark-for-masquerade" {
+                assert!(declared.contains(word), "{word} in {text}");
+            }
+        }
+    }
+    // Bounded, and a chain's rules never split between two transactions.
+    let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, t) in rules.iter().enumerate() {
+        let chains: BTreeSet<&str> = t
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                NftOp::AddRule { chain, .. } => Some(chain.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(t.len() <= 3 + 4, "{}", t.len());
+        for c in chains {
+            assert_eq!(*owner.entry(c).or_insert(i), i, "{c} split");
+        }
+    }
+    // Nothing of the new chains is left for the last transaction, and nothing else is lost.
+    assert!(!rest.ops.iter().any(|op| match op {
+        NftOp::AddChain(c) => names::is_service_chain(&c.name),
+        NftOp::FlushChain(c) | NftOp::AddRule { chain: c, .. } => names::is_service_chain(c),
+        _ => false,
+    }));
+    let all: Vec<&NftOp> = steps.iter().flat_map(|t| &t.ops).collect();
+    for op in &tx.ops {
+        let dropped = matches!(op, NftOp::FlushChain(c) if names::is_service_chain(c));
+        assert!(dropped || all.contains(&op), "{op:?} lost");
+    }
+    // The chains the kernel holds stay in the last transaction, flushed and rewritten there.
+    let existing: BTreeSet<String> = declared.iter().filter(|c| names::is_service_chain(c)).cloned().collect();
+    let steps = staged(tx.clone(), &existing, 10);
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0], tx);
 }
