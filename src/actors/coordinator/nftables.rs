@@ -38,13 +38,8 @@ use crate::msgs::*;
 use crate::net::IpFamily;
 use crate::plan::conntrack::conntrack_ops;
 use crate::plan::context::LocalAddr;
-use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner};
+use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner, STAGE_OPS};
 use crate::schedule::SyncKind;
-
-/// At most this many ops in each transaction that writes a full sync's new
-/// per-service chains ([`staged`]): the kernel's cost per anonymous set
-/// grows with its transaction's length.
-pub const STAGE_OPS: usize = 8192;
 
 /// Builds the planner's context from the Node and the node's addresses.
 pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> NftablesContext + Send>;

@@ -195,6 +195,12 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
     Delta { tx: ops.into_tx(new.family, head), stale_chains: stale }
 }
 
+/// At most this many ops (a chain's rules are not split) in each
+/// transaction that writes a full sync's new per-service chains
+/// ([`staged`]): the kernel's cost per anonymous set grows with its
+/// transaction's length.
+pub const STAGE_OPS: usize = 8192;
+
 /// A full sync's transaction as the nftables actor sends it: per-service
 /// chains the kernel does not hold yet are declared and written first, in
 /// transactions of at most `chunk` ops, before the one that holds the rest
