@@ -638,6 +638,7 @@ items:
                     SourceEvent::Service(Change::Applied(_)) => kind == ResourceKind::Service,
                     SourceEvent::EndpointSlice(Change::Applied(_)) => kind == ResourceKind::EndpointSlice,
                     SourceEvent::Node(Change::Applied(_)) => kind == ResourceKind::Node,
+                    SourceEvent::ServiceCidr(Change::Applied(_)) => kind == ResourceKind::ServiceCidr,
                     _ => false,
                 })
                 .count()
@@ -645,6 +646,7 @@ items:
         assert_eq!(count(ResourceKind::Service), 10);
         assert_eq!(count(ResourceKind::EndpointSlice), 9);
         assert_eq!(count(ResourceKind::Node), 1);
+        assert_eq!(count(ResourceKind::ServiceCidr), 1);
         let lines = summary(&result.events);
         assert!(lines.contains(&"applied Service kube-system/kube-dns".to_owned()));
         assert!(lines.contains(&"applied Node demo-node".to_owned()));
