@@ -1206,7 +1206,7 @@ mod tests {
 
     #[test]
     fn service_cidrs_are_optional_and_kept_as_their_identity() {
-        assert!(ServiceCIDR::OPTIONAL && !Service::OPTIONAL && !EndpointSlice::OPTIONAL && !Node::OPTIONAL);
+        const { assert!(ServiceCIDR::OPTIONAL && !Service::OPTIONAL && !EndpointSlice::OPTIONAL && !Node::OPTIONAL) };
         let mut state = RelistState::<ServiceCIDR>::new();
         let cidr = |version: &str, cidrs: &[&str]| ServiceCIDR {
             metadata: ObjectMeta {
