@@ -409,7 +409,8 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
             format!("# iptables\n{text}")
         }
         ProxyMode::Nftables => {
-            let ctx = crate::plan::nftables::nftables_context(&s.nftables_settings(model.node()), model.node(), addrs);
+            let settings = s.nftables_settings(model.node(), model.service_cidrs());
+            let ctx = crate::plan::nftables::nftables_context(&settings, model.node(), addrs);
             format!("# nftables\n{}", crate::plan::nftables::dry_run(&model, &ctx))
         }
     }
@@ -468,6 +469,55 @@ mod tests {
             "# ipvs ipv6\n-A -t [fd00::1]:80 -s rr\n# ipset ipv6\n# addresses kube-ipvs0 ipv6\nfd00::1\n# iptables ipv6\n*nat\nCOMMIT\n"
         );
         assert_eq!(with_heading_suffix(text, ""), text);
+    }
+
+    /// nftables mode's dry run writes the drop rule of the family's
+    /// ServiceCIDRs after the reject rule; iptables and IPVS mode ignore
+    /// ServiceCIDRs (upstream's `OnServiceCIDRsChanged` is empty there).
+    #[test]
+    fn dry_run_drops_unallocated_cluster_ips_of_the_service_cidrs_in_nftables_mode_only() {
+        use crate::fixtures::{applied_service, applied_service_cidr, service};
+        let s = settings::derive(&cfg(&[]), IpFamily::V4, "node-a", HostFeatures::default());
+        let web = applied_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]));
+        let cidrs = [
+            applied_service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"]),
+            applied_service_cidr("extra", &["10.100.0.0/24"]),
+        ];
+        let with = [vec![web.clone()], cidrs.to_vec()].concat();
+        let text = render_dry_run(&s, ProxyMode::Nftables, &with, &[]);
+        let check: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("add rule ip kube-proxy cluster-ips-check ")).collect();
+        assert_eq!(
+            check,
+            [
+                "add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"",
+                "add rule ip kube-proxy cluster-ips-check ip daddr { 10.96.0.0/16,10.100.0.0/24 } drop comment \"Drop traffic to unallocated ClusterIPs\"",
+            ],
+            "{text}"
+        );
+        let without = render_dry_run(&s, ProxyMode::Nftables, std::slice::from_ref(&web), &[]);
+        assert!(!without.contains("unallocated"), "{without}");
+        for mode in [ProxyMode::Iptables, ProxyMode::Ipvs] {
+            let plain = render_dry_run(&s, mode, std::slice::from_ref(&web), &[]);
+            assert_eq!(render_dry_run(&s, mode, &with, &[]), plain, "{mode:?} ignores ServiceCIDRs");
+        }
+    }
+
+    /// The daemon's context builder takes the model's ServiceCIDRs into the
+    /// planner's context, the family's alone.
+    #[test]
+    fn the_nftables_context_holds_the_models_service_cidrs_of_its_family() {
+        use crate::fixtures::applied_service_cidr;
+        for (family, want) in [(IpFamily::V4, "10.96.0.0/16"), (IpFamily::V6, "fd00:96::/112")] {
+            let s = settings::derive(&cfg(&[]), family, "node-a", HostFeatures::default());
+            let mut model = Model::new(family, "node-a");
+            model.record(&applied_service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"])).unwrap();
+            let build = crate::runtime::nft_context_builder(&s);
+            assert!(build(model.node(), model.service_cidrs(), &[]).service_cidrs.is_empty(), "not before apply");
+            model.apply();
+            let ctx = build(model.node(), model.service_cidrs(), &[]);
+            assert_eq!(ctx.service_cidrs, [want.parse::<ipnet::IpNet>().unwrap()]);
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! Builders for Services, EndpointSlices and Nodes, for tests, benchmarks
-//! and the cluster generator. Not used by the daemon itself.
+//! Builders for Services, EndpointSlices, Nodes and ServiceCIDRs, for
+//! tests, benchmarks and the cluster generator. Not used by the daemon itself.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 
 use crate::msgs::{Change, SourceEvent};
@@ -148,6 +150,24 @@ pub fn applied_slice(s: EndpointSlice) -> SourceEvent {
 
 pub fn deleted_slice(s: EndpointSlice) -> SourceEvent {
     SourceEvent::EndpointSlice(Change::Deleted(Arc::new(s)))
+}
+
+/// A ServiceCIDR named `name` holding `cidrs`.
+pub fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
+    ServiceCIDR {
+        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
+        spec: Some(ServiceCIDRSpec { cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()) }),
+        status: None,
+    }
+}
+
+pub fn applied_service_cidr(name: &str, cidrs: &[&str]) -> SourceEvent {
+    SourceEvent::ServiceCidr(Change::Applied(Arc::new(service_cidr(name, cidrs))))
+}
+
+/// A ServiceCIDR's deletion, as the sources send it: its name alone.
+pub fn deleted_service_cidr(name: &str) -> SourceEvent {
+    SourceEvent::ServiceCidr(Change::Deleted(Arc::new(service_cidr(name, &[]))))
 }
 
 /// iptables-mode settings as a test or benchmark node has them: masquerade

@@ -194,7 +194,7 @@ impl SyncObserver for SyncHooks {
                 }
                 SourceEvent::EndpointSlice(_) => {}
                 SourceEvent::Node(change) => self.node_event(change, model.node_name()),
-                SourceEvent::Synced(_) => {}
+                SourceEvent::ServiceCidr(_) | SourceEvent::Synced(_) => {}
             }
         }
         self.metrics.changes_seen(services, slices);

@@ -545,11 +545,11 @@ fn start_nftables(
     }))
 }
 
-/// The nftables planner's context for the current Node and addresses.
+/// The nftables planner's context for the current Node, ServiceCIDRs and addresses.
 pub fn nft_context_builder(s: &FamilySettings) -> NftContextBuilder {
     let s = s.clone();
-    Box::new(move |node: &NodeInfo, addrs: &[crate::net::LocalAddr]| {
-        nftables_context(&s.nftables_settings(node), node, addrs)
+    Box::new(move |node: &NodeInfo, cidrs: &[ipnet::IpNet], addrs: &[crate::net::LocalAddr]| {
+        nftables_context(&s.nftables_settings(node, cidrs), node, addrs)
     })
 }
 

@@ -139,10 +139,14 @@ impl FamilySettings {
 }
 
 impl FamilySettings {
-    /// nftables mode's settings on `node`. No ServiceCIDR source yet: no
-    /// drop rule for unallocated ClusterIPs (upstream's, when it watches
-    /// ServiceCIDR objects).
-    pub fn nftables_settings(&self, node: &NodeInfo) -> crate::plan::nftables::NftablesSettings {
+    /// nftables mode's settings on `node`, with the ServiceCIDRs the model
+    /// holds (`Model::service_cidrs`; the context keeps this family's):
+    /// their unallocated addresses are dropped.
+    pub fn nftables_settings(
+        &self,
+        node: &NodeInfo,
+        service_cidrs: &[ipnet::IpNet],
+    ) -> crate::plan::nftables::NftablesSettings {
         crate::plan::nftables::NftablesSettings {
             family: self.family,
             node_name: self.plan.node_name.clone(),
@@ -150,7 +154,7 @@ impl FamilySettings {
             masquerade_bit: self.masquerade_bit,
             local: self.local_detector(node),
             node_ports: self.plan.node_ports.clone(),
-            service_cidrs: Vec::new(),
+            service_cidrs: service_cidrs.to_vec(),
         }
     }
 }

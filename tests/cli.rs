@@ -348,6 +348,17 @@ fn dry_run_from_the_cluster_prints_the_plan_of_the_same_objects_as_files() {
     let (files, cluster) = (String::from_utf8_lossy(&files.stdout), String::from_utf8_lossy(&cluster.stdout));
     assert!(files.contains("-A -t 192.168.50.2:30080 -s rr"), "{files}");
     assert_eq!(cluster, files, "the same plan from the API server as from the files");
+    // nftables mode: the demo's ServiceCIDR, listed from the API server,
+    // drops unallocated ClusterIPs as the file does.
+    let (bin, dir, url) = (bin(), demo("demo"), api.url());
+    let nft = ["--proxy-mode", "nftables", "--dry-run", "--hostname-override", "demo-node"];
+    let files = ns.exec(&[&[bin.as_str(), "--manifests", &dir][..], &nft].concat());
+    let cluster = ns.exec(&[&[bin.as_str(), "--master", &url][..], &nft].concat());
+    assert_eq!(cluster.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&cluster.stderr));
+    let (files, cluster) = (String::from_utf8_lossy(&files.stdout), String::from_utf8_lossy(&cluster.stdout));
+    let drop = "cluster-ips-check ip daddr { 10.96.0.0/12 } drop comment \"Drop traffic to unallocated ClusterIPs\"";
+    assert!(files.contains(drop), "{files}");
+    assert_eq!(cluster, files, "the same nftables plan from the API server as from the files");
     let requests = api.requests();
     assert!(requests.iter().all(|r| !r.contains("watch=")), "one list per kind, no watch: {requests:?}");
 }

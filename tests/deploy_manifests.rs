@@ -446,6 +446,8 @@ fn cluster_role_grants_exactly_what_the_daemon_reads() {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
+        ("networking.k8s.io", "servicecidrs", "list"),
+        ("networking.k8s.io", "servicecidrs", "watch"),
     ]);
     assert_eq!(granted, expected);
 

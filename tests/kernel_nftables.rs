@@ -229,7 +229,8 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
 /// `--dry-run --proxy-mode nftables`, kept as a fixture): every rule form
 /// upstream uses (concatenated vmaps, `numgen random mod N vmap`, affinity
 /// `update`, `dnat to`, `masquerade fully-random`, `ct state`, `fib`,
-/// marks, an anonymous interval set of source ranges, comments) in one
+/// marks, anonymous interval sets of source ranges and of the
+/// ServiceCIDRs' ranges (the drop of unallocated ClusterIPs), comments) in one
 /// transaction per family, listed by `nft` exactly as `nft -f` of the same
 /// text leaves it.
 #[test]

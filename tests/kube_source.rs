@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::Resource;
@@ -60,6 +61,11 @@ fn node(name: &str) -> Node {
     Node { metadata: meta(None, name, &[]), ..Node::default() }
 }
 
+fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
+    let spec = ServiceCIDRSpec { cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()) };
+    ServiceCIDR { metadata: meta(None, name, &[]), spec: Some(spec), status: None }
+}
+
 /// `applied Service default/web`, `deleted Node node-a`, `synced Service`.
 fn line(event: &SourceEvent) -> String {
     fn change<K: Resource>(kind: &str, change: &Change<K>) -> String {
@@ -78,11 +84,12 @@ fn line(event: &SourceEvent) -> String {
         SourceEvent::Service(c) => change("Service", c),
         SourceEvent::EndpointSlice(c) => change("EndpointSlice", c),
         SourceEvent::Node(c) => change("Node", c),
+        SourceEvent::ServiceCidr(c) => change("ServiceCIDR", c),
         SourceEvent::Synced(kind) => format!("synced {kind}"),
     }
 }
 
-const SYNCED: [&str; 3] = ["synced Service", "synced EndpointSlice", "synced Node"];
+const SYNCED: [&str; 4] = ["synced Service", "synced EndpointSlice", "synced Node", "synced ServiceCIDR"];
 
 /// The source under test, running against a server, its batches collected.
 struct Source {
@@ -154,8 +161,13 @@ impl Drop for Source {
     }
 }
 
-/// The three watched kinds, by the path their requests use.
-const PATHS: [&str; 3] = ["/api/v1/services?", "/apis/discovery.k8s.io/v1/endpointslices?", "/api/v1/nodes?"];
+/// The watched kinds, by the path their requests use.
+const PATHS: [&str; 4] = [
+    "/api/v1/services?",
+    "/apis/discovery.k8s.io/v1/endpointslices?",
+    "/api/v1/nodes?",
+    "/apis/networking.k8s.io/v1/servicecidrs?",
+];
 
 fn is_watch(request: &str) -> bool {
     request.contains("watch=true")
@@ -205,18 +217,21 @@ async fn cluster() -> ApiServer {
     server.create(&slice("web-abc", "web", &[])).unwrap();
     server.create(&node(NODE)).unwrap();
     server.create(&node("node-b")).unwrap();
+    server.create(&service_cidr("kubernetes", &["10.96.0.0/16"])).unwrap();
     server
 }
 
 /// What the source emits for [`cluster`]'s initial list, sorted.
-const INITIAL_LIST: [&str; 7] = [
+const INITIAL_LIST: [&str; 9] = [
     "applied EndpointSlice default/web-abc",
     "applied Node node-a",
     "applied Service default/db",
     "applied Service default/web",
+    "applied ServiceCIDR kubernetes",
     "synced EndpointSlice",
     "synced Node",
     "synced Service",
+    "synced ServiceCIDR",
 ];
 
 #[tokio::test]
@@ -321,7 +336,7 @@ async fn a_cut_watch_resumes_without_a_relist_or_duplicates() {
     let (mut source, _) = Source::synced(&server).await;
     wait_watching_again(&server, 0, false).await;
     let before = server.requests().len();
-    assert_eq!(server.cut_watches(), 3);
+    assert_eq!(server.cut_watches(), 4);
     // Written while the watch is down: replayed once on resume.
     server.update(&service("web", "10.96.0.99", &[])).unwrap();
     wait_watching_again(&server, before, false).await;
@@ -360,7 +375,7 @@ async fn after_a_410_a_relist_of_unchanged_objects_emits_nothing() {
     let before = server.requests().len();
     server.cut_watches();
     wait_watching_again(&server, before, true).await;
-    assert_eq!(lists_since(&server, before).len(), 3);
+    assert_eq!(lists_since(&server, before).len(), 4);
     assert_eq!(source.pending(), Vec::<String>::new());
     // Still working afterwards.
     server.create(&service("sentinel", "10.96.0.30", &[])).unwrap();
@@ -428,6 +443,7 @@ async fn an_object_that_does_not_decode_is_refused_and_every_other_one_flows() {
     assert_eq!(source.refused("Service"), Some(1));
     assert_eq!(source.refused("EndpointSlice"), Some(0));
     assert_eq!(source.refused("Node"), Some(0));
+    assert_eq!(source.refused("ServiceCIDR"), Some(0));
     assert_eq!(
         source.listed_refusals(),
         ["Service default/bad does_not_decode: spec.ports[0].port: invalid type: string \"abc\", expected i32"]
@@ -488,6 +504,94 @@ async fn a_kind_whose_lists_fail_never_syncs_and_the_others_do() {
     assert_eq!(lines, ["applied EndpointSlice default/web-abc", "synced EndpointSlice"]);
 }
 
+/// ServiceCIDRs (cluster-scoped, every one watched): created, updated
+/// and deleted ones flow through the real kube-rs watcher, the whole
+/// object with its ranges.
+#[tokio::test]
+async fn service_cidrs_are_listed_and_followed() {
+    let server = cluster().await;
+    let (mut source, lines) = Source::synced(&server).await;
+    assert!(lines.contains(&"applied ServiceCIDR kubernetes".to_string()), "{lines:?}");
+    let cidrs = |batch: &SourceBatch| match &batch.0[..] {
+        [SourceEvent::ServiceCidr(Change::Applied(c))] => c.spec.as_ref().and_then(|s| s.cidrs.clone()),
+        other => panic!("{:?}", other.iter().map(line).collect::<Vec<_>>()),
+    };
+    server.create(&service_cidr("extra", &["10.100.0.0/24", "fd00:100::/112"])).unwrap();
+    let batch = tokio::time::timeout(PATIENCE, source.batches.recv()).await.unwrap().unwrap();
+    assert_eq!(cidrs(&batch), Some(vec!["10.100.0.0/24".to_string(), "fd00:100::/112".to_string()]));
+    server.update(&service_cidr("extra", &["10.101.0.0/24"])).unwrap();
+    let batch = tokio::time::timeout(PATIENCE, source.batches.recv()).await.unwrap().unwrap();
+    assert_eq!(cidrs(&batch), Some(vec!["10.101.0.0/24".to_string()]));
+    server.delete(&service_cidr("extra", &[])).unwrap();
+    assert_eq!(source.until(&["deleted ServiceCIDR extra"]).await, ["deleted ServiceCIDR extra"]);
+    let requests = server.requests();
+    let of_kind: Vec<&String> = requests.iter().filter(|r| r.contains("/servicecidrs")).collect();
+    assert!(of_kind.iter().any(|r| is_watch(r)), "watched: {of_kind:?}");
+    assert!(of_kind.iter().all(|r| !r.contains("Selector")), "no selector: {of_kind:?}");
+}
+
+/// A ServiceCIDR our types cannot read is refused by name and field and
+/// costs nothing else: the other ServiceCIDRs and kinds flow.
+#[tokio::test]
+async fn a_service_cidr_that_does_not_decode_is_refused_alone() {
+    let server = cluster().await;
+    let bad = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "bad"}, "spec": {"cidrs": "10.200.0.0/16"},
+    });
+    server.create(&bad).unwrap();
+    let (mut source, lines) = Source::synced(&server).await;
+    assert_eq!(sorted(lines), INITIAL_LIST, "the list went through without the bad ServiceCIDR");
+    assert_eq!(source.refused("ServiceCIDR"), Some(1));
+    assert_eq!(source.refused("Service"), Some(0));
+    assert_eq!(
+        source.listed_refusals(),
+        ["ServiceCIDR bad does_not_decode: spec.cidrs: invalid type: string \"10.200.0.0/16\", expected a sequence"]
+    );
+    server.create(&service_cidr("good", &["10.102.0.0/24"])).unwrap();
+    assert_eq!(source.until(&["applied ServiceCIDR good"]).await, ["applied ServiceCIDR good"]);
+}
+
+/// ServiceCIDR lists failing (500) hold back nothing else: Services,
+/// EndpointSlices and the Node sync; the ServiceCIDRs follow once their
+/// list works.
+#[tokio::test]
+async fn failing_service_cidr_lists_do_not_hold_back_the_other_kinds() {
+    let server = cluster().await;
+    server.fail_kind(Kind::ServiceCidr, true);
+    let mut source = Source::start(&server);
+    let lines = source.until(&["synced Service", "synced EndpointSlice", "synced Node"]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut lines = [lines, source.pending()].concat();
+    lines.retain(|l| l.contains("ServiceCIDR"));
+    assert_eq!(lines, Vec::<String>::new(), "no ServiceCIDR, no synced ServiceCIDR");
+    server.fail_kind(Kind::ServiceCidr, false);
+    let lines = source.until(&["synced ServiceCIDR"]).await;
+    assert_eq!(lines, ["applied ServiceCIDR kubernetes", "synced ServiceCIDR"]);
+}
+
+/// An API server that does not serve ServiceCIDRs (404, before 1.33):
+/// the other kinds sync as ever, and the source does not ask again at the
+/// usual backoff (about a second) but every `UNAVAILABLE_RETRY` (minutes).
+#[tokio::test]
+async fn an_api_server_without_service_cidrs_is_asked_again_only_minutes_later() {
+    let server = cluster().await;
+    server.set_served(Kind::ServiceCidr, false);
+    let mut source = Source::start(&server);
+    let lines = source.until(&["synced Service", "synced EndpointSlice", "synced Node"]).await;
+    let asked = || server.requests().into_iter().filter(|r| r.contains("/servicecidrs")).count();
+    wait_until("the ServiceCIDRs were asked for", || asked() >= 1).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(asked(), 1, "asked once, not again within 3 s");
+    let mut lines = [lines, source.pending()].concat();
+    lines.retain(|l| l.contains("ServiceCIDR"));
+    assert_eq!(lines, Vec::<String>::new());
+    assert!(source::UNAVAILABLE_RETRY >= Duration::from_secs(60), "{:?}", source::UNAVAILABLE_RETRY);
+    // Still following the other kinds.
+    server.create(&service("sentinel", "10.96.0.30", &[])).unwrap();
+    assert_eq!(source.until(&["applied Service default/sentinel"]).await, ["applied Service default/sentinel"]);
+}
+
 // The test API server itself.
 
 #[tokio::test]
@@ -519,6 +623,23 @@ async fn apiserver_serves_raw_json_as_written_and_fails_a_kind_on_demand() {
     assert_eq!(services.get("web").await.unwrap().metadata.name.as_deref(), Some("web"), "gets still work");
     server.fail_kind(Kind::Service, false);
     assert!(services.list(&ListParams::default().labels("app=none")).await.is_ok());
+}
+
+#[tokio::test]
+async fn apiserver_serves_service_cidrs_cluster_scoped_and_unserves_a_kind_on_demand() {
+    let server = cluster().await;
+    let cidrs: Api<ServiceCIDR> = Api::all(server.client());
+    let got = cidrs.get("kubernetes").await.unwrap();
+    assert_eq!(got.metadata.namespace, None);
+    assert_eq!(got.spec.and_then(|s| s.cidrs), Some(vec!["10.96.0.0/16".to_string()]));
+    let list = cidrs.list(&ListParams::default().fields("metadata.name=kubernetes")).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    server.set_served(Kind::ServiceCidr, false);
+    let missing = cidrs.list(&ListParams::default()).await.unwrap_err();
+    assert!(matches!(missing, kube::Error::Api(ref s) if s.code == 404), "{missing:?}");
+    assert!(cidrs.get("kubernetes").await.is_err(), "gets too");
+    server.set_served(Kind::ServiceCidr, true);
+    assert_eq!(cidrs.list(&ListParams::default()).await.unwrap().items.len(), 1);
 }
 
 #[tokio::test]

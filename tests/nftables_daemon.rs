@@ -765,3 +765,53 @@ fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables() {
     assert!(log.contains("the nftables table drifted: full resync"), "{log}");
     assert!(log.contains("the table was deleted"), "{log}");
 }
+
+/// ServiceCIDRs (`networking.k8s.io/v1`, upstream since 1.33): with one of
+/// 10.96.0.0/16 in the manifests, a connection to an unallocated ClusterIP
+/// of it is dropped (times out: no RST, no ICMP), while an allocated
+/// ClusterIP on a port it does not serve is rejected at once (the reject
+/// rule comes first). The ServiceCIDR's manifest deleted: a full sync
+/// writes `cluster-ips-check` without the drop rule. So that the drop can
+/// be told from a packet lost on the way, the node routes 10.96.0.0/16 to
+/// b1, which answers every address of it itself (RST: refused) once
+/// nothing drops them.
+#[test]
+fn service_cidrs_drop_unallocated_cluster_ips_until_deleted() {
+    let mut lab = Lab::new("scidr", &["b1"]);
+    lab.node.ok(&["ip", "route", "add", "10.96.0.0/16", "via", "10.244.1.2"]);
+    lab._backends[0].1.ok(&["ip", "route", "add", "local", "10.96.0.0/16", "dev", "lo"]);
+    lab.put("web", &web(&["b1"]));
+    let cidr = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16", "fd00:96::/112"]},
+    });
+    lab.put("cidr", &cidr);
+    let daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let table = lab.table("ip").expect("the ip kube-proxy table");
+    // Listed as `nft` lists its own `ip daddr { 10.96.0.0/16 } drop`: a
+    // one-element set is written as a plain match.
+    let drop = "ip daddr 10.96.0.0/16 drop comment \"Drop traffic to unallocated ClusterIPs\"";
+    assert!(table.contains(drop), "{table}");
+    assert!(!table.contains("fd00:96::"), "the IPv4 table holds the IPv4 range only: {table}");
+    let v6 = lab.table("ip6").expect("the ip6 kube-proxy table (the node runs both families)");
+    assert!(v6.contains("ip6 daddr fd00:96::/112 drop") && !v6.contains("10.96.0.0"), "{v6}");
+    let dropped = lab.ask("10.96.0.99:80", 2, false);
+    assert!(dropped.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "unallocated: dropped: {dropped:?}");
+    let started = Instant::now();
+    let rejected = lab.ask("10.96.0.10:81", 2, false);
+    assert!(rejected.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "allocated: rejected: {rejected:?}");
+    assert!(started.elapsed() < DROP_WAIT, "refused at once: {:?}", started.elapsed());
+
+    let last = lab.syncs().expect("syncs")[0].generation;
+    lab.remove("cidr");
+    let table = lab.wait_table("the drop rule gone", |t| !t.contains("unallocated"));
+    assert!(table.contains("Reject traffic to invalid ports of ClusterIPs"), "{table}");
+    let syncs = lab.syncs().expect("syncs");
+    assert!(syncs.iter().any(|s| s.generation > last && s.full), "a full sync rewrote the chain: {syncs:?}");
+    // Nothing drops them now: b1 answers them itself.
+    assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::ConnectionRefused)], "no longer dropped");
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    daemon.stop();
+}

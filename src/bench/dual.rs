@@ -116,7 +116,7 @@ pub fn dual_stack(events: &[SourceEvent]) -> Vec<SourceEvent> {
                 }
             }
             SourceEvent::Node(c) => out.push(SourceEvent::Node(same(c, dual_node(c.object())))),
-            SourceEvent::Synced(_) => out.push(ev.clone()),
+            SourceEvent::ServiceCidr(_) | SourceEvent::Synced(_) => out.push(ev.clone()),
         }
     }
     out

@@ -106,7 +106,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     cfg.cluster_cidr = "10.0.0.0/8".into();
     let derived = settings::derive(&cfg, FAMILY, THIS_NODE, HostFeatures::default());
     let addrs = vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }];
-    let ctx = nftables_context(&derived.nftables_settings(model.node()), model.node(), &addrs);
+    let ctx = nftables_context(&derived.nftables_settings(model.node(), model.service_cidrs()), model.node(), &addrs);
     let mut planner = NftablesPlanner::new(ctx.clone());
 
     let t = Instant::now();

@@ -12,6 +12,7 @@ pub mod node_ports;
 pub mod notice;
 pub mod scheduler;
 pub mod service;
+pub mod service_cidrs;
 pub mod topology;
 
 #[cfg(test)]
@@ -20,6 +21,8 @@ mod tests;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+
+use ipnet::IpNet;
 
 pub use endpoints::{Endpoint, EndpointList, Hints, PortEndpoints};
 pub use node::NodeInfo;
@@ -71,13 +74,18 @@ pub struct ModelChanges {
     pub newly_active_udp: Vec<ServicePortName>,
     /// The node's topology labels changed: plan everything again.
     pub topology_changed: bool,
+    /// The family's ServiceCIDRs changed ([`Model::service_cidrs`]).
+    pub service_cidrs_changed: bool,
     /// last-change-trigger-time annotations of the slices that changed.
     pub trigger_times: Vec<String>,
 }
 
 impl ModelChanges {
     pub fn is_empty(&self) -> bool {
-        self.ports.is_empty() && !self.topology_changed && self.deleted_udp_cluster_ips.is_empty()
+        self.ports.is_empty()
+            && !self.topology_changed
+            && !self.service_cidrs_changed
+            && self.deleted_udp_cluster_ips.is_empty()
     }
 }
 
@@ -113,6 +121,12 @@ pub struct Model {
     pending_endpoints: HashSet<NamespacedName>,
     node: NodeInfo,
     pending_node: Option<NodeInfo>,
+    /// Every ServiceCIDR's ranges, as recorded.
+    service_cidrs: service_cidrs::ServiceCidrs,
+    /// The family's ranges as of the last [`Model::apply`].
+    cidrs: Vec<IpNet>,
+    /// The family's ranges differ from `cidrs`.
+    pending_cidrs: bool,
     synced: BTreeSet<ResourceKind>,
 }
 
@@ -127,6 +141,9 @@ impl Model {
             pending_endpoints: HashSet::new(),
             node: NodeInfo { name: node_name.to_string(), ..NodeInfo::default() },
             pending_node: None,
+            service_cidrs: service_cidrs::ServiceCidrs::default(),
+            cidrs: Vec::new(),
+            pending_cidrs: false,
             synced: BTreeSet::new(),
         }
     }
@@ -143,15 +160,27 @@ impl Model {
         &self.node
     }
 
+    /// The family's ServiceCIDRs as of the last [`Model::apply`] (the union
+    /// of every object's, sorted): what nftables mode drops unallocated
+    /// addresses of. Empty without ServiceCIDR objects.
+    pub fn service_cidrs(&self) -> &[IpNet] {
+        &self.cidrs
+    }
+
     /// Services and EndpointSlices have both completed their initial list
-    /// (upstream's isInitialized): before that, nothing is synced.
+    /// (upstream's isInitialized): before that, nothing is synced. Nodes and
+    /// ServiceCIDRs are not waited for (upstream's neither): a kind whose
+    /// list fails does not hold back the sync.
     pub fn is_initialized(&self) -> bool {
         self.synced.contains(&ResourceKind::Service) && self.synced.contains(&ResourceKind::EndpointSlice)
     }
 
     /// Something is waiting for [`Model::apply`].
     pub fn has_pending(&self) -> bool {
-        !self.pending_services.is_empty() || !self.pending_endpoints.is_empty() || self.pending_node.is_some()
+        !self.pending_services.is_empty()
+            || !self.pending_endpoints.is_empty()
+            || self.pending_node.is_some()
+            || self.pending_cidrs
     }
 
     pub fn pending_counts(&self) -> (usize, usize) {
@@ -184,6 +213,11 @@ impl Model {
                 self.pending_endpoints.extend(self.slices.remove(&nn));
             }
             SourceEvent::Node(change) => self.record_node(change),
+            SourceEvent::ServiceCidr(change) => {
+                self.service_cidrs.record(change)?;
+                // Another family's ranges change nothing here.
+                self.pending_cidrs = self.service_cidrs.of_family(self.family) != self.cidrs;
+            }
             SourceEvent::Synced(kind) => {
                 self.synced.insert(*kind);
             }
@@ -209,6 +243,11 @@ impl Model {
         if let Some(node) = self.pending_node.take() {
             out.topology_changed = node.topology_labels() != self.node.topology_labels();
             self.node = node;
+        }
+        if std::mem::take(&mut self.pending_cidrs) {
+            let cidrs = self.service_cidrs.of_family(self.family);
+            out.service_cidrs_changed = cidrs != self.cidrs;
+            self.cidrs = cidrs;
         }
         // Taken, not drained: a cold sync's pending tables are large, and
         // would otherwise stay allocated, empty, until the next one.

@@ -222,6 +222,48 @@ fn not_initialized_until_services_and_slices_synced() {
 }
 
 #[test]
+fn service_cidrs_do_not_hold_back_the_first_sync() {
+    let m = model();
+    assert!(m.is_initialized(), "no ServiceCIDR listed (its list failing, or not served): initialized all the same");
+    assert_eq!(m.service_cidrs(), &[] as &[ipnet::IpNet]);
+}
+
+#[test]
+fn the_familys_service_cidrs_are_the_union_of_every_object() {
+    let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
+    let mut m = model();
+    m.record(&applied_service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"])).unwrap();
+    assert!(m.has_pending());
+    assert_eq!(m.service_cidrs(), &[] as &[ipnet::IpNet], "not before apply");
+    let ch = m.apply();
+    assert!(ch.service_cidrs_changed && !ch.is_empty() && ch.ports.is_empty());
+    assert_eq!(m.service_cidrs(), [net("10.96.0.0/16")]);
+    m.record(&applied_service_cidr("extra", &["10.100.0.0/24"])).unwrap();
+    assert!(m.apply().service_cidrs_changed);
+    assert_eq!(m.service_cidrs(), [net("10.96.0.0/16"), net("10.100.0.0/24")]);
+    // Another family's range: nothing pending, nothing changed here.
+    m.record(&applied_service_cidr("v6", &["fd00:97::/112"])).unwrap();
+    assert!(!m.has_pending());
+    assert!(!m.apply().service_cidrs_changed);
+    // The same ranges again (a relabelled object): no change.
+    m.record(&applied_service_cidr("extra", &["10.100.0.0/24"])).unwrap();
+    assert!(!m.apply().service_cidrs_changed);
+    // A deletion carries the name only.
+    m.record(&deleted_service_cidr("extra")).unwrap();
+    assert!(m.apply().service_cidrs_changed);
+    assert_eq!(m.service_cidrs(), [net("10.96.0.0/16")]);
+    // A range that does not parse refuses the object, reported as any bad object.
+    let e = m.record(&applied_service_cidr("kubernetes", &["10.96.0.0/33"])).unwrap_err();
+    assert_eq!((e.kind, e.field.as_str()), ("ServiceCIDR", "spec.cidrs[0]"));
+    assert!(!m.apply().service_cidrs_changed);
+    assert_eq!(m.service_cidrs(), [net("10.96.0.0/16")]);
+    let mut v6 = Model::new(IpFamily::V6, "node-a");
+    v6.record(&applied_service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"])).unwrap();
+    v6.apply();
+    assert_eq!(v6.service_cidrs(), [net("fd00:96::/112")]);
+}
+
+#[test]
 fn node_topology_label_change_is_reported() {
     let mut m = model();
     m.record(&SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(node(

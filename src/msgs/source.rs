@@ -6,13 +6,23 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
-/// The three kinds of object kube-proxy watches.
+/// The kinds of object kube-proxy watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceKind {
     Service,
     EndpointSlice,
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDR (cluster-scoped): the ranges
+    /// ClusterIPs are allocated from (upstream's ServiceCIDRConfig).
+    ServiceCidr,
+}
+
+impl ResourceKind {
+    /// Every watched kind, in the order sources emit them.
+    pub const ALL: [ResourceKind; 4] =
+        [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node, ResourceKind::ServiceCidr];
 }
 
 impl std::fmt::Display for ResourceKind {
@@ -21,6 +31,7 @@ impl std::fmt::Display for ResourceKind {
             ResourceKind::Service => "Service",
             ResourceKind::EndpointSlice => "EndpointSlice",
             ResourceKind::Node => "Node",
+            ResourceKind::ServiceCidr => "ServiceCIDR",
         })
     }
 }
@@ -47,6 +58,9 @@ pub enum SourceEvent {
     Service(Change<Service>),
     EndpointSlice(Change<EndpointSlice>),
     Node(Change<Node>),
+    /// A ServiceCIDR created or changed (whole) or deleted (its identity:
+    /// the model keeps each object's CIDRs by name).
+    ServiceCidr(Change<ServiceCIDR>),
     /// The initial list of this kind is complete (upstream's HasSynced). A
     /// source that relists emits `Deleted` for objects that vanished and then
     /// `Synced` again; the coordinator treats the second one as a no-op.

@@ -2,8 +2,9 @@
 //! nf_tables transaction per sync) and the conntrack actor.
 //!
 //! - A full sync (the first one, after a failed or unanswered transaction,
-//!   after a reload or a topology change, when the node's addresses changed
-//!   at a periodic sync, after drift, and hourly) first lists the table's chains and sets
+//!   after a reload or a topology change, when the family's ServiceCIDRs
+//!   changed, when the node's addresses changed at a periodic sync, after
+//!   drift, and hourly) first lists the table's chains and sets
 //!   ([`Dataplane::prepare`]), then writes the whole table in one
 //!   transaction, as upstream's needFullSync: sets and maps reset, every
 //!   chain rewritten, per-service chains nobody uses flushed (stale).
@@ -25,10 +26,22 @@
 //!   listing); if so, or if the check fails, that sync lists the table and
 //!   is a full one.
 //! - Conntrack flushes follow a successful transaction, as in iptables mode.
+//! - ServiceCIDRs: the family's ranges ([`Model::service_cidrs`]) go into the
+//!   planner's context, whose `cluster-ips-check` chain then drops traffic to
+//!   their unallocated addresses. A change of them makes that sync a full
+//!   one ([`Dataplane::needs_full_sync`]), as a topology change does. Chosen
+//!   over rewriting that one chain in a partial sync because the top-level
+//!   chains are written by full syncs only (upstream's setupNFTables, and
+//!   the planner's partial syncs cover service ports), so no new path has
+//!   to be proven; the cost is one full transaction per change, and
+//!   ServiceCIDRs change rarely (an administrator adds a range). Upstream
+//!   only records the new ranges (`OnServiceCIDRsChanged` neither syncs nor
+//!   sets needFullSync), so its rule changes at its next full sync.
 
 use std::collections::BTreeSet;
 
 use futures::FutureExt;
+use ipnet::IpNet;
 use tokio::time::Instant;
 
 use super::{batch, AddrSource, Dataplane, Finished, Planned, Prepare, Target};
@@ -41,8 +54,9 @@ use crate::plan::context::LocalAddr;
 use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner, STAGE_OPS};
 use crate::schedule::SyncKind;
 
-/// Builds the planner's context from the Node and the node's addresses.
-pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> NftablesContext + Send>;
+/// Builds the planner's context from the Node, the family's ServiceCIDRs
+/// and the node's addresses.
+pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[IpNet], &[LocalAddr]) -> NftablesContext + Send>;
 
 /// The actors of nftables mode.
 pub struct NftablesTargets {
@@ -79,7 +93,7 @@ pub struct NftablesDataplane {
 
 impl NftablesDataplane {
     pub fn new(family: IpFamily, targets: NftablesTargets, addrs: AddrSource, context: NftContextBuilder) -> Self {
-        let planner = NftablesPlanner::new(context(&NodeInfo::default(), &[]));
+        let planner = NftablesPlanner::new(context(&NodeInfo::default(), &[], &[]));
         NftablesDataplane {
             family,
             planner,
@@ -192,7 +206,7 @@ impl Dataplane for NftablesDataplane {
                 kernel.chains.retain(|c| !tx.ops.iter().any(|op| matches!(op, NftOp::DeleteChain(d) if d == c)));
             }
             let addrs = addrs.unwrap_or_else(|| (self.addrs)());
-            let ctx = (self.context)(model.node(), &addrs);
+            let ctx = (self.context)(model.node(), model.service_cidrs(), &addrs);
             self.last_addrs = addrs;
             let delta = self.planner.full(model, ctx, &kernel);
             (delta, Some(kernel.chains.into_iter().collect::<BTreeSet<String>>()))
@@ -277,6 +291,12 @@ impl Dataplane for NftablesDataplane {
             nftables_cleanup_failed: cleanup_failed,
             ..Finished::default()
         }
+    }
+
+    /// A change of the family's ServiceCIDRs rewrites `cluster-ips-check`
+    /// through a full sync (see the module's doc).
+    fn needs_full_sync(&self, changes: &ModelChanges) -> bool {
+        changes.service_cidrs_changed
     }
 
     /// Stale chains due for deletion bring a sync (see the module's doc).

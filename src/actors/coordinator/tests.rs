@@ -866,3 +866,70 @@ fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_n
         assert_eq!(syncs.len(), 2, "{syncs:?}");
     });
 }
+
+/// A dataplane that, as nftables mode's, needs a full sync when the
+/// family's ServiceCIDRs change: records the kind of each sync.
+struct CidrSensitive {
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Dataplane for CidrSensitive {
+    type Outcome = ();
+    type Config = ();
+
+    fn sync(&mut self, model: &Model, _: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
+        let cidrs: Vec<String> = model.service_cidrs().iter().map(ToString::to_string).collect();
+        self.log.lock().unwrap().push(format!("sync {generation} {kind:?} cidrs={}", cidrs.join(",")));
+        Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(async {}) }
+    }
+
+    fn finished(&mut self, _: ()) -> Finished {
+        Finished::default()
+    }
+
+    fn needs_full_sync(&self, changes: &ModelChanges) -> bool {
+        changes.service_cidrs_changed
+    }
+
+    fn reconfigure(&mut self, _: ()) {}
+}
+
+/// A change of the family's ServiceCIDRs brings a sync at once, a full one
+/// for a dataplane that asks for it (nftables mode); another family's
+/// ranges bring none.
+#[test]
+fn a_service_cidr_change_makes_the_next_sync_full() {
+    run_paused(|| async {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let settings = Settings {
+            plan: PlanSettings {
+                family: IpFamily::V4,
+                node_name: "node-a".into(),
+                scheduler: String::new(),
+                node_ports: NodePortFilter::All,
+            },
+            min_sync: Duration::ZERO,
+            max_sync: Duration::from_secs(30),
+            burst: 2,
+        };
+        let coord = Coordinator::with_dataplane(settings, CidrSensitive { log: log.clone() }).start();
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        coord.send(SourceBatch(first)).await.unwrap();
+        sleep(5 * MS).await;
+        coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
+        sleep(5 * MS).await;
+        coord.send(SourceBatch(vec![applied_service_cidr("kubernetes", &["10.96.0.0/16"])])).await.unwrap();
+        sleep(5 * MS).await;
+        coord.send(SourceBatch(vec![applied_service_cidr("v6", &["fd00:96::/112"])])).await.unwrap();
+        sleep(5 * MS).await;
+        coord.send(SourceBatch(vec![deleted_service_cidr("kubernetes")])).await.unwrap();
+        sleep(5 * MS).await;
+        let lines = log.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            ["sync 1 Full cidrs=", "sync 2 Partial cidrs=", "sync 3 Full cidrs=10.96.0.0/16", "sync 4 Full cidrs=",],
+            "the IPv6 range brought no sync to the IPv4 proxier"
+        );
+    });
+}

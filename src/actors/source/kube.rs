@@ -1,5 +1,5 @@
-//! The Kubernetes API source: Services, EndpointSlices and this node's Node
-//! from the API server, through kube-rs watchers.
+//! The Kubernetes API source: Services, EndpointSlices, this node's Node
+//! and the ServiceCIDRs from the API server, through kube-rs watchers.
 //!
 //! It emits exactly the [`SourceEvent`]s the manifest source emits, so
 //! nothing downstream knows which source is in use.
@@ -14,6 +14,15 @@
 //! - EndpointSlices not labelled `service.kubernetes.io/headless`
 //!   ([`ENDPOINT_SLICE_LABEL_SELECTOR`]).
 //! - The Node named `node_name` (field selector `metadata.name=<node_name>`).
+//! - Every `networking.k8s.io/v1` ServiceCIDR (no selector), as upstream
+//!   since MultiCIDRServiceAllocator went GA (1.33), in every mode (only
+//!   nftables mode uses them). Nothing waits for them: the first sync
+//!   needs Services and EndpointSlices only. An API server that does not
+//!   serve them (older than 1.33: 404) or does not let us list them (403)
+//!   is noted once and the source carries on without them, as upstream
+//!   with the feature off; the list is tried again every
+//!   [`UNAVAILABLE_RETRY`], so an upgraded API server's ServiceCIDRs
+//!   arrive without a restart.
 //!
 //! # Events
 //!
@@ -63,16 +72,19 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
-use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, watcher, DefaultBackoff, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -226,17 +238,26 @@ pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Res
     }
 }
 
-/// Lists Services, EndpointSlices and the Node `node_name` once, with the
-/// watch's selectors (`--dry-run` from the cluster): the events the watch
-/// starts with, each kind ending with its `Synced`. Objects that do not
-/// decode are logged and left out, as the watch does.
+/// Lists Services, EndpointSlices, the Node `node_name` and the
+/// ServiceCIDRs once, with the watch's selectors (`--dry-run` from the
+/// cluster): the events the watch starts with, each kind ending with its
+/// `Synced`. Objects that do not decode are logged and left out, as the
+/// watch does; ServiceCIDRs the API server does not serve (or let us
+/// list) are left out with a warning, as the watch carries on without them.
 pub async fn list_once(client: Client, node_name: &str) -> Result<Vec<SourceEvent>, KubeSourceError> {
     let services = ListParams::default().labels(SERVICE_LABEL_SELECTOR).fields(SERVICE_FIELD_SELECTOR);
     let slices = ListParams::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
     let nodes = ListParams::default().fields(&format!("metadata.name={node_name}"));
     let mut events = list_kind::<Service>(Api::all(client.clone()), services).await?;
     events.extend(list_kind::<EndpointSlice>(Api::all(client.clone()), slices).await?);
-    events.extend(list_kind::<Node>(Api::all(client), nodes).await?);
+    events.extend(list_kind::<Node>(Api::all(client.clone()), nodes).await?);
+    match list_kind::<ServiceCIDR>(Api::all(client), ListParams::default()).await {
+        Ok(cidrs) => events.extend(cidrs),
+        Err(KubeSourceError::List { kind, source: kube::Error::Api(status) }) if unavailable_status(status.code) => {
+            warn!(%kind, code = status.code, message = %status.message, "{UNAVAILABLE_NOTE}")
+        }
+        Err(e) => return Err(e),
+    }
     Ok(events)
 }
 
@@ -262,8 +283,9 @@ pub trait Refusals: Send + Sync + 'static {
     fn refused(&self, kind: &str, object: &str, detail: &str);
 }
 
-/// Watches Services, EndpointSlices and the Node `node_name` and feeds
-/// `sink` one [`SourceBatch`] per change (a whole relist is one batch).
+/// Watches Services, EndpointSlices, the Node `node_name` and the
+/// ServiceCIDRs and feeds `sink` one [`SourceBatch`] per change (a whole
+/// relist is one batch).
 /// Objects that do not decode are refused and reported to `refusals`.
 /// Runs until the future is dropped; API errors are logged and retried.
 pub async fn run<R: Refusals>(
@@ -276,17 +298,65 @@ pub async fn run<R: Refusals>(
     let services = watcher::Config::default().labels(SERVICE_LABEL_SELECTOR).fields(SERVICE_FIELD_SELECTOR);
     let slices = watcher::Config::default().labels(ENDPOINT_SLICE_LABEL_SELECTOR);
     let nodes = watcher::Config::default().fields(&node_selector);
-    for kind in [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node] {
+    for kind in ResourceKind::ALL {
         refusals.counting(&kind.to_string());
     }
     let mut batches = stream::select_all([
         batches::<Service, R>(Api::all(client.clone()), services, refusals.clone()),
         batches::<EndpointSlice, R>(Api::all(client.clone()), slices, refusals.clone()),
-        batches::<Node, R>(Api::all(client), nodes, refusals),
+        batches::<Node, R>(Api::all(client.clone()), nodes, refusals.clone()),
+        batches::<ServiceCIDR, R>(Api::all(client), watcher::Config::default(), refusals),
     ]);
     info!(node = %node_name, "watching the API server");
     while let Some(batch) = batches.next().await {
         sink(batch);
+    }
+}
+
+/// How often the list of a kind the API server does not serve (or does
+/// not let us list) is tried again ([`Watched::OPTIONAL`] kinds only).
+pub const UNAVAILABLE_RETRY: Duration = Duration::from_secs(300);
+
+const UNAVAILABLE_NOTE: &str = "not served by the API server (older than 1.33) or not allowed by our ClusterRole: \
+    carrying on without ServiceCIDRs (nftables mode writes no drop rule for unallocated ClusterIPs)";
+
+/// 404 (the resource is not served) or 403 (not allowed).
+fn unavailable_status(code: u16) -> bool {
+    code == 404 || code == 403
+}
+
+/// The list or watch of an optional kind cannot be had from this API
+/// server: it does not serve the resource, or does not let us read it.
+pub fn unavailable(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => unavailable_status(status.code),
+        _ => false,
+    }
+}
+
+/// kube-runtime's default backoff, or [`UNAVAILABLE_RETRY`] while the kind
+/// is unavailable ([`unavailable`]).
+struct KindBackoff {
+    default: DefaultBackoff,
+    unavailable: Arc<AtomicBool>,
+}
+
+impl Iterator for KindBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let default = self.default.next();
+        match self.unavailable.load(Ordering::Relaxed) {
+            true => Some(UNAVAILABLE_RETRY),
+            false => default,
+        }
+    }
+}
+
+impl Backoff for KindBackoff {
+    fn reset(&mut self) {
+        self.default.reset();
     }
 }
 
@@ -298,11 +368,40 @@ fn batches<K: Watched, R: Refusals>(
 ) -> BoxStream<'static, SourceBatch> {
     let mut state = RelistState::<K>::new();
     let kind = K::KIND.to_string();
+    // Set while an optional kind's list cannot be had (read by the backoff,
+    // which sees each error before the stage that logs it).
+    let unavailable_now = Arc::new(AtomicBool::new(false));
+    let backoff = KindBackoff { default: DefaultBackoff::default(), unavailable: unavailable_now.clone() };
+    let flag = unavailable_now.clone();
+    let mut noted = false;
     watcher(api, config)
-        .default_backoff()
+        .map(move |event| {
+            match &event {
+                // `Init` comes before each list request, answered or not.
+                Ok(Event::Init) => {}
+                Err(error) => flag.store(K::OPTIONAL && unavailable(error), Ordering::Relaxed),
+                Ok(_) => flag.store(false, Ordering::Relaxed),
+            }
+            event
+        })
+        .backoff(backoff)
         .filter_map(move |event| {
             let events = match event {
-                Ok(event) => state.handle_item(event),
+                Ok(event) => {
+                    if noted && !unavailable_now.load(Ordering::Relaxed) {
+                        info!(kind = %K::KIND, "listed after all: the API server serves it now");
+                        noted = false;
+                    }
+                    state.handle_item(event)
+                }
+                Err(error) if unavailable_now.load(Ordering::Relaxed) => {
+                    let retry_secs = UNAVAILABLE_RETRY.as_secs();
+                    match std::mem::replace(&mut noted, true) {
+                        false => warn!(kind = %K::KIND, %error, retry_secs, "{UNAVAILABLE_NOTE}"),
+                        true => debug!(kind = %K::KIND, %error, "still unavailable"),
+                    }
+                    Vec::new()
+                }
                 Err(error) => {
                     log_watch_error(K::KIND, &error);
                     Vec::new()
@@ -464,6 +563,10 @@ pub trait Watched:
     Resource<DynamicType = ()> + Clone + Debug + Default + DeserializeOwned + PartialEq + Send + Sync + 'static
 {
     const KIND: ResourceKind;
+    /// Nothing needs the kind to work: an API server that does not serve
+    /// it (404) or does not let us list it (403) is noted once and tried
+    /// again every [`UNAVAILABLE_RETRY`], not at the usual backoff.
+    const OPTIONAL: bool = false;
     /// The event carrying `change`.
     fn event(change: Change<Self>) -> SourceEvent;
 
@@ -553,6 +656,14 @@ impl Watched for Node {
     /// deleted with its last labels and addresses (/healthz).
     fn kept(object: Arc<Self>) -> Kept<Self> {
         Kept::Whole(object)
+    }
+}
+
+impl Watched for ServiceCIDR {
+    const KIND: ResourceKind = ResourceKind::ServiceCidr;
+    const OPTIONAL: bool = true;
+    fn event(change: Change<Self>) -> SourceEvent {
+        SourceEvent::ServiceCidr(change)
     }
 }
 
@@ -791,6 +902,7 @@ mod tests {
                 SourceEvent::Service(c) => change("Service", c),
                 SourceEvent::EndpointSlice(c) => change("EndpointSlice", c),
                 SourceEvent::Node(c) => change("Node", c),
+                SourceEvent::ServiceCidr(c) => change("ServiceCIDR", c),
                 SourceEvent::Synced(kind) => format!("synced {kind}"),
             })
             .collect()
@@ -1062,6 +1174,63 @@ mod tests {
         assert_eq!(summary(&events), ["deleted Service default/a@9"]);
         assert!(state.take_refusals().is_empty(), "a deletion is not refused");
         assert!(state.is_empty());
+    }
+
+    #[test]
+    fn only_a_404_or_403_list_makes_a_kind_unavailable() {
+        let api = |code: u16| {
+            kube::Error::Api(kube::core::Status { code, ..kube::core::Status::failure("no", "NotFound") }.boxed())
+        };
+        assert!(unavailable(&watcher::Error::InitialListFailed(api(404))));
+        assert!(unavailable(&watcher::Error::InitialListFailed(api(403))));
+        assert!(unavailable(&watcher::Error::WatchStartFailed(api(404))));
+        assert!(!unavailable(&watcher::Error::InitialListFailed(api(500))));
+        assert!(!unavailable(&watcher::Error::WatchFailed(api(404))), "a watch that ran: the resource is served");
+        assert!(!unavailable(&watcher::Error::NoResourceVersion));
+    }
+
+    #[test]
+    fn an_unavailable_kind_is_retried_minutes_later_and_then_at_the_usual_backoff() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut backoff = KindBackoff { default: DefaultBackoff::default(), unavailable: flag.clone() };
+        assert!(
+            backoff.next().is_some_and(|d| d < Duration::from_secs(5)),
+            "the default backoff starts below a second"
+        );
+        flag.store(true, Ordering::Relaxed);
+        assert_eq!(backoff.next(), Some(UNAVAILABLE_RETRY));
+        flag.store(false, Ordering::Relaxed);
+        backoff.reset();
+        assert!(backoff.next().is_some_and(|d| d < Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn service_cidrs_are_optional_and_kept_as_their_identity() {
+        const { assert!(ServiceCIDR::OPTIONAL && !Service::OPTIONAL && !EndpointSlice::OPTIONAL && !Node::OPTIONAL) };
+        let mut state = RelistState::<ServiceCIDR>::new();
+        let cidr = |version: &str, cidrs: &[&str]| ServiceCIDR {
+            metadata: ObjectMeta {
+                name: Some("kubernetes".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(k8s_openapi::api::networking::v1::ServiceCIDRSpec {
+                cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
+            }),
+            status: None,
+        };
+        assert_eq!(
+            list(&mut state, vec![cidr("3", &["10.96.0.0/16"])]),
+            ["applied ServiceCIDR kubernetes@3", "synced ServiceCIDR"]
+        );
+        let events = state.handle(Event::Delete(cidr("4", &[])));
+        let [SourceEvent::ServiceCidr(Change::Deleted(gone))] = &events[..] else { panic!("{:?}", summary(&events)) };
+        assert_eq!((gone.metadata.name.as_deref(), gone.metadata.namespace.as_deref()), (Some("kubernetes"), None));
+        // A bad one is refused by name and field.
+        let bad =
+            serde_json::json!({"metadata": {"name": "bad", "resourceVersion": "5"}, "spec": {"cidrs": "10.0.0.0/8"}});
+        let Item(Err(refused)) = Item::<ServiceCIDR>::decode(bad) else { panic!("decoded") };
+        assert_eq!((refused.object(), refused.field.as_str()), ("bad".to_string(), "spec.cidrs"));
     }
 
     #[test]

@@ -297,16 +297,22 @@ impl Compiler<'_> {
             }
             Load::Addr { .. } => {
                 let net = parse_net(&value, self.family)?;
-                let addr = addr_bytes(net.network());
-                if net.prefix_len() != net.max_prefix_len() {
-                    let mask = addr_bytes(net.netmask());
-                    let zero = vec![0; mask.len()];
-                    self.bitwise(&mask, &zero);
-                }
-                self.push("cmp", vec![u32_attr(1, NFT_REG_1), u32_attr(2, op), data_value(3, &addr)]);
+                self.addr_cmp(net, neq);
             }
         }
         Ok(())
+    }
+
+    /// The loaded address in (or, `neq`, not in) `net`: a compare, after a
+    /// mask unless `net` is one address.
+    fn addr_cmp(&mut self, net: IpNet, neq: bool) {
+        let addr = addr_bytes(net.network());
+        if net.prefix_len() != net.max_prefix_len() {
+            let mask = addr_bytes(net.netmask());
+            let zero = vec![0; mask.len()];
+            self.bitwise(&mask, &zero);
+        }
+        self.push("cmp", vec![u32_attr(1, NFT_REG_1), u32_attr(2, u32::from(neq)), data_value(3, &addr)]);
     }
 
     fn set_name(&mut self) -> Result<String, String> {
@@ -319,7 +325,9 @@ impl Compiler<'_> {
         *self.next_id
     }
 
-    /// `{ a , b/c }` of addresses and CIDRs: an anonymous interval set.
+    /// `{ a , b/c }` of addresses and CIDRs: an anonymous interval set; of
+    /// one element, a compare, as `nft` writes it (`ip daddr { 10.96.0.0/16 }`
+    /// is listed as `ip daddr 10.96.0.0/16`).
     fn anonymous_set(&mut self, load: Load, neq: bool) -> Result<(), String> {
         if !matches!(load, Load::Addr { .. }) {
             return Err("an anonymous set of something other than addresses".into());
@@ -331,6 +339,10 @@ impl Compiler<'_> {
                 "," => {}
                 w => nets.push(parse_net(w, self.family)?),
             }
+        }
+        if let [net] = nets[..] {
+            self.addr_cmp(net, neq);
+            return Ok(());
         }
         let id = self.new_id();
         let elements = interval_elements(&nets);
@@ -625,6 +637,25 @@ mod tests {
             "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @service-nodeports",
         );
         assert_eq!(names(&c), ["fib", "cmp", "payload", "cmp", "meta", "payload", "lookup"]);
+    }
+
+    #[test]
+    fn an_anonymous_set_of_one_cidr_is_a_compare_as_nft_writes_it() {
+        let one =
+            compiled(IpFamily::V4, "ip daddr { 10.96.0.0/16 } drop comment \"Drop traffic to unallocated ClusterIPs\"");
+        assert_eq!(names(&one), ["payload", "bitwise", "cmp", "immediate"]);
+        assert!(one.anon.is_empty());
+        let plain =
+            compiled(IpFamily::V4, "ip daddr 10.96.0.0/16 drop comment \"Drop traffic to unallocated ClusterIPs\"");
+        assert_eq!(format!("{:?}", one.exprs), format!("{:?}", plain.exprs));
+        let two = compiled(IpFamily::V4, "ip daddr { 10.96.0.0/16,10.200.0.0/16 } drop");
+        assert_eq!(names(&two), ["payload", "lookup", "immediate"]);
+        assert_eq!(two.anon.len(), 1);
+        let not_one = compiled(IpFamily::V6, "ip6 saddr != { fd00::/64 } drop");
+        assert_eq!(
+            format!("{:?}", not_one.exprs),
+            format!("{:?}", compiled(IpFamily::V6, "ip6 saddr != fd00::/64 drop").exprs)
+        );
     }
 
     #[test]

@@ -468,7 +468,7 @@ fn the_nftables_config_section_shapes_the_ruleset() {
         crate::net::LocalAddr { ifname: "eth0".into(), ip: ip("192.168.0.2") },
         crate::net::LocalAddr { ifname: "eth0".into(), ip: ip("192.168.1.2") },
     ];
-    let ctx = nftables_context(&s.nftables_settings(&node), &node, &addrs);
+    let ctx = nftables_context(&s.nftables_settings(&node, &[]), &node, &addrs);
     assert_eq!(ctx.mark, "0x000400");
     assert!(ctx.masquerade_all);
     assert_eq!(ctx.local, LocalDetector::Cidr("10.244.0.0/16".parse().unwrap()));

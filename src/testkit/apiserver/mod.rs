@@ -1,13 +1,15 @@
 //! An in-process Kubernetes API server for tests: plain HTTP/1.1 on
-//! 127.0.0.1, serving what kube-proxy watches — `v1` Services and Nodes and
-//! `discovery.k8s.io/v1` EndpointSlices — the way kube-rs's watcher uses it.
+//! 127.0.0.1, serving what kube-proxy watches — `v1` Services and Nodes,
+//! `discovery.k8s.io/v1` EndpointSlices and `networking.k8s.io/v1`
+//! ServiceCIDRs — the way kube-rs's watcher uses it.
 //!
 //! # Served
 //!
 //! - `GET /api/v1/services`, `/api/v1/namespaces/{ns}/services[/{name}]`,
 //!   `/apis/discovery.k8s.io/v1/endpointslices`,
 //!   `/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices[/{name}]`,
-//!   `/api/v1/nodes[/{name}]`.
+//!   `/api/v1/nodes[/{name}]`,
+//!   `/apis/networking.k8s.io/v1/servicecidrs[/{name}]`.
 //! - Lists: `metadata.resourceVersion` on the list, each item with its own;
 //!   `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`),
 //!   `fieldSelector` (`=`, `==`, `!=` on `metadata.name`,
@@ -48,7 +50,9 @@
 //! objects: an object our types refuse (`"port": "abc"`), as a conversion
 //! webhook or a version skew may serve it. [`ApiServer::fail_kind`] makes
 //! the lists and watches of one kind answer 500 (a failing webhook or
-//! aggregated API), so that kind never completes its first list.
+//! aggregated API), so that kind never completes its first list;
+//! [`ApiServer::set_served`] makes a kind's paths 404 as on an API server
+//! that does not serve the resource (ServiceCIDRs before 1.33).
 //! [`ApiServer::compact`] expires older resourceVersions,
 //! [`ApiServer::cut_watches`] drops every connection streaming a watch,
 //! [`ApiServer::set_reachable`] drops every connection and refuses new ones,
@@ -107,6 +111,8 @@ struct Shared {
     requests: Mutex<Vec<String>>,
     /// Kinds whose lists and watches fail ([`ApiServer::fail_kind`]).
     failing: Mutex<std::collections::BTreeSet<Kind>>,
+    /// Kinds not served at all ([`ApiServer::set_served`]).
+    unserved: Mutex<std::collections::BTreeSet<Kind>>,
 }
 
 #[derive(Default)]
@@ -168,8 +174,8 @@ impl ApiServer {
         kube::Client::try_from(kube::Config::new(url)).expect("kube client")
     }
 
-    /// Creates an object (a `k8s_openapi` Service, EndpointSlice or Node);
-    /// its resourceVersion.
+    /// Creates an object (a `k8s_openapi` Service, EndpointSlice, Node or
+    /// ServiceCIDR); its resourceVersion.
     pub fn create(&self, object: &impl Serialize) -> Result<u64, StoreError> {
         lock(&self.shared.store).create(to_value(object)?)
     }
@@ -232,6 +238,17 @@ impl ApiServer {
         match failing {
             true => kinds.insert(kind),
             false => kinds.remove(&kind),
+        };
+    }
+
+    /// While not `served`, every path of `kind` (lists, watches, gets)
+    /// answers 404 NotFound, as an API server that does not know the
+    /// resource (ServiceCIDRs before 1.33); its objects stay in the store.
+    pub fn set_served(&self, kind: Kind, served: bool) {
+        let mut kinds = lock(&self.shared.unserved);
+        match served {
+            false => kinds.insert(kind),
+            true => kinds.remove(&kind),
         };
     }
 
@@ -370,8 +387,11 @@ fn route_request(
         let message = format!("the server does not allow this method on the requested resource: {}", request.method());
         return Err(ApiError { code: StatusCode::METHOD_NOT_ALLOWED, reason: "MethodNotAllowed", message });
     }
-    let route = Route::parse(request.uri().path())
-        .ok_or_else(|| ApiError::not_found("the server could not find the requested resource".into()))?;
+    let not_found = || ApiError::not_found("the server could not find the requested resource".into());
+    let route = Route::parse(request.uri().path()).ok_or_else(not_found)?;
+    if lock(&shared.unserved).contains(&route.kind) {
+        return Err(not_found());
+    }
     let params = Params::parse(request.uri().query().unwrap_or_default());
     if route.name.is_none() && lock(&shared.failing).contains(&route.kind) {
         let message = format!("Internal error occurred: the test API server fails {}", route.kind.plural());

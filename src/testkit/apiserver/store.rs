@@ -19,10 +19,12 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDR, cluster-scoped.
+    ServiceCidr,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    pub const ALL: [Kind; 4] = [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::ServiceCidr];
 
     /// The kind of an object with this `apiVersion` and `kind`.
     pub fn of(api_version: &str, kind: &str) -> Option<Kind> {
@@ -33,6 +35,7 @@ impl Kind {
         match self {
             Kind::Service | Kind::Node => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
@@ -41,6 +44,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -50,6 +54,7 @@ impl Kind {
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "nodes",
+            Kind::ServiceCidr => "servicecidrs",
         }
     }
 
@@ -58,11 +63,12 @@ impl Kind {
         match self {
             Kind::Service | Kind::Node => &["api", "v1"],
             Kind::EndpointSlice => &["apis", "discovery.k8s.io", "v1"],
+            Kind::ServiceCidr => &["apis", "networking.k8s.io", "v1"],
         }
     }
 
     pub fn namespaced(self) -> bool {
-        self != Kind::Node
+        !matches!(self, Kind::Node | Kind::ServiceCidr)
     }
 
     /// Field selectors the real API server accepts for this kind (a subset).
@@ -71,6 +77,7 @@ impl Kind {
             Kind::Service => &["metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"],
             Kind::EndpointSlice => &["metadata.name", "metadata.namespace", "addressType"],
             Kind::Node => &["metadata.name", "metadata.namespace", "spec.unschedulable"],
+            Kind::ServiceCidr => &["metadata.name", "metadata.namespace"],
         }
     }
 }

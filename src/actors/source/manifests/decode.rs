@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::Metadata;
 use serde::de::DeserializeOwned;
@@ -48,8 +49,9 @@ impl Format {
     }
 }
 
-/// Identity of an object: kind, namespace (empty for Nodes), name. Orders
-/// Services before EndpointSlices before Nodes.
+/// Identity of an object: kind, namespace (empty for Nodes and
+/// ServiceCIDRs), name. Orders Services before EndpointSlices before Nodes
+/// before ServiceCIDRs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(super) struct ObjectKey {
     kind: ResourceKind,
@@ -72,6 +74,7 @@ pub(super) enum Object {
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
     Node(Arc<Node>),
+    ServiceCidr(Arc<ServiceCIDR>),
 }
 
 /// An object with the digest of its manifest text (equal digests: the
@@ -92,8 +95,8 @@ impl PartialEq for Held {
 }
 
 impl Held {
-    /// The key alone (all a deletion needs) for Services and
-    /// EndpointSlices; our Node whole, as its deletion reports its last state.
+    /// The key alone (all a deletion needs) for Services, EndpointSlices
+    /// and ServiceCIDRs; our Node whole, as its deletion reports its last state.
     pub(super) fn kept(&self) -> Held {
         let object = self.object.as_ref().filter(|o| matches!(o, Object::Node(_))).cloned();
         Held { digest: self.digest, object }
@@ -114,6 +117,9 @@ impl ObjectKey {
                 Object::EndpointSlice(Arc::new(EndpointSlice { metadata: meta(self), ..EndpointSlice::default() }))
             }
             ResourceKind::Node => Object::Node(Arc::new(Node { metadata: meta(self), ..Node::default() })),
+            ResourceKind::ServiceCidr => {
+                Object::ServiceCidr(Arc::new(ServiceCIDR { metadata: meta(self), ..ServiceCIDR::default() }))
+            }
         }
     }
 }
@@ -166,6 +172,7 @@ impl Object {
             Self::Service(o) => (ResourceKind::Service, &o.metadata),
             Self::EndpointSlice(o) => (ResourceKind::EndpointSlice, &o.metadata),
             Self::Node(o) => (ResourceKind::Node, &o.metadata),
+            Self::ServiceCidr(o) => (ResourceKind::ServiceCidr, &o.metadata),
         }
     }
 
@@ -174,7 +181,7 @@ impl Object {
         let (kind, meta) = self.kind_and_meta();
         let name = meta.name.clone().filter(|name| !name.is_empty())?;
         let namespace = match kind {
-            ResourceKind::Node => String::new(),
+            ResourceKind::Node | ResourceKind::ServiceCidr => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         Some(ObjectKey { kind, namespace, name })
@@ -185,6 +192,7 @@ impl Object {
             Self::Service(o) => SourceEvent::Service(Change::Applied(o.clone())),
             Self::EndpointSlice(o) => SourceEvent::EndpointSlice(Change::Applied(o.clone())),
             Self::Node(o) => SourceEvent::Node(Change::Applied(o.clone())),
+            Self::ServiceCidr(o) => SourceEvent::ServiceCidr(Change::Applied(o.clone())),
         }
     }
 
@@ -193,6 +201,7 @@ impl Object {
             Self::Service(o) => SourceEvent::Service(Change::Deleted(o.clone())),
             Self::EndpointSlice(o) => SourceEvent::EndpointSlice(Change::Deleted(o.clone())),
             Self::Node(o) => SourceEvent::Node(Change::Deleted(o.clone())),
+            Self::ServiceCidr(o) => SourceEvent::ServiceCidr(Change::Deleted(o.clone())),
         }
     }
 }
@@ -332,6 +341,7 @@ fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -
             Object::EndpointSlice(Arc::new(namespaced(decode(&value, type_meta, at)?)))
         }
         ("v1", "Node") => Object::Node(Arc::new(decode(&value, type_meta, at)?)),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Object::ServiceCidr(Arc::new(decode(&value, type_meta, at)?)),
         (api_version, kind) => {
             debug!(%api_version, %kind, location = %at, "ignoring a kind the proxy does not use");
             return Ok(());
@@ -567,6 +577,46 @@ items:
     }
 
     #[test]
+    fn a_service_cidr_is_read_cluster_scoped_and_goes_with_its_file() {
+        let dir = TempDir::new().unwrap();
+        write(&dir, "cidr.yaml", SERVICE_CIDR);
+        write(&dir, "web.yaml", WEB_SERVICE);
+        let (mut manifests, result) = first_scan(&dir);
+        let applied: Vec<_> = (result.events.iter())
+            .filter_map(|e| match e {
+                SourceEvent::ServiceCidr(Change::Applied(c)) => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(applied.len(), 1);
+        assert_eq!(applied[0].metadata.namespace, None, "cluster-scoped: no namespace defaulted");
+        let cidrs = applied[0].spec.as_ref().and_then(|s| s.cidrs.clone());
+        assert_eq!(cidrs, Some(vec!["10.96.0.0/16".to_string(), "fd00:96::/112".to_string()]));
+        let lines = summary(&result.events);
+        assert!(lines.contains(&"synced ServiceCIDR".to_string()), "{lines:?}");
+        assert_eq!(changes(result), ["applied Service default/web", "applied ServiceCIDR kubernetes"]);
+        // Changed, then deleted with its file (by name).
+        write(&dir, "cidr.yaml", &SERVICE_CIDR.replace("10.96.0.0/16", "10.97.0.0/16"));
+        assert_eq!(changes(manifests.scan()), ["applied ServiceCIDR kubernetes"]);
+        std::fs::remove_file(dir.path().join("cidr.yaml")).unwrap();
+        let result = manifests.scan();
+        let [SourceEvent::ServiceCidr(Change::Deleted(gone))] = &result.events[..] else {
+            panic!("{:?}", summary(&result.events));
+        };
+        assert_eq!(gone.metadata.name.as_deref(), Some("kubernetes"));
+        // One that does not decode rejects its file, naming it.
+        write(&dir, "bad.yaml", &SERVICE_CIDR.replace("cidrs: [10.96.0.0/16, fd00:96::/112]", "cidrs: 10.96.0.0/16"));
+        let result = manifests.scan();
+        let messages: Vec<String> = result.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(
+            messages[0].contains("ServiceCIDR kubernetes") && messages[0].contains("spec.cidrs"),
+            "{}",
+            messages[0]
+        );
+    }
+
+    #[test]
     fn the_first_copy_in_one_file_wins() {
         let dir = TempDir::new().unwrap();
         let text = format!("{}---\n{}", service("web", "10.96.0.1"), service("web", "10.96.0.2"));
@@ -588,6 +638,7 @@ items:
                     SourceEvent::Service(Change::Applied(_)) => kind == ResourceKind::Service,
                     SourceEvent::EndpointSlice(Change::Applied(_)) => kind == ResourceKind::EndpointSlice,
                     SourceEvent::Node(Change::Applied(_)) => kind == ResourceKind::Node,
+                    SourceEvent::ServiceCidr(Change::Applied(_)) => kind == ResourceKind::ServiceCidr,
                     _ => false,
                 })
                 .count()
@@ -595,6 +646,7 @@ items:
         assert_eq!(count(ResourceKind::Service), 10);
         assert_eq!(count(ResourceKind::EndpointSlice), 9);
         assert_eq!(count(ResourceKind::Node), 1);
+        assert_eq!(count(ResourceKind::ServiceCidr), 1);
         let lines = summary(&result.events);
         assert!(lines.contains(&"applied Service kube-system/kube-dns".to_owned()));
         assert!(lines.contains(&"applied Node demo-node".to_owned()));

@@ -1,5 +1,5 @@
-//! The manifest source (`--manifests DIR`): Services, EndpointSlices and
-//! Nodes read from files instead of the Kubernetes API.
+//! The manifest source (`--manifests DIR`): Services, EndpointSlices,
+//! Nodes and ServiceCIDRs read from files instead of the Kubernetes API.
 //!
 //! It emits exactly the [`SourceEvent`](crate::msgs::SourceEvent)s the API source emits, so nothing
 //! downstream knows which source is in use.
@@ -16,8 +16,9 @@
 //!   typed list (`kind: ServiceList`, ...) items may omit `apiVersion` and
 //!   `kind`, as the API server's list responses do.
 //! - An object is identified by `apiVersion` + `kind`: `v1` Service,
-//!   `discovery.k8s.io/v1` EndpointSlice and `v1` Node are read into the
-//!   `k8s_openapi` types; other kinds are ignored (debug log).
+//!   `discovery.k8s.io/v1` EndpointSlice, `v1` Node and
+//!   `networking.k8s.io/v1` ServiceCIDR are read into the `k8s_openapi`
+//!   types; other kinds are ignored (debug log).
 //! - Namespaced objects without `metadata.namespace` are in `default`, as
 //!   `kubectl apply` would put them.
 //!

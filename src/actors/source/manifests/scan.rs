@@ -27,7 +27,8 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 #[derive(Debug, Default)]
 pub struct ScanResult {
     /// Changes since the previous scan, Services before EndpointSlices before
-    /// Nodes; after the first successful scan, `Synced` for all three kinds.
+    /// Nodes before ServiceCIDRs; after the first successful scan, `Synced`
+    /// for every kind.
     pub events: Vec<SourceEvent>,
     /// Files (or the directory) that could not be used, each already logged.
     pub errors: Vec<ManifestError>,
@@ -80,9 +81,7 @@ impl ManifestDir {
         let mut events = self.settle_all(std::mem::take(&mut pass.touched), &pass.fresh, &mut pass.refused);
         if pass.listed && !self.synced {
             self.synced = true;
-            events.extend(
-                [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced),
-            );
+            events.extend(ResourceKind::ALL.map(SourceEvent::Synced));
         }
         ScanResult { events, errors: pass.errors, settle_again: pass.settle_again, refused: pass.refused }
     }
@@ -108,8 +107,7 @@ impl ManifestDir {
         }
         if !self.synced {
             self.synced = true;
-            let events =
-                [ResourceKind::Service, ResourceKind::EndpointSlice, ResourceKind::Node].map(SourceEvent::Synced);
+            let events = ResourceKind::ALL.map(SourceEvent::Synced);
             each(ScanResult { events: events.into(), ..ScanResult::default() });
         }
         Ok(())
@@ -419,7 +417,16 @@ mod tests {
         write(&dir, "svc.yaml", WEB_SERVICE);
         let (mut manifests, result) = first_scan(&dir);
         let lines = summary(&result.events);
-        assert_eq!(lines, ["applied Service default/web", "synced Service", "synced EndpointSlice", "synced Node",]);
+        assert_eq!(
+            lines,
+            [
+                "applied Service default/web",
+                "synced Service",
+                "synced EndpointSlice",
+                "synced Node",
+                "synced ServiceCIDR"
+            ]
+        );
         write(&dir, "node.yaml", NODE);
         assert_eq!(summary(&manifests.scan().events), ["applied Node demo-node"]);
     }
@@ -438,7 +445,15 @@ mod tests {
             [
                 (vec!["applied Service default/web".to_string(), "applied EndpointSlice default/web-abcde".into()], 0),
                 (vec!["applied Node demo-node".into()], 1),
-                (vec!["synced Service".into(), "synced EndpointSlice".into(), "synced Node".into()], 0),
+                (
+                    vec![
+                        "synced Service".into(),
+                        "synced EndpointSlice".into(),
+                        "synced Node".into(),
+                        "synced ServiceCIDR".into()
+                    ],
+                    0
+                ),
             ]
         );
         // Nothing left for the next scan; later changes come as before.
@@ -452,7 +467,10 @@ mod tests {
     fn an_empty_directory_is_synced() {
         let dir = TempDir::new().unwrap();
         let (_, result) = first_scan(&dir);
-        assert_eq!(summary(&result.events), ["synced Service", "synced EndpointSlice", "synced Node"]);
+        assert_eq!(
+            summary(&result.events),
+            ["synced Service", "synced EndpointSlice", "synced Node", "synced ServiceCIDR"]
+        );
     }
 
     #[test]

@@ -53,6 +53,15 @@ spec:
   podCIDR: 10.244.0.0/24
 ";
 
+pub(super) const SERVICE_CIDR: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata:
+  name: kubernetes
+spec:
+  cidrs: [10.96.0.0/16, fd00:96::/112]
+";
+
 pub(super) fn service(name: &str, ip: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n\
@@ -85,6 +94,7 @@ pub(super) fn describe_event(event: &SourceEvent) -> String {
         SourceEvent::Service(change) => verb_and_object(change, Object::Service),
         SourceEvent::EndpointSlice(change) => verb_and_object(change, Object::EndpointSlice),
         SourceEvent::Node(change) => verb_and_object(change, Object::Node),
+        SourceEvent::ServiceCidr(change) => verb_and_object(change, Object::ServiceCidr),
         SourceEvent::Synced(kind) => return format!("synced {kind}"),
     };
     let key = object.key().map_or("?".to_owned(), |key| key.to_string());

@@ -323,11 +323,14 @@ mod tests {
         let (sink, batches) = channel_sink();
         let watcher = start(dir.path().to_owned(), sink, |_: &Duplicate| {}, backend).expect("watcher starts");
         let mut first = Vec::new();
-        while !first.iter().any(|l| l == "synced Node") {
+        while !first.iter().any(|l| l == "synced ServiceCIDR") {
             let SourceBatch(events) = batches.recv_timeout(Duration::from_secs(5)).expect("the first scan's batches");
             first.extend(summary(&events));
         }
-        assert_eq!(first, ["applied Node demo-node", "synced Service", "synced EndpointSlice", "synced Node"]);
+        assert_eq!(
+            first,
+            ["applied Node demo-node", "synced Service", "synced EndpointSlice", "synced Node", "synced ServiceCIDR"]
+        );
         write(&dir, "web.yaml", WEB_SERVICE);
         wait_for(&batches, "applied Service default/web");
         fs::remove_file(dir.path().join("web.yaml")).unwrap();
