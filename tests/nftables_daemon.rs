@@ -404,10 +404,11 @@ fn an_established_connection_survives_a_daemon_restart() {
 /// The daemon's first sync adopts the table in place: it is never deleted
 /// (no `delete table` event, the same handle); an established connection
 /// keeps working and new TCP and UDP connections are answered all through
-/// the start; the deleted Service's elements go in that first transaction,
-/// its chains are flushed there and deleted by a transaction of their own
-/// about a second later (upstream's order); and the table ends as the dry
-/// run's text loads it.
+/// the start; the per-service chains are rewritten in place first (each in
+/// one transaction), then the sync's last transaction resets the maps: the
+/// deleted Service's elements go there and its chains are flushed there,
+/// and a transaction of their own deletes them about a second later
+/// (upstream's order); and the table ends as the dry run's text loads it.
 #[test]
 fn a_table_upstream_wrote_is_taken_over_in_place() {
     let mut lab = Lab::new("tko", &["b1", "b2"]);
@@ -450,16 +451,24 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     let probes = probes.stop();
     assert_eq!(conn.exchange(), Ok(first), "after the stale chains' deletion");
 
-    // The daemon's transactions on the ip table: the full sync, then the deletion.
+    // The daemon's transactions on the ip table: the full sync's (the last
+    // one resets the maps), then the deletion.
     let ours: Vec<nft::MonitoredTx> =
         monitor.transactions().into_iter().filter(|t| t.events.iter().any(|e| e.contains(" ip kube-proxy "))).collect();
-    let [sync_tx, delete_tx] = ours.as_slice() else { panic!("two transactions on the ip table: {ours:#?}") };
+    let [syncs @ .., sync_tx, delete_tx] = ours.as_slice() else { panic!("the sync's, then the deletion: {ours:#?}") };
     let has = |t: &nft::MonitoredTx, prefix: &str| t.events.iter().any(|e| e.starts_with(prefix));
     let element = format!("delete element ip kube-proxy service-ips {{ 10.96.0.99 . tcp . 80 : goto {gone} }}");
-    assert!(has(sync_tx, &element), "the element goes in the full sync: {sync_tx:#?}");
+    assert!(has(sync_tx, &element), "the element goes in the full sync's last transaction: {sync_tx:#?}");
     assert!(has(sync_tx, &format!("delete rule ip kube-proxy {gone} handle ")), "flushed: {sync_tx:#?}");
-    assert!(!has(sync_tx, &format!("delete chain ip kube-proxy {gone}")), "not deleted yet: {sync_tx:#?}");
-    assert!(!has(sync_tx, "add element ip kube-proxy cluster-ips { 10.96.0.99 }"), "{sync_tx:#?}");
+    for t in syncs.iter().chain([sync_tx]) {
+        assert!(!has(t, &format!("delete chain ip kube-proxy {gone}")), "not deleted yet: {t:#?}");
+        assert!(!has(t, "add element ip kube-proxy cluster-ips { 10.96.0.99 }"), "{t:#?}");
+    }
+    // The chains rewritten in place before: the web Service's endpoint chain among them.
+    assert!(
+        syncs.iter().any(|t| has(t, "add rule ip kube-proxy endpoint-")),
+        "per-service chains first: {syncs:#?}"
+    );
     assert!(delete_tx.events.iter().all(|e| e.starts_with("delete chain ip kube-proxy ")), "{delete_tx:#?}");
     assert!(has(delete_tx, &format!("delete chain ip kube-proxy {gone}")), "{delete_tx:#?}");
     // A second between the commits: the monitor reads each transaction's
@@ -476,7 +485,8 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
     assert!(failed.is_empty(), "{} of {} probes failed: {failed:?}", failed.len(), probes.len());
     let when = |from: Instant, to: Instant| probes.iter().filter(|p| p.0 > from && p.0 < to).count();
-    assert!(when(started, sync_tx.at) > 0, "probes before the daemon's first transaction: {probes:?}");
+    let first_tx = syncs.first().unwrap_or(sync_tx).at;
+    assert!(when(started, first_tx) > 0, "probes before the daemon's first transaction: {probes:?}");
     assert!(when(sync_tx.at, delete_tx.at) > 0 && when(delete_tx.at, Instant::now()) > 0, "{probes:?}");
     let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
     assert_eq!(names(&tcp), set(&["b1", "b2"]));

@@ -51,7 +51,7 @@ mod trace_tests;
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
 pub use diff::{
     delete_stale, element_refs, full_sync, groups_sync, partial_sync, staged, Delta, ElementRefs, KernelObjects, NftOp,
-    Transaction, STAGE_OPS,
+    Transaction, STAGES, STAGE_OPS,
 };
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};

@@ -608,68 +608,90 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
 }
 
-/// A cold full sync staged: the new per-service chains declared first, their
-/// rules in bounded transactions, everything else last; the same ops in
-/// all (declarations repeated, new chains' flushes dropped), and a chain the
-/// kernel already holds rewritten in the last transaction, as one.
+/// A full sync staged: per-service chains declared first (new ones), then
+/// written in bounded transactions, endpoint chains before the chains that
+/// jump to them, each chain whole in one transaction (flushed first if the
+/// kernel holds it); everything else last. No op is lost.
 #[test]
-fn a_full_sync_is_staged_so_new_chains_are_written_before_anything_points_to_them() {
+fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
     let rs = desired(&model_with(&repeated_events()), &fake_ctx());
     let tx = full_sync(&rs, &KernelObjects::default(), true).tx;
-    let steps = staged(tx.clone(), &BTreeSet::new(), 3);
-    assert!(steps.len() > 3, "{}", steps.len());
-    let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
-    let rules = &steps[1..steps.len() - 1];
-    // Every chain a staged rule is in, or jumps to, is declared first.
-    let declared: BTreeSet<String> = declare
+    let service_chain = |w: &str| names::is_service_chain(w) && w.starts_with(|c: char| c.is_ascii_alphabetic());
+    let chain_of = |op: &NftOp| match op {
+        NftOp::AddRule { chain, .. } | NftOp::FlushChain(chain) => Some(chain.clone()),
+        _ => None,
+    };
+    let all_chains: BTreeSet<String> = tx
         .ops
         .iter()
         .filter_map(|op| match op {
-            NftOp::AddChain(c) => Some(c.name.clone()),
+            NftOp::AddChain(c) if service_chain(&c.name) => Some(c.name.clone()),
             _ => None,
         })
         .collect();
-    for op in rules.iter().flat_map(|t| &t.ops) {
-        let NftOp::AddRule { chain, rule } = op else { panic!("only rules after the declarations: {op:?}") };
-        assert!(names::is_service_chain(chain) && declared.contains(chain), "{chain}");
-        let text = &rule.text;
-        for word in text.split([' ', ',', '{', '}']) {
-            let chain_name = names::is_service_chain(word) && word.starts_with(|c: char| c.is_ascii_alphabetic());
-            if chain_name || word == "mark-for-masquerade" {
-                assert!(declared.contains(word), "{word} in {text}");
-            }
-        }
-    }
-    // Bounded, and a chain's rules never split between two transactions.
-    let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, t) in rules.iter().enumerate() {
-        let chains: BTreeSet<&str> = t
+    for existing in [BTreeSet::new(), all_chains.clone()] {
+        let steps = staged(tx.clone(), &existing, 3);
+        assert!(steps.len() > 3, "{}", steps.len());
+        let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
+        let middle = &steps[1..steps.len() - 1];
+        let declared: BTreeSet<String> = declare
             .ops
             .iter()
             .filter_map(|op| match op {
-                NftOp::AddRule { chain, .. } => Some(chain.as_str()),
+                NftOp::AddChain(c) => Some(c.name.clone()),
                 _ => None,
             })
             .collect();
-        assert!(t.len() <= 3 + 4, "{}", t.len());
-        for c in chains {
-            assert_eq!(*owner.entry(c).or_insert(i), i, "{c} split");
+        let exists = |c: &str| declared.contains(c) || existing.contains(c);
+        // Where each chain's ops are, and that a chain is whole in one transaction.
+        let mut at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        let mut largest: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, t) in middle.iter().enumerate() {
+            for (j, op) in t.ops.iter().enumerate() {
+                let chain = chain_of(op).unwrap_or_else(|| panic!("only flushes and rules: {op:?}"));
+                assert!(service_chain(&chain) && exists(&chain), "{chain}");
+                let first = *at.entry(chain.clone()).or_insert((i, j));
+                assert_eq!(first.0, i, "{chain} split between transactions");
+                *largest.entry(chain.clone()).or_default() += 1;
+                if matches!(op, NftOp::FlushChain(_)) {
+                    assert!(existing.contains(&chain), "only chains the kernel holds are flushed: {chain}");
+                }
+            }
+        }
+        // Bounded: a transaction closes once it holds 3 ops, at a chain's end.
+        let biggest_chain = largest.values().copied().max().unwrap_or(0);
+        assert!(
+            middle.iter().all(|t| t.len() <= 3 + biggest_chain),
+            "{:?}",
+            middle.iter().map(|t| t.len()).collect::<Vec<_>>()
+        );
+        // Leaves first: a chain a rule jumps to is written before the rule.
+        for (i, t) in middle.iter().enumerate() {
+            for (j, op) in t.ops.iter().enumerate() {
+                let NftOp::AddRule { rule, .. } = op else { continue };
+                for word in rule.text.split([' ', ',', '{', '}']).filter(|w| service_chain(w)) {
+                    assert!(at.get(word).is_some_and(|w| *w < (i, j)), "{word} after {}", rule.text);
+                }
+                if rule.text.contains("mark-for-masquerade") {
+                    assert!(exists("mark-for-masquerade"));
+                }
+            }
+        }
+        // Nothing of the per-service chains is left for the last transaction, and nothing else is lost.
+        assert!(!rest.ops.iter().any(|op| match op {
+            NftOp::AddChain(c) => service_chain(&c.name),
+            NftOp::AddRule { chain, .. } => service_chain(chain),
+            NftOp::FlushChain(c) => all_chains.contains(c),
+            _ => false,
+        }));
+        let sent: Vec<&NftOp> = steps.iter().flat_map(|t| &t.ops).collect();
+        for op in &tx.ops {
+            let dropped = matches!(op, NftOp::FlushChain(c) if all_chains.contains(c) && !existing.contains(c))
+                || matches!(op, NftOp::AddChain(c) if existing.contains(&c.name));
+            assert!(dropped || sent.contains(&op), "{op:?} lost");
         }
     }
-    // Nothing of the new chains is left for the last transaction, and nothing else is lost.
-    assert!(!rest.ops.iter().any(|op| match op {
-        NftOp::AddChain(c) => names::is_service_chain(&c.name),
-        NftOp::FlushChain(c) | NftOp::AddRule { chain: c, .. } => names::is_service_chain(c),
-        _ => false,
-    }));
-    let all: Vec<&NftOp> = steps.iter().flat_map(|t| &t.ops).collect();
-    for op in &tx.ops {
-        let dropped = matches!(op, NftOp::FlushChain(c) if names::is_service_chain(c));
-        assert!(dropped || all.contains(&op), "{op:?} lost");
-    }
-    // The chains the kernel holds stay in the last transaction, flushed and rewritten there.
-    let existing: BTreeSet<String> = declared.iter().filter(|c| names::is_service_chain(c)).cloned().collect();
-    let steps = staged(tx.clone(), &existing, 10);
-    assert_eq!(steps.len(), 1);
-    assert_eq!(steps[0], tx);
+    // Nothing per-service: the transaction as it was.
+    let empty = full_sync(&desired(&model_with(&[]), &fake_ctx()), &KernelObjects::default(), false).tx;
+    assert_eq!(staged(empty.clone(), &BTreeSet::new(), 3), vec![empty]);
 }
