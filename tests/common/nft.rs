@@ -2,7 +2,6 @@
 //! sections of `--dry-run --proxy-mode nftables`, a listing's blocks, and
 //! `nft monitor` in a namespace.
 
-use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -20,23 +19,8 @@ pub fn section<'a>(out: &'a str, heading: &str) -> Option<&'a str> {
     Some(&body[..end])
 }
 
-/// The chains, sets and maps of an `nft list table` listing, each as its
-/// text (the listing orders them by creation).
-pub fn blocks(listing: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut current = String::new();
-    for line in listing.lines() {
-        if line.starts_with("\tchain ") || line.starts_with("\tset ") || line.starts_with("\tmap ") {
-            current = String::new();
-        }
-        current.push_str(line);
-        current.push('\n');
-        if line == "\t}" {
-            out.insert(std::mem::take(&mut current));
-        }
-    }
-    out
-}
+#[allow(unused_imports)]
+pub use kube_proxy_rs::testkit::listing_blocks as blocks;
 
 /// One nf_tables transaction as `nft monitor` reported it: its events
 /// (`delete rule ip kube-proxy CHAIN handle 7`, ...), the process that
