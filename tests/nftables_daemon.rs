@@ -465,10 +465,7 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
         assert!(!has(t, "add element ip kube-proxy cluster-ips { 10.96.0.99 }"), "{t:#?}");
     }
     // The chains rewritten in place before: the web Service's endpoint chain among them.
-    assert!(
-        syncs.iter().any(|t| has(t, "add rule ip kube-proxy endpoint-")),
-        "per-service chains first: {syncs:#?}"
-    );
+    assert!(syncs.iter().any(|t| has(t, "add rule ip kube-proxy endpoint-")), "per-service chains first: {syncs:#?}");
     assert!(delete_tx.events.iter().all(|e| e.starts_with("delete chain ip kube-proxy ")), "{delete_tx:#?}");
     assert!(has(delete_tx, &format!("delete chain ip kube-proxy {gone}")), "{delete_tx:#?}");
     // A second between the commits: the monitor reads each transaction's

@@ -163,6 +163,10 @@ enum Cmd {
         services: Vec<usize>,
         #[arg(long, default_value_t = 200)]
         changes: usize,
+        /// Sizes above this skip the `nft -f` comparison (one `nft -f`
+        /// transaction is quadratic: 316 s at 10,000 services).
+        #[arg(long, default_value_t = 10000)]
+        tool_max: usize,
     },
     /// iptables mode on the real kernel, as root, in a network namespace of its own:
     /// cold sync, endpoint changes vs iptables-restore alone, lines per change, CPU during churn.
@@ -689,13 +693,14 @@ fn main() {
             };
             bench_ipvs_kernel(&opts, json_out.as_deref(), &mut r)
         }
-        Cmd::Nftables { services, changes } => {
+        Cmd::Nftables { services, changes, tool_max } => {
             let opts = kube_proxy_rs::bench::nftables_kernel::Options {
                 seed: cli.seed,
                 nodes: cli.nodes,
                 endpoints: cli.endpoints,
                 services: services.clone(),
                 changes: *changes,
+                tool_max: *tool_max,
             };
             let mut figures = Vec::new();
             let res = kube_proxy_rs::bench::nftables_kernel::run(&opts, &mut figures);
