@@ -489,19 +489,34 @@ async fn a_relist_keeps_the_last_readable_version_of_an_object_turned_bad() {
     assert_eq!(source.until(&["applied Service default/web"]).await, ["applied Service default/web"]);
 }
 
-#[tokio::test]
-async fn a_kind_whose_lists_fail_never_syncs_and_the_others_do() {
+/// A kind whose lists fail holds back nothing else: the `others` sync,
+/// it never does (no event, no synced) until its lists work again; then
+/// `applied` and its synced.
+async fn a_failing_kind_holds_back_only_itself(kind: Kind, name: &str, others: &[&str], applied: &str) {
     let server = cluster().await;
-    server.fail_kind(Kind::EndpointSlice, true);
+    server.fail_kind(kind, true);
     let mut source = Source::start(&server);
-    let lines = source.until(&["synced Service", "synced Node"]).await;
+    let lines = source.until(others).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut lines = [lines, source.pending()].concat();
-    lines.retain(|l| l.contains("EndpointSlice"));
-    assert_eq!(lines, Vec::<String>::new(), "no EndpointSlice, no synced EndpointSlice");
-    server.fail_kind(Kind::EndpointSlice, false);
-    let lines = source.until(&["synced EndpointSlice"]).await;
-    assert_eq!(lines, ["applied EndpointSlice default/web-abc", "synced EndpointSlice"]);
+    lines.retain(|l| l.contains(name));
+    assert_eq!(lines, Vec::<String>::new(), "no {name}, no synced {name}");
+    server.fail_kind(kind, false);
+    let synced = format!("synced {name}");
+    let lines = source.until(&[synced.as_str()]).await;
+    assert_eq!(lines, [applied.to_string(), synced]);
+}
+
+#[tokio::test]
+async fn a_kind_whose_lists_fail_never_syncs_and_the_others_do() {
+    let others = ["synced Service", "synced Node"];
+    a_failing_kind_holds_back_only_itself(
+        Kind::EndpointSlice,
+        "EndpointSlice",
+        &others,
+        "applied EndpointSlice default/web-abc",
+    )
+    .await;
 }
 
 /// ServiceCIDRs (cluster-scoped, every one watched): created, updated
@@ -557,17 +572,9 @@ async fn a_service_cidr_that_does_not_decode_is_refused_alone() {
 /// list works.
 #[tokio::test]
 async fn failing_service_cidr_lists_do_not_hold_back_the_other_kinds() {
-    let server = cluster().await;
-    server.fail_kind(Kind::ServiceCidr, true);
-    let mut source = Source::start(&server);
-    let lines = source.until(&["synced Service", "synced EndpointSlice", "synced Node"]).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut lines = [lines, source.pending()].concat();
-    lines.retain(|l| l.contains("ServiceCIDR"));
-    assert_eq!(lines, Vec::<String>::new(), "no ServiceCIDR, no synced ServiceCIDR");
-    server.fail_kind(Kind::ServiceCidr, false);
-    let lines = source.until(&["synced ServiceCIDR"]).await;
-    assert_eq!(lines, ["applied ServiceCIDR kubernetes", "synced ServiceCIDR"]);
+    let others = ["synced Service", "synced EndpointSlice", "synced Node"];
+    a_failing_kind_holds_back_only_itself(Kind::ServiceCidr, "ServiceCIDR", &others, "applied ServiceCIDR kubernetes")
+        .await;
 }
 
 /// An API server that does not serve ServiceCIDRs (404, before 1.33):

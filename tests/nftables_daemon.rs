@@ -710,18 +710,25 @@ fn a_thousand_services_are_written_by_one_full_sync() {
     d.stop();
 }
 
+/// A lab with a 2 s syncPeriod and `web` on b1, its daemon started and
+/// past the sync after the first (the start's stale chains, none here, and
+/// the first syncs settled): the lab, the daemon, that sync's generation.
+fn settled(tag: &str) -> (Lab, Daemon, u64) {
+    let mut lab = Lab::new(tag, &["b1"]);
+    lab.config("nftables", "2s");
+    lab.put("web", &web(&["b1"]));
+    let mut daemon = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let settled = lab.wait_sync(&mut daemon, lab.syncs().expect("syncs")[0].generation, CHANGE_WAIT).generation;
+    (lab, daemon, settled)
+}
+
 /// A quiet cluster: each syncPeriod (2 s here) brings a periodic partial
 /// sync that sends nothing: the namespace's nf_tables generation (which
 /// every transaction increments) stays as it was.
 #[test]
 fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
-    let mut lab = Lab::new("qui", &["b1"]);
-    lab.config("nftables", "2s");
-    lab.put("web", &web(&["b1"]));
-    let mut daemon = lab.start_synced();
-    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
-    // Stale chains of the start (none here) and the first syncs settle.
-    let first = lab.wait_sync(&mut daemon, lab.syncs().expect("syncs")[0].generation, CHANGE_WAIT).generation;
+    let (lab, mut daemon, first) = settled("qui");
     // The namespace's nf_tables generation: every transaction increments it.
     let generation = |lab: &Lab| lab.node.run(|| kube_proxy_rs::kernel::xtables_gen::nft_generation().expect("genid"));
     let (before, listed) = (generation(&lab), lab.table("ip"));
@@ -742,12 +749,7 @@ fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
 /// by the next periodic sync, a full one, not an hour later.
 #[test]
 fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables() {
-    let mut lab = Lab::new("dri", &["b1"]);
-    lab.config("nftables", "2s");
-    lab.put("web", &web(&["b1"]));
-    let mut daemon = lab.start_synced();
-    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
-    let mut last = lab.wait_sync(&mut daemon, lab.syncs().expect("syncs")[0].generation, CHANGE_WAIT).generation;
+    let (lab, mut daemon, mut last) = settled("dri");
     let mut next = |lab: &Lab, daemon: &mut Daemon| {
         let s = lab.wait_sync(daemon, last, CHANGE_WAIT);
         last = s.generation;

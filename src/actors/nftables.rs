@@ -183,35 +183,35 @@ impl NftablesTarget {
         generation: u64,
         ops: Vec<k::NftOp>,
     ) -> impl std::future::Future<Output = Result<(), NftSyncError>> + 'static {
-        self.stats.enqueued();
-        let sent = self.addr.send(ApplyTransaction { generation, ops });
-        async move {
-            match sent.await {
-                Ok(res) => res.map_err(NftSyncError::Apply),
-                Err(e) => Err(NftSyncError::Unreachable(e.to_string())),
-            }
-        }
+        self.ask(ApplyTransaction { generation, ops }, NftSyncError::Apply)
     }
 
     /// Whether the table changed since our last transaction: `Some(what)` when it did.
     pub fn check_drift(&self) -> impl std::future::Future<Output = Result<Option<String>, NftSyncError>> + 'static {
-        self.stats.enqueued();
-        let sent = self.addr.send(CheckDrift);
-        async move {
-            match sent.await {
-                Ok(res) => res.map_err(NftSyncError::Check),
-                Err(e) => Err(NftSyncError::Unreachable(e.to_string())),
-            }
-        }
+        self.ask(CheckDrift, NftSyncError::Check)
     }
 
     /// Lists the table's chains and sets.
     pub fn list(&self) -> impl std::future::Future<Output = Result<Listed, NftSyncError>> + 'static {
+        self.ask(ListTable, NftSyncError::List)
+    }
+
+    /// Sends `msg`, counted in the mailbox; the kernel's error wrapped by `wrap`.
+    fn ask<M, T>(
+        &self,
+        msg: M,
+        wrap: fn(TransactionError) -> NftSyncError,
+    ) -> impl std::future::Future<Output = Result<T, NftSyncError>> + 'static
+    where
+        M: Message<Result = Result<T, TransactionError>> + Send + 'static,
+        T: Send + 'static,
+        NftablesActor: Handler<M>,
+    {
         self.stats.enqueued();
-        let sent = self.addr.send(ListTable);
+        let sent = self.addr.send(msg);
         async move {
             match sent.await {
-                Ok(res) => res.map_err(NftSyncError::List),
+                Ok(res) => res.map_err(wrap),
                 Err(e) => Err(NftSyncError::Unreachable(e.to_string())),
             }
         }

@@ -605,13 +605,7 @@ mod iptables_mode {
         let settings = crate::fixtures::iptables_settings(IpFamily::V4, "node-a", NodePortFilter::All);
         let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
         let addrs: AddrSource = Box::new(Vec::new);
-        let plan = PlanSettings {
-            family: IpFamily::V4,
-            node_name: "node-a".into(),
-            scheduler: String::new(),
-            node_ports: NodePortFilter::All,
-        };
-        let settings = Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 };
+        let settings = unlimited_settings();
         let coord = Coordinator::create(|ctx| {
             let conntrack = MemConntrack::new(&journal);
             let targets = start_iptables_actors(
@@ -833,21 +827,22 @@ impl Dataplane for Reading {
     fn reconfigure(&mut self, _: ()) {}
 }
 
+/// IPv4 on node-a, every NodePort address, no minSyncPeriod, syncPeriod 30 s.
+fn unlimited_settings() -> Settings {
+    let plan = PlanSettings {
+        family: IpFamily::V4,
+        node_name: "node-a".into(),
+        scheduler: String::new(),
+        node_ports: NodePortFilter::All,
+    };
+    Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 }
+}
+
 #[test]
 fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_next() {
     run_paused(|| async {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let settings = Settings {
-            plan: PlanSettings {
-                family: IpFamily::V4,
-                node_name: "node-a".into(),
-                scheduler: String::new(),
-                node_ports: NodePortFilter::All,
-            },
-            min_sync: Duration::ZERO,
-            max_sync: Duration::from_secs(30),
-            burst: 2,
-        };
+        let settings = unlimited_settings();
         let coord = Coordinator::with_dataplane(settings, Reading { log: log.clone() }).start();
         let mut first = synced();
         first.push(web_svc("web", "10.96.0.20"));
@@ -901,17 +896,7 @@ impl Dataplane for CidrSensitive {
 fn a_service_cidr_change_makes_the_next_sync_full() {
     run_paused(|| async {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let settings = Settings {
-            plan: PlanSettings {
-                family: IpFamily::V4,
-                node_name: "node-a".into(),
-                scheduler: String::new(),
-                node_ports: NodePortFilter::All,
-            },
-            min_sync: Duration::ZERO,
-            max_sync: Duration::from_secs(30),
-            burst: 2,
-        };
+        let settings = unlimited_settings();
         let coord = Coordinator::with_dataplane(settings, CidrSensitive { log: log.clone() }).start();
         let mut first = synced();
         first.push(web_svc("web", "10.96.0.20"));
