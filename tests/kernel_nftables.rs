@@ -122,10 +122,10 @@ fn each_writes_over_the_table_the_other_wrote() {
             "{}add set {nft_family} {TABLE} affinity-X {{ type {name} ; flags dynamic,timeout ; timeout 600s ; }}\n",
             skeleton_text(nft_family, addr, name)
         );
-        let theirs = Netns::new("kpr-nft-theirs");
+        let theirs = Netns::new("kpr-nft-over-t");
         theirs.pipe(&["nft", "-f", "-"], &text);
         apply(&theirs, family, ops.clone()).expect("our transaction over nft -f's table");
-        let ours = Netns::new("kpr-nft-ours");
+        let ours = Netns::new("kpr-nft-over-o");
         apply(&ours, family, ops).expect("our transaction");
         ours.pipe(&["nft", "-f", "-"], &text);
         let (a, b) = (listed(&ours, nft_family), listed(&theirs, nft_family));
