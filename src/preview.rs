@@ -16,6 +16,11 @@
 //!   make a namespace) the planned text is compared as it is, with a note.
 //! - The backend `iptables` does not use is read too: rules of ours there
 //!   are named (the daemon would not touch them; both would be active).
+//! - nftables mode's table is compared as `nft list table` prints it: the
+//!   planned text loaded with `nft -f` into a private network namespace and
+//!   listed back, one line per chain, rule, set and element
+//!   ([`diff::nft_listing_lines`]). In the other modes a table of ours
+//!   that the daemon would delete is listed as removed.
 
 use std::collections::BTreeSet;
 
@@ -72,7 +77,8 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
     let family = p.settings.family;
     let heading = |h: &str| format!("{h}{}", p.suffix);
     if mode == ProxyMode::Nftables {
-        return vec![SectionDiff::new(&heading("# nftables")).note("no preview for nftables mode yet")];
+        let note = "iptables and IPVS mode's leftovers, which the daemon removes when their chains are there, are not previewed";
+        return vec![nftables_section(heading("# nftables"), p, true).await.note(note)];
     }
     let (own, other) = profiles(mode);
     // Whether the first sync would clean up the other mode (its marker chains are there).
@@ -100,8 +106,55 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
         chain == CANARY || listed(own) || ((cleans_ipvs || cleans_iptables) && other.is_some_and(listed))
     };
     out.extend(iptables_sections(&heading("# iptables"), p, mode, owned).await);
+    // Our nftables table, which the daemon deletes when it starts in this mode.
+    let nft = nftables_section(heading("# nftables"), p, false).await;
+    if nft.removed > 0 {
+        out.push(nft.note("nftables mode's table: removed by the switch"));
+    }
     out
 }
+
+/// nftables mode's `kube-proxy` table of the family: the live one (`nft
+/// list table`) against the planned one (`planned`: the dry run's text
+/// loaded with `nft -f` into a private network namespace and listed back,
+/// so both sides are printed by `nft`; else an empty table), as lines of
+/// [`diff::nft_listing_lines`].
+async fn nftables_section(heading: String, p: &FamilyPlan, planned: bool) -> SectionDiff {
+    let family = match p.settings.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let s = SectionDiff::new(&heading);
+    let args = ["list", "table", family, NFT_TABLE];
+    let live = match tool::run("nft list table", "nft", &args, None).await {
+        Ok(out) if out.success() => diff::nft_listing_lines(&out.stdout),
+        Ok(out) if out.stderr.contains("No such file") => Vec::new(),
+        Ok(out) => return s.note(format!("cannot read the table: nft list table: {}", out.message())),
+        Err(e) => return s.note(format!("cannot read the table: {e}")),
+    };
+    let desired = if planned {
+        let text: String = section(&p.text, "# nftables").iter().map(|l| format!("{l}\n")).collect();
+        let family = family.to_string();
+        match in_scratch_thread(move || nft_listed_in_scratch_netns(&text, &family)).await {
+            Ok(listing) => diff::nft_listing_lines(&listing),
+            Err(e) => return s.note(format!("cannot list the planned table in a private namespace: {e}")),
+        }
+    } else {
+        Vec::new()
+    };
+    s.compare(&desired, &live)
+}
+
+/// `nft -f` of `text` in a new network namespace, then `nft list table`.
+fn nft_listed_in_scratch_netns(text: &str, family: &str) -> Result<String, String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("cannot make a private network namespace: {e}"))?;
+    run_with_input("nft", &["-f", "-"], text)?;
+    run_with_input("nft", &["list", "table", family, NFT_TABLE], "")
+}
+
+/// The table nftables mode owns in each family.
+const NFT_TABLE: &str = "kube-proxy";
 
 /// The section of the other mode's objects: removed when the daemon would
 /// clean that mode up, else left as they are and noted.
@@ -340,14 +393,42 @@ async fn canonical(bins: &IptablesBinaries, restore: &str, plan: &str, mode: Pro
     let nfacct: BTreeSet<&'static str> =
         crate::nfacct::OBJECTS.iter().copied().filter(|o| restore.contains(&format!("--nfacct-name {o}"))).collect();
     let (bins, restore) = (bins.clone(), restore.to_string());
+    in_scratch_thread(move || in_scratch_netns(&bins, &restore, &creates, &nfacct)).await
+}
+
+/// Runs `job` on a thread of its own (which it may move into a private
+/// network namespace: gone when the thread ends).
+async fn in_scratch_thread(job: impl FnOnce() -> Result<String, String> + Send + 'static) -> Result<String, String> {
     let job = std::thread::Builder::new()
         .name("dry-run-scratch-netns".into())
-        .spawn(move || in_scratch_netns(&bins, &restore, &creates, &nfacct))
+        .spawn(job)
         .map_err(|e| format!("cannot start a thread: {e}"))?;
     tokio::task::spawn_blocking(move || job.join())
         .await
         .map_err(|e| format!("scratch namespace: {e}"))?
         .map_err(|_| "scratch namespace thread panicked".to_string())?
+}
+
+/// `bin ARGS` with `input` on its stdin; its stdout, or why it failed.
+fn run_with_input(bin: &str, args: &[&str], input: &str) -> Result<String, String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {bin}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).map_err(|e| format!("{bin}: writing its input: {e}"))?;
+    }
+    let out = child.wait_with_output().map_err(|e| format!("{bin}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("{bin} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
 }
 
 /// Runs on a thread of its own: moves the thread into a new network
@@ -359,28 +440,9 @@ fn in_scratch_netns(
     creates: &[String],
     nfacct: &BTreeSet<&'static str>,
 ) -> Result<String, String> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("cannot make a private network namespace: {e}"))?;
-    let run = |bin: &str, args: &[&str], input: &str| -> Result<String, String> {
-        let mut child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run {bin}: {e}"))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(input.as_bytes()).map_err(|e| format!("{bin}: writing its input: {e}"))?;
-        }
-        let out = child.wait_with_output().map_err(|e| format!("{bin}: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!("{bin} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-        }
-    };
+    let run = run_with_input;
     if !creates.is_empty() {
         run("ipset", &["restore"], &(creates.join("\n") + "\n"))?;
     }

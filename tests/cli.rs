@@ -464,6 +464,64 @@ fn dry_run_diff_previews_what_the_first_sync_would_change() {
     );
 }
 
+/// The migration preview in nftables mode, in a namespace holding the
+/// table `nft -f` wrote from the dry run's text (upstream's own way of
+/// writing it): the same objects change nothing; kube-dns gone from the
+/// manifests lists exactly its rules, chains and elements as removed; a
+/// switch to iptables mode lists the whole table as removed. The table is
+/// only read.
+#[test]
+fn dry_run_diff_previews_nftables_mode() {
+    let ns = Netns::new("kpr-diff-nft");
+    let args =
+        ["--manifests", &demo("demo"), "--dry-run", "--proxy-mode", "nftables", "--hostname-override", "demo-node"];
+    let out = ns.exec(&[&[bin().as_str()][..], &args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Both families' tables (the namespace has IPv6: the daemon would run both).
+    for heading in ["# nftables", "# nftables ipv6"] {
+        let text: String = stdout
+            .lines()
+            .skip_while(|l| *l != heading)
+            .skip(1)
+            .take_while(|l| !l.starts_with("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(text.starts_with("add table ip"), "{heading}: {stdout}");
+        ns.pipe(&["nft", "-f", "-"], &text);
+    }
+    let before = ns.ok(&["nft", "list", "ruleset"]);
+
+    let same = dry_run_diff_in(&ns, &demo("demo"), "nftables");
+    let summary = same.split("# summary\n").nth(1).expect("a summary");
+    assert_eq!(summary.lines().count(), 2, "{same}");
+    for line in summary.lines() {
+        assert!(line.contains(": 0 to add, 0 to remove,"), "{line}\n{same}");
+    }
+    assert!(summary_of(&same, "nftables").2 > 100, "{same}");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    for f in ["edge-cases.yaml", "exposed.yaml", "node.yaml", "web.yaml", "service-cidr.yaml"] {
+        std::fs::copy(demo(&format!("demo/{f}")), dir.path().join(f)).expect("copy a manifest");
+    }
+    let gone = dry_run_diff_in(&ns, dir.path().to_str().expect("utf-8 path"), "nftables");
+    let (added, removed, _) = summary_of(&gone, "nftables");
+    assert_eq!(added, 0, "{gone}");
+    assert!(removed >= 4, "{gone}");
+    let changed: Vec<&str> = gone.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).collect();
+    assert_eq!(changed.len(), removed, "{gone}");
+    assert!(changed.iter().all(|l| l.contains("kube-system/kube-dns") || l.contains("10.96.0.10")), "{gone}");
+    assert!(changed.iter().any(|l| l.starts_with("-chain ip kube-proxy service-")), "{gone}");
+    assert!(changed.iter().any(|l| l.starts_with("-element ip kube-proxy service-ips { 10.96.0.10 . ")), "{gone}");
+
+    let switch = dry_run_diff_in(&ns, &demo("demo"), "iptables");
+    let (added, removed, kept) = summary_of(&switch, "nftables");
+    assert_eq!((added, kept), (0, 0), "{switch}");
+    assert!(removed > 100 && switch.contains("nftables mode's table: removed by the switch"), "{switch}");
+
+    assert_eq!(ns.ok(&["nft", "list", "ruleset"]), before, "only read");
+}
+
 #[test]
 fn diff_without_dry_run_is_refused() {
     let (code, _, err) = run(&["--diff", "--manifests", &demo("demo")]);

@@ -225,6 +225,103 @@ pub fn iptables_diff(
     out
 }
 
+/// An `nft list table` listing as comparable lines, one per object and
+/// item: `table ip kube-proxy`, `chain ip kube-proxy NAME [{ hook line }]`,
+/// `rule ip kube-proxy CHAIN TEXT`, `set|map ip kube-proxy NAME { type ...;
+/// ... }` and `element ip kube-proxy SET { ELEMENT }` (elements split out
+/// of `elements = { ... }`, which `nft` wraps over lines). Both sides of
+/// the nftables preview are printed by `nft`, so equal objects give equal
+/// lines; a rule moved within its chain is not told apart.
+pub fn nft_listing_lines(listing: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut table = String::new();
+    // The block being read: its kind, name, header attributes, items.
+    let mut block: Option<(String, String, Vec<String>, Vec<String>)> = None;
+    let mut elements: Option<String> = None;
+    for line in listing.lines() {
+        let depth = line.len() - line.trim_start_matches('\t').len();
+        let text = line.trim();
+        if let Some(acc) = elements.as_mut() {
+            acc.push(' ');
+            acc.push_str(text);
+            if text.ends_with('}') {
+                let all = elements.take().unwrap_or_default();
+                if let Some((_, name, _, items)) = block.as_mut() {
+                    let inner = all.trim_start_matches("elements = {").trim_end_matches('}');
+                    items.extend(
+                        split_top_level(inner).into_iter().map(|e| format!("element {table} {name} {{ {e} }}")),
+                    );
+                }
+            }
+            continue;
+        }
+        match depth {
+            0 if text.starts_with("table ") => {
+                table = text.trim_start_matches("table ").trim_end_matches(" {").to_string();
+                out.push(format!("table {table}"));
+            }
+            1 if text.ends_with(" {") => {
+                let (kind, name) = text.trim_end_matches(" {").split_once(' ').unwrap_or((text, ""));
+                block = Some((kind.to_string(), name.to_string(), Vec::new(), Vec::new()));
+            }
+            1 if text == "}" => {
+                if let Some((kind, name, header, items)) = block.take() {
+                    let attrs = if header.is_empty() { String::new() } else { format!(" {{ {} }}", header.join(" ")) };
+                    out.push(format!("{kind} {table} {name}{attrs}"));
+                    out.extend(items);
+                }
+            }
+            2 => match block.as_mut() {
+                Some((kind, _, _, _)) if kind != "chain" && text.starts_with("elements = {") => {
+                    if text.ends_with('}') {
+                        let inner = text.trim_start_matches("elements = {").trim_end_matches('}').to_string();
+                        if let Some((_, name, _, items)) = block.as_mut() {
+                            items.extend(
+                                split_top_level(&inner)
+                                    .into_iter()
+                                    .map(|e| format!("element {table} {name} {{ {e} }}")),
+                            );
+                        }
+                    } else {
+                        elements = Some(text.to_string());
+                    }
+                }
+                Some((kind, _, header, _))
+                    if kind != "chain" || text.starts_with("type ") || text.starts_with("comment ") =>
+                {
+                    header.push(format!("{};", text.trim_end_matches(';')));
+                }
+                Some((_, name, _, items)) => items.push(format!("rule {table} {name} {text}")),
+                None => {}
+            },
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `a, b, "c, d"` → `a`, `b`, `"c, d"`: commas outside quotes and braces.
+fn split_top_level(text: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted, mut depth) = (Vec::new(), String::new(), false, 0i32);
+    for c in text.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '{' if !quoted => depth += 1,
+            '}' if !quoted => depth -= 1,
+            ',' if !quoted && depth == 0 => {
+                out.push(std::mem::take(&mut cur).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out.into_iter().map(|e| e.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+}
+
 /// Renders the sections and a `# summary` with one line per section.
 pub fn render(sections: &[SectionDiff]) -> String {
     let mut out = String::new();
@@ -251,6 +348,30 @@ mod tests {
 
     fn lines(s: &[&str]) -> Vec<String> {
         s.iter().map(|l| l.to_string()).collect()
+    }
+
+    #[test]
+    fn an_nft_listing_becomes_a_line_per_object_rule_and_element() {
+        let listing = "table ip kube-proxy {\n\tcomment \"rules for kube-proxy\"\n\tset cluster-ips {\n\t\ttype ipv4_addr\n\t\tcomment \"Active ClusterIPs\"\n\t\telements = { 10.96.0.10, 10.96.0.11,\n\t\t\t     10.96.0.12 }\n\t}\n\tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t\telements = { 10.96.0.10 . tcp . 80 : goto service-X-ns/a/tcp/p80 }\n\t}\n\tchain nat-prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}\n\tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips\n\t\tnumgen random mod 2 vmap { 0 : goto a, 1 : goto b }\n\t}\n}\n";
+        let got = nft_listing_lines(listing);
+        assert_eq!(
+            got,
+            [
+                "table ip kube-proxy",
+                "set ip kube-proxy cluster-ips { type ipv4_addr; comment \"Active ClusterIPs\"; }",
+                "element ip kube-proxy cluster-ips { 10.96.0.10 }",
+                "element ip kube-proxy cluster-ips { 10.96.0.11 }",
+                "element ip kube-proxy cluster-ips { 10.96.0.12 }",
+                "map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }",
+                "element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto service-X-ns/a/tcp/p80 }",
+                "chain ip kube-proxy nat-prerouting { type nat hook prerouting priority dstnat; policy accept; }",
+                "rule ip kube-proxy nat-prerouting jump services",
+                "chain ip kube-proxy services",
+                "rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips",
+                "rule ip kube-proxy services numgen random mod 2 vmap { 0 : goto a, 1 : goto b }",
+            ]
+        );
+        assert!(nft_listing_lines("").is_empty());
     }
 
     #[test]
