@@ -838,16 +838,22 @@ fn unlimited_settings() -> Settings {
     Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 }
 }
 
+/// A coordinator over `dataplane` (unlimited settings) that has been sent
+/// the sources' synced markers and Service web, 5 ms ago.
+async fn started_with_web<D: Dataplane + 'static>(dataplane: D) -> Addr<Coordinator<D>> {
+    let coord = Coordinator::with_dataplane(unlimited_settings(), dataplane).start();
+    let mut first = synced();
+    first.push(web_svc("web", "10.96.0.20"));
+    coord.send(SourceBatch(first)).await.unwrap();
+    sleep(5 * MS).await;
+    coord
+}
+
 #[test]
 fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_next() {
     run_paused(|| async {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let settings = unlimited_settings();
-        let coord = Coordinator::with_dataplane(settings, Reading { log: log.clone() }).start();
-        let mut first = synced();
-        first.push(web_svc("web", "10.96.0.20"));
-        coord.send(SourceBatch(first)).await.unwrap();
-        sleep(5 * MS).await;
+        let coord = started_with_web(Reading { log: log.clone() }).await;
         // Mid-read: a second service is recorded, not planned into this sync.
         coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
         sleep(50 * MS).await;
@@ -896,12 +902,7 @@ impl Dataplane for CidrSensitive {
 fn a_service_cidr_change_makes_the_next_sync_full() {
     run_paused(|| async {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let settings = unlimited_settings();
-        let coord = Coordinator::with_dataplane(settings, CidrSensitive { log: log.clone() }).start();
-        let mut first = synced();
-        first.push(web_svc("web", "10.96.0.20"));
-        coord.send(SourceBatch(first)).await.unwrap();
-        sleep(5 * MS).await;
+        let coord = started_with_web(CidrSensitive { log: log.clone() }).await;
         coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
         sleep(5 * MS).await;
         coord.send(SourceBatch(vec![applied_service_cidr("kubernetes", &["10.96.0.0/16"])])).await.unwrap();
