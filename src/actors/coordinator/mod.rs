@@ -78,12 +78,6 @@ pub trait Dataplane: Unpin + 'static {
         None
     }
 
-    /// Whether `changes` need a full sync in this mode besides a topology
-    /// change (which always does): nftables mode's ServiceCIDRs.
-    fn needs_full_sync(&self, _changes: &ModelChanges) -> bool {
-        false
-    }
-
     /// Whether a full resync comes once per [`FULL_SYNC_PERIOD`] (upstream
     /// turns that off in iptables mode's large-cluster mode).
     fn hourly_full_sync(&self) -> bool {
@@ -308,7 +302,7 @@ impl<D: Dataplane> Coordinator<D> {
         let generation = self.generation;
         let started = Instant::now();
         let changes = self.model.apply();
-        let full = changes.topology_changed || self.dataplane.needs_full_sync(&changes);
+        let full = changes.topology_changed;
         let kind = if full { SyncKind::Full } else { kind };
         if let Some(h) = self.observer.as_mut() {
             h.sync_started(&self.model, &changes, kind == SyncKind::Full);

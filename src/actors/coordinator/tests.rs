@@ -868,8 +868,8 @@ fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_n
     });
 }
 
-/// A dataplane that, as nftables mode's, needs a full sync when the
-/// family's ServiceCIDRs change: records the kind of each sync.
+/// A dataplane that records each sync's kind, the family's ServiceCIDRs
+/// and whether they changed (nftables mode rewrites its top-level chains then).
 struct CidrSensitive {
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -878,9 +878,13 @@ impl Dataplane for CidrSensitive {
     type Outcome = ();
     type Config = ();
 
-    fn sync(&mut self, model: &Model, _: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
+    fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
         let cidrs: Vec<String> = model.service_cidrs().iter().map(ToString::to_string).collect();
-        self.log.lock().unwrap().push(format!("sync {generation} {kind:?} cidrs={}", cidrs.join(",")));
+        let changed = changes.service_cidrs_changed;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("sync {generation} {kind:?} cidrs={} changed={changed}", cidrs.join(",")));
         Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(async {}) }
     }
 
@@ -888,18 +892,13 @@ impl Dataplane for CidrSensitive {
         Finished::default()
     }
 
-    fn needs_full_sync(&self, changes: &ModelChanges) -> bool {
-        changes.service_cidrs_changed
-    }
-
     fn reconfigure(&mut self, _: ()) {}
 }
 
-/// A change of the family's ServiceCIDRs brings a sync at once, a full one
-/// for a dataplane that asks for it (nftables mode); another family's
-/// ranges bring none.
+/// A change of the family's ServiceCIDRs brings a sync at once, a partial
+/// one that says so; another family's ranges bring none.
 #[test]
-fn a_service_cidr_change_makes_the_next_sync_full() {
+fn a_service_cidr_change_brings_a_sync_that_knows_it() {
     run_paused(|| async {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let coord = started_with_web(CidrSensitive { log: log.clone() }).await;
@@ -914,7 +913,12 @@ fn a_service_cidr_change_makes_the_next_sync_full() {
         let lines = log.lock().unwrap().clone();
         assert_eq!(
             lines,
-            ["sync 1 Full cidrs=", "sync 2 Partial cidrs=", "sync 3 Full cidrs=10.96.0.0/16", "sync 4 Full cidrs=",],
+            [
+                "sync 1 Full cidrs= changed=false",
+                "sync 2 Partial cidrs= changed=false",
+                "sync 3 Partial cidrs=10.96.0.0/16 changed=true",
+                "sync 4 Partial cidrs= changed=true",
+            ],
             "the IPv6 range brought no sync to the IPv4 proxier"
         );
     });

@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
-use super::diff::{delete_stale, element_refs, full_sync, groups_sync, Delta, ElementRefs, KernelObjects, Transaction};
+use super::diff::{
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects, Transaction,
+};
 use super::ruleset::{Objects, Ruleset};
 use crate::model::{Model, ServicePortName};
 
@@ -122,6 +124,23 @@ impl NftablesPlanner {
         self.planned_chains =
             ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
         self.pending = Pending::Ports(ports);
+        Some(delta)
+    }
+
+    /// A partial sync after the context changed (the ServiceCIDRs): the
+    /// whole desired state rendered with `ctx` and compared group by group
+    /// with what the kernel holds; only the groups that differ are written
+    /// (for a ServiceCIDR change the top level's chains, `cluster-ips-check`
+    /// among them, plus any changed service port). Costs a render of the
+    /// cluster, not a full transaction. `None` when the next sync must be full.
+    pub fn partial_with(&mut self, model: &Model, ctx: NftablesContext) -> Option<Delta> {
+        let applied = self.applied.as_ref()?;
+        let desired = super::desired(model, &ctx);
+        let delta = partial_sync(applied, &desired);
+        self.ctx = ctx;
+        self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
+        self.pending = Pending::Full(desired);
         Some(delta)
     }
 

@@ -695,3 +695,29 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
     let empty = full_sync(&desired(&model_with(&[]), &fake_ctx()), &KernelObjects::default(), false).tx;
     assert_eq!(staged(empty.clone(), &BTreeSet::new(), 3), vec![empty]);
 }
+
+/// A ServiceCIDR change after a confirmed full sync: a partial sync that
+/// rewrites the top level's chains (the drop rule in `cluster-ips-check`)
+/// and no service port's, then, confirmed, nothing more to do.
+#[test]
+fn a_service_cidr_change_rewrites_the_top_level_only() {
+    let model = model_with(&repeated_events());
+    let mut planner = NftablesPlanner::new(fake_ctx());
+    let ctx = NftablesContext { service_cidrs: vec![], ..fake_ctx() };
+    planner.full(&model, ctx.clone(), &KernelObjects::default());
+    planner.confirm_applied(std::time::Duration::ZERO);
+    let with = NftablesContext { service_cidrs: vec!["172.30.0.0/16".parse().unwrap()], ..ctx };
+    let delta = planner.partial_with(&model, with.clone()).expect("a confirmed state");
+    let text = delta.tx.to_string();
+    assert!(
+        text.contains("add rule ip kube-proxy cluster-ips-check ip daddr { 172.30.0.0/16 } drop comment \"Drop traffic to unallocated ClusterIPs\"\n"),
+        "{text}"
+    );
+    // No per-service chain (their names hold the service's namespace/name).
+    let chain_names = text.lines().filter_map(|l| l.strip_prefix("add chain ip kube-proxy "));
+    assert!(!chain_names.map(|c| c.split(' ').next().unwrap_or(c)).any(names::is_service_chain), "{text}");
+    assert!(delta.stale_chains.is_empty());
+    planner.confirm_applied(std::time::Duration::ZERO);
+    let again = planner.partial_with(&model, with).expect("a confirmed state");
+    assert!(again.tx.is_empty(), "{}", again.tx);
+}
