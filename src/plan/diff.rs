@@ -241,13 +241,18 @@ pub fn nft_listing_lines(listing: &str) -> Vec<String> {
     for line in listing.lines() {
         let depth = line.len() - line.trim_start_matches('\t').len();
         let text = line.trim();
+        let in_set = block.as_ref().is_some_and(|b| b.0 != "chain");
+        if elements.is_none() && depth == 2 && in_set && text.starts_with("elements = {") {
+            elements = Some(String::new());
+        }
+        // `elements = { ... }`, on one line or wrapped over several.
         if let Some(acc) = elements.as_mut() {
             acc.push(' ');
             acc.push_str(text);
             if text.ends_with('}') {
                 let all = elements.take().unwrap_or_default();
                 if let Some((_, name, _, items)) = block.as_mut() {
-                    let inner = all.trim_start_matches("elements = {").trim_end_matches('}');
+                    let inner = all.trim().trim_start_matches("elements = {").trim_end_matches('}');
                     items.extend(
                         split_top_level(inner).into_iter().map(|e| format!("element {table} {name} {{ {e} }}")),
                     );
@@ -272,20 +277,6 @@ pub fn nft_listing_lines(listing: &str) -> Vec<String> {
                 }
             }
             2 => match block.as_mut() {
-                Some((kind, _, _, _)) if kind != "chain" && text.starts_with("elements = {") => {
-                    if text.ends_with('}') {
-                        let inner = text.trim_start_matches("elements = {").trim_end_matches('}').to_string();
-                        if let Some((_, name, _, items)) = block.as_mut() {
-                            items.extend(
-                                split_top_level(&inner)
-                                    .into_iter()
-                                    .map(|e| format!("element {table} {name} {{ {e} }}")),
-                            );
-                        }
-                    } else {
-                        elements = Some(text.to_string());
-                    }
-                }
                 Some((kind, _, header, _))
                     if kind != "chain" || text.starts_with("type ") || text.starts_with("comment ") =>
                 {
