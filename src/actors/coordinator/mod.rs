@@ -302,8 +302,7 @@ impl<D: Dataplane> Coordinator<D> {
         let generation = self.generation;
         let started = Instant::now();
         let changes = self.model.apply();
-        let full = changes.topology_changed;
-        let kind = if full { SyncKind::Full } else { kind };
+        let kind = if changes.topology_changed { SyncKind::Full } else { kind };
         if let Some(h) = self.observer.as_mut() {
             h.sync_started(&self.model, &changes, kind == SyncKind::Full);
         }

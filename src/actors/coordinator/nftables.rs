@@ -2,12 +2,12 @@
 //! nf_tables transaction per sync) and the conntrack actor.
 //!
 //! - A full sync (the first one, after a failed or unanswered transaction,
-//!   after a reload or a topology change, when the family's ServiceCIDRs
-//!   changed, when the node's addresses changed at a periodic sync, after
-//!   drift, and hourly) first lists the table's chains and sets
-//!   ([`Dataplane::prepare`]), then writes the whole table in one
-//!   transaction, as upstream's needFullSync: sets and maps reset, every
-//!   chain rewritten, per-service chains nobody uses flushed (stale).
+//!   after a reload or a topology change, when the node's addresses changed
+//!   at a periodic sync, after drift, and hourly) first lists the table's
+//!   chains and sets ([`Dataplane::prepare`]), then writes the whole table
+//!   as upstream's needFullSync: sets and maps reset, every chain
+//!   rewritten, per-service chains nobody uses flushed (stale); sent as
+//!   bounded transactions, the per-service chains first ([`staged`]).
 //! - Otherwise a partial sync: the changed service ports only; with nothing
 //!   changed (the syncPeriod's sync of a quiet cluster) nothing is sent.
 //! - A transaction the kernel refused, or whose answer never came, makes the
