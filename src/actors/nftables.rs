@@ -254,15 +254,15 @@ impl Witness {
 /// How the table changed between two witnesses, if it did (pure).
 pub fn table_drift(was: Option<TableInfo>, now: Option<TableInfo>) -> Option<String> {
     match (was, now) {
-        (a, b) if a == b => None,
+        (None, None) => None,
         (Some(_), None) => Some("the table was deleted".into()),
         (None, Some(_)) => Some("a table appeared".into()),
+        (Some(a), Some(b)) if a == b => None,
         (Some(a), Some(b)) if a.handle != b.handle => Some("the table was deleted and created again".into()),
         (Some(a), Some(b)) if a.flags != b.flags => {
             Some(format!("the table's flags went {:#x} → {:#x}", a.flags, b.flags))
         }
         (Some(a), Some(b)) => Some(format!("the table's chains and sets went {} → {}", a.use_count, b.use_count)),
-        (None, None) => None,
     }
 }
 

@@ -91,6 +91,11 @@ impl NftablesPlanner {
         let desired = super::desired(model, &self.ctx);
         let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
+        self.pending_whole(desired, delta)
+    }
+
+    /// `delta` takes the kernel to `desired`, the whole ruleset: pending until confirmed.
+    fn pending_whole(&mut self, desired: Ruleset, delta: Delta) -> Delta {
         self.planned_stale = delta.stale_chains.clone();
         self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
         self.pending = Pending::Full(desired);
@@ -138,10 +143,7 @@ impl NftablesPlanner {
         let desired = super::desired(model, &ctx);
         let delta = partial_sync(applied, &desired);
         self.ctx = ctx;
-        self.planned_stale = delta.stale_chains.clone();
-        self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
-        self.pending = Pending::Full(desired);
-        Some(delta)
+        Some(self.pending_whole(desired, delta))
     }
 
     /// The last planned sync is in the kernel (acknowledged at `now`).
