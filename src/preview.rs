@@ -35,6 +35,8 @@ use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::IpvsOp;
 use crate::net::IpFamily;
 use crate::plan::diff::{self, SectionDiff, Tables};
+use crate::plan::nftables::names::TABLE as NFT_TABLE;
+use crate::plan::nftables::ruleset::nft_family;
 use crate::plan::IpvsSet;
 use crate::settings::FamilySettings;
 
@@ -120,10 +122,7 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
 /// so both sides are printed by `nft`; else an empty table), as lines of
 /// [`diff::nft_listing_lines`].
 async fn nftables_section(heading: String, p: &FamilyPlan, planned: bool) -> SectionDiff {
-    let family = match p.settings.family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    };
+    let family = nft_family(p.settings.family);
     let s = SectionDiff::new(&heading);
     let args = ["list", "table", family, NFT_TABLE];
     let live = match tool::run("nft list table", "nft", &args, None).await {
@@ -152,9 +151,6 @@ fn nft_listed_in_scratch_netns(text: &str, family: &str) -> Result<String, Strin
     run_with_input("nft", &["-f", "-"], text)?;
     run_with_input("nft", &["list", "table", family, NFT_TABLE], "")
 }
-
-/// The table nftables mode owns in each family.
-const NFT_TABLE: &str = "kube-proxy";
 
 /// The section of the other mode's objects: removed when the daemon would
 /// clean that mode up, else left as they are and noted.
