@@ -387,7 +387,7 @@ const SECTION_HEADINGS: [&str; 5] = ["# ipvs", "# ipset", "# addresses kube-ipvs
 
 /// The pure part of `--dry-run`, for tests.
 pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent], addrs: &[LocalAddr]) -> String {
-    let mut model = Model::new(s.family, &s.plan.node_name);
+    let mut model = Model::new(s.family, &s.plan.node_name).with_gates(s.model_gates);
     for ev in events {
         if let Err(e) = model.record(ev) {
             tracing::warn!(error = %e, "skipping invalid object");

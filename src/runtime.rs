@@ -587,7 +587,13 @@ pub fn context_builder(s: &FamilySettings) -> ContextBuilder {
 
 /// The coordinator's settings (public for `kpr-bench`).
 pub fn coordinator_settings(s: &FamilySettings) -> Settings {
-    Settings { plan: s.plan.clone(), min_sync: s.min_sync, max_sync: s.max_sync, burst: s.burst }
+    Settings {
+        plan: s.plan.clone(),
+        min_sync: s.min_sync,
+        max_sync: s.max_sync,
+        burst: s.burst,
+        model_gates: s.model_gates,
+    }
 }
 
 /// IPVS mode's iptables rules for the current Node.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::defaults::DEFAULT_MASQUERADE_BIT;
+use super::features::FeatureGates;
 use super::netutil::{parse_cidr_sloppy, parse_ip_sloppy, split_host_port};
 use super::types::KubeProxyConfiguration;
 use super::ConfigError;
@@ -178,6 +179,13 @@ impl KubeProxyConfiguration {
     /// The metrics server address; `None` when empty.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         socket_addr(&self.metrics_bind_address)
+    }
+
+    /// The feature gates `featureGates` sets, over every gate's default;
+    /// all defaults when the map is refused (a validated configuration's
+    /// never is).
+    pub fn gates(&self) -> FeatureGates {
+        FeatureGates::from_map(&self.feature_gates).map(|(g, _)| g).unwrap_or_default()
     }
 
     /// Log verbosity (`logging.verbosity`, `-v`).

@@ -15,6 +15,7 @@
 mod accessors;
 mod defaults;
 mod duration;
+mod features;
 mod flags;
 mod load;
 mod netutil;
@@ -27,6 +28,7 @@ use std::path::PathBuf;
 pub use accessors::{LocalMode, NodePortAddresses, ProxyMode};
 pub use defaults::{DEFAULT_CONTENT_TYPE, KUBE_PROXY_OOM_SCORE_ADJ, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 pub use duration::{DurationParseError, GoDuration};
+pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
 pub use load::{load, load_file, parse_str, to_yaml, validate};
 pub use types::{
@@ -76,6 +78,11 @@ pub enum ConfigError {
         /// The failures.
         errors: Vec<FieldError>,
     },
+    /// A `featureGates` entry (file or `--feature-gates`) is unknown, or
+    /// sets a locked gate away from its default; worded as upstream's
+    /// `Options.Complete` error.
+    #[error("failed complete: {0}")]
+    FeatureGates(#[source] FeatureGateError),
     /// A flag value was refused after parsing.
     #[error("invalid --{flag}: {reason}")]
     Flag {

@@ -105,6 +105,23 @@ impl ServiceState {
     }
 }
 
+/// What feature gates change in the model (upstream reads them in
+/// `pkg/proxy/topology.go` and where it starts its informers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelGates {
+    /// PreferSameTrafficDistribution: endpoints keep their node hints
+    /// (off: `PreferSameNode` falls back to zone hints or none).
+    pub same_node_hints: bool,
+    /// MultiCIDRServiceAllocator: ServiceCIDRs are recorded (off: ignored).
+    pub service_cidrs: bool,
+}
+
+impl Default for ModelGates {
+    fn default() -> ModelGates {
+        ModelGates { same_node_hints: true, service_cidrs: true }
+    }
+}
+
 /// Services, endpoints and the node, with pending changes tracked per key.
 ///
 /// Service ports and their endpoints are filed under their Service: a
@@ -128,6 +145,7 @@ pub struct Model {
     /// The family's ranges differ from `cidrs`.
     pending_cidrs: bool,
     synced: BTreeSet<ResourceKind>,
+    gates: ModelGates,
 }
 
 impl Model {
@@ -145,7 +163,14 @@ impl Model {
             cidrs: Vec::new(),
             pending_cidrs: false,
             synced: BTreeSet::new(),
+            gates: ModelGates::default(),
         }
+    }
+
+    /// The same model with other feature gates than the defaults.
+    pub fn with_gates(mut self, gates: ModelGates) -> Model {
+        self.gates = gates;
+        self
     }
 
     pub fn family(&self) -> IpFamily {
@@ -213,6 +238,7 @@ impl Model {
                 self.pending_endpoints.extend(self.slices.remove(&nn));
             }
             SourceEvent::Node(change) => self.record_node(change),
+            SourceEvent::ServiceCidr(_) if !self.gates.service_cidrs => {}
             SourceEvent::ServiceCidr(change) => {
                 self.service_cidrs.record(change)?;
                 // Another family's ranges change nothing here.
@@ -298,7 +324,13 @@ impl Model {
     }
 
     fn apply_endpoints(&mut self, nn: NamespacedName, out: &mut ModelChanges) {
-        let new = self.slices.endpoints_for(&nn);
+        let mut new = self.slices.endpoints_for(&nn);
+        if !self.gates.same_node_hints {
+            for port in &mut new {
+                let hintless = port.endpoints.iter().map(|e| Endpoint { node_hints: Hints::default(), ..e.clone() });
+                port.endpoints = hintless.collect();
+            }
+        }
         let old = self.services.get_mut(&nn).map(|s| std::mem::take(&mut s.endpoints)).unwrap_or_default();
         let mut changed = false;
         for gone in old.iter().filter(|o| !new.iter().any(|n| n.same_port(o))) {
