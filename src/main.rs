@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use kube_proxy_rs::config::{self, Flags};
 use kube_proxy_rs::daemon::{self, StartError};
-use kube_proxy_rs::runtime;
+use kube_proxy_rs::{logging, runtime};
 
 fn main() -> ExitCode {
     let flags = Flags::from_env();
-    let json = flags.logging_format.as_deref() == Some("json");
-    daemon::init_logging(flags.v.unwrap_or(0), json);
+    let format = logging::LogFormat::parse(flags.logging_format.as_deref().unwrap_or_default());
+    logging::init(flags.v.unwrap_or(0), format);
     ignore_sighup_until_ready();
     raise_open_files_limit();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
@@ -25,6 +25,7 @@ fn main() -> ExitCode {
 
 fn run(flags: &Flags) -> Result<(), StartError> {
     let cfg = config::load(flags)?;
+    logging::apply(&cfg.logging);
     // Before anything touches the node (sysctls, ports, the kernel).
     if let Some(dir) = &flags.manifests {
         daemon::check_manifest_dir(dir)?;

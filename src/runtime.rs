@@ -692,7 +692,7 @@ impl Live {
         tracing::info!(fields = %plan.applied.join(", "), "config reloaded: applying");
         self.cfg = plan.effective;
         self.observe.configz.set(&self.cfg);
-        daemon::set_verbosity(self.cfg.verbosity());
+        crate::logging::apply(&self.cfg.logging);
         for (family, engine) in &self.engines {
             engine.reconfigure(&self.cfg, *family, &self.node_name, self.nfacct.rules(*family)).await;
         }

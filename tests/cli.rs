@@ -195,7 +195,7 @@ fn bad_config_files_fail_with_one_line_naming_field_and_value() {
     assert_config_error("mode: bogus\n", "mode", "bogus");
     assert_config_error("modez: ipvs\n", "modez", "modez");
     assert_config_error("ipvs:\n  syncPeriod: 30x\n", "syncPeriod", "30x");
-    assert_config_error("clusterCIDR: 10.244.0.0/33\n", "clusterCIDR", "10.244.0.0/33");
+    assert_config_error("mode: iptables\nclusterCIDR: 10.244.0.0/33\n", "clusterCIDR", "10.244.0.0/33");
 }
 
 #[test]
@@ -545,4 +545,93 @@ fn dry_run_in_iptables_mode_drops_no_invalid_packets_when_tcp_is_liberal() {
     ns.ok(&["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"]);
     let (read, _) = dry_run_iptables_mode_in(&ns);
     assert!(!read.contains(invalid), "{read}");
+}
+
+/// An unknown feature gate is refused at start, from the flag and from the
+/// config file alike: exit 1, one line with upstream's message; nothing
+/// is planned or printed.
+#[test]
+fn an_unknown_feature_gate_is_refused_from_flags_and_file() {
+    let demo_dir = demo("demo");
+    let flag = ["--feature-gates", "NoSuchGate=true", "--dry-run", "--manifests", &demo_dir];
+    let file = config_file("featureGates:\n  NoSuchGate: true\n");
+    let from_file = ["--config", file.path().to_str().unwrap(), "--dry-run", "--manifests", &demo_dir];
+    for args in [&flag[..], &from_file[..]] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(out.is_empty(), "{out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].contains("unrecognized feature gate: NoSuchGate"), "{err}");
+    }
+    let (code, _, err) = run(&["--feature-gates=TopologyAwareHints=false", "--dry-run", "--manifests", &demo_dir]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot set feature gate TopologyAwareHints to false, feature is locked to true"), "{err}");
+}
+
+/// KubeProxyIPVS=false refuses IPVS mode before anything runs, naming the
+/// modes left; the other modes run.
+#[test]
+fn kube_proxy_ipvs_off_refuses_ipvs_mode() {
+    let demo_dir = demo("demo");
+    let base = ["--feature-gates=KubeProxyIPVS=false", "--dry-run", "--manifests", &demo_dir];
+    let (code, out, err) = run(&[&base[..], &["--proxy-mode=ipvs"]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains(r#"mode: Invalid value: "ipvs": must be iptables, nftables or blank"#),
+        "upstream's list of the modes left: {err}"
+    );
+    let (code, out, err) = run(&[&base[..], &["--proxy-mode=iptables", "--hostname-override=demo-node"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("# iptables"), "{out}");
+}
+
+/// An unset mode runs iptables mode with upstream 1.37's warning; a mode
+/// given says nothing of it.
+#[test]
+fn an_unset_mode_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let (code, _, err) = run(&["--write-config-to", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(kube_proxy_rs::config::UNSET_MODE_WARNING), "{err}");
+    assert!(std::fs::read_to_string(&out).unwrap().contains("mode: iptables"));
+    let (code, _, err) = run(&["--proxy-mode=iptables", "--write-config-to", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("No proxy mode specified"), "{err}");
+}
+
+/// `--logging-format=json`, and `logging.format: json` in the config file,
+/// write klog's JSON lines: `ts` (milliseconds), `caller`, `msg`, `v`, then
+/// the key/values; an error line carries `err` and no `v`.
+#[test]
+fn json_logs_have_klogs_field_names_from_the_flag_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let file = config_file("mode: iptables\nlogging:\n  format: json\n");
+    let from_flag = ["--proxy-mode=iptables", "--logging-format=json", "--write-config-to", out.to_str().unwrap()];
+    let from_file = ["--config", file.path().to_str().unwrap(), "--write-config-to", out.to_str().unwrap()];
+    for args in [&from_flag[..], &from_file[..]] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 0, "{err}");
+        let wrote = err.lines().find(|l| l.contains("wrote the effective configuration")).expect(&err);
+        let v: serde_json::Value = serde_json::from_str(wrote).unwrap_or_else(|e| panic!("{e}: {wrote}"));
+        assert!(v["ts"].as_f64().is_some_and(|ts| ts > 1.7e12), "{wrote}");
+        assert!(v["caller"].as_str().is_some_and(|c| c.starts_with("src/main.rs:")), "{wrote}");
+        assert_eq!((v["msg"].as_str(), v["v"].as_u64()), (Some("wrote the effective configuration"), Some(0)));
+        assert!(v["path"].as_str().is_some_and(|p| p.ends_with("effective.yaml")), "{wrote}");
+        let keys: Vec<&str> = ["\"ts\"", "\"caller\"", "\"msg\"", "\"v\"", "\"path\""]
+            .into_iter()
+            .filter(|k| wrote.contains(k))
+            .collect();
+        assert_eq!(keys.len(), 5, "{wrote}");
+        let pos: Vec<usize> = keys.iter().map(|k| wrote.find(k).unwrap()).collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "klog's order: {wrote}");
+    }
+    let (code, _, err) = run(&["--logging-format=json", "--feature-gates=NoSuchGate=true"]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(v["msg"].as_str(), Some("failed complete: unrecognized feature gate: NoSuchGate"), "{err}");
+    assert!(v.get("v").is_none(), "{err}");
 }

@@ -30,7 +30,7 @@ pub use defaults::{DEFAULT_CONTENT_TYPE, KUBE_PROXY_OOM_SCORE_ADJ, PROXY_HEALTHZ
 pub use duration::{DurationParseError, GoDuration};
 pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
-pub use load::{load, load_file, parse_str, to_yaml, validate};
+pub use load::{load, load_file, parse_str, to_yaml, validate, UNSET_MODE_WARNING};
 pub use types::{
     ClientConnectionConfiguration, DetectLocalConfiguration, FlushFrequency, FormatOptions, KubeProxyConfiguration,
     KubeProxyConntrackConfiguration, KubeProxyIPTablesConfiguration, KubeProxyIPVSConfiguration,
