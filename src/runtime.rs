@@ -122,12 +122,18 @@ pub enum Source {
     },
 }
 
-/// Runs the configured mode until SIGTERM or SIGINT.
-pub fn run(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
+/// Runs the configured mode until SIGTERM or SIGINT, with `zpages` on the
+/// metrics server.
+pub fn run(
+    cfg: KubeProxyConfiguration,
+    source: Source,
+    reload: Reloader,
+    zpages: http::ZPages,
+) -> Result<(), StartError> {
     // Before the runtime's threads exist: they inherit the blocked signals.
     let stop = crate::signals::watch().map_err(StartError::Signals)?;
     let system = actix_rt::System::new();
-    let result = system.block_on(async move { run_async(cfg, source, reload, stop).await });
+    let result = system.block_on(async move { run_async(cfg, source, reload, stop, zpages).await });
     // Actors that a late start-up error left behind are dropped with the
     // system, and actix starts them while dropping: inside the runtime's
     // context, or it panics ("there is no reactor running") instead of
@@ -158,6 +164,7 @@ async fn run_async(
     source: Source,
     reload: Reloader,
     mut stop: crate::signals::Stop,
+    zpages: http::ZPages,
 ) -> Result<(), StartError> {
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
@@ -205,7 +212,7 @@ async fn run_async(
     let registry = StatsRegistry::default();
     // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
     let history = Arc::new(std::sync::OnceLock::new());
-    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
+    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, (history.clone(), zpages))?;
     if let Some(reader) = nfacct.reader() {
         observe.metrics.nfacct_counters(&nfacct.probe.counted(), reader);
     }
@@ -623,7 +630,7 @@ fn observability(
     families: daemon::Families,
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
-    coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
+    (coordinator, zpages): (Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>, http::ZPages),
 ) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     metrics.families_started(&families.all().collect::<Vec<_>>());
@@ -631,7 +638,8 @@ fn observability(
     let configz = http::Configz::new(cfg);
     let dashboard =
         http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(coordinator));
-    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, dashboard).map_err(StartError::Http)?;
+    let extra = dashboard.merge(zpages.routes());
+    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, extra).map_err(StartError::Http)?;
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
     let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);

@@ -635,3 +635,49 @@ fn json_logs_have_klogs_field_names_from_the_flag_and_the_file() {
     assert_eq!(v["msg"].as_str(), Some("failed complete: unrecognized feature gate: NoSuchGate"), "{err}");
     assert!(v.get("v").is_none(), "{err}");
 }
+
+/// `-v` and `logging.verbosity` in the file: 2 shows debug lines (here the
+/// one that says the configuration is loaded), the default 0 does not.
+#[test]
+fn verbosity_from_the_flag_and_the_file_shows_debug_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let quiet = config_file("mode: iptables\n");
+    let verbose = config_file("mode: iptables\nlogging:\n  verbosity: 2\n");
+    let with = |args: &[&str]| {
+        let (code, _, err) = run(&[args, &["--write-config-to", out.to_str().unwrap()]].concat());
+        assert_eq!(code, 0, "{err}");
+        err.contains("configuration loaded")
+    };
+    assert!(!with(&["--proxy-mode=iptables"]), "v=0: no debug line");
+    assert!(with(&["--proxy-mode=iptables", "-v", "2"]), "-v 2");
+    assert!(!with(&["--config", quiet.path().to_str().unwrap()]), "file without verbosity");
+    assert!(with(&["--config", verbose.path().to_str().unwrap()]), "the file's logging.verbosity: 2");
+}
+
+/// `logging.options.json.splitStream` (beta, on by default) and
+/// `logging.options.text.splitStream` (alpha: with LoggingAlphaOptions)
+/// send info lines to stdout and keep errors on stderr.
+#[test]
+fn split_stream_sends_info_lines_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let json =
+        config_file("mode: iptables\nlogging:\n  format: json\n  options:\n    json:\n      splitStream: true\n");
+    let text = config_file(
+        "mode: iptables\nfeatureGates:\n  LoggingAlphaOptions: true\nlogging:\n  options:\n    text:\n      splitStream: true\n",
+    );
+    let plain = config_file("mode: iptables\n");
+    for (file, split) in [(&json, true), (&text, true), (&plain, false)] {
+        let (code, stdout, stderr) =
+            run(&["--config", file.path().to_str().unwrap(), "--write-config-to", out.to_str().unwrap()]);
+        assert_eq!(code, 0, "{stderr}");
+        let wrote = "wrote the effective configuration";
+        assert_eq!(stdout.contains(wrote), split, "stdout: {stdout}");
+        assert_eq!(stderr.contains(wrote), !split, "stderr: {stderr}");
+    }
+    // An error after the file's logging applies (--diff without --dry-run) stays on stderr.
+    let (code, stdout, stderr) = run(&["--config", json.path().to_str().unwrap(), "--diff"]);
+    assert_eq!(code, 1);
+    assert!(stdout.is_empty() && stderr.contains("--diff needs --dry-run"), "{stdout} / {stderr}");
+}

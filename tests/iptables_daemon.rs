@@ -61,7 +61,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daemon, SyncRec};
+use common::daemon::{self, create_items, http_exchange, http_exchange_with, http_get, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
@@ -1682,4 +1682,53 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
     let log = daemon.stop();
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
+}
+
+/// The z-pages on the running daemon's metrics server: absent by default
+/// (404, as upstream's alpha gates are off); with ComponentFlagz and
+/// ComponentStatusz in the file's featureGates, `/flagz` lists every flag
+/// with the value it was started with (or its default) and `/statusz` the
+/// start, uptime and version, as plain text; a client that does not accept
+/// text/plain gets upstream's 406.
+#[test]
+fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
+    let mut lab = Lab::new("zpg", Flavour::Nft, &[]);
+    let plain = "Accept: text/plain\r\n";
+    let d = lab.start_synced();
+    for path in ["/flagz", "/statusz"] {
+        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
+        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off by default: {head}");
+    }
+    d.stop();
+    let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
+    config.push_str("featureGates:\n  ComponentFlagz: true\n  ComponentStatusz: true\n");
+    std::fs::write(lab.config_path(), config).unwrap();
+    let d = lab.start_synced();
+    let (head, flagz) = http_exchange_with(&lab.node, 10249, "/flagz", plain).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "{head}");
+    let lines: Vec<&str> = flagz.lines().collect();
+    assert_eq!(lines[1], "kube-proxy flags", "{flagz}");
+    let value = |name: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(name) && !l[name.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-'));
+        let rest = &line.unwrap_or_else(|| panic!("no {name} in {flagz}"))[name.len()..];
+        [": ", ":", "=", " "].iter().find_map(|d| rest.strip_prefix(d)).unwrap_or(rest).to_string()
+    };
+    assert_eq!(value("config"), lab.config_path().display().to_string(), "given: {flagz}");
+    assert_eq!(value("manifests"), lab.manifests().display().to_string(), "{flagz}");
+    assert_eq!(value("iptables-sync-period"), "30s", "a default: {flagz}");
+    assert_eq!(value("cleanup"), "false", "{flagz}");
+    let (head, statusz) = http_exchange_with(&lab.node, 10249, "/statusz", plain).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(statusz.contains("kube-proxy statusz"), "{statusz}");
+    assert!(statusz.lines().any(|l| l.starts_with("Up") && l.ends_with(" sec")), "{statusz}");
+    assert!(
+        statusz.lines().any(|l| l.starts_with("Binary version") && l.ends_with(env!("CARGO_PKG_VERSION"))),
+        "{statusz}"
+    );
+    let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", "Accept: application/json\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 406"), "{head}");
+    assert_eq!(body, "media type not acceptable, must be: text/plain\n");
+    d.stop();
 }

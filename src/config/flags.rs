@@ -9,6 +9,7 @@
 //! not given, so only flags given on the command line override anything.
 //! How they combine with `--config` is described on [`super::load`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
@@ -218,6 +219,9 @@ pub struct Flags {
     /// Long names of the flags given on the command line.
     #[arg(skip)]
     given: Vec<String>,
+    /// The values of the flags given, as typed (repeated ones joined by `,`).
+    #[arg(skip)]
+    given_values: BTreeMap<String, String>,
 }
 
 /// A comma-separated flag value, split (pflag `StringSlice`).
@@ -378,11 +382,13 @@ impl Flags {
         let matches = command.clone().try_get_matches_from(args)?;
         let mut flags = Flags::from_arg_matches(&matches)?;
         let on_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-        flags.given = command
-            .get_arguments()
-            .filter(|arg| on_command_line(arg.get_id().as_str()))
-            .filter_map(|arg| arg.get_long().map(str::to_string))
-            .collect();
+        for arg in command.get_arguments().filter(|arg| on_command_line(arg.get_id().as_str())) {
+            let Some(long) = arg.get_long() else { continue };
+            flags.given.push(long.to_string());
+            let raw = matches.get_raw(arg.get_id().as_str()).into_iter().flatten();
+            let values: Vec<String> = raw.map(|v| v.to_string_lossy().into_owned()).collect();
+            flags.given_values.insert(long.to_string(), values.join(","));
+        }
         Ok(flags)
     }
 
@@ -396,6 +402,27 @@ impl Flags {
     /// Long names of the flags given on the command line, in declaration order.
     pub fn given(&self) -> &[String] {
         &self.given
+    }
+
+    /// Every flag with its value, as `/flagz` shows them (pflag's
+    /// `VisitAll`): the value given on the command line, else `default`'s
+    /// answer for the flag (its default), else clap's default, else empty.
+    pub fn values(&self, default: impl Fn(&str) -> Option<String>) -> BTreeMap<String, String> {
+        let command = Flags::command();
+        let mut out = BTreeMap::new();
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let value = match self.given_values.get(long) {
+                Some(v) => v.clone(),
+                None => default(long).unwrap_or_else(|| {
+                    let defaults: Vec<String> =
+                        arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+                    defaults.join(",")
+                }),
+            };
+            out.insert(long.to_string(), value);
+        }
+        out
     }
 
     /// The given flags that a `--config` file overrides: all that map to a
@@ -615,6 +642,18 @@ mod tests {
         assert_eq!(f.given(), ["cleanup", "proxy-mode", "nodeport-addresses", "v"]);
         assert_eq!(f.ignored_with_config(), ["proxy-mode", "nodeport-addresses"]);
         assert!(parse(&[]).unwrap().given().is_empty());
+    }
+
+    #[test]
+    fn values_are_the_given_ones_else_the_defaults() {
+        let f = parse(&["--v=3", "--ipvs-exclude-cidrs=10.0.0.0/8", "--ipvs-exclude-cidrs", "fd00::/8", "--cleanup"])
+            .unwrap();
+        let values = f.values(|flag| (flag == "proxy-mode").then(|| "from-default".to_string()));
+        assert_eq!(values["v"], "3");
+        assert_eq!(values["ipvs-exclude-cidrs"], "10.0.0.0/8,fd00::/8");
+        assert_eq!((values["cleanup"].as_str(), values["dry-run"].as_str()), ("true", "false"));
+        assert_eq!((values["proxy-mode"].as_str(), values["kubeconfig"].as_str()), ("from-default", ""));
+        assert!(values.contains_key("healthz-port"), "hidden flags too, as pflag's VisitAll");
     }
 
     #[test]

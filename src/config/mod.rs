@@ -15,6 +15,7 @@
 mod accessors;
 mod defaults;
 mod duration;
+pub mod effects;
 mod features;
 mod flags;
 mod load;
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 pub use accessors::{LocalMode, NodePortAddresses, ProxyMode};
 pub use defaults::{DEFAULT_CONTENT_TYPE, KUBE_PROXY_OOM_SCORE_ADJ, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 pub use duration::{DurationParseError, GoDuration};
+pub use effects::flag_default;
 pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
 pub use load::{load, load_file, parse_str, to_yaml, validate, UNSET_MODE_WARNING};
