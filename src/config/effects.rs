@@ -83,7 +83,7 @@ pub const FLAGS: &[FlagEffect] = &[
     flag("healthz-bind-address", Some("healthzBindAddress"), &["--healthz-bind-address=127.0.0.1:9"], "`healthzBindAddress`", SAME_AS_FIELD),
     flag("metrics-bind-address", Some("metricsBindAddress"), &["--metrics-bind-address=127.0.0.1:9"], "`metricsBindAddress`", SAME_AS_FIELD),
     flag("healthz-port", Some("healthzBindAddress"), &["--healthz-port=0"], "deprecated: the health server's port, 0 disables it (not with `--config`)", SAME_AS_FIELD),
-    flag("metrics-port", Some("metricsBindAddress"), &["--metrics-port=0"], "deprecated: the metrics server's port, 0 disables it (not with `--config`)", SAME_AS_FIELD),
+    flag("metrics-port", Some("metricsBindAddress"), &["--metrics-bind-address=127.0.0.1", "--metrics-port=1234"], "deprecated: the metrics server's port for a `--metrics-bind-address` without one (not with `--config`)", SAME_AS_FIELD),
     flag("bind-address-hard-fail", Some("bindAddressHardFail"), &["--bind-address-hard-fail"], "`bindAddressHardFail`", SAME_AS_FIELD),
     flag("profiling", Some("enableProfiling"), &["--profiling"], "`enableProfiling` (warned about, no profiler)", SAME_AS_FIELD),
     flag("show-hidden-metrics-for-version", Some("showHiddenMetricsForVersion"), &["--show-hidden-metrics-for-version=1.35"], "`showHiddenMetricsForVersion` (validated; no metric is hidden)", SAME_AS_FIELD),
