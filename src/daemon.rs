@@ -403,6 +403,17 @@ mod tests {
     }
 
     #[test]
+    fn the_bind_address_chooses_the_primary_family_before_the_nodes_ip() {
+        let node = NodeInfo { addresses: vec!["fd00::2".parse().unwrap()], ..NodeInfo::default() };
+        let mut c = cfg(&[]);
+        c.bind_address = "0.0.0.0".into();
+        assert_eq!(primary_family(&c, Some(&node)), IpFamily::V6, "unspecified: the Node's first IP");
+        assert_eq!(primary_family(&c, None), IpFamily::V4, "neither: IPv4");
+        c.bind_address = "10.0.0.1".into();
+        assert_eq!(primary_family(&c, Some(&node)), IpFamily::V4, "a bind address wins");
+    }
+
+    #[test]
     fn node_port_addresses_are_split_by_family() {
         let c = cfg(&["10.0.0.0/8", "fd00::/64"]);
         let cidrs = |f| match c.node_port_addresses_for(f) {

@@ -98,11 +98,7 @@ fn set_conntrack_sysctls(cfg: &KubeProxyConfiguration) {
 }
 
 async fn set_ipvs_timeouts(ipvs: &NetlinkIpvs, cfg: &KubeProxyConfiguration) {
-    let secs = |d: &crate::config::GoDuration| d.get().as_secs() as u32;
-    let (tcp, fin, udp) = (secs(&cfg.ipvs.tcp_timeout), secs(&cfg.ipvs.tcp_fin_timeout), secs(&cfg.ipvs.udp_timeout));
-    if tcp + fin + udp == 0 {
-        return;
-    }
+    let Some((tcp, fin, udp)) = cfg.ipvs_timeouts() else { return };
     if let Err(e) = ipvs.set_timeouts(tcp, fin, udp).await {
         tracing::warn!(error = %e, "could not set IPVS timeouts");
     }
