@@ -18,6 +18,15 @@ fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `kube-proxy-rs ARGS --write-config-to <a temp file>`: exit code, stdout,
+/// stderr and the file written.
+fn write_config(args: &[&str]) -> (i32, String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let (code, stdout, stderr) = run(&[args, &["--write-config-to", out.to_str().unwrap()]].concat());
+    (code, stdout, stderr, std::fs::read_to_string(&out).unwrap_or_default())
+}
+
 fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -591,13 +600,11 @@ fn kube_proxy_ipvs_off_refuses_ipvs_mode() {
 /// given says nothing of it.
 #[test]
 fn an_unset_mode_is_warned_about() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("effective.yaml");
-    let (code, _, err) = run(&["--write-config-to", out.to_str().unwrap()]);
+    let (code, _, err, written) = write_config(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(kube_proxy_rs::config::UNSET_MODE_WARNING), "{err}");
-    assert!(std::fs::read_to_string(&out).unwrap().contains("mode: iptables"));
-    let (code, _, err) = run(&["--proxy-mode=iptables", "--write-config-to", out.to_str().unwrap()]);
+    assert!(written.contains("mode: iptables"), "{written}");
+    let (code, _, err, _) = write_config(&["--proxy-mode=iptables"]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("No proxy mode specified"), "{err}");
 }
@@ -607,13 +614,11 @@ fn an_unset_mode_is_warned_about() {
 /// the key/values; an error line carries `err` and no `v`.
 #[test]
 fn json_logs_have_klogs_field_names_from_the_flag_and_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("effective.yaml");
     let file = config_file("mode: iptables\nlogging:\n  format: json\n");
-    let from_flag = ["--proxy-mode=iptables", "--logging-format=json", "--write-config-to", out.to_str().unwrap()];
-    let from_file = ["--config", file.path().to_str().unwrap(), "--write-config-to", out.to_str().unwrap()];
+    let from_flag = ["--proxy-mode=iptables", "--logging-format=json"];
+    let from_file = ["--config", file.path().to_str().unwrap()];
     for args in [&from_flag[..], &from_file[..]] {
-        let (code, _, err) = run(args);
+        let (code, _, err, _) = write_config(args);
         assert_eq!(code, 0, "{err}");
         let wrote = err.lines().find(|l| l.contains("wrote the effective configuration")).expect(&err);
         let v: serde_json::Value = serde_json::from_str(wrote).unwrap_or_else(|e| panic!("{e}: {wrote}"));
@@ -640,12 +645,10 @@ fn json_logs_have_klogs_field_names_from_the_flag_and_the_file() {
 /// one that says the configuration is loaded), the default 0 does not.
 #[test]
 fn verbosity_from_the_flag_and_the_file_shows_debug_lines() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("effective.yaml");
     let quiet = config_file("mode: iptables\n");
     let verbose = config_file("mode: iptables\nlogging:\n  verbosity: 2\n");
     let with = |args: &[&str]| {
-        let (code, _, err) = run(&[args, &["--write-config-to", out.to_str().unwrap()]].concat());
+        let (code, _, err, _) = write_config(args);
         assert_eq!(code, 0, "{err}");
         err.contains("configuration loaded")
     };
@@ -669,8 +672,7 @@ fn split_stream_sends_info_lines_to_stdout() {
     );
     let plain = config_file("mode: iptables\n");
     for (file, split) in [(&json, true), (&text, true), (&plain, false)] {
-        let (code, stdout, stderr) =
-            run(&["--config", file.path().to_str().unwrap(), "--write-config-to", out.to_str().unwrap()]);
+        let (code, stdout, stderr, _) = write_config(&["--config", file.path().to_str().unwrap()]);
         assert_eq!(code, 0, "{stderr}");
         let wrote = "wrote the effective configuration";
         assert_eq!(stdout.contains(wrote), split, "stdout: {stdout}");
