@@ -162,6 +162,16 @@ impl Lab {
         std::fs::write(self.config_path(), text).unwrap();
     }
 
+    /// Adds `featureGates` with `gates` to the config file.
+    fn feature_gates(&self, gates: &[(&str, bool)]) {
+        let mut text = std::fs::read_to_string(self.config_path()).unwrap();
+        text.push_str("featureGates:\n");
+        for (name, on) in gates {
+            text.push_str(&format!("  {name}: {on}\n"));
+        }
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
     /// Writes manifest `<name>.json` atomically (written aside, then renamed).
     fn put(&self, name: &str, value: &Value) {
         let tmp = self.dir.path().join(format!("{name}.json.tmp"));
@@ -1700,9 +1710,7 @@ fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
         assert!(head.starts_with("HTTP/1.1 404"), "{path} is off by default: {head}");
     }
     d.stop();
-    let mut config = std::fs::read_to_string(lab.config_path()).unwrap();
-    config.push_str("featureGates:\n  ComponentFlagz: true\n  ComponentStatusz: true\n");
-    std::fs::write(lab.config_path(), config).unwrap();
+    lab.feature_gates(&[("ComponentFlagz", true), ("ComponentStatusz", true)]);
     let d = lab.start_synced();
     let (head, flagz) = http_exchange_with(&lab.node, 10249, "/flagz", plain).unwrap();
     assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "{head}");
@@ -1730,5 +1738,28 @@ fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
     let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", "Accept: application/json\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 406"), "{head}");
     assert_eq!(body, "media type not acceptable, must be: text/plain\n");
+    d.stop();
+}
+
+/// Node hints (`trafficDistribution: PreferSameNode`) steer this node's
+/// traffic to the endpoint hinted for it while PreferSameTrafficDistribution
+/// is on (its default); with the gate off they are ignored and traffic
+/// spreads over both endpoints, as upstream's `topologyModeFromHints`.
+#[test]
+fn node_hints_steer_traffic_only_with_prefer_same_traffic_distribution() {
+    let mut lab = Lab::new("hint", Flavour::Nft, &["b1", "b2"]);
+    let mut web = service_manifest("web", "10.96.0.10", &["b1", "b2"]);
+    let endpoints = web["items"][1]["endpoints"].as_array_mut().unwrap();
+    endpoints[0]["hints"] = json!({"forNodes": [{"name": NODE}]});
+    endpoints[1]["hints"] = json!({"forNodes": [{"name": "node-b"}]});
+    lab.put("web", &web);
+    let d = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let answers = lab.ask(WEB, 64, false);
+    assert_eq!(names(&answers), set(&["b1"]), "64 connections, all to the endpoint hinted for this node");
+    d.stop();
+    lab.feature_gates(&[("PreferSameTrafficDistribution", false)]);
+    let d = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
     d.stop();
 }
