@@ -659,8 +659,9 @@ fn verbosity_from_the_flag_and_the_file_shows_debug_lines() {
 }
 
 /// `logging.options.json.splitStream` (beta, on by default) and
-/// `logging.options.text.splitStream` (alpha: with LoggingAlphaOptions)
-/// send info lines to stdout and keep errors on stderr.
+/// `logging.options.text.splitStream` (alpha: with LoggingAlphaOptions),
+/// from the file or `--log-*-split-stream`, send the format's info lines to
+/// stdout and keep errors on stderr.
 #[test]
 fn split_stream_sends_info_lines_to_stdout() {
     let dir = tempfile::tempdir().unwrap();
@@ -671,15 +672,25 @@ fn split_stream_sends_info_lines_to_stdout() {
         "mode: iptables\nfeatureGates:\n  LoggingAlphaOptions: true\nlogging:\n  options:\n    text:\n      splitStream: true\n",
     );
     let plain = config_file("mode: iptables\n");
-    for (file, split) in [(&json, true), (&text, true), (&plain, false)] {
-        let (code, stdout, stderr, _) = write_config(&["--config", file.path().to_str().unwrap()]);
+    let (json, text, plain) =
+        (json.path().to_str().unwrap(), text.path().to_str().unwrap(), plain.path().to_str().unwrap());
+    let cases: [(&[&str], bool); 5] = [
+        (&["--config", json], true),
+        (&["--config", text], true),
+        (&["--config", plain], false),
+        // The flags, over a file too, as the other logging flags.
+        (&["--config", plain, "--logging-format=json", "--log-json-split-stream"], true),
+        (&["--proxy-mode=iptables", "--log-json-split-stream"], false),
+    ];
+    for (args, split) in cases {
+        let (code, stdout, stderr, _) = write_config(args);
         assert_eq!(code, 0, "{stderr}");
         let wrote = "wrote the effective configuration";
         assert_eq!(stdout.contains(wrote), split, "stdout: {stdout}");
         assert_eq!(stderr.contains(wrote), !split, "stderr: {stderr}");
     }
     // An error after the file's logging applies (--diff without --dry-run) stays on stderr.
-    let (code, stdout, stderr) = run(&["--config", json.path().to_str().unwrap(), "--diff"]);
+    let (code, stdout, stderr) = run(&["--config", json, "--diff"]);
     assert_eq!(code, 1);
     assert!(stdout.is_empty() && stderr.contains("--diff needs --dry-run"), "{stdout} / {stderr}");
 }

@@ -118,6 +118,10 @@ pub const FLAGS: &[FlagEffect] = &[
     flag("logging-format", Some("logging.format"), &["--logging-format=json"], "`logging.format`, also over `--config`", SAME_AS_FIELD),
     flag("log-flush-frequency", Some("logging.flushFrequency"), &["--log-flush-frequency=7s"], "`logging.flushFrequency`, also over `--config`", SAME_AS_FIELD),
     flag("v", Some("logging.verbosity"), &["--v=3"], "`logging.verbosity`, also over `--config`", SAME_AS_FIELD),
+    flag("log-text-split-stream", Some("logging.options.text.splitStream"), &["--feature-gates=LoggingAlphaOptions=true", "--log-text-split-stream"], "`logging.options.text.splitStream` (alpha), also over `--config`", SAME_AS_FIELD),
+    flag("log-text-info-buffer-size", Some("logging.options.text.infoBufferSize"), &["--feature-gates=LoggingAlphaOptions=true", "--log-text-info-buffer-size=1Mi"], "`logging.options.text.infoBufferSize` (alpha), also over `--config`", SAME_AS_FIELD),
+    flag("log-json-split-stream", Some("logging.options.json.splitStream"), &["--log-json-split-stream"], "`logging.options.json.splitStream`, also over `--config`", SAME_AS_FIELD),
+    flag("log-json-info-buffer-size", Some("logging.options.json.infoBufferSize"), &["--log-json-info-buffer-size=1Mi"], "`logging.options.json.infoBufferSize`, also over `--config`", SAME_AS_FIELD),
     flag("vmodule", Some("logging.vmodule"), &["--vmodule=proxier*=4"], "`logging.vmodule`, also over `--config` (validated, no effect)", SAME_AS_FIELD),
 ];
 

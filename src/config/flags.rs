@@ -18,7 +18,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use super::defaults::{PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 use super::duration::GoDuration;
 use super::netutil::{append_port_if_needed, parse_ip_sloppy, split_host_port};
-use super::types::{KubeProxyConfiguration, LoggingConfiguration, VModuleItem};
+use super::types::{KubeProxyConfiguration, LoggingConfiguration, Quantity, VModuleItem};
 use super::ConfigError;
 
 /// kube-proxy-rs command-line flags.
@@ -215,6 +215,20 @@ pub struct Flags {
     /// Per-file verbosity, `pattern=N` pairs, comma separated.
     #[arg(long, value_name = "PATTERN=N,...", value_parser = parse_vmodule)]
     pub vmodule: Vec<VModuleList>,
+    /// Text format: info lines to stdout, errors to stderr (alpha).
+    #[arg(long = "log-text-split-stream", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_bool)]
+    pub log_text_split_stream: Option<bool>,
+    /// Text format: size of the info stream's buffer, a quantity (alpha).
+    #[arg(long = "log-text-info-buffer-size", value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: Option<String>,
+    /// JSON format: info lines to stdout, errors to stderr (beta).
+    #[arg(long = "log-json-split-stream", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_bool)]
+    pub log_json_split_stream: Option<bool>,
+    /// JSON format: size of the info stream's buffer, a quantity (beta).
+    #[arg(long = "log-json-info-buffer-size", value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: Option<String>,
 
     /// Long names of the flags given on the command line.
     #[arg(skip)]
@@ -340,7 +354,7 @@ fn parse_vmodule(s: &str) -> Result<VModuleList, String> {
 
 /// Flags that still apply with `--config`: command-line-only flags,
 /// logging flags and `--hostname-override` (see [`super::load`]).
-const KEPT_WITH_CONFIG: [&str; 13] = [
+const KEPT_WITH_CONFIG: [&str; 17] = [
     "config",
     "write-config-to",
     "cleanup",
@@ -354,6 +368,10 @@ const KEPT_WITH_CONFIG: [&str; 13] = [
     "log-flush-frequency",
     "v",
     "vmodule",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
 ];
 
 /// Copies a given flag value over a config field.
@@ -522,6 +540,16 @@ impl Flags {
             logging.flush_frequency.as_string = true;
         }
         set(&mut logging.verbosity, &self.v);
+        let text = &mut logging.options.text;
+        set(&mut text.split_stream, &self.log_text_split_stream);
+        if let Some(size) = &self.log_text_info_buffer_size {
+            text.info_buffer_size = Quantity(size.clone());
+        }
+        let json = &mut logging.options.json;
+        set(&mut json.split_stream, &self.log_json_split_stream);
+        if let Some(size) = &self.log_json_info_buffer_size {
+            json.info_buffer_size = Quantity(size.clone());
+        }
         if !self.vmodule.is_empty() {
             let mut items: Vec<VModuleItem> = self.vmodule.iter().flat_map(|l| l.0.clone()).collect();
             items.append(&mut logging.vmodule);
