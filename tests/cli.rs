@@ -664,8 +664,6 @@ fn verbosity_from_the_flag_and_the_file_shows_debug_lines() {
 /// stdout and keep errors on stderr.
 #[test]
 fn split_stream_sends_info_lines_to_stdout() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("effective.yaml");
     let json =
         config_file("mode: iptables\nlogging:\n  format: json\n  options:\n    json:\n      splitStream: true\n");
     let text = config_file(
