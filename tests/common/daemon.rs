@@ -101,6 +101,13 @@ impl Daemon {
         wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
     }
 
+    /// SIGHUP: the daemon reloads its config file.
+    pub fn reload(&self) {
+        let pid = self.child.as_ref().expect("daemon running").id().to_string();
+        let sent = Command::new("kill").args(["-HUP", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -HUP {pid}");
+    }
+
     /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
     pub fn stop(mut self) -> String {
         let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
