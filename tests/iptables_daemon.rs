@@ -1141,6 +1141,26 @@ fn a_refused_mode_change_keeps_localhost_node_ports_answering() {
     assert!(line("config reloaded: applying").ends_with("fields=logging.verbosity"), "{log}");
 }
 
+/// `--dry-run --diff` over the running daemon's rules while the kernel
+/// holds a ClientIP-affinity entry: the `recent` match's client list lives
+/// in `/proc/net/xt_recent`, not in `iptables-save`'s output, so the
+/// preview has nothing to add or remove, and says so the same way a second
+/// later.
+#[test]
+fn the_preview_is_not_changed_by_the_kernels_recent_lists() {
+    let mut lab = Lab::new("rcnt", Flavour::Legacy, &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    let daemon = lab.start_synced();
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let lists = lab.node.ok(&["sh", "-c", "grep -H . /proc/net/xt_recent/*"]);
+    assert!(lists.contains(&format!("src={}", lab::CLIENT_IP)), "the client in a recent list:\n{lists}");
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(preview.contains("iptables legacy: 0 to add, 0 to remove, "), "{preview}");
+    daemon.stop();
+}
+
 /// (dual-stack) A dual-stack LoadBalancer service with
 /// `externalTrafficPolicy: Local`: its healthCheckNodePort answers on both
 /// node IPs, with the local endpoint count (the families' larger one).

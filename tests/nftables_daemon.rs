@@ -462,6 +462,31 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     daemon.stop();
 }
 
+/// Issue 27: `--dry-run --diff` over a table holding the kernel's affinity
+/// entries. The dry run's table loaded with `nft -f` (a ClientIP-affinity
+/// Service with two endpoints), a client's connections through its
+/// ClusterIP all reach one backend, and the kernel has added the client
+/// to an `affinity-…` set (`... expires 9m59s`). The preview has nothing to
+/// add or remove, and says so the same way a second later.
+#[test]
+fn the_preview_leaves_the_kernels_affinity_entries_out() {
+    let lab = Lab::new("aff", &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    for (_, text) in lab.dry_run() {
+        lab.node.pipe(&["nft", "-f", "-"], &text);
+    }
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let table = lab.table("ip").expect("the table");
+    let entries: Vec<&str> = table.lines().filter(|l| l.contains(lab::CLIENT_IP) && l.contains(" expires ")).collect();
+    assert_eq!(entries.len(), 1, "the client in one affinity set:\n{table}");
+
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(!preview.contains("affinity-"), "no affinity line to change:\n{preview}");
+    assert!(lab.table("ip").expect("the table").contains(" expires "), "the entry is still there");
+}
+
 /// The Kubernetes API source in nftables mode, end to end: the daemon
 /// started with `--master` (the test API server: real list and watch,
 /// kube-rs's watcher) programs a RequireDualStack Service in both tables;
