@@ -69,7 +69,7 @@ pub enum ReloadError {
         /// The fields kept at their running values, comma separated.
         fields: String,
         #[source]
-        source: ConfigError,
+        source: Box<ConfigError>,
     },
     /// A configuration did not convert to or from its JSON form.
     #[error("comparing the configurations: {source}")]
@@ -142,7 +142,7 @@ pub fn plan(running: &KubeProxyConfiguration, loaded: Merged) -> Result<Reload, 
     copy_paths(&old, &mut pinned, &needs_restart);
     let kept = Merged(serde_json::from_value(pinned)?)
         .finish()
-        .map_err(|source| ReloadError::InvalidWithRunning { fields: needs_restart.join(", "), source })?;
+        .map_err(|e| ReloadError::InvalidWithRunning { fields: needs_restart.join(", "), source: Box::new(e) })?;
     let new = serde_json::to_value(&kept)?;
     let mut applied = Vec::new();
     changed_paths(&old, &new, "", &mut applied);
@@ -204,17 +204,21 @@ mod tests {
         assert_eq!(r.effective.verbosity(), 4);
     }
 
+    /// How the effective configuration differs from the running one.
+    type Edit = fn(&mut KubeProxyConfiguration);
+
+    /// A case: its name, the running file, the new file, the fields
+    /// applied and refused, and the edit that gives the effective configuration.
+    struct Row(&'static str, &'static str, &'static str, &'static [&'static str], &'static [&'static str], Edit);
+
     /// A refused field changes nothing through the defaults that follow it
     /// (upstream's platform defaults, per-mode sections, listen addresses
-    /// defaulted from bindAddress); each row: the running file, the new
-    /// file, the fields applied and refused, and how the effective
-    /// configuration differs from the running one.
+    /// defaulted from bindAddress).
     #[test]
     fn refused_fields_change_nothing_through_defaults() {
-        type Edit = fn(&mut KubeProxyConfiguration);
         let none: Edit = |_| {};
-        let rows: [(&str, &str, &str, &[&str], &[&str], Edit); 11] = [
-            (
+        let rows = [
+            Row(
                 "nftables asked of iptables mode: nodePortAddresses stay all local IPs",
                 "mode: iptables\n",
                 "mode: nftables\nlogging:\n  verbosity: 2\n",
@@ -222,8 +226,8 @@ mod tests {
                 &["mode"],
                 |c| c.logging.verbosity = 2,
             ),
-            ("nftables asked of an unset mode (iptables)", "", "mode: nftables\n", &[], &["mode"], none),
-            (
+            Row("nftables asked of an unset mode (iptables)", "", "mode: nftables\n", &[], &["mode"], none),
+            Row(
                 "iptables asked of nftables mode: nodePortAddresses stay primary",
                 "mode: nftables\n",
                 "mode: iptables\n",
@@ -231,8 +235,8 @@ mod tests {
                 &["mode"],
                 none,
             ),
-            ("an unset mode asked of nftables mode", "mode: nftables\n", "", &[], &["mode"], none),
-            (
+            Row("an unset mode asked of nftables mode", "mode: nftables\n", "", &[], &["mode"], none),
+            Row(
                 "nodePortAddresses written in the file apply whatever the mode asked",
                 "mode: iptables\n",
                 "mode: nftables\nnodePortAddresses: [10.0.0.0/8]\n",
@@ -240,7 +244,7 @@ mod tests {
                 &["mode"],
                 |c| c.node_port_addresses = vec!["10.0.0.0/8".into()],
             ),
-            (
+            Row(
                 "ipvs asked of iptables mode: ipvs.syncPeriod applies, iptables mode's stays active",
                 "mode: iptables\n",
                 "mode: ipvs\nipvs:\n  syncPeriod: 10s\n",
@@ -248,7 +252,7 @@ mod tests {
                 &["mode"],
                 |c| c.ipvs.sync_period = GoDuration::from_secs(10),
             ),
-            (
+            Row(
                 "nftables asked of iptables mode: nftables.masqueradeAll waits for it",
                 "mode: iptables\n",
                 "mode: nftables\nnftables:\n  masqueradeAll: true\n",
@@ -256,7 +260,7 @@ mod tests {
                 &["mode", "nftables.masqueradeAll"],
                 none,
             ),
-            (
+            Row(
                 "bindAddress refused: the listen addresses defaulted from it stay",
                 "",
                 "bindAddress: \"::\"\n",
@@ -264,8 +268,8 @@ mod tests {
                 &["bindAddress", "healthzBindAddress", "metricsBindAddress"],
                 none,
             ),
-            ("an unset detectLocalMode is ClusterCIDR", "detectLocalMode: ClusterCIDR\n", "", &[], &[], none),
-            (
+            Row("an unset detectLocalMode is ClusterCIDR", "detectLocalMode: ClusterCIDR\n", "", &[], &[], none),
+            Row(
                 "detectLocalMode applies",
                 "clusterCIDR: 10.244.0.0/16\n",
                 "clusterCIDR: 10.244.0.0/16\ndetectLocalMode: NodeCIDR\n",
@@ -273,7 +277,7 @@ mod tests {
                 &[],
                 |c| c.detect_local_mode = "NodeCIDR".into(),
             ),
-            (
+            Row(
                 "a feature gate added waits for a restart (the running map is empty)",
                 "",
                 "featureGates:\n  LoggingAlphaOptions: true\n",
@@ -282,7 +286,7 @@ mod tests {
                 none,
             ),
         ];
-        for (name, run, file, applied, restart, edit) in rows {
+        for Row(name, run, file, applied, restart, edit) in rows {
             let running = running(run);
             let r = plan(&running, merged(file)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(r.applied, applied, "{name}: applied");
