@@ -54,7 +54,7 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         None => runtime::Source::Api { master: flags.master.clone() },
     };
     let flags = flags.clone();
-    runtime::run(cfg, source, Box::new(move || config::load(&flags)))
+    runtime::run(cfg, source, Box::new(move || config::merge(&flags)))
 }
 
 /// A SIGHUP that arrives before the runtime listens for it would kill the

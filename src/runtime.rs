@@ -643,8 +643,9 @@ fn observability(
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }
 
-/// Re-reads the configuration (SIGHUP), with the same flags as at start.
-pub type Reloader = Box<dyn Fn() -> Result<KubeProxyConfiguration, crate::config::ConfigError>>;
+/// Re-reads the configuration (SIGHUP), with the same flags as at start:
+/// merged, not yet finished ([`reload::plan`] finishes it).
+pub type Reloader = Box<dyn Fn() -> Result<crate::config::Merged, crate::config::ConfigError>>;
 
 /// What SIGHUP needs to apply a new configuration.
 struct Live {
@@ -668,10 +669,10 @@ impl Live {
                 return;
             }
         };
-        let plan = match reload::plan(&self.cfg, &loaded) {
+        let plan = match reload::plan(&self.cfg, loaded) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!(error = %e, "config reload failed; the running configuration stays");
+                tracing::error!(error = %e, "config reload refused; the running configuration stays");
                 self.observe.metrics.config_reload_failed();
                 return;
             }

@@ -6,8 +6,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -99,6 +99,13 @@ impl Daemon {
     pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let child = self.child.as_mut().expect("daemon was started");
         wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
+    }
+
+    /// SIGHUP: the daemon reloads its config file.
+    pub fn reload(&self) {
+        let pid = self.child.as_ref().expect("daemon running").id().to_string();
+        let sent = Command::new("kill").args(["-HUP", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -HUP {pid}");
     }
 
     /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
@@ -218,4 +225,42 @@ pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: 
         }));
     }
     json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
+}
+
+/// [`dual_stack_service_manifest`]'s Service with ClientIP session
+/// affinity (`timeout_seconds`): its clients stick to one endpoint.
+pub fn sticky_service_manifest(
+    name: &str,
+    cluster_ips: &[&str],
+    node_port: u16,
+    backends: &[&str],
+    timeout_seconds: u32,
+) -> Value {
+    let mut list = dual_stack_service_manifest(name, cluster_ips, node_port, backends);
+    let spec = &mut list["items"][0]["spec"];
+    spec["sessionAffinity"] = json!("ClientIP");
+    spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": timeout_seconds}});
+    list
+}
+
+/// `--dry-run --diff` with `--config CONFIG --manifests MANIFESTS`, run by
+/// `run` (a lab's way to run the binary in its node), twice a second
+/// apart: its output, after checking that every section has nothing to add
+/// or remove and that both runs print the same.
+pub fn preview_twice_unchanged(run: impl Fn(&[&str]) -> Output, config: &Path, manifests: &Path) -> String {
+    let (config, manifests) = (config.to_str().expect("utf-8"), manifests.to_str().expect("utf-8"));
+    let preview = || {
+        let out = run(&["--config", config, "--manifests", manifests, "--dry-run", "--diff"]);
+        assert!(out.status.success(), "--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = preview();
+    let summary = first.split("# summary\n").nth(1).unwrap_or_else(|| panic!("no summary:\n{first}"));
+    assert!(summary.lines().count() > 0, "{first}");
+    for line in summary.lines() {
+        assert!(line.contains(": 0 to add, 0 to remove,"), "{line}\n{first}");
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(preview(), first, "the same preview a second later");
+    first
 }
