@@ -266,7 +266,10 @@ mod tests {
             "mangled IPv6 addresses are invalid",
             &["1:2::12345", "1::2::3", "1:2:::3", "1:2:3", "1:2:3:4:5:6:7:8:9", "1:2:3:4::6:7:8:9"],
         ),
-        ("IPs do not have ports or brackets", &["1.2.3.4:80", "[2001:db8::5]", "[2001:db8::5]:80", "www.example.com:80"]),
+        (
+            "IPs do not have ports or brackets",
+            &["1.2.3.4:80", "[2001:db8::5]", "[2001:db8::5]:80", "www.example.com:80"],
+        ),
         ("IPs with zones are invalid", &["169.254.169.254%eth0", "fe80::1234%eth0"]),
         ("CIDR strings are not IPs", &["1.2.3.0/24", "2001:db8::/64"]),
         ("IPs with whitespace are invalid", &[" 1.2.3.4", "1.2.3.4 ", " 2001:db8::5", "2001:db8::5 "]),
@@ -285,7 +288,11 @@ mod tests {
         ("IPv6", &["2001:db8::/64", "2001:db8:0:0:0:0:0:0/64", "2001:DB8::/64"], "2001:db8::/64"),
         ("IPv6, all IPs", &["::/0"], "::/0"),
         ("IPv6, single IP", &["::1/128"], "::1/128"),
-        ("IPv6 ifaddr (masked)", &["2001:db8::/64", "2001:db8::1/64", "2001:db8::f00f:f0f0:0f0f:000f/64"], "2001:db8::/64"),
+        (
+            "IPv6 ifaddr (masked)",
+            &["2001:db8::/64", "2001:db8::1/64", "2001:db8::f00f:f0f0:0f0f:000f/64"],
+            "2001:db8::/64",
+        ),
         ("IPv4-mapped IPv6", &["1.1.1.0/24", "::ffff:1.1.1.0/120", "::ffff:01.01.01.00/0120"], "1.1.1.0/24"),
         // Ours: the issue's, Go's own leading zeros in a prefix, mapped below /96.
         ("leading zeros", &["203.0.113.000/025", "203.000.113.001/25", "203.0.113.0/0025"], "203.0.113.0/25"),
@@ -303,7 +310,10 @@ mod tests {
         ("plain IP is not a CIDR", &["1.2.3.4", "2001:db8::1"]),
         ("CIDR with whitespace is invalid", &[" 1.2.3.0/24", "1.2.3.0/24 "]),
         // Ours.
-        ("prefix beyond the family's bits", &["10.0.0.0/33", "010.0.0.0/033", "::/129", "1.2.3.0/256", "1.2.3.0/99999"]),
+        (
+            "prefix beyond the family's bits",
+            &["10.0.0.0/33", "010.0.0.0/033", "::/129", "1.2.3.0/256", "1.2.3.0/99999"],
+        ),
         ("no address or no prefix", &["10.0.0.0/", "/8", "x/8", "010.0.0.0/", "fe80::/64%eth0", "fe80::%eth0/64"]),
     ];
 
