@@ -38,7 +38,7 @@ pub const SKIPPED: &str = "skipped";
 /// of `field` that parses, and those that do not; blank ones are skipped
 /// without a word, as upstream does.
 pub fn ip_list(field: &'static str, texts: &[String]) -> (Vec<IpAddr>, Vec<BadValue>) {
-    list(field, texts, |t| parse_ip_sloppy(t), "an IP address", SKIPPED)
+    list(field, texts, parse_ip_sloppy, "an IP address", SKIPPED)
 }
 
 /// Upstream's `MapCIDRsByIPFamily` before the split by family: every text

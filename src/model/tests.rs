@@ -609,7 +609,9 @@ fn values_that_do_not_parse_are_skipped_and_the_object_taken() {
 /// and a family merely without ranges change nothing (as upstream).
 #[test]
 fn source_ranges_that_do_not_parse_fail_closed_per_family() {
-    let cases: [(&[&str], [(&[&str], bool); 2]); 5] = [
+    /// Per family (IPv4, IPv6): the ranges used, and whether it fails closed.
+    type Want<'a> = [(&'a [&'a str], bool); 2];
+    let cases: [(&[&str], Want); 5] = [
         (&["bogus"], [(&[], true), (&[], true)]),
         (&["bogus", "192.168.050.0/24"], [(&["192.168.50.0/24"], false), (&[], true)]),
         (&["10.0.0.0/33", "fd00::/64"], [(&[], true), (&["fd00::/64"], false)]),
