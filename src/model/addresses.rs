@@ -71,13 +71,10 @@ fn list<T>(
 mod tests {
     use super::*;
 
-    fn texts(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
     #[test]
     fn ip_lists_keep_what_parses_and_name_the_rest() {
-        let (ips, bad) = ip_list("spec.externalIPs", &texts(&["010.0.0.1", "", " ", "bogus", "fd00::1", " 10.0.0.2"]));
+        let texts = ["010.0.0.1", "", " ", "bogus", "fd00::1", " 10.0.0.2"].map(String::from);
+        let (ips, bad) = ip_list("spec.externalIPs", &texts);
         assert_eq!(ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap(), "fd00::1".parse().unwrap()]);
         let named: Vec<String> = bad.iter().map(BadValue::detail).collect();
         // Untrimmed, as upstream's MapIPsByIPFamily: " 10.0.0.2" does not parse.
@@ -93,7 +90,7 @@ mod tests {
 
     #[test]
     fn cidr_lists_are_trimmed_and_masked() {
-        let ranges = texts(&[" 203.0.113.000/025 ", "10.1.2.3/8", "", "10.0.0.0/33"]);
+        let ranges = [" 203.0.113.000/025 ", "10.1.2.3/8", "", "10.0.0.0/33"].map(String::from);
         let (nets, bad) = cidr_list("spec.loadBalancerSourceRanges", &ranges, "x");
         let want: Vec<IpNet> = vec!["203.0.113.0/25".parse().unwrap(), "10.0.0.0/8".parse().unwrap()];
         assert_eq!(nets, want);
