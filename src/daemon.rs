@@ -1,7 +1,6 @@
 //! Start-up glue: logging, which IP families run, and `--dry-run`.
 
 use std::io::IsTerminal;
-use std::net::IpAddr;
 use std::path::Path;
 
 use tracing_subscriber::EnvFilter;
@@ -110,8 +109,13 @@ pub fn set_verbosity(verbosity: u32) {
 /// The family this proxy programs: the bind address's if set, else the
 /// Node's primary address's, else IPv4.
 pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> IpFamily {
-    let bind = cfg.bind_address.parse::<IpAddr>().ok().filter(|ip| !ip.is_unspecified());
+    let bind = crate::net::parse_ip_sloppy(&cfg.bind_address).filter(|ip| !ip.is_unspecified());
     bind.or_else(|| node.and_then(|n| n.addresses.first().copied())).map(|ip| IpFamily::of(&ip)).unwrap_or_default()
+}
+
+/// Warns of a value skipped inside an object (the daemon and `--dry-run`).
+pub fn warn_ignored_value(v: &crate::model::notice::IgnoredValue) {
+    tracing::warn!(kind = v.kind, object = %v.object, field = v.value.field, reason = %v.value.detail(), "ignoring a value");
 }
 
 /// The families this daemon runs a proxier for: the primary one, and the
@@ -328,6 +332,9 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     // Said once, not once per family, as the daemon does.
+    for v in events.iter().flat_map(|ev| crate::model::notice::ignored_values(ev, &node_name)) {
+        warn_ignored_value(&v);
+    }
     let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
     for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
         tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");

@@ -231,7 +231,13 @@ async fn run_async(
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
     let ipvs_mode = ipvs.is_some();
-    let fanout = Arc::new(Fanout { sinks, metrics, claims: std::sync::Mutex::default(), ipvs_mode });
+    let fanout = Arc::new(Fanout {
+        sinks,
+        metrics,
+        claims: std::sync::Mutex::default(),
+        ipvs_mode,
+        node_name: node_name.clone(),
+    });
     let source_metrics = live.observe.metrics.clone();
     let running = match ready {
         Ready::Api(client) => {
@@ -269,11 +275,13 @@ struct Fanout {
     metrics: Arc<ProxyMetrics>,
     claims: std::sync::Mutex<crate::model::node_ports::NodePortClaims>,
     ipvs_mode: bool,
+    /// The Node whose values count (the one the proxiers read).
+    node_name: String,
 }
 
 impl Fanout {
     fn filter(&self, b: SourceBatch) -> SourceBatch {
-        report_ignored(&b, &self.metrics, self.ipvs_mode);
+        report_ignored(&b, &self.metrics, self.ipvs_mode, &self.node_name);
         let (events, conflicts) = crate::sync::lock(&self.claims).filter(b.0);
         report_conflicts(&conflicts, &self.metrics);
         SourceBatch(events)
@@ -299,10 +307,15 @@ impl Fanout {
     }
 }
 
-/// Logs and counts the objects every proxier ignores, once each (not once
-/// per family), and in IPVS mode the Services' refused scheduler annotations.
-fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool) {
-    use crate::model::notice::{ignored, ipvs_scheduler_refused};
+/// Logs and counts the objects every proxier ignores and the values they
+/// skip inside the objects they take, once each (not once per family), and
+/// in IPVS mode the Services' refused scheduler annotations.
+fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool, node_name: &str) {
+    use crate::model::notice::{ignored, ignored_values, ipvs_scheduler_refused};
+    for v in batch.0.iter().flat_map(|ev| ignored_values(ev, node_name)) {
+        daemon::warn_ignored_value(&v);
+        metrics.value_ignored(v.kind, &v.object, v.value.field, &v.value.path, &v.value.detail());
+    }
     for n in batch.0.iter().filter_map(ignored) {
         if n.warn {
             tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");

@@ -1317,6 +1317,43 @@ fn ignored_slices_are_logged_once_and_counted() {
     assert!(warned[0].contains("WARN") && warned[0].contains("Bogus"), "{log}");
 }
 
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same rules.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", Flavour::Legacy, &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = dry_run(&lab);
+    let text = section(&planned, "iptables");
+    let accepts = |name: &str| -> Vec<&str> {
+        let head = format!("--comment \"default/{name}:http loadbalancer IP\" -s ");
+        text.lines().filter_map(|l| l.split_once(&head)).map(|(_, rest)| rest.split(' ').next().unwrap_or("")).collect()
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(accepts("lb-in"), ["192.168.50.0/24", "203.0.113.10"], "{text}");
+    assert_eq!(accepts("lb-out"), ["198.51.100.0/24"], "{text}");
+    assert_eq!(accepts("lb-bogus"), Vec::<&str>::new(), "{text}");
+    assert_eq!(accepts("lb-mixed"), ["192.168.50.0/24", "203.0.113.13"], "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let dropped = format!("-m tcp -p tcp -d {} --dport 80 -j DROP", case.vip);
+        let rule = text.lines().find(|l| l.starts_with("-A KUBE-PROXY-FIREWALL") && l.ends_with(&dropped));
+        assert!(
+            rule.is_some_and(|l| l.contains(&format!("\"default/{}:http traffic not accepted by KUBE-FW-", case.name))),
+            "{text}"
+        );
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    assert!(text.contains("default/lb-in:http -m tcp -p tcp -j DNAT --to-destination 10.244.1.2:8080"), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
+}
+
 /// Two Services asking for one nodePort (the API server would refuse the
 /// second; a manifest file can hold both): the first read keeps it, the
 /// other loses only that port (its ClusterIP still answers), with a warning

@@ -283,6 +283,42 @@ fn chains(listing: &str) -> Vec<String> {
 
 // -------------------------------------------------------------------- tests
 
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same firewall chains.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = lab.dry_run();
+    let text = &planned[0].1;
+    let firewall = |name: &str| -> Option<&str> {
+        let chain = format!("-default/{name}/tcp/http ");
+        text.lines()
+            .filter(|l| l.starts_with("add rule ip kube-proxy firewall-"))
+            .find_map(|l| l.split_once(&chain).map(|(_, rule)| rule))
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(firewall("lb-in"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.10 } drop"), "{text}");
+    assert_eq!(firewall("lb-out"), Some("ip saddr != { 198.51.100.0/24 } drop"), "{text}");
+    assert_eq!(firewall("lb-bogus"), Some("drop"), "{text}");
+    assert_eq!(firewall("lb-mixed"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.13 } drop"), "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let element = format!("add element ip kube-proxy firewall-ips {{ {} . tcp . 80 : goto firewall-", case.vip);
+        assert!(text.contains(&element), "{element} not in\n{text}");
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    let lb_in_endpoint = text.lines().find(|l| l.contains("-default/lb-in/tcp/http__10.244.1.2/8080 "));
+    assert!(lb_in_endpoint.is_some(), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
+}
+
 /// ClusterIP and NodePort traffic reaches the endpoints; an endpoint
 /// removed is a partial sync after which traffic avoids it and, a second
 /// later, its chains are gone from the table; a deleted Service's chains
