@@ -3,7 +3,9 @@
 use std::io::IsTerminal;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node;
 use tracing_subscriber::EnvFilter;
 
 use crate::actors::source::manifests::ManifestDir;
@@ -68,6 +70,12 @@ pub enum StartError {
     /// `--cleanup` could not remove everything (each part's error).
     #[error("cleanup incomplete: {}", .0.join("; "))]
     Cleanup(Vec<String>),
+    /// Upstream's conntrack settings could not be applied.
+    #[error(transparent)]
+    ConntrackSetup(#[from] crate::startup::conntrack::ConntrackSetupError),
+    /// `--init-only`'s set-up failed.
+    #[error(transparent)]
+    Init(#[from] crate::startup::init_only::InitError),
 }
 
 /// The log filter, swappable at run time (SIGHUP changes the verbosity).
@@ -110,8 +118,10 @@ pub fn set_verbosity(verbosity: u32) {
 /// The family this proxy programs: the bind address's if set, else the
 /// Node's primary address's, else IPv4.
 pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> IpFamily {
-    let bind = cfg.bind_address.parse::<IpAddr>().ok().filter(|ip| !ip.is_unspecified());
-    bind.or_else(|| node.and_then(|n| n.addresses.first().copied())).map(|ip| IpFamily::of(&ip)).unwrap_or_default()
+    bind_ip(cfg)
+        .or_else(|| node.and_then(|n| n.addresses.first().copied()))
+        .map(|ip| IpFamily::of(&ip))
+        .unwrap_or_default()
 }
 
 /// The families this daemon runs a proxier for: the primary one, and the
@@ -249,15 +259,30 @@ pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) ->
     choose_families(cfg, primary, family_support(primary, mode), family_support(primary.other(), mode))
 }
 
-/// This node's Node object among source events, if they carry it (the family
+/// This node's Node among source events, if they carry it (the family
 /// and node IPs are needed before the coordinator starts).
 pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
+    our_node_object(events, node_name).map(|n| NodeInfo::from_node(n))
+}
+
+/// This node's Node object among source events, as the source sent it.
+pub fn our_node_object<'a>(events: &'a [SourceEvent], node_name: &str) -> Option<&'a Arc<Node>> {
     events.iter().find_map(|e| match e {
-        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
-            Some(NodeInfo::from_node(n))
-        }
+        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => Some(n),
         _ => None,
     })
+}
+
+/// Whether the primary family is IPv4 for want of anything better: no
+/// bind address and no Node address (upstream's detectNodeIPs then assumes
+/// loopback node IPs).
+pub fn primary_family_is_a_fallback(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> bool {
+    bind_ip(cfg).is_none() && node.is_none_or(|n| n.addresses.is_empty())
+}
+
+/// `bindAddress` unless unspecified (`0.0.0.0`, `::`).
+fn bind_ip(cfg: &KubeProxyConfiguration) -> Option<IpAddr> {
+    cfg.bind_address.parse::<IpAddr>().ok().filter(|ip| !ip.is_unspecified())
 }
 
 /// `--manifests DIR` must name a readable directory: checked at start,
