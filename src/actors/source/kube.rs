@@ -220,10 +220,10 @@ const NODE_POLL: Duration = Duration::from_secs(1);
 
 /// Reads the Node `name` every second for up to `timeout` until it exists
 /// and has an address (upstream 1.37's NodeManager waits the same way),
-/// saying at least every [`crate::startup::wait::NOTE_EVERY`] what it waits for. Returns the Node
-/// as it is then (`None` if it does not exist, or at once if it does not
-/// decode: logged; the Node watcher counts it when it lists it). The API
-/// server unreachable until the end is an error.
+/// saying at least every [`crate::startup::wait::NOTE_EVERY`] what it waits
+/// for. Returns the Node as it is then (`None` if it does not exist, or at
+/// once if it does not decode: logged; the Node watcher counts it when it
+/// lists it). The API server unreachable until the end is an error.
 pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Result<Option<Node>, KubeSourceError> {
     let nodes: Api<Item<Node>> = Api::all(client);
     let start = tokio::time::Instant::now();
@@ -250,10 +250,9 @@ pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Res
                 continue;
             }
         };
-        let has_ips = node.as_ref().is_some_and(|n| !host_ips(n).is_empty());
-        if has_ips {
-            let ips: Vec<String> =
-                node.as_ref().map(host_ips).unwrap_or_default().iter().map(|ip| ip.to_string()).collect();
+        let ips: Vec<String> =
+            node.as_ref().map(host_ips).unwrap_or_default().iter().map(|ip| ip.to_string()).collect();
+        if !ips.is_empty() {
             info!(node = name, node_ips = %ips.join(","), waited_secs, "Successfully retrieved NodeIPs");
             return Ok(node);
         }
