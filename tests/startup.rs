@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::apiserver::{ApiServer, Kind};
+use common::apiserver::Kind;
 use common::daemon::{self, wait_for, Daemon};
 use common::{bin, Netns};
 use serde_json::{json, Value};
@@ -51,21 +51,6 @@ impl Setup {
              hostnameOverride: {NODE}\nclusterCIDR: 10.244.0.0/16\n{extra}"
         );
         std::fs::write(self.config_path(), text).unwrap();
-    }
-
-    /// `clientConnection.kubeconfig` pointing at `api`, appended to the config.
-    fn use_api_server(&self, api: &ApiServer) {
-        let kubeconfig = self.dir.path().join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n\
-             contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n\
-             users:\n- name: t\n  user: {{}}\n",
-            api.url()
-        );
-        std::fs::write(&kubeconfig, text).unwrap();
-        let mut config = std::fs::read_to_string(self.config_path()).unwrap();
-        config.push_str(&format!("clientConnection:\n  kubeconfig: {}\n", kubeconfig.display()));
-        std::fs::write(self.config_path(), config).unwrap();
     }
 
     /// Writes manifest `<name>.json` atomically (written aside, then renamed).
@@ -112,6 +97,15 @@ fn node(ip: &str, zone: &str, pod_cidrs: &[&str]) -> Value {
         "spec": {"podCIDRs": pod_cidrs},
         "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
     })
+}
+
+/// Waits until the running daemon's log holds every one of `texts`.
+fn wait_log(d: &mut Daemon, texts: &[&str], timeout: Duration) {
+    wait_for(&format!("{texts:?} in the log"), timeout, || {
+        d.assert_running();
+        let log = d.log();
+        texts.iter().all(|t| log.contains(t)).then_some(()).ok_or(log)
+    });
 }
 
 /// The log's lines containing `text`, with their timestamps.
@@ -233,16 +227,7 @@ fn oom_score_adj_is_written_at_start() {
         let pid = d.child.as_ref().expect("running").id();
         std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap_or_default().trim().to_string()
     };
-    let started = |d: &mut Daemon| {
-        wait_for("the daemon started", START_WAIT, || {
-            d.assert_running();
-            if d.log().contains("kube-proxy-rs started") {
-                Ok(())
-            } else {
-                Err(d.log())
-            }
-        })
-    };
+    let started = |d: &mut Daemon| wait_log(d, &["kube-proxy-rs started"], START_WAIT);
 
     s.config(
         "nftables",
@@ -313,9 +298,8 @@ fn a_pod_cidr_change_in_node_cidr_mode_exits_for_a_restart() {
     let mut s = Setup::new("podcidr");
     let (api, _serving) = s.ns.api_server();
     s.config("nftables", "detectLocalMode: NodeCIDR\n");
-    s.use_api_server(&api);
     api.create(&node("192.168.50.2", "z1", &["10.244.1.0/24"])).unwrap();
-    let mut d = s.start_synced(&[]);
+    let mut d = s.start_synced(&["--master", &api.url()]);
     api.update(&node("192.168.50.2", "z1", &["10.244.2.0/24"])).unwrap();
     let status = d.wait_exit(EXIT_WAIT);
     let log = d.log();
@@ -333,16 +317,8 @@ fn the_node_wait_says_what_it_waits_for_and_that_it_falls_back_to_ipv4() {
     let mut s = Setup::new("nowait");
     let (api, _serving) = s.ns.api_server();
     s.config("nftables", "");
-    s.use_api_server(&api);
-    let mut d = s.start(&[]);
-    wait_for("the fallback", Duration::from_secs(45), || {
-        d.assert_running();
-        if d.log().contains("falling back to IPv4") {
-            Ok(())
-        } else {
-            Err(d.log())
-        }
-    });
+    let mut d = s.start(&["--master", &api.url()]);
+    wait_log(&mut d, &["falling back to IPv4"], Duration::from_secs(45));
     let log = d.log();
     let waiting = lines_with(&log, "waiting for the Node to exist");
     assert_said_every_ten_seconds(&waiting, "the Node wait", &log);
@@ -352,12 +328,7 @@ fn the_node_wait_says_what_it_waits_for_and_that_it_falls_back_to_ipv4() {
     assert!(fallback[0].1.contains("WARN"), "{log}");
     let last = waiting.last().unwrap().0;
     assert!(fallback[0].0.duration_since(last) <= jiff::SignedDuration::from_secs(10), "{log}");
-    wait_for("the start", START_WAIT, || {
-        d.assert_running();
-        let log = d.log();
-        let up = log.contains("kube-proxy-rs started") && log.contains("initial lists of Services, EndpointSlices");
-        up.then_some(()).ok_or(log)
-    });
+    wait_log(&mut d, &["kube-proxy-rs started", "initial lists of Services, EndpointSlices"], START_WAIT);
     d.stop();
 }
 
@@ -369,10 +340,9 @@ fn the_wait_for_the_initial_lists_says_what_it_waits_for() {
     let mut s = Setup::new("lists");
     let (api, _serving) = s.ns.api_server();
     s.config("nftables", "");
-    s.use_api_server(&api);
     api.create(&node("192.168.50.2", "z1", &[])).unwrap();
     api.fail_kind(Kind::EndpointSlice, true);
-    let mut d = s.start(&[]);
+    let mut d = s.start(&["--master", &api.url()]);
     let note = "waiting for the API server's initial lists before the first sync";
     wait_for("two notes of the wait", Duration::from_secs(30), || {
         d.assert_running();
