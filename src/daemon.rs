@@ -468,6 +468,24 @@ mod tests {
     }
 
     #[test]
+    fn ipv4_is_a_fallback_only_without_bind_address_and_node_addresses() {
+        let node = |ips: &[&str]| NodeInfo {
+            addresses: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            ..NodeInfo::default()
+        };
+        let mut c = cfg(&[]);
+        assert!(primary_family_is_a_fallback(&c, None));
+        assert!(primary_family_is_a_fallback(&c, Some(&node(&[]))));
+        assert!(!primary_family_is_a_fallback(&c, Some(&node(&["fd00::5"]))));
+        assert_eq!(primary_family(&c, Some(&node(&["fd00::5"]))), IpFamily::V6);
+        c.bind_address = "0.0.0.0".into();
+        assert!(primary_family_is_a_fallback(&c, None), "unspecified is no bind address");
+        c.bind_address = "fd00::7".into();
+        assert!(!primary_family_is_a_fallback(&c, None));
+        assert_eq!(primary_family(&c, None), IpFamily::V6);
+    }
+
+    #[test]
     fn node_port_addresses_are_split_by_family() {
         let c = cfg(&["10.0.0.0/8", "fd00::/64"]);
         let cidrs = |f| match c.node_port_addresses_for(f) {

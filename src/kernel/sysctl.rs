@@ -157,5 +157,13 @@ mod tests {
         let err = ensure_sysctl_at(dir.path(), "net/ipv4/vs/conntrack", 1).expect_err("missing");
         assert_eq!(err.op(), "sysctl net/ipv4/vs/conntrack=1");
         assert_eq!(err.errno_value(), Some(2));
+        assert_eq!(ensure_sysctl_at(dir.path(), "net/ipv4/ip_forward", 4_294_967_296), Ok(true), "beyond i32");
+        assert_eq!(read_sysctl_at(dir.path(), "net/ipv4/ip_forward"), Ok(4_294_967_296));
+        assert_eq!(read_sysctl_at(dir.path(), "net/ipv4/nope").expect_err("missing").errno_value(), Some(2));
+        std::fs::write(&f, "x\n").expect("write");
+        assert_eq!(
+            read_sysctl_at(dir.path(), "net/ipv4/ip_forward").expect_err("not a number").op(),
+            "read sysctl net/ipv4/ip_forward"
+        );
     }
 }
