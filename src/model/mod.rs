@@ -9,6 +9,7 @@
 pub mod addresses;
 pub mod endpoints;
 pub mod node;
+pub mod node_change;
 pub mod node_ports;
 pub mod notice;
 pub mod scheduler;

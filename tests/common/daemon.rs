@@ -118,6 +118,20 @@ impl Daemon {
     }
 }
 
+/// Starts `command` (the daemon's, run in `node`) with its output in `log`.
+pub fn spawn(mut command: Command, node: &Netns, log: PathBuf) -> Daemon {
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = command
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start kube-proxy-rs");
+    Daemon { child: Some(child), log, node: node.name.clone() }
+}
+
 /// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
 pub fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
     if let Ok(Some(s)) = child.try_wait() {
