@@ -1,7 +1,9 @@
 //! Start-up glue: which IP families run, and `--dry-run`.
 
-use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
 
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, ProxyMode};
@@ -65,13 +67,26 @@ pub enum StartError {
     /// `--cleanup` could not remove everything (each part's error).
     #[error("cleanup incomplete: {}", .0.join("; "))]
     Cleanup(Vec<String>),
+    /// Upstream's conntrack settings could not be applied.
+    #[error(transparent)]
+    ConntrackSetup(#[from] crate::startup::conntrack::ConntrackSetupError),
+    /// `--init-only`'s set-up failed.
+    #[error(transparent)]
+    Init(#[from] crate::startup::init_only::InitError),
 }
 
 /// The family this proxy programs: the bind address's if set, else the
 /// Node's primary address's, else IPv4.
 pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> IpFamily {
-    let bind = cfg.bind_address.parse::<IpAddr>().ok().filter(|ip| !ip.is_unspecified());
-    bind.or_else(|| node.and_then(|n| n.addresses.first().copied())).map(|ip| IpFamily::of(&ip)).unwrap_or_default()
+    bind_ip(cfg)
+        .or_else(|| node.and_then(|n| n.addresses.first().copied()))
+        .map(|ip| IpFamily::of(&ip))
+        .unwrap_or_default()
+}
+
+/// Warns of a value skipped inside an object (the daemon and `--dry-run`).
+pub fn warn_ignored_value(v: &crate::model::notice::IgnoredValue) {
+    tracing::warn!(kind = v.kind, object = %v.object, field = v.value.field, reason = %v.value.detail(), "ignoring a value");
 }
 
 /// The families this daemon runs a proxier for: the primary one, and the
@@ -209,15 +224,30 @@ pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) ->
     choose_families(cfg, primary, family_support(primary, mode), family_support(primary.other(), mode))
 }
 
-/// This node's Node object among source events, if they carry it (the family
+/// This node's Node among source events, if they carry it (the family
 /// and node IPs are needed before the coordinator starts).
 pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
+    our_node_object(events, node_name).map(|n| NodeInfo::from_node(n))
+}
+
+/// This node's Node object among source events, as the source sent it.
+pub fn our_node_object<'a>(events: &'a [SourceEvent], node_name: &str) -> Option<&'a Arc<Node>> {
     events.iter().find_map(|e| match e {
-        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
-            Some(NodeInfo::from_node(n))
-        }
+        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => Some(n),
         _ => None,
     })
+}
+
+/// Whether the primary family is IPv4 for want of anything better: no
+/// bind address and no Node address (upstream's detectNodeIPs then assumes
+/// loopback node IPs).
+pub fn primary_family_is_a_fallback(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> bool {
+    bind_ip(cfg).is_none() && node.is_none_or(|n| n.addresses.is_empty())
+}
+
+/// `bindAddress` unless unspecified (`0.0.0.0`, `::`).
+fn bind_ip(cfg: &KubeProxyConfiguration) -> Option<std::net::IpAddr> {
+    crate::net::parse_ip_sloppy(&cfg.bind_address).filter(|ip| !ip.is_unspecified())
 }
 
 /// `--manifests DIR` must name a readable directory: checked at start,
@@ -288,6 +318,9 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     // Said once, not once per family, as the daemon does.
+    for v in events.iter().flat_map(|ev| crate::model::notice::ignored_values(ev, &node_name)) {
+        warn_ignored_value(&v);
+    }
     let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
     for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
         tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
@@ -403,14 +436,21 @@ mod tests {
     }
 
     #[test]
-    fn the_bind_address_chooses_the_primary_family_before_the_nodes_ip() {
-        let node = NodeInfo { addresses: vec!["fd00::2".parse().unwrap()], ..NodeInfo::default() };
+    fn ipv4_is_a_fallback_only_without_bind_address_and_node_addresses() {
+        let node = |ips: &[&str]| NodeInfo {
+            addresses: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            ..NodeInfo::default()
+        };
         let mut c = cfg(&[]);
+        assert!(primary_family_is_a_fallback(&c, None));
+        assert!(primary_family_is_a_fallback(&c, Some(&node(&[]))));
+        assert!(!primary_family_is_a_fallback(&c, Some(&node(&["fd00::5"]))));
+        assert_eq!(primary_family(&c, Some(&node(&["fd00::5"]))), IpFamily::V6);
         c.bind_address = "0.0.0.0".into();
-        assert_eq!(primary_family(&c, Some(&node)), IpFamily::V6, "unspecified: the Node's first IP");
-        assert_eq!(primary_family(&c, None), IpFamily::V4, "neither: IPv4");
-        c.bind_address = "10.0.0.1".into();
-        assert_eq!(primary_family(&c, Some(&node)), IpFamily::V4, "a bind address wins");
+        assert!(primary_family_is_a_fallback(&c, None), "unspecified is no bind address");
+        c.bind_address = "fd00::7".into();
+        assert!(!primary_family_is_a_fallback(&c, None));
+        assert_eq!(primary_family(&c, None), IpFamily::V6);
     }
 
     #[test]

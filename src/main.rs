@@ -16,7 +16,9 @@ fn main() -> ExitCode {
     raise_open_files_limit();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
     match run(&flags, started) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(runtime::Exit::Stopped) => ExitCode::SUCCESS,
+        // As upstream's NodeManager: exit 1, for the DaemonSet to restart the proxy.
+        Ok(runtime::Exit::Restart(_)) => ExitCode::from(1),
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(1)
@@ -24,7 +26,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(flags: &Flags, started: std::time::SystemTime) -> Result<(), StartError> {
+fn run(flags: &Flags, started: std::time::SystemTime) -> Result<runtime::Exit, StartError> {
     let cfg = config::load(flags)?;
     logging::apply(&cfg.logging);
     tracing::debug!(mode = %cfg.proxy_mode(), "configuration loaded");
@@ -36,7 +38,7 @@ fn run(flags: &Flags, started: std::time::SystemTime) -> Result<(), StartError> 
         let yaml = config::to_yaml(&cfg)?;
         std::fs::write(path, yaml).map_err(|source| StartError::Write { path: path.clone(), source })?;
         tracing::info!(path = %path.display(), "wrote the effective configuration");
-        return Ok(());
+        return Ok(runtime::Exit::Stopped);
     }
     if flags.diff && !flags.dry_run {
         return Err(StartError::Usage("--diff needs --dry-run"));
@@ -47,18 +49,19 @@ fn run(flags: &Flags, started: std::time::SystemTime) -> Result<(), StartError> 
             None => daemon::dry_run_from_cluster(&cfg, flags.master.as_deref(), flags.diff)?,
         };
         print!("{out}");
-        return Ok(());
+        return Ok(runtime::Exit::Stopped);
     }
     if flags.cleanup {
-        return runtime::cleanup();
+        return runtime::cleanup().map(|()| runtime::Exit::Stopped);
     }
     let source = match &flags.manifests {
         Some(dir) => runtime::Source::Manifests(dir.clone()),
         None => runtime::Source::Api { master: flags.master.clone() },
     };
+    let purpose = if flags.init_only { runtime::Purpose::InitOnly } else { runtime::Purpose::Serve };
     let zpages = http::ZPages::new(&cfg.gates(), flags.values(config::flag_default), started);
     let flags = flags.clone();
-    runtime::run(cfg, source, Box::new(move || config::load(&flags)), zpages)
+    runtime::run(cfg, source, Box::new(move || config::merge(&flags)), purpose, zpages)
 }
 
 /// A SIGHUP that arrives before the runtime listens for it would kill the

@@ -62,7 +62,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::{self, create_items, http_exchange, http_exchange_with, http_get, wait_for, Daemon, SyncRec};
-use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
+use common::lab::{
+    self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
+};
 use common::{bin, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
@@ -1087,8 +1089,7 @@ fn sighup_reconfigures_both_families() {
     assert!(!before.0.is_empty() && !before.1.is_empty(), "{before:?}");
 
     std::fs::write(lab.config_path(), dual.replace("iptables:\n", "iptables:\n  masqueradeAll: true\n")).unwrap();
-    let pid = daemon.child.as_ref().unwrap().id().to_string();
-    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    daemon.reload();
     wait_for("masqueradeAll in both families", CHANGE_WAIT, || {
         daemon.assert_running();
         let after = (marks(&lab.save(Some("nat")), "10.96.0.40/32"), marks(&lab.save6(), "fd00:96::40/128"));
@@ -1102,6 +1103,72 @@ fn sighup_reconfigures_both_families() {
     lab.wait_traffic("10.96.0.40:80", false, &["b1"], CHANGE_WAIT);
     let log = daemon.stop();
     assert!(log.contains("config reloaded: applying"), "{log}");
+}
+
+/// Issue 27: a SIGHUP whose file asks for nftables mode (which needs a
+/// restart, so it is refused) and a higher verbosity (live). The verbosity
+/// applies and `mode` is named as needing a restart; nftables mode's
+/// default `nodePortAddresses: [primary]` does not reach the running
+/// iptables proxier: 127.0.0.1:<nodePort> answers TCP and UDP before,
+/// across and after the reload, and the NodePort rules after the reload's
+/// full resync are the ones before it.
+#[test]
+fn a_refused_mode_change_keeps_localhost_node_ports_answering() {
+    let mut lab = Lab::new("hupmode", Flavour::Legacy, &["b1"]);
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    let mut daemon = lab.start_synced();
+    let node_port_rules = |lab: &Lab| -> Vec<String> {
+        lab.save(Some("nat")).lines().filter(|l| l.contains("KUBE-NODEPORTS")).map(String::from).collect()
+    };
+    let before = node_port_rules(&lab);
+    assert!(before.iter().any(|l| l.starts_with("-A KUBE-NODEPORTS -d 127.0.0.0/8 ")), "{before:#?}");
+    let last = lab.syncs().expect("syncs")[0].generation;
+    let probes = Probes::start(&lab.node, "127.0.0.1:30080", DROP_WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let config = std::fs::read_to_string(lab.config_path()).unwrap();
+    let asked = config.replace("mode: iptables\n", "mode: nftables\nlogging:\n  verbosity: 2\n");
+    assert_ne!(asked, config);
+    std::fs::write(lab.config_path(), asked).unwrap();
+    let hup = Instant::now();
+    daemon.reload();
+    let resync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+    assert!(resync.full, "an applied reload is followed by a full resync: {resync:?}");
+    let synced = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let probes = probes.stop();
+
+    let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
+    assert!(failed.is_empty(), "{} of {} probes failed: {failed:?}", failed.len(), probes.len());
+    let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
+    assert_eq!(names(&tcp), set(&["b1"]));
+    let when = |from: Instant, to: Instant| probes.iter().filter(|p| p.0 > from && p.0 < to).count();
+    assert!(when(hup - Duration::from_secs(1), hup) > 0 && when(synced, Instant::now()) > 0, "{probes:?}");
+    assert_eq!(node_port_rules(&lab), before, "the NodePort rules after the reload");
+    let log = daemon.stop();
+    let line = |text: &str| log.lines().find(|l| l.contains(text)).unwrap_or_else(|| panic!("{text:?}:\n{log}"));
+    assert!(line("config changes need a restart and were not applied").ends_with("fields=mode"), "{log}");
+    assert!(line("config reloaded: applying").ends_with("fields=logging.verbosity"), "{log}");
+}
+
+/// `--dry-run --diff` over the running daemon's rules while the kernel
+/// holds a ClientIP-affinity entry: the `recent` match's client list lives
+/// in `/proc/net/xt_recent`, not in `iptables-save`'s output, so the
+/// preview has nothing to add or remove, and says so the same way a second
+/// later.
+#[test]
+fn the_preview_is_not_changed_by_the_kernels_recent_lists() {
+    let mut lab = Lab::new("rcnt", Flavour::Legacy, &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    let daemon = lab.start_synced();
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let lists = lab.node.ok(&["sh", "-c", "grep -H . /proc/net/xt_recent/*"]);
+    assert!(lists.contains(&format!("src={}", lab::CLIENT_IP)), "the client in a recent list:\n{lists}");
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(preview.contains("iptables legacy: 0 to add, 0 to remove, "), "{preview}");
+    daemon.stop();
 }
 
 /// (dual-stack) A dual-stack LoadBalancer service with
@@ -1258,6 +1325,43 @@ fn ignored_slices_are_logged_once_and_counted() {
         log.lines().filter(|l| l.contains("ignoring object") && l.contains("default/odd-abcde")).collect();
     assert_eq!(warned.len(), 1, "one warning, whatever the families:\n{log}");
     assert!(warned[0].contains("WARN") && warned[0].contains("Bogus"), "{log}");
+}
+
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same rules.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", Flavour::Legacy, &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = dry_run(&lab);
+    let text = section(&planned, "iptables");
+    let accepts = |name: &str| -> Vec<&str> {
+        let head = format!("--comment \"default/{name}:http loadbalancer IP\" -s ");
+        text.lines().filter_map(|l| l.split_once(&head)).map(|(_, rest)| rest.split(' ').next().unwrap_or("")).collect()
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(accepts("lb-in"), ["192.168.50.0/24", "203.0.113.10"], "{text}");
+    assert_eq!(accepts("lb-out"), ["198.51.100.0/24"], "{text}");
+    assert_eq!(accepts("lb-bogus"), Vec::<&str>::new(), "{text}");
+    assert_eq!(accepts("lb-mixed"), ["192.168.50.0/24", "203.0.113.13"], "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let dropped = format!("-m tcp -p tcp -d {} --dport 80 -j DROP", case.vip);
+        let rule = text.lines().find(|l| l.starts_with("-A KUBE-PROXY-FIREWALL") && l.ends_with(&dropped));
+        assert!(
+            rule.is_some_and(|l| l.contains(&format!("\"default/{}:http traffic not accepted by KUBE-FW-", case.name))),
+            "{text}"
+        );
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    assert!(text.contains("default/lb-in:http -m tcp -p tcp -j DNAT --to-destination 10.244.1.2:8080"), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
 }
 
 /// Two Services asking for one nodePort (the API server would refuse the

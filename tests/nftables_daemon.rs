@@ -28,14 +28,12 @@ mod common;
 use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::daemon::{self, create_items, wait_for, Daemon, SyncRec};
-use common::lab::{self, addr, names, set, Answer, Backend, Conn, NODE_IP, NODE_IP6};
+use common::lab::{self, addr, names, set, Answer, Backend, Conn, Probe, Probes, NODE_IP, NODE_IP6};
 use common::nft::{self, blocks, Monitor};
-use common::{bin, run_in, Netns};
+use common::{bin, Netns};
 use kube_proxy_rs::plan::nftables::names::hash_and_truncate;
 use serde_json::{json, Value};
 
@@ -283,41 +281,43 @@ fn chains(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// TCP and UDP exchanges with one address from a namespace, each on a new
-/// connection (socket), one after the other until stopped.
-struct Probes {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<Probe>>,
-}
-
-/// When a probe started, and its TCP and UDP answers.
-type Probe = (Instant, Answer, Answer);
-
-impl Probes {
-    fn start(ns: &Netns, to: &str) -> Probes {
-        let (stop, name, to) = (Arc::new(AtomicBool::new(false)), ns.name.clone(), addr(to));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            run_in(&name, || {
-                let mut seen = Vec::new();
-                while !stopped.load(Ordering::Relaxed) {
-                    let at = Instant::now();
-                    seen.push((at, lab::tcp_ask(to, DROP_WAIT), lab::udp_ask(to, DROP_WAIT)));
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                seen
-            })
-        });
-        Probes { stop, thread }
-    }
-
-    fn stop(self) -> Vec<Probe> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the probing thread")
-    }
-}
-
 // -------------------------------------------------------------------- tests
+
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same firewall chains.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = lab.dry_run();
+    let text = &planned[0].1;
+    let firewall = |name: &str| -> Option<&str> {
+        let chain = format!("-default/{name}/tcp/http ");
+        text.lines()
+            .filter(|l| l.starts_with("add rule ip kube-proxy firewall-"))
+            .find_map(|l| l.split_once(&chain).map(|(_, rule)| rule))
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(firewall("lb-in"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.10 } drop"), "{text}");
+    assert_eq!(firewall("lb-out"), Some("ip saddr != { 198.51.100.0/24 } drop"), "{text}");
+    assert_eq!(firewall("lb-bogus"), Some("drop"), "{text}");
+    assert_eq!(firewall("lb-mixed"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.13 } drop"), "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let element = format!("add element ip kube-proxy firewall-ips {{ {} . tcp . 80 : goto firewall-", case.vip);
+        assert!(text.contains(&element), "{element} not in\n{text}");
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    let lb_in_endpoint = text.lines().find(|l| l.contains("-default/lb-in/tcp/http__10.244.1.2/8080 "));
+    assert!(lb_in_endpoint.is_some(), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
+}
 
 /// ClusterIP and NodePort traffic reaches the endpoints; an endpoint
 /// removed is a partial sync after which traffic avoids it and, a second
@@ -440,7 +440,7 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
 
     let monitor = Monitor::start(&lab.node);
     let started = Instant::now();
-    let probes = Probes::start(&lab.client, WEB);
+    let probes = Probes::start(&lab.client, WEB, DROP_WAIT);
     std::thread::sleep(Duration::from_millis(200));
     let mut daemon = lab.start();
     let sync = lab.wait_sync(&mut daemon, 0, START_WAIT);
@@ -496,6 +496,31 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     }
     assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::TimedOut)], "no DNAT for the deleted Service");
     daemon.stop();
+}
+
+/// Issue 27: `--dry-run --diff` over a table holding the kernel's affinity
+/// entries. The dry run's table loaded with `nft -f` (a ClientIP-affinity
+/// Service with two endpoints), a client's connections through its
+/// ClusterIP all reach one backend, and the kernel has added the client
+/// to an `affinity-…` set (`... expires 9m59s`). The preview has nothing to
+/// add or remove, and says so the same way a second later.
+#[test]
+fn the_preview_leaves_the_kernels_affinity_entries_out() {
+    let lab = Lab::new("aff", &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    for (_, text) in lab.dry_run() {
+        lab.node.pipe(&["nft", "-f", "-"], &text);
+    }
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let table = lab.table("ip").expect("the table");
+    let entries: Vec<&str> = table.lines().filter(|l| l.contains(lab::CLIENT_IP) && l.contains(" expires ")).collect();
+    assert_eq!(entries.len(), 1, "the client in one affinity set:\n{table}");
+
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(!preview.contains("affinity-"), "no affinity line to change:\n{preview}");
+    assert!(lab.table("ip").expect("the table").contains(" expires "), "the entry is still there");
 }
 
 /// The Kubernetes API source in nftables mode, end to end: the daemon

@@ -2,8 +2,10 @@
 //! `KubeProxyConfiguration` file, upstream's flags, defaults and
 //! validation, and typed accessors for the daemon.
 //!
-//! - [`load`]: flags (+ `--config` file) → defaulted, validated config.
-//! - [`load_file`]: file → defaulted, validated config (SIGHUP reload).
+//! - [`load`]: flags (+ `--config` file) → defaulted, validated config;
+//!   in two steps, [`merge`] then [`Merged::finish`] (a SIGHUP reload
+//!   pins the fields it refuses between the two).
+//! - [`load_file`]: file → defaulted, validated config.
 //! - [`validate`], [`to_yaml`] (for `--write-config-to`).
 //! - [`GoDuration`]: durations in Go's text form.
 //!
@@ -32,7 +34,7 @@ pub use duration::{DurationParseError, GoDuration};
 pub use effects::flag_default;
 pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
-pub use load::{load, load_file, parse_str, to_yaml, validate, UNSET_MODE_WARNING};
+pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged, UNSET_MODE_WARNING};
 pub use types::{
     ClientConnectionConfiguration, DetectLocalConfiguration, FlushFrequency, FormatOptions, KubeProxyConfiguration,
     KubeProxyConntrackConfiguration, KubeProxyIPTablesConfiguration, KubeProxyIPVSConfiguration,

@@ -6,8 +6,10 @@
 //! [`Model::apply`] folds the pending changes into the current state and
 //! reports what changed, as upstream's service and endpoint change trackers do.
 
+pub mod addresses;
 pub mod endpoints;
 pub mod node;
+pub mod node_change;
 pub mod node_ports;
 pub mod notice;
 pub mod scheduler;

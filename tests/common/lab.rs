@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Netns;
 
@@ -269,6 +269,42 @@ pub fn udp_ask(to: SocketAddr, wait: Duration) -> Answer {
 pub fn ask(ns: &Netns, to: &str, n: usize, udp: bool, wait: Duration) -> Vec<Answer> {
     let to = addr(to);
     ns.run(|| (0..n).map(|_| if udp { udp_ask(to, wait) } else { tcp_ask(to, wait) }).collect())
+}
+
+/// TCP and UDP exchanges with one address from a namespace, each on a new
+/// connection (socket), one after the other until stopped.
+pub struct Probes {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<Probe>>,
+}
+
+/// When a probe started, and its TCP and UDP answers.
+pub type Probe = (Instant, Answer, Answer);
+
+impl Probes {
+    /// Starts probing `to` from `ns`; `wait` as in [`tcp_ask`] and [`udp_ask`].
+    pub fn start(ns: &Netns, to: &str, wait: Duration) -> Probes {
+        let (stop, name, to) = (Arc::new(AtomicBool::new(false)), ns.name.clone(), addr(to));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            super::run_in(&name, || {
+                let mut seen = Vec::new();
+                while !stopped.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    seen.push((at, tcp_ask(to, wait), udp_ask(to, wait)));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                seen
+            })
+        });
+        Probes { stop, thread }
+    }
+
+    /// Stops probing; every probe made, in order.
+    pub fn stop(self) -> Vec<Probe> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the probing thread")
+    }
 }
 
 /// The backends that answered; panics on any failed exchange.

@@ -69,7 +69,7 @@ fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpo
         has_internal,
         has_external,
         uses_external_chain: has && sp.externally_accessible(),
-        uses_fw: !sp.load_balancer_vips.is_empty() && !sp.load_balancer_source_ranges.is_empty(),
+        uses_fw: !sp.load_balancer_vips.is_empty() && sp.restricts_sources(),
         chains,
     }
 }
@@ -217,14 +217,19 @@ fn external_chain(p: &Plan) -> Chain {
     Chain::regular(p.chains.external.clone(), rules)
 }
 
-/// The `firewall-…` chain for loadBalancerSourceRanges.
+/// The `firewall-…` chain for loadBalancerSourceRanges; without a range
+/// (fail closed, see `ServicePort::source_ranges_fail_closed`) it drops all.
 fn firewall_chain(p: &Plan) -> Chain {
     let mut sources: Vec<String> = p.sp.load_balancer_source_ranges.iter().map(|c| c.to_string()).collect();
     let from_node = p.ctx.node_ip.is_some_and(|ip| p.sp.load_balancer_source_ranges.iter().any(|c| c.contains(&ip)));
     if from_node {
         sources.extend(p.sp.load_balancer_vips.iter().map(|ip| ip.to_string()));
     }
-    let rule = format!("{} saddr != {{ {} }} drop", p.ip, sources.join(" , "));
+    let rule = if sources.is_empty() {
+        "drop".to_string()
+    } else {
+        format!("{} saddr != {{ {} }} drop", p.ip, sources.join(" , "))
+    };
     Chain::regular(p.chains.firewall.clone(), vec![Rule::new(rule)])
 }
 
