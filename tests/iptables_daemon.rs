@@ -4,7 +4,7 @@
 //! client namespace reach backend namespaces through ClusterIPs. Covers what
 //! only the running daemon does: restarts, taking over an earlier run's (or
 //! upstream kube-proxy's) rules, the canary, `--cleanup`, switching from IPVS
-//! mode, conntrack flushes for removed UDP endpoints, and partial syncs.
+//! mode, the conntrack reconcile for removed UDP endpoints, and partial syncs.
 //!
 //! The lab, built per test (namespace names end in the test process's pid;
 //! every test has its own tag, so tests run in parallel):
@@ -837,22 +837,22 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
 /// (6) A UDP client keeps sending from one socket (one source port, one
 /// conntrack entry) to a ClusterIP whose only endpoint is b1; the
 /// EndpointSlice is rewritten so b2 replaces b1. The new rules only see
-/// new flows: without the daemon's conntrack flush the entry (DNAT to b1,
-/// refreshed by every datagram, "assured" once b1 answered: a 120 s
+/// new flows: without the daemon's conntrack reconcile the entry (DNAT to
+/// b1, refreshed by every datagram, "assured" once b1 answered: a 120 s
 /// timeout) would keep carrying the flow to b1, which still runs and
-/// answers. With the flush (upstream's deleteStaleEndpointConntrackEntries:
-/// the service IP and the removed endpoint) the next datagram after the
-/// sync creates a new entry through the new rules, and b2 answers within
-/// seconds; `conntrack -L` shows the entry replaced.
+/// answers. With the reconcile (upstream's CleanStaleEntries: the entries
+/// to the ClusterIP and port not DNATed to a serving endpoint) the next
+/// datagram after the sync creates a new entry through the new rules, and
+/// b2 answers within seconds; `conntrack -L` shows the entry replaced.
 ///
 /// The control, over the same period: a second service (`ctl`, only b1)
 /// whose rules are redirected to b2 by hand (a DNAT rule of ours first in
-/// PREROUTING), with no flush. Fresh sockets reach b2 at once, while its
-/// long-lived flow keeps being answered by b1 all along — which is what
-/// the first flow would do without the daemon's flush. (The flush is
-/// targeted: it does not touch `ctl`'s entry either.)
+/// PREROUTING). Fresh sockets reach b2 at once, while its long-lived flow
+/// keeps being answered by b1 all along — which is what the first flow
+/// would do without the reconcile. (The reconcile keeps `ctl`'s entry: it
+/// goes to b1, `ctl`'s serving endpoint.)
 #[test]
-fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() {
+fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_reconcile() {
     const CTL: &str = "10.96.0.11:80";
     let mut lab = Lab::new("udp", Flavour::Nft, &["b1", "b2"]);
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
@@ -886,7 +886,7 @@ fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() 
     let changed = Instant::now();
     let mut seen = Vec::new();
     wait_for("the same UDP flow to be answered by b2", CHANGE_WAIT, || {
-        assert_eq!(backend(&control), Ok("b1".to_string()), "without a flush the control flow stays on b1");
+        assert_eq!(backend(&control), Ok("b1".to_string()), "the control flow stays on b1");
         let a = backend(&flow);
         seen.push(a.clone());
         match a {

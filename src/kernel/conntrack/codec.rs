@@ -48,7 +48,7 @@
 //! table: [`delete_request`] therefore only exists for a dumped [`Entry`],
 //! whose original tuple it always carries.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, ParseableParametrized, NLM_F_ACK,
@@ -243,6 +243,31 @@ impl Entry {
             zone: other_be(attrs, CTA_ZONE, "CTA_ZONE")?.map(u16::from_be_bytes),
             id: other_be(attrs, CTA_ID, "CTA_ID")?.map(u32::from_be_bytes),
         })
+    }
+
+    /// A connection of `protocol` from `client` to `orig_dst`, answered from
+    /// `reply_src` (its endpoint when DNATed), as the default zone lists it
+    /// (no id: the kernel's would be any).
+    pub fn connection(protocol: Protocol, client: SocketAddr, orig_dst: SocketAddr, reply_src: SocketAddr) -> Entry {
+        let p = protocol.number();
+        Entry {
+            orig: Tuple {
+                src: client.ip(),
+                dst: orig_dst.ip(),
+                protocol: p,
+                src_port: Some(client.port()),
+                dst_port: Some(orig_dst.port()),
+            },
+            reply: Tuple {
+                src: reply_src.ip(),
+                dst: client.ip(),
+                protocol: p,
+                src_port: Some(reply_src.port()),
+                dst_port: Some(client.port()),
+            },
+            zone: None,
+            id: None,
+        }
     }
 
     /// The L4 protocol, if it is one kube-proxy knows.
