@@ -4,7 +4,8 @@
 //! client namespace reach backend namespaces through ClusterIPs. Covers what
 //! only the running daemon does: restarts, taking over an earlier run's (or
 //! upstream kube-proxy's) rules, the canary, `--cleanup`, switching from IPVS
-//! mode, the conntrack reconcile for removed UDP endpoints, and partial syncs.
+//! mode, the conntrack reconcile for removed UDP endpoints (and the UDP
+//! flows of `common::conntrack`, as in `nftables_daemon`), and partial syncs.
 //!
 //! The lab, built per test (namespace names end in the test process's pid;
 //! every test has its own tag, so tests run in parallel):
@@ -63,7 +64,7 @@ use std::time::{Duration, Instant};
 
 use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
-use common::{bin, Netns};
+use common::{bin, conntrack, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
 use kube_proxy_rs::kernel::Subsystem;
@@ -356,6 +357,15 @@ impl Lab {
         self.node.ok(&[&self.flavour.tool("ip6tables", "-save")])
     }
 
+    /// A dual-stack Node, and a cluster CIDR per family in the config, as a
+    /// dual-stack cluster's kube-proxy is configured.
+    fn dual_stack(&self) {
+        self.put("node", &dual_stack_node_manifest());
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
+        std::fs::write(self.config_path(), config).unwrap();
+    }
+
     /// Asserts each iptables-mode jump from a built-in chain (kubelet's included) is there exactly once.
     fn assert_jumps_once(&self, when: &str) {
         let (nat, filter) = (self.save(Some("nat")), self.save(Some("filter")));
@@ -365,6 +375,8 @@ impl Lab {
         }
     }
 }
+
+crate::impl_daemon_lab!(Lab);
 
 /// The absolute path of `tool` on PATH.
 fn which(tool: &str) -> PathBuf {
@@ -951,11 +963,7 @@ fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
 #[test]
 fn a_dual_stack_service_answers_on_both_families() {
     let mut lab = Lab::new("ds", Flavour::Nft, &["b1", "b2"]);
-    lab.put("node", &dual_stack_node_manifest());
-    // A cluster CIDR per family, as a dual-stack cluster's kube-proxy is configured.
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), config).unwrap();
+    lab.dual_stack();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
     lab.put("v6only", &daemon::dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
     let daemon = lab.start_synced();
@@ -1057,10 +1065,8 @@ fn the_api_source_programs_a_dual_stack_service() {
 #[test]
 fn sighup_reconfigures_both_families() {
     let mut lab = Lab::new("dshup", Flavour::Legacy, &["b1"]);
-    lab.put("node", &dual_stack_node_manifest());
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let dual = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), &dual).unwrap();
+    lab.dual_stack();
+    let dual = std::fs::read_to_string(lab.config_path()).unwrap();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
     let mut daemon = lab.start_synced();
     lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
@@ -1682,4 +1688,28 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
     let log = daemon.stop();
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
+}
+
+/// (conntrack) A deleted UDP Service's flows to its NodePort and
+/// LoadBalancer IPs lose their entries; see `common::conntrack`.
+#[test]
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
+    let mut lab = Lab::new("ctdel", Flavour::Nft, &["b1"]);
+    conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
+}
+
+/// (conntrack) One of a Service's two UDP ports to one endpoint removed:
+/// the other port's flows keep their entries and answers.
+#[test]
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
+    let mut lab = Lab::new("ctport", Flavour::Legacy, &["b1"]);
+    conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
+}
+
+/// (conntrack) Entries made while the daemon was stopped, to an endpoint
+/// removed meanwhile, go at its first sync; others stay.
+#[test]
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
+    let mut lab = Lab::new("ctstop", Flavour::Nft, &["b1", "b2"]);
+    conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }
