@@ -48,6 +48,7 @@
 //! table: [`delete_request`] therefore only exists for a dumped [`Entry`],
 //! whose original tuple it always carries.
 
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use netlink_packet_core::{
@@ -273,6 +274,25 @@ impl Entry {
     /// The L4 protocol, if it is one kube-proxy knows.
     pub fn protocol(&self) -> Option<Protocol> {
         Protocol::from_number(self.orig.protocol)
+    }
+}
+
+impl fmt::Display for Entry {
+    /// As `conntrack -L` lists it, without the timeout, state and counters:
+    /// `udp src=A dst=B sport=P dport=Q src=C dst=D sport=R dport=S`, the
+    /// original direction, then the reply.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.protocol() {
+            Some(p) => write!(f, "{}", p.lower())?,
+            None => write!(f, "{}", self.orig.protocol)?,
+        }
+        for t in [&self.orig, &self.reply] {
+            write!(f, " src={} dst={}", t.src, t.dst)?;
+            if let (Some(sport), Some(dport)) = (t.src_port, t.dst_port) {
+                write!(f, " sport={sport} dport={dport}")?;
+            }
+        }
+        Ok(())
     }
 }
 
