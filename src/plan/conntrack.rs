@@ -367,14 +367,21 @@ mod tests {
         assert!(p.plan(&m, &ch, 1).is_none(), "no UDP frontend: the first sync dumps nothing");
     }
 
-    /// A Service deleted, one scaled to zero: their frontends are gone.
-    #[test]
-    fn frontends_that_stop_serving_are_gone_once() {
+    /// A model with the DNS Service (one endpoint) and a planner whose
+    /// first reconcile went (`ok`) or did not.
+    fn first_reconcile_done(ok: bool) -> (Model, ConntrackPlanner) {
         let mut m = model(&[]);
         let mut p = ConntrackPlanner::new(IpFamily::V4);
         let ch = sync(&mut m, &dns(&["10.244.1.1"]));
         p.plan(&m, &ch, 1).expect("first");
-        p.finished(true);
+        p.finished(ok);
+        (m, p)
+    }
+
+    /// A Service deleted, one scaled to zero: their frontends are gone.
+    #[test]
+    fn frontends_that_stop_serving_are_gone_once() {
+        let (mut m, mut p) = first_reconcile_done(true);
         let ch = sync(&mut m, &dns(&[]));
         let rc = p.plan(&m, &ch, 2).expect("the endpoints went");
         assert!(rc.serving.is_empty());
@@ -389,11 +396,7 @@ mod tests {
     /// be checked again: one that goes before the next success is gone then.
     #[test]
     fn a_failed_reconcile_is_planned_again_with_its_frontends() {
-        let mut m = model(&[]);
-        let mut p = ConntrackPlanner::new(IpFamily::V4);
-        let ch = sync(&mut m, &dns(&["10.244.1.1"]));
-        p.plan(&m, &ch, 1).expect("first");
-        p.finished(false);
+        let (mut m, mut p) = first_reconcile_done(false);
         let rc = p.plan(&m, &ModelChanges::default(), 2).expect("due again after a failure");
         assert_eq!(rc.serving.ips.len(), 1);
         p.finished(false);

@@ -251,24 +251,14 @@ impl Entry {
     /// (no id: the kernel's would be any).
     pub fn connection(protocol: Protocol, client: SocketAddr, orig_dst: SocketAddr, reply_src: SocketAddr) -> Entry {
         let p = protocol.number();
-        Entry {
-            orig: Tuple {
-                src: client.ip(),
-                dst: orig_dst.ip(),
-                protocol: p,
-                src_port: Some(client.port()),
-                dst_port: Some(orig_dst.port()),
-            },
-            reply: Tuple {
-                src: reply_src.ip(),
-                dst: client.ip(),
-                protocol: p,
-                src_port: Some(reply_src.port()),
-                dst_port: Some(client.port()),
-            },
-            zone: None,
-            id: None,
-        }
+        let tuple = |src: SocketAddr, dst: SocketAddr| Tuple {
+            src: src.ip(),
+            dst: dst.ip(),
+            protocol: p,
+            src_port: Some(src.port()),
+            dst_port: Some(dst.port()),
+        };
+        Entry { orig: tuple(client, orig_dst), reply: tuple(reply_src, client), zone: None, id: None }
     }
 
     /// The L4 protocol, if it is one kube-proxy knows.
