@@ -270,9 +270,9 @@ pub fn a_flow_to_another_port_of_the_same_endpoint_survives(lab: &mut impl Daemo
 /// to b2 in the manifests, and flows to it are opened: the old rules DNAT
 /// them to b1. The next daemon's first sync reconciles: those entries go
 /// and the same flows reach b2; the flows of a Service that did not change
-/// keep their entries (upstream 1.36 keeps UDP flows across a restart, it
-/// no longer flushes every Service at the first sync). Both families'
-/// reconciler metrics count the deletions.
+/// keep their entries (as upstream 1.36, which keeps UDP flows across a
+/// restart: its first sync flushes no Service's entries wholesale). Both
+/// families' reconciler metrics count the deletions.
 pub fn an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(lab: &mut impl DaemonLab) {
     lab.dual_stack();
     let web = |backend: &str| {

@@ -421,6 +421,14 @@ async fn dns_with_a_flow() -> (Harness, Entry) {
     (h, flow)
 }
 
+/// Makes the next op whose journal line holds `failing` fail, then removes
+/// 10.244.1.5 from the DNS Service's endpoints (a sync, 10 ms).
+async fn remove_endpoint_with_a_failure(h: &Harness, failing: &str) {
+    h.k.journal.fail(failing, 1);
+    h.send(vec![dns_slice(&["10.244.2.5"])]).await;
+    sleep(10 * MS).await;
+}
+
 /// The source ports of the conntrack entries left.
 fn flows_left(ct: &MemConntrack) -> Vec<u16> {
     ct.snapshot().iter().filter_map(|e| e.orig.src_port).collect()
@@ -536,9 +544,7 @@ fn a_scheduler_annotation_change_edits_the_virtual_server_in_place() {
 fn conntrack_waits_for_a_failed_real_server_removal() {
     run_paused(|| async {
         let (h, flow) = dns_with_a_flow().await;
-        h.k.journal.fail("-d -u 10.96.0.10:53 -r 10.244.1.5:53", 1);
-        h.send(vec![dns_slice(&["10.244.2.5"])]).await;
-        sleep(10 * MS).await;
+        remove_endpoint_with_a_failure(&h, "-d -u 10.96.0.10:53 -r 10.244.1.5:53").await;
         assert!(h.at(&deletion(&flow)).is_empty(), "no deletion while the real server may still be there");
         assert_eq!(h.at("conntrack -L").len(), 1, "the first sync's dump only");
         sleep(Duration::from_secs(2)).await;
@@ -618,9 +624,7 @@ fn a_deleted_udp_services_entries_go() {
 fn a_failed_conntrack_reconcile_is_retried() {
     run_paused(|| async {
         let (h, flow) = dns_with_a_flow().await;
-        h.k.journal.fail("conntrack -D", 1);
-        h.send(vec![dns_slice(&["10.244.2.5"])]).await;
-        sleep(10 * MS).await;
+        remove_endpoint_with_a_failure(&h, "conntrack -D").await;
         assert_eq!(h.syncs().await[1].failed, 1);
         assert_eq!(h.k.conntrack.snapshot(), [flow], "kept by the failed delete");
         sleep(Duration::from_secs(2)).await;
