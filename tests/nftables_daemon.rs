@@ -680,7 +680,7 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
 
-/// 1,000 Services (≈ 19,000 ops in the first sync: its new chains in
+/// 1,000 Services (≈ 14,000 ops in the first sync: its new chains in
 /// transactions of at most 8,192 ops, then the rest in one, MBs in one
 /// datagram, more than a socket's default 208 KiB send buffer, which made
 /// the kernel refuse it with EMSGSIZE before the codec sized the buffer to
@@ -710,7 +710,8 @@ fn a_thousand_services_are_written_by_one_full_sync() {
     lab.put("many", &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}));
     let mut d = lab.start();
     let first = lab.wait_sync(&mut d, 0, Duration::from_secs(60));
-    assert!(first.full && first.ops > 15_000, "{first:?}");
+    // Its ops: the nftables ones (≈ 14,100) and one conntrack reconcile.
+    assert!(first.full && first.ops > 14_000, "{first:?}");
     for (to, want) in [("10.96.100.1:80", "b1"), ("10.96.103.250:80", "b2")] {
         lab.wait_traffic(to, false, &[want], CHANGE_WAIT);
         lab.wait_traffic(to, true, &[want], CHANGE_WAIT);
