@@ -8,9 +8,10 @@ use k8s_openapi::api::core::v1::Node;
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::addrs;
-use crate::model::{Model, NodeInfo};
+use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{plan_context, LocalAddr};
 use crate::plan::iptables::{iptables_context, HostFeatures};
 use crate::plan::{render, IpvsPlanner};
@@ -337,8 +338,11 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
             || crate::kernel::sysctl::is_on(crate::plan::iptables::context::SYSCTL_TCP_BE_LIBERAL);
         let host = nfacct.on(HostFeatures { random_fully, conntrack_tcp_liberal: liberal, ..HostFeatures::default() });
         let settings = settings::derive(cfg, family, &node_name, host);
-        let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
-        plans.push(FamilyPlan { settings, text, suffix: families.suffix(family) });
+        let model = dry_run_model(&settings, events);
+        let text = render_model(&settings, cfg.proxy_mode(), &model, &addrs);
+        // The first sync's conntrack reconcile, which `--diff` previews.
+        let conntrack = ConntrackPlanner::new(family).plan(&model, &ModelChanges::default(), 1);
+        plans.push(FamilyPlan { settings, text, conntrack, suffix: families.suffix(family) });
     }
     Ok(plans)
 }
@@ -380,6 +384,12 @@ const SECTION_HEADINGS: [&str; 5] = ["# ipvs", "# ipset", "# addresses kube-ipvs
 
 /// The pure part of `--dry-run`, for tests.
 pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent], addrs: &[LocalAddr]) -> String {
+    render_model(s, mode, &dry_run_model(s, events), addrs)
+}
+
+/// The model of `events` (the objects as a source first reports them) for
+/// `s`'s family.
+fn dry_run_model(s: &FamilySettings, events: &[SourceEvent]) -> Model {
     let mut model = Model::new(s.family, &s.plan.node_name).with_gates(s.model_gates);
     for ev in events {
         if let Err(e) = model.record(ev) {
@@ -387,24 +397,29 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
         }
     }
     model.apply();
+    model
+}
+
+/// `--dry-run`'s text for `model`: the kernel state a first sync programs.
+fn render_model(s: &FamilySettings, mode: ProxyMode, model: &Model, addrs: &[LocalAddr]) -> String {
     match mode {
         ProxyMode::Ipvs => {
             let mut planner = IpvsPlanner::new(plan_context(&s.plan, model.node(), addrs));
             let ports: Vec<_> = model.service_ports().map(|sp| sp.name.clone()).collect();
-            planner.update(&model, &ports);
+            planner.update(model, &ports);
             let rules = planner.rules(&s.rules_config(model.node()));
             render::ipvs_mode(&planner.desired(), s.family, &rules)
         }
         ProxyMode::Iptables => {
             let ctx = iptables_context(&s.iptables_settings(model.node()), model.node(), addrs);
-            let text = crate::plan::iptables::dry_run(&model, ctx);
+            let text = crate::plan::iptables::dry_run(model, ctx);
             let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
             format!("# iptables\n{text}")
         }
         ProxyMode::Nftables => {
             let settings = s.nftables_settings(model.node(), model.service_cidrs());
             let ctx = crate::plan::nftables::nftables_context(&settings, model.node(), addrs);
-            format!("# nftables\n{}", crate::plan::nftables::dry_run(&model, &ctx))
+            format!("# nftables\n{}", crate::plan::nftables::dry_run(model, &ctx))
         }
     }
 }

@@ -584,11 +584,9 @@ fn start_nftables(
     let conntrack = conntrack_handle(family, hooks.metrics())?;
     let context = nft_context_builder(s);
     let settings = coordinator_settings(s);
-    Ok(Coordinator::create(move |ctx| {
-        let targets = start_nftables_actors(nft, family, conntrack, registry, ctx.address().recipient());
-        let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
-        Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
-    }))
+    let targets = start_nftables_actors(nft, family, conntrack, registry);
+    let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
+    Ok(Coordinator::with_dataplane(settings, dataplane).with_observer(hooks).start())
 }
 
 /// The nftables planner's context for the current Node, ServiceCIDRs and addresses.
@@ -652,12 +650,12 @@ struct Observability {
     _servers: http::HttpServers,
 }
 
-/// The conntrack handle of `family`, its flushes fed to upstream's
-/// conntrack reconciler metrics.
+/// The conntrack handle of `family`'s proxier, its reconciles fed to
+/// upstream's conntrack reconciler metrics.
 fn conntrack_handle(family: IpFamily, metrics: &Arc<ProxyMetrics>) -> Result<NetlinkConntrack, StartError> {
     let metrics = metrics.clone();
     let report = Arc::new(move |took, deleted| metrics.conntrack_reconciled(family, took, deleted));
-    Ok(NetlinkConntrack::new(family).map_err(StartError::Conntrack)?.with_report(report))
+    Ok(NetlinkConntrack::new().map_err(StartError::Conntrack)?.with_report(report))
 }
 
 /// Metrics, health, the HTTP servers and the service health checks.
