@@ -172,6 +172,7 @@ async fn run_async(
     crate::startup::conntrack::set_sysctls(&cfg.conntrack)?;
     let ipvs = match mode {
         ProxyMode::Ipvs => {
+            tracing::warn!("{}", crate::config::IPVS_DEPRECATED);
             let ipvs = connect_ipvs().await?;
             set_sysctls(&cfg)?;
             set_ipvs_timeouts(&ipvs, &cfg).await;

@@ -250,6 +250,7 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
         errors[0].contains("IPVS is not available in this kernel: load the ip_vs module or use --proxy-mode=iptables"),
         "{err}"
     );
+    assert!(err.contains(kube_proxy_rs::config::IPVS_DEPRECATED), "upstream's deprecation warning: {err}");
 }
 
 /// A `--manifests` path that is missing or a file: exit 1 with one line

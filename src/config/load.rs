@@ -111,6 +111,10 @@ fn check_feature_gates(cfg: &KubeProxyConfiguration) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// What upstream (1.35 on) says when it starts in IPVS mode.
+pub const IPVS_DEPRECATED: &str =
+    "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
+
 /// What upstream 1.37 says when it defaults an unset `mode` to iptables.
 pub const UNSET_MODE_WARNING: &str = "No proxy mode specified; defaulting to iptables. The default proxy mode on \
      Linux will change to nftables in a future release: set mode (--proxy-mode) explicitly to keep iptables";

@@ -34,7 +34,7 @@ pub use duration::{DurationParseError, GoDuration};
 pub use effects::flag_default;
 pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
-pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged, UNSET_MODE_WARNING};
+pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged, IPVS_DEPRECATED, UNSET_MODE_WARNING};
 pub use types::{
     ClientConnectionConfiguration, DetectLocalConfiguration, FlushFrequency, FormatOptions, KubeProxyConfiguration,
     KubeProxyConntrackConfiguration, KubeProxyIPTablesConfiguration, KubeProxyIPVSConfiguration,
