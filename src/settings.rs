@@ -108,10 +108,7 @@ pub fn derive(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, h
 
 /// The model's side of the feature gates.
 fn model_gates(gates: &FeatureGates) -> ModelGates {
-    ModelGates {
-        same_node_hints: gates.enabled(Gate::PreferSameTrafficDistribution),
-        service_cidrs: gates.enabled(Gate::MultiCIDRServiceAllocator),
-    }
+    ModelGates { service_cidrs: gates.enabled(Gate::MultiCIDRServiceAllocator) }
 }
 
 impl FamilySettings {
@@ -186,10 +183,9 @@ mod tests {
     #[test]
     fn feature_gates_reach_the_model() {
         let mut cfg = KubeProxyConfiguration::with_defaults();
-        cfg.feature_gates.insert("PreferSameTrafficDistribution".into(), false);
         cfg.feature_gates.insert("MultiCIDRServiceAllocator".into(), false);
         let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
-        assert_eq!(s.model_gates, ModelGates { same_node_hints: false, service_cidrs: false });
+        assert_eq!(s.model_gates, ModelGates { service_cidrs: false });
     }
 
     #[test]

@@ -1852,11 +1852,11 @@ fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
 }
 
 /// Node hints (`trafficDistribution: PreferSameNode`) steer this node's
-/// traffic to the endpoint hinted for it while PreferSameTrafficDistribution
-/// is on (its default); with the gate off they are ignored and traffic
-/// spreads over both endpoints, as upstream's `topologyModeFromHints`.
+/// traffic to the endpoint hinted for it: PreferSameTrafficDistribution is
+/// GA and locked on (since 1.35), so a file that turns it off is refused at
+/// start with upstream's message, exit 1.
 #[test]
-fn node_hints_steer_traffic_only_with_prefer_same_traffic_distribution() {
+fn node_hints_steer_traffic_and_prefer_same_traffic_distribution_is_locked_on() {
     let mut lab = Lab::new("hint", Flavour::Nft, &["b1", "b2"]);
     let mut web = service_manifest("web", "10.96.0.10", &["b1", "b2"]);
     let endpoints = web["items"][1]["endpoints"].as_array_mut().unwrap();
@@ -1867,11 +1867,19 @@ fn node_hints_steer_traffic_only_with_prefer_same_traffic_distribution() {
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     let answers = lab.ask(WEB, 64, false);
     assert_eq!(names(&answers), set(&["b1"]), "64 connections, all to the endpoint hinted for this node");
-    d.stop();
-    lab.feature_gates(&[("PreferSameTrafficDistribution", false)]);
-    let d = lab.start_synced();
+    // Without the hints, both endpoints serve.
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1", "b2"]));
     lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
     d.stop();
+    lab.feature_gates(&[("PreferSameTrafficDistribution", false)]);
+    let mut refused = lab.start();
+    let status = refused.wait_exit(START_WAIT);
+    let log = refused.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("failed complete: cannot set feature gate PreferSameTrafficDistribution to false, feature is locked to true"),
+        "{log}"
+    );
 }
 
 /// (conntrack) A deleted UDP Service's flows to its NodePort and

@@ -129,7 +129,7 @@ pub const FLAGS: &[FlagEffect] = &[
 pub const FIELDS: &[FieldEffect] = &[
     field("apiVersion", Tested(&["api_version_and_kind_are_checked"])),
     field("kind", Tested(&["api_version_and_kind_are_checked"])),
-    field("featureGates", Tested(&["kube_proxy_ipvs_off_refuses_ipvs_mode", "zpages_are_served_on_the_metrics_server_behind_their_gates", "node_hints_steer_traffic_only_with_prefer_same_traffic_distribution"])),
+    field("featureGates", Tested(&["kube_proxy_ipvs_off_refuses_ipvs_mode", "zpages_are_served_on_the_metrics_server_behind_their_gates", "node_hints_steer_traffic_and_prefer_same_traffic_distribution_is_locked_on"])),
     field("clientConnection.kubeconfig", Tested(&["kubeconfig_reaches_the_api_server_directly_as_the_pods_service_account"])),
     field("clientConnection.acceptContentTypes", Documented("the API client speaks JSON only (kube-rs); objects read are the same; logged at debug")),
     field("clientConnection.contentType", Documented("the API client speaks JSON only (kube-rs); objects read are the same; logged at debug")),

@@ -89,20 +89,17 @@ impl ServiceState {
     }
 }
 
-/// What feature gates change in the model (upstream reads them in
-/// `pkg/proxy/topology.go` and where it starts its informers).
+/// What feature gates change in the model (upstream reads them where it
+/// starts its informers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelGates {
-    /// PreferSameTrafficDistribution: endpoints keep their node hints
-    /// (off: `PreferSameNode` falls back to zone hints or none).
-    pub same_node_hints: bool,
     /// MultiCIDRServiceAllocator: ServiceCIDRs are recorded (off: ignored).
     pub service_cidrs: bool,
 }
 
 impl Default for ModelGates {
     fn default() -> ModelGates {
-        ModelGates { same_node_hints: true, service_cidrs: true }
+        ModelGates { service_cidrs: true }
     }
 }
 
@@ -303,13 +300,7 @@ impl Model {
     }
 
     fn apply_endpoints(&mut self, nn: NamespacedName, out: &mut ModelChanges) {
-        let mut new = self.slices.endpoints_for(&nn);
-        if !self.gates.same_node_hints {
-            for port in &mut new {
-                let hintless = port.endpoints.iter().map(|e| Endpoint { node_hints: Hints::default(), ..e.clone() });
-                port.endpoints = hintless.collect();
-            }
-        }
+        let new = self.slices.endpoints_for(&nn);
         let old = self.services.get_mut(&nn).map(|s| std::mem::take(&mut s.endpoints)).unwrap_or_default();
         let mut changed = false;
         for gone in old.iter().filter(|o| !new.iter().any(|n| n.same_port(o))) {

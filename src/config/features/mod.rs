@@ -51,8 +51,6 @@ pub struct GateSpec {
 pub enum Gate {
     /// Off: `mode: ipvs` is refused (upstream 1.37).
     KubeProxyIPVS,
-    /// Off: endpoints' node hints (`trafficDistribution: PreferSameNode`) are ignored.
-    PreferSameTrafficDistribution,
     /// Off: ServiceCIDRs are ignored (nftables mode drops no unallocated ClusterIPs).
     MultiCIDRServiceAllocator,
     /// On: `/flagz` on the metrics server.
@@ -67,9 +65,8 @@ pub enum Gate {
 
 impl Gate {
     /// Every gate we act on.
-    pub const ALL: [Gate; 7] = [
+    pub const ALL: [Gate; 6] = [
         Gate::KubeProxyIPVS,
-        Gate::PreferSameTrafficDistribution,
         Gate::MultiCIDRServiceAllocator,
         Gate::ComponentFlagz,
         Gate::ComponentStatusz,
@@ -81,7 +78,6 @@ impl Gate {
     pub fn name(self) -> &'static str {
         match self {
             Gate::KubeProxyIPVS => "KubeProxyIPVS",
-            Gate::PreferSameTrafficDistribution => "PreferSameTrafficDistribution",
             Gate::MultiCIDRServiceAllocator => "MultiCIDRServiceAllocator",
             Gate::ComponentFlagz => "ComponentFlagz",
             Gate::ComponentStatusz => "ComponentStatusz",
@@ -185,7 +181,7 @@ mod tests {
     fn defaults_as_upstream() {
         let g = FeatureGates::defaults();
         assert!(g.enabled(Gate::KubeProxyIPVS));
-        assert!(g.enabled(Gate::PreferSameTrafficDistribution));
+        assert!(g.enabled_by_name("PreferSameTrafficDistribution"), "GA and locked on since 1.35");
         assert!(g.enabled(Gate::MultiCIDRServiceAllocator));
         assert!(!g.enabled(Gate::ComponentFlagz) && !g.enabled(Gate::ComponentStatusz));
         assert!(!g.enabled(Gate::LoggingAlphaOptions) && g.enabled(Gate::LoggingBetaOptions));
@@ -222,8 +218,9 @@ mod tests {
         assert!(g.enabled(Gate::ComponentFlagz) && g.enabled(Gate::LoggingAlphaOptions));
         assert!(!g.enabled(Gate::ComponentStatusz), "a gate named on its own wins");
         let (g, _) = gates(&[("AllBeta", false)]).unwrap();
-        assert!(!g.enabled(Gate::LoggingBetaOptions) && !g.enabled(Gate::PreferSameTrafficDistribution));
+        assert!(!g.enabled(Gate::LoggingBetaOptions) && !g.enabled_by_name("WatchListClient"));
         assert!(g.enabled(Gate::KubeProxyIPVS), "GA gates stay");
+        assert!(g.enabled_by_name("PreferSameTrafficDistribution"), "locked gates stay");
         let (_, warnings) = gates(&[("KMSv1", true)]).unwrap();
         assert_eq!(warnings, ["Setting deprecated feature gate KMSv1=true. It will be removed in a future release."]);
     }

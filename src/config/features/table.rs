@@ -8,7 +8,8 @@
 //! featuregate's own `AllAlpha`/`AllBeta`. Each row is the newest stage of
 //! the gate's versioned specs in the newest upstream source this table was
 //! read from (the `defaultVersionedKubernetesFeatureGates` of the 1.33
-//! line); `PreferSameTrafficDistribution` carries its 1.34 beta stage, and
+//! line); `PreferSameTrafficDistribution` carries its stage since 1.35
+//! (GA, locked on, as the Kubernetes documentation's gate data has it), and
 //! `KubeProxyIPVS` is the gate upstream 1.37 adds (KEP-5495).
 
 use super::{GateSpec, Stage};
@@ -147,7 +148,7 @@ pub const KNOWN_GATES: &[GateSpec] = &[
     gate("PodSchedulingReadiness", true, Ga, true),
     gate("PodTopologyLabelsAdmission", false, Alpha, false),
     gate("PortForwardWebsockets", true, Beta, false),
-    gate("PreferSameTrafficDistribution", true, Beta, false),
+    gate("PreferSameTrafficDistribution", true, Ga, true),
     gate("ProcMountType", true, Beta, false),
     gate("QOSReserved", false, Alpha, false),
     gate("RecoverVolumeExpansionFailure", true, Beta, false),
