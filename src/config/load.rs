@@ -389,11 +389,13 @@ mod tests {
         let err = load(&flags(&["--config", f.path().to_str().unwrap()])).unwrap_err().to_string();
         assert_eq!(err, "failed complete: unrecognized feature gate: NoSuchGate");
         assert_eq!(load_file(f.path()).unwrap_err().to_string(), err, "a reload refuses it too");
-        let err = load(&flags(&["--feature-gates=ServiceTrafficDistribution=false"])).unwrap_err().to_string();
+        let err = load(&flags(&["--feature-gates=TopologyAwareHints=false"])).unwrap_err().to_string();
         assert_eq!(
             err,
-            "failed complete: cannot set feature gate ServiceTrafficDistribution to false, feature is locked to true"
+            "failed complete: cannot set feature gate TopologyAwareHints to false, feature is locked to true"
         );
+        let err = load(&flags(&["--feature-gates=ServiceTrafficDistribution=true"])).unwrap_err().to_string();
+        assert_eq!(err, "failed complete: unrecognized feature gate: ServiceTrafficDistribution", "removed after 1.35");
         let cfg = load(&flags(&["--feature-gates=KubeProxyIPVS=false,ComponentFlagz=true"])).unwrap();
         let gates = cfg.gates();
         assert!(

@@ -8,9 +8,13 @@
 //! featuregate's own `AllAlpha`/`AllBeta`. Each row is the newest stage of
 //! the gate's versioned specs in the newest upstream source this table was
 //! read from (the `defaultVersionedKubernetesFeatureGates` of the 1.33
-//! line); `PreferSameTrafficDistribution` carries its stage since 1.35
-//! (GA, locked on, as the Kubernetes documentation's gate data has it), and
-//! `KubeProxyIPVS` is the gate upstream 1.37 adds (KEP-5495).
+//! line), with what the Kubernetes documentation's gate data says of
+//! later releases for the gates kube-proxy reads: `PreferSameTrafficDistribution`
+//! GA and locked on since 1.35, `WatchListClient` on by default since 1.35,
+//! `LoadBalancerIPMode` (after 1.34) and `ServiceTrafficDistribution` (after
+//! 1.35) removed; and `KubeProxyIPVS`, the gate upstream 1.37 adds
+//! (KEP-5495). Other gates upstream removed after 1.33 are still accepted
+//! here (a setting of theirs has no effect either way).
 
 use super::{GateSpec, Stage};
 
@@ -116,7 +120,6 @@ pub const KNOWN_GATES: &[GateSpec] = &[
     gate("KubeletTracing", true, Beta, false),
     gate("LegacySidecarContainers", false, Deprecated, false),
     gate("ListFromCacheSnapshot", false, Alpha, false),
-    gate("LoadBalancerIPMode", true, Ga, true),
     gate("LocalStorageCapacityIsolationFSQuotaMonitoring", false, Beta, false),
     gate("LogarithmicScaleDown", true, Ga, true),
     gate("LoggingAlphaOptions", false, Alpha, false),
@@ -176,7 +179,6 @@ pub const KNOWN_GATES: &[GateSpec] = &[
     gate("ServiceAccountTokenNodeBinding", true, Ga, true),
     gate("ServiceAccountTokenNodeBindingValidation", true, Ga, true),
     gate("ServiceAccountTokenPodNodeInfo", true, Ga, true),
-    gate("ServiceTrafficDistribution", true, Ga, true),
     gate("SidecarContainers", true, Ga, true),
     gate("SizeMemoryBackedVolumes", true, Ga, true),
     gate("StatefulSetAutoDeletePVC", true, Ga, true),
@@ -208,7 +210,7 @@ pub const KNOWN_GATES: &[GateSpec] = &[
     gate("WatchCacheInitializationPostStartHook", false, Beta, false),
     gate("WatchFromStorageWithoutResourceVersion", false, Deprecated, true),
     gate("WatchList", true, Beta, false),
-    gate("WatchListClient", false, Beta, false),
+    gate("WatchListClient", true, Beta, false),
     gate("WinDSR", true, Beta, false),
     gate("WinOverlay", true, Beta, false),
     gate("WindowsCPUAndMemoryAffinity", false, Alpha, false),
