@@ -100,7 +100,7 @@ fn web_slice(i: u32, n: u32, seed: u32) -> SourceEvent {
     applied_slice(slice("default", &format!("web-{i}-1"), &format!("web-{i}"), &[("http", "TCP", 8080)], &eps))
 }
 
-/// A UDP service whose removed endpoints get conntrack flushes.
+/// A UDP service whose endpoint changes bring conntrack reconciles.
 fn dns(n: u32) -> Vec<SourceEvent> {
     let svc = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
     let eps: Vec<Ep> = (0..n).map(|k| ep(&format!("10.244.200.{}", k + 1), "node-b")).collect();

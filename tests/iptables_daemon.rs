@@ -4,7 +4,8 @@
 //! client namespace reach backend namespaces through ClusterIPs. Covers what
 //! only the running daemon does: restarts, taking over an earlier run's (or
 //! upstream kube-proxy's) rules, the canary, `--cleanup`, switching from IPVS
-//! mode, conntrack flushes for removed UDP endpoints, and partial syncs.
+//! mode, the conntrack reconcile for removed UDP endpoints (and the UDP
+//! flows of `common::conntrack`, as in `nftables_daemon`), and partial syncs.
 //!
 //! The lab, built per test (namespace names end in the test process's pid;
 //! every test has its own tag, so tests run in parallel):
@@ -65,7 +66,7 @@ use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daem
 use common::lab::{
     self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
 };
-use common::{bin, Netns};
+use common::{bin, conntrack, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
 use kube_proxy_rs::kernel::Subsystem;
@@ -358,6 +359,15 @@ impl Lab {
         self.node.ok(&[&self.flavour.tool("ip6tables", "-save")])
     }
 
+    /// A dual-stack Node, and a cluster CIDR per family in the config, as a
+    /// dual-stack cluster's kube-proxy is configured.
+    fn dual_stack(&self) {
+        self.put("node", &dual_stack_node_manifest());
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
+        std::fs::write(self.config_path(), config).unwrap();
+    }
+
     /// Asserts each iptables-mode jump from a built-in chain (kubelet's included) is there exactly once.
     fn assert_jumps_once(&self, when: &str) {
         let (nat, filter) = (self.save(Some("nat")), self.save(Some("filter")));
@@ -367,6 +377,8 @@ impl Lab {
         }
     }
 }
+
+crate::impl_daemon_lab!(Lab);
 
 /// The absolute path of `tool` on PATH.
 fn which(tool: &str) -> PathBuf {
@@ -839,22 +851,22 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
 /// (6) A UDP client keeps sending from one socket (one source port, one
 /// conntrack entry) to a ClusterIP whose only endpoint is b1; the
 /// EndpointSlice is rewritten so b2 replaces b1. The new rules only see
-/// new flows: without the daemon's conntrack flush the entry (DNAT to b1,
-/// refreshed by every datagram, "assured" once b1 answered: a 120 s
+/// new flows: without the daemon's conntrack reconcile the entry (DNAT to
+/// b1, refreshed by every datagram, "assured" once b1 answered: a 120 s
 /// timeout) would keep carrying the flow to b1, which still runs and
-/// answers. With the flush (upstream's deleteStaleEndpointConntrackEntries:
-/// the service IP and the removed endpoint) the next datagram after the
-/// sync creates a new entry through the new rules, and b2 answers within
-/// seconds; `conntrack -L` shows the entry replaced.
+/// answers. With the reconcile (upstream's CleanStaleEntries: the entries
+/// to the ClusterIP and port not DNATed to a serving endpoint) the next
+/// datagram after the sync creates a new entry through the new rules, and
+/// b2 answers within seconds; `conntrack -L` shows the entry replaced.
 ///
 /// The control, over the same period: a second service (`ctl`, only b1)
 /// whose rules are redirected to b2 by hand (a DNAT rule of ours first in
-/// PREROUTING), with no flush. Fresh sockets reach b2 at once, while its
-/// long-lived flow keeps being answered by b1 all along — which is what
-/// the first flow would do without the daemon's flush. (The flush is
-/// targeted: it does not touch `ctl`'s entry either.)
+/// PREROUTING). Fresh sockets reach b2 at once, while its long-lived flow
+/// keeps being answered by b1 all along — which is what the first flow
+/// would do without the reconcile. (The reconcile keeps `ctl`'s entry: it
+/// goes to b1, `ctl`'s serving endpoint.)
 #[test]
-fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() {
+fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_reconcile() {
     const CTL: &str = "10.96.0.11:80";
     let mut lab = Lab::new("udp", Flavour::Nft, &["b1", "b2"]);
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
@@ -888,7 +900,7 @@ fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() 
     let changed = Instant::now();
     let mut seen = Vec::new();
     wait_for("the same UDP flow to be answered by b2", CHANGE_WAIT, || {
-        assert_eq!(backend(&control), Ok("b1".to_string()), "without a flush the control flow stays on b1");
+        assert_eq!(backend(&control), Ok("b1".to_string()), "the control flow stays on b1");
         let a = backend(&flow);
         seen.push(a.clone());
         match a {
@@ -953,11 +965,7 @@ fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
 #[test]
 fn a_dual_stack_service_answers_on_both_families() {
     let mut lab = Lab::new("ds", Flavour::Nft, &["b1", "b2"]);
-    lab.put("node", &dual_stack_node_manifest());
-    // A cluster CIDR per family, as a dual-stack cluster's kube-proxy is configured.
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), config).unwrap();
+    lab.dual_stack();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
     lab.put("v6only", &daemon::dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
     let daemon = lab.start_synced();
@@ -1059,10 +1067,8 @@ fn the_api_source_programs_a_dual_stack_service() {
 #[test]
 fn sighup_reconfigures_both_families() {
     let mut lab = Lab::new("dshup", Flavour::Legacy, &["b1"]);
-    lab.put("node", &dual_stack_node_manifest());
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let dual = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), &dual).unwrap();
+    lab.dual_stack();
+    let dual = std::fs::read_to_string(lab.config_path()).unwrap();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
     let mut daemon = lab.start_synced();
     lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
@@ -1786,4 +1792,28 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
     let log = daemon.stop();
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
+}
+
+/// (conntrack) A deleted UDP Service's flows to its NodePort and
+/// LoadBalancer IPs lose their entries; see `common::conntrack`.
+#[test]
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
+    let mut lab = Lab::new("ctdel", Flavour::Nft, &["b1"]);
+    conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
+}
+
+/// (conntrack) One of a Service's two UDP ports to one endpoint removed:
+/// the other port's flows keep their entries and answers.
+#[test]
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
+    let mut lab = Lab::new("ctport", Flavour::Legacy, &["b1"]);
+    conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
+}
+
+/// (conntrack) Entries made while the daemon was stopped, to an endpoint
+/// removed meanwhile, go at its first sync; others stay.
+#[test]
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
+    let mut lab = Lab::new("ctstop", Flavour::Nft, &["b1", "b2"]);
+    conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }

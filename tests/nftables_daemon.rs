@@ -8,8 +8,9 @@
 //! keeping an established connection, taking over a table upstream
 //! kube-proxy wrote (`nft -f` of the dry run's text, watched with `nft
 //! monitor`), `--cleanup`, switching between iptables and nftables mode,
-//! dual-stack, and the Kubernetes API source (`--master`, the test API
-//! server in the node namespace).
+//! dual-stack, the Kubernetes API source (`--master`, the test API
+//! server in the node namespace), and the conntrack reconciler's UDP flows
+//! (`common::conntrack`, as in `iptables_daemon`).
 //!
 //! The lab is `iptables_daemon`'s (`common::lab`): a node namespace routing
 //! between a client on 192.168.50.0/24 (fd00:50::/64) and backends b1, b2
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 use common::daemon::{self, create_items, wait_for, Daemon, SyncRec};
 use common::lab::{self, addr, names, set, Answer, Backend, Conn, Probe, Probes, NODE_IP, NODE_IP6};
 use common::nft::{self, blocks, Monitor};
-use common::{bin, Netns};
+use common::{bin, conntrack, Netns};
 use kube_proxy_rs::plan::nftables::names::hash_and_truncate;
 use serde_json::{json, Value};
 
@@ -150,6 +151,11 @@ impl Lab {
         Daemon { child: Some(child), log, node: self.node.name.clone() }
     }
 
+    /// A dual-stack Node (the config has a cluster CIDR per family).
+    fn dual_stack(&self) {
+        self.put("node", &node_manifest(true));
+    }
+
     /// Starts the daemon and waits for its first sync (full and successful).
     fn start_synced(&mut self) -> Daemon {
         let mut d = self.start();
@@ -252,6 +258,8 @@ impl Lab {
         daemon::family_metric(&self.node, name, family)
     }
 }
+
+crate::impl_daemon_lab!(Lab);
 
 // ---------------------------------------------------------------- manifests
 
@@ -697,7 +705,7 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
 
-/// 1,000 Services (≈ 19,000 ops in the first sync: its new chains in
+/// 1,000 Services (≈ 14,000 ops in the first sync: its new chains in
 /// transactions of at most 8,192 ops, then the rest in one, MBs in one
 /// datagram, more than a socket's default 208 KiB send buffer, which made
 /// the kernel refuse it with EMSGSIZE before the codec sized the buffer to
@@ -727,7 +735,8 @@ fn a_thousand_services_are_written_by_one_full_sync() {
     lab.put("many", &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}));
     let mut d = lab.start();
     let first = lab.wait_sync(&mut d, 0, Duration::from_secs(60));
-    assert!(first.full && first.ops > 15_000, "{first:?}");
+    // Its ops: the nftables ones (≈ 14,100) and one conntrack reconcile.
+    assert!(first.full && first.ops > 14_000, "{first:?}");
     for (to, want) in [("10.96.100.1:80", "b1"), ("10.96.103.250:80", "b2")] {
         lab.wait_traffic(to, false, &[want], CHANGE_WAIT);
         lab.wait_traffic(to, true, &[want], CHANGE_WAIT);
@@ -849,4 +858,28 @@ fn service_cidrs_drop_unallocated_cluster_ips_until_deleted() {
     assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::ConnectionRefused)], "no longer dropped");
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     daemon.stop();
+}
+
+/// (conntrack) A deleted UDP Service's flows to its NodePort and
+/// LoadBalancer IPs lose their entries; see `common::conntrack`.
+#[test]
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
+    let mut lab = Lab::new("ctdel", &["b1"]);
+    conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
+}
+
+/// (conntrack) One of a Service's two UDP ports to one endpoint removed:
+/// the other port's flows keep their entries and answers.
+#[test]
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
+    let mut lab = Lab::new("ctport", &["b1"]);
+    conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
+}
+
+/// (conntrack) Entries made while the daemon was stopped, to an endpoint
+/// removed meanwhile, go at its first sync; others stay.
+#[test]
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
+    let mut lab = Lab::new("ctstop", &["b1", "b2"]);
+    conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use actix::prelude::*;
 
-use super::coordinator::{IptablesTargets, NftablesTargets, Target, Targets};
+use super::conntrack::ConntrackActor;
+use super::coordinator::{ConntrackTarget, IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
 use super::nftables::NftablesTarget;
 use crate::kernel::nftables::NetlinkNftables;
@@ -36,6 +37,12 @@ fn start<K: Subsystem>(
     Target { addr: actor.start().recipient(), stats }
 }
 
+/// Starts the conntrack actor over `kernel`.
+fn start_conntrack<C: ConntrackKernel>(kernel: C, registry: &StatsRegistry) -> ConntrackTarget {
+    let stats = registry.register("conntrack");
+    ConntrackTarget { addr: ConntrackActor::new(kernel, stats.clone()).start().recipient(), stats }
+}
+
 /// Starts one actor per kernel handle, registering each one's stats. Every
 /// actor reports the drift its periodic check finds (the iptables canary
 /// vanished) to `drift`: the coordinator, which then resyncs in full.
@@ -63,8 +70,8 @@ where
         ipvs: start(k.ipvs, "ipvs", registry, drift.clone()),
         sets,
         link: start(k.link, "dummy-link", registry, drift.clone()),
-        iptables: start(k.iptables, "iptables", registry, drift.clone()),
-        conntrack: start(k.conntrack, "conntrack", registry, drift),
+        iptables: start(k.iptables, "iptables", registry, drift),
+        conntrack: start_conntrack(k.conntrack, registry),
     }
 }
 
@@ -77,22 +84,21 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
     drift: Recipient<DriftDetected>,
 ) -> IptablesTargets {
     IptablesTargets {
-        iptables: start(iptables, "iptables", registry, drift.clone()),
-        conntrack: start(conntrack, "conntrack", registry, drift),
+        iptables: start(iptables, "iptables", registry, drift),
+        conntrack: start_conntrack(conntrack, registry),
     }
 }
 
 /// Starts nftables mode's two actors: `family`'s `kube-proxy` table over
-/// `nft`, and conntrack (reporting drift to `drift`, as every kernel actor).
+/// `nft`, and conntrack.
 pub fn start_nftables_actors<C: ConntrackKernel>(
     nft: NetlinkNftables,
     family: IpFamily,
     conntrack: C,
     registry: &StatsRegistry,
-    drift: Recipient<DriftDetected>,
 ) -> NftablesTargets {
     NftablesTargets {
         nftables: NftablesTarget::start(nft, family, registry.register("nftables")),
-        conntrack: start(conntrack, "conntrack", registry, drift),
+        conntrack: start_conntrack(conntrack, registry),
     }
 }

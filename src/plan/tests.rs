@@ -273,28 +273,6 @@ fn desired_state_lists_every_set_even_empty_ones() {
 }
 
 #[test]
-fn conntrack_flushes_follow_upstream() {
-    let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 30053)]);
-    let sl = |eps: &[Ep]| slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], eps);
-    let mut m = model_with(vec![applied_service(dns)]);
-    m.record(&applied_slice(sl(&[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch).iter().map(|o| o.to_string()).collect();
-    assert_eq!(ops, vec!["conntrack -D -p udp --orig-dst 10.96.0.10", "conntrack -D -p udp --orig-port-dst 30053"]);
-    m.record(&applied_slice(sl(&[ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    let ops: Vec<String> = conntrack::conntrack_ops(&m, &ch).iter().map(|o| o.to_string()).collect();
-    assert_eq!(
-        ops,
-        vec![
-            "conntrack -D -p udp --orig-dst 10.96.0.10 --dst-nat 10.244.0.5",
-            "conntrack -D -p udp --orig-port-dst 30053 --dst-nat 10.244.0.5",
-        ]
-    );
-    let _ = Protocol::Udp;
-}
-
-#[test]
 fn local_policy_without_local_endpoints_falls_back_to_cluster_endpoints() {
     let mut s = service("ns", "np", "10.96.0.70", &[("http", "TCP", 80, 30070)]);
     s.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());

@@ -118,6 +118,20 @@ impl Daemon {
     }
 }
 
+/// Starts `command` (the daemon's, run in `node`) with its output in `log`.
+pub fn spawn(mut command: Command, node: &Netns, log: PathBuf) -> Daemon {
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = command
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start kube-proxy-rs");
+    Daemon { child: Some(child), log, node: node.name.clone() }
+}
+
 /// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
 pub fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
     if let Ok(Some(s)) = child.try_wait() {
@@ -186,21 +200,56 @@ pub fn create_items(api: &ApiServer, list: &Value) {
 /// 80/TCP and `dns` 80/UDP to 8080 on `node_port`, and one EndpointSlice
 /// per family with the named backends (ready, on this node).
 pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
+    let ports = [("http", "TCP", 80, BACKEND_PORT, node_port), ("dns", "UDP", 80, BACKEND_PORT, node_port)];
+    service_manifest(name, "NodePort", cluster_ips, &ports, &[], backends)
+}
+
+/// A Service port: (name, protocol, port, targetPort, nodePort; 0 for none).
+pub type PortSpec<'a> = (&'a str, &'a str, u16, u16, u16);
+
+/// Service `default/<name>` of type `kind` with `cluster_ips` (their
+/// families, in order, are its ipFamilies; two make it RequireDualStack),
+/// `ports`, the LoadBalancer ingress IPs `lb_ips`, and one EndpointSlice per
+/// family with the named backends (ready, on this node) on the ports'
+/// target ports.
+pub fn service_manifest(
+    name: &str,
+    kind: &str,
+    cluster_ips: &[&str],
+    ports: &[PortSpec],
+    lb_ips: &[&str],
+    backends: &[&str],
+) -> Value {
     let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
     let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
     let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
-    let mut items = vec![json!({
+    let service_ports: Vec<Value> = ports
+        .iter()
+        .map(|(port_name, protocol, port, target, node_port)| {
+            let mut p = json!({"name": port_name, "protocol": protocol, "port": port, "targetPort": target});
+            if *node_port != 0 {
+                p["nodePort"] = json!(node_port);
+            }
+            p
+        })
+        .collect();
+    let mut service = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-            "ipFamilies": families, "ipFamilyPolicy": policy,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-            ],
+            "type": kind, "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+            "ipFamilies": families, "ipFamilyPolicy": policy, "ports": service_ports,
         },
-    })];
+    });
+    if !lb_ips.is_empty() {
+        let ingress: Vec<Value> = lb_ips.iter().map(|ip| json!({"ip": ip})).collect();
+        service["status"] = json!({"loadBalancer": {"ingress": ingress}});
+    }
+    let mut items = vec![service];
+    let slice_ports: Vec<Value> = ports
+        .iter()
+        .map(|(port_name, protocol, _, target, _)| json!({"name": port_name, "protocol": protocol, "port": target}))
+        .collect();
     for fam in families {
         let endpoints: Vec<Value> = backends
             .iter()
@@ -217,10 +266,7 @@ pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: 
                 "labels": {"kubernetes.io/service-name": name,
                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
             "addressType": fam,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
-                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
-            ],
+            "ports": slice_ports,
             "endpoints": endpoints,
         }));
     }

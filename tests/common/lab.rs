@@ -148,6 +148,11 @@ fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>)
 /// Starts backend `name`'s TCP and UDP servers inside `ns`, on IPv4 and,
 /// where the namespace has IPv6 sockets of their own (`bindv6only`), IPv6.
 pub fn serve(ns: &Netns, name: &'static str) -> Servers {
+    serve_port(ns, name, BACKEND_PORT)
+}
+
+/// [`serve`] on `port` (a backend's second target port).
+pub fn serve_port(ns: &Netns, name: &'static str, port: u16) -> Servers {
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let v6 = ns.exec(&["sysctl", "-n", "net.ipv6.bindv6only"]);
@@ -156,15 +161,15 @@ pub fn serve(ns: &Netns, name: &'static str) -> Servers {
         hosts.push("::");
     }
     for host in hosts {
-        threads.extend(serve_on(ns, name, host, &stop));
+        threads.extend(serve_on(ns, name, (host, port), &stop));
     }
     Servers { stop, threads }
 }
 
-fn serve_on(ns: &Netns, name: &'static str, host: &'static str, stop: &Arc<AtomicBool>) -> [JoinHandle<()>; 2] {
+fn serve_on(ns: &Netns, name: &'static str, at: (&'static str, u16), stop: &Arc<AtomicBool>) -> [JoinHandle<()>; 2] {
     let (s1, s2) = (stop.clone(), stop.clone());
     let tcp = spawn_in(ns, move |ready| {
-        let l = match TcpListener::bind((host, BACKEND_PORT)) {
+        let l = match TcpListener::bind(at) {
             Ok(l) => l,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };
@@ -182,7 +187,7 @@ fn serve_on(ns: &Netns, name: &'static str, host: &'static str, stop: &Arc<Atomi
         }
     });
     let udp = spawn_in(ns, move |ready| {
-        let s = match UdpSocket::bind((host, BACKEND_PORT)) {
+        let s = match UdpSocket::bind(at) {
             Ok(s) => s,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };

@@ -12,6 +12,8 @@ use tokio::time::{sleep, Instant};
 use super::*;
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::fixtures::*;
+use crate::kernel::conntrack::codec::Entry;
+use crate::kernel::conntrack::Request;
 use crate::kernel::mem::*;
 use crate::net::IpFamily;
 use crate::plan::context::NodePortFilter;
@@ -394,6 +396,44 @@ fn dns_service() -> k8s_openapi::api::core::v1::Service {
     service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)])
 }
 
+/// A UDP flow from 10.0.0.1:`sport` to `dst`, DNATed to `ep` (or not, when
+/// `ep` is `dst`): a conntrack entry.
+fn udp_flow(sport: u16, dst: &str, ep: &str) -> Entry {
+    let client = std::net::SocketAddr::new([10, 0, 0, 1].into(), sport);
+    Entry::connection(crate::net::Protocol::Udp, client, dst.parse().unwrap(), ep.parse().unwrap())
+}
+
+/// The journal line of `e`'s deletion.
+fn deletion(e: &Entry) -> String {
+    format!("conntrack {}", Request::Delete(e.orig))
+}
+
+/// A coordinator that has synced the DNS Service with endpoints
+/// 10.244.1.5 and 10.244.2.5, and a UDP flow to it DNATed to 10.244.1.5.
+async fn dns_with_a_flow() -> (Harness, Entry) {
+    let h = start(Duration::ZERO, Duration::from_secs(30));
+    let mut first = synced();
+    first.extend([applied_service(dns_service()), dns_slice(&["10.244.1.5", "10.244.2.5"])]);
+    h.send(first).await;
+    sleep(MS).await;
+    let flow = udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53");
+    h.k.conntrack.insert(flow);
+    (h, flow)
+}
+
+/// Makes the next op whose journal line holds `failing` fail, then removes
+/// 10.244.1.5 from the DNS Service's endpoints (a sync, 10 ms).
+async fn remove_endpoint_with_a_failure(h: &Harness, failing: &str) {
+    h.k.journal.fail(failing, 1);
+    h.send(vec![dns_slice(&["10.244.2.5"])]).await;
+    sleep(10 * MS).await;
+}
+
+/// The source ports of the conntrack entries left.
+fn flows_left(ct: &MemConntrack) -> Vec<u16> {
+    ct.snapshot().iter().filter_map(|e| e.orig.src_port).collect()
+}
+
 fn dns_slice(ips: &[&str]) -> SourceEvent {
     let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
     applied_slice(slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53)], &eps))
@@ -412,11 +452,13 @@ fn ordering_between_actors() {
         // A set exists before a rule naming it; a virtual server before its real servers.
         assert!(j.pos("create KUBE-CLUSTER-IP").unwrap() < j.pos("iptables-restore").unwrap());
         assert!(j.pos("ipvs -A -u 10.96.0.10:53").unwrap() < j.pos("ipvs -a -u 10.96.0.10:53").unwrap());
+        let flow = udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53");
+        h.k.conntrack.insert(flow);
         h.send(vec![dns_slice(&["10.244.2.5"])]).await;
         sleep(MS).await;
         let del = j.pos("ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("DelDest");
-        let flush = j.pos("--orig-dst 10.96.0.10 --dst-nat 10.244.1.5").expect("conntrack flush");
-        assert!(del < flush, "real-server removal before its conntrack flush: {:?}", j.lines());
+        let flush = j.pos(&deletion(&flow)).expect("the stale entry deleted");
+        assert!(del < flush, "real-server removal before its conntrack entries go: {:?}", j.lines());
         h.send(vec![deleted_service(dns)]).await;
         sleep(MS).await;
         let del_vs = j.pos("ipvs -D -u 10.96.0.10:53").expect("DelService");
@@ -501,21 +543,92 @@ fn a_scheduler_annotation_change_edits_the_virtual_server_in_place() {
 #[test]
 fn conntrack_waits_for_a_failed_real_server_removal() {
     run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let dns = dns_service();
-        let mut first = synced();
-        first.extend([applied_service(dns), dns_slice(&["10.244.1.5", "10.244.2.5"])]);
-        h.send(first).await;
-        sleep(MS).await;
-        h.k.journal.fail("-d -u 10.96.0.10:53 -r 10.244.1.5:53", 1);
-        h.send(vec![dns_slice(&["10.244.2.5"])]).await;
-        sleep(10 * MS).await;
-        assert!(h.at("--dst-nat 10.244.1.5").is_empty(), "no flush while the real server may still be there");
+        let (h, flow) = dns_with_a_flow().await;
+        remove_endpoint_with_a_failure(&h, "-d -u 10.96.0.10:53 -r 10.244.1.5:53").await;
+        assert!(h.at(&deletion(&flow)).is_empty(), "no deletion while the real server may still be there");
+        assert_eq!(h.at("conntrack -L").len(), 1, "the first sync's dump only");
         sleep(Duration::from_secs(2)).await;
         let j = &h.k.journal;
         let del = j.lines().iter().rposition(|l| l == "ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("retried");
-        let flush = j.pos("--dst-nat 10.244.1.5").expect("flush after retry");
+        let flush = j.pos(&deletion(&flow)).expect("deleted after the retry");
         assert!(del < flush);
+        assert!(h.k.conntrack.snapshot().is_empty());
+    });
+}
+
+/// Entries a stopped daemon left (an endpoint removed meanwhile) go at the
+/// first sync; later syncs dump the table only after a UDP change.
+#[test]
+fn the_first_sync_reconciles_conntrack_and_later_ones_only_after_udp_changes() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let to_removed = udp_flow(40001, "10.96.0.10:53", "10.244.9.9:53");
+        let to_serving = udp_flow(40002, "10.96.0.10:53", "10.244.1.5:53");
+        let other_port = udp_flow(40003, "10.96.0.10:54", "10.244.9.9:53");
+        for e in [to_removed, to_serving, other_port] {
+            h.k.conntrack.insert(e);
+        }
+        let mut first = synced();
+        first.extend([applied_service(dns_service()), dns_slice(&["10.244.1.5"]), web_svc("web", "10.96.0.20")]);
+        h.send(first).await;
+        sleep(MS).await;
+        assert_eq!(flows_left(&h.k.conntrack), [40002, 40003]);
+        assert_eq!(h.at("conntrack -L -f ipv4").len(), 1);
+        h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
+        sleep(Duration::from_secs(65)).await;
+        assert_eq!(h.at("conntrack -L").len(), 1, "a TCP change and periodic syncs dump nothing");
+        h.send(vec![dns_slice(&["10.244.1.5", "10.244.2.5"])]).await;
+        sleep(MS).await;
+        assert_eq!(h.at("conntrack -L").len(), 2, "a UDP endpoint change does");
+    });
+}
+
+/// A deleted UDP NodePort Service: its DNATed entries go, to the ClusterIP
+/// and to the NodePort on any node address; entries it did not DNAT and
+/// another Service's stay.
+#[test]
+fn a_deleted_udp_services_entries_go() {
+    run_paused(|| async {
+        let h = start(Duration::ZERO, Duration::from_secs(30));
+        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 30053)]);
+        let other = service("default", "syslog", "10.96.0.11", &[("dns", "UDP", 53, 0)]);
+        let eps = [ep("10.244.1.5", "node-b")];
+        let mut first = synced();
+        first.extend([
+            applied_service(dns.clone()),
+            dns_slice(&["10.244.1.5"]),
+            applied_service(other),
+            applied_slice(slice("default", "syslog-1", "syslog", &[("dns", "UDP", 53)], &eps)),
+        ]);
+        h.send(first).await;
+        sleep(MS).await;
+        let flows = [
+            udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53"),
+            udp_flow(40002, "192.168.50.2:30053", "10.244.1.5:53"),
+            udp_flow(40003, "10.0.0.5:30053", "10.244.1.5:53"),
+            udp_flow(40004, "10.0.0.5:30053", "10.0.0.5:30053"),
+            udp_flow(40005, "10.96.0.11:53", "10.244.1.5:53"),
+        ];
+        for e in flows {
+            h.k.conntrack.insert(e);
+        }
+        h.send(vec![deleted_service(dns), deleted_slice(slice("kube-system", "dns-1", "dns", &[], &[]))]).await;
+        sleep(MS).await;
+        assert_eq!(flows_left(&h.k.conntrack), [40004, 40005]);
+        assert!(h.syncs().await.iter().all(|s| s.failed == 0));
+    });
+}
+
+/// A reconcile whose delete failed is counted and done again by the retry.
+#[test]
+fn a_failed_conntrack_reconcile_is_retried() {
+    run_paused(|| async {
+        let (h, flow) = dns_with_a_flow().await;
+        remove_endpoint_with_a_failure(&h, "conntrack -D").await;
+        assert_eq!(h.syncs().await[1].failed, 1);
+        assert_eq!(h.k.conntrack.snapshot(), [flow], "kept by the failed delete");
+        sleep(Duration::from_secs(2)).await;
+        assert!(h.k.conntrack.snapshot().is_empty(), "{:?}", h.k.journal.lines());
     });
 }
 
@@ -596,6 +709,7 @@ mod iptables_mode {
     struct Ipt {
         coord: Addr<Coordinator<IptablesDataplane>>,
         iptables: MemIptables,
+        conntrack: MemConntrack,
         journal: Journal,
     }
 
@@ -606,17 +720,17 @@ mod iptables_mode {
         let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
         let addrs: AddrSource = Box::new(Vec::new);
         let settings = unlimited_settings();
+        let conntrack = MemConntrack::new(&journal);
         let coord = Coordinator::create(|ctx| {
-            let conntrack = MemConntrack::new(&journal);
             let targets = start_iptables_actors(
                 iptables.clone(),
-                conntrack,
+                conntrack.clone(),
                 &StatsRegistry::default(),
                 ctx.address().recipient(),
             );
             Coordinator::with_dataplane(settings, IptablesDataplane::new(targets, addrs, context, kernel_chains))
         });
-        Ipt { coord, iptables, journal }
+        Ipt { coord, iptables, conntrack, journal }
     }
 
     impl Ipt {
@@ -683,18 +797,20 @@ mod iptables_mode {
             ]);
             h.send(first).await;
             sleep(MS).await;
+            let flow = udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53");
+            h.conntrack.insert(flow);
             h.journal.clear();
             h.journal.fail("iptables-restore", 1);
             h.send(vec![dns_slice(&["10.244.2.5"])]).await;
             sleep(10 * MS).await;
             assert!(
-                h.journal.pos("--dst-nat 10.244.1.5").is_none(),
-                "no flush after a failed restore: {:?}",
+                h.journal.pos("conntrack").is_none(),
+                "no reconcile after a failed restore: {:?}",
                 h.journal.lines()
             );
             sleep(Duration::from_secs(2)).await;
             let restore = h.journal.lines().iter().rposition(|l| l.starts_with("iptables-restore")).expect("retried");
-            let flush = h.journal.pos("--dst-nat 10.244.1.5").expect("flush after the retry");
+            let flush = h.journal.pos(&deletion(&flow)).expect("deleted after the retry");
             assert!(restore < flush, "{:?}", h.journal.lines());
             let syncs = h.syncs().await;
             assert!(syncs[1].failed > 0 && !syncs[1].full);
