@@ -584,6 +584,19 @@ fn an_endpoint_added_to_the_manifests_gets_its_pod_from_up() {
     assert!(lab.daemon.as_mut().expect("daemon").try_wait().expect("try_wait").is_none(), "up stopped the daemon");
 }
 
+/// Each mode's config leaves nf_conntrack_max alone (`maxPerCore: 0`): in
+/// the node's network namespace it is read-only, and a daemon that must
+/// raise it (CPUs × maxPerCore above the host's value) does not start.
+#[test]
+fn demo_configs_leave_nf_conntrack_max_alone() {
+    for file in ["demo.yaml", "demo-nftables.yaml", "demo-ipvs.yaml"] {
+        let path = format!("{ROOT}/config/{file}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let cfg = kube_proxy_rs::config::parse_str(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cfg.conntrack.max_per_core, Some(0), "{file}: conntrack.maxPerCore");
+    }
+}
+
 /// The mode picks the config file: `--proxy-mode` is taken as the mode (so
 /// `--proxy-mode ipvs` gets the IPVS message, not iptables mode), `--config`
 /// is refused. Needs no lab: these are refused before anything runs.
