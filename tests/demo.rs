@@ -338,10 +338,13 @@ impl Lab {
     fn down_stops_everything(&mut self, forward_port: u16) {
         let out = self.ok(&["down"]);
         assert!(out.contains("down:"), "down said: {out}");
-        let mut forward = self.forward.take().expect("forward running");
-        assert!(wait_exit(&mut forward, Duration::from_secs(5)).is_some(), "forward still runs after down");
-        let mut daemon = self.daemon.take().expect("daemon running");
-        let status = wait_exit(&mut daemon, Duration::from_secs(5)).expect("the daemon still runs after down");
+        // Taken once they exited: on a failed assertion, drop kills them.
+        let forward = self.forward.as_mut().expect("forward running");
+        assert!(wait_exit(forward, Duration::from_secs(5)).is_some(), "forward still runs after down");
+        self.forward = None;
+        let daemon = self.daemon.as_mut().expect("daemon running");
+        let status = wait_exit(daemon, Duration::from_secs(5)).expect("the daemon still runs after down");
+        self.daemon = None;
         assert!(status.success(), "the daemon's exit after down's SIGTERM: {status}");
         assert!(self.daemon_log().contains("SIGTERM"), "the daemon did not log the SIGTERM:\n{}", self.daemon_log());
         assert_eq!(namespaces_of(&self.prefix), Vec::<String>::new(), "namespaces left after down");
