@@ -18,7 +18,7 @@
 
 _kprs_install_deps() (
   set -euo pipefail
-  demo=(iproute2 iptables ipset conntrack socat procps kmod)
+  demo=(iproute2 iptables nftables ipset conntrack socat procps kmod)
   pkgs=(
     qemu-system-x86     # qemu-system-x86_64 (TCG; KVM where real VT-x/AMD-V exists)
     busybox-static      # guest userland (sh applets, httpd, nc, wget, modprobe, ...)

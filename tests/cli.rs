@@ -247,7 +247,7 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
     let errors: Vec<&str> = err.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{err}");
     assert!(
-        errors[0].contains("IPVS is not available in this kernel: load the ip_vs module or use --proxy-mode=iptables"),
+        errors[0].contains("IPVS is not available in this kernel: load the ip_vs module, or choose another mode (the config file's `mode`, or --proxy-mode when there is no --config)"),
         "{err}"
     );
     assert!(err.contains(kube_proxy_rs::config::IPVS_DEPRECATED), "upstream's deprecation warning: {err}");

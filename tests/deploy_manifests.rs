@@ -384,7 +384,7 @@ fn config_map_config_is_accepted_by_the_daemons_loader() {
     let flags = Flags::try_parse_args(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     let cfg = config::load(&flags).unwrap_or_else(|e| panic!("{args:?}: {e}"));
 
-    assert_eq!(cfg.proxy_mode(), ProxyMode::Ipvs);
+    assert_eq!(cfg.proxy_mode(), ProxyMode::Iptables);
     assert_eq!(cfg.hostname().expect("node name"), NODE);
     assert_eq!(cfg.ipvs_scheduler(), "rr");
     assert_eq!(cfg.sync_period(), std::time::Duration::from_secs(30));
@@ -395,6 +395,24 @@ fn config_map_config_is_accepted_by_the_daemons_loader() {
     let kubeconfig = cfg.client_connection.kubeconfig.as_str();
     let key = kubeconfig.strip_prefix(&format!("{mount}/")).expect("clientConnection.kubeconfig in the mount");
     assert!(data.contains_key(key), "clientConnection.kubeconfig {kubeconfig}: no key {key:?} in the ConfigMap");
+}
+
+/// The mode is written out, as kubeadm's default (iptables), so that an
+/// operator sees what to compare with the kube-proxy ConfigMap; the comment
+/// above it names every mode and what each needs.
+#[test]
+fn config_map_mode_is_kubeadms_default_written_out_with_the_choice_explained() {
+    let deploy = Deploy::load();
+    let text = deploy.config_map_data().get("config.conf").expect("config.conf in the ConfigMap");
+    let doc: Value = yaml_serde::from_str(text).unwrap_or_else(|e| panic!("config.conf: {e}"));
+    assert_eq!(doc.get("mode").and_then(Value::as_str), Some("iptables"), "config.conf's mode");
+
+    let before_mode = text.split_once("\nmode:").expect("a top-level mode line").0;
+    let comment: String =
+        (before_mode.lines().rev()).take_while(|l| l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+    for needle in ["kubeadm", "- iptables:", "- nftables:", "- ipvs:", "deprecated", "5.13", "ip_vs"] {
+        assert!(comment.contains(needle), "no {needle:?} in the comment above mode:\n{comment}");
+    }
 }
 
 #[test]

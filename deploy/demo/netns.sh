@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# deploy/demo/netns.sh — the README demo: kube-proxy-rs in iptables mode on
-# the embedded demo cluster (config/demo.yaml, config/demo/) on a node made
+# deploy/demo/netns.sh — the README demo: kube-proxy-rs on the embedded demo
+# cluster (config/demo/) in iptables, nftables or IPVS mode, on a node made
 # of network namespaces. Everything it creates lives in those namespaces: the
-# host's own rules, routes, links and sysctls are never touched.
+# host's own rules, routes, links and sysctls are never touched. As root:
 #
-#   sudo deploy/demo/netns.sh up                  create the namespaces, start the backends
-#   sudo deploy/demo/netns.sh run [FLAG...]       run the daemon in the node namespace (foreground)
-#   sudo deploy/demo/netns.sh try TARGET [FROM]   one request to a service, print the answer
-#   sudo deploy/demo/netns.sh forward [PORT]      serve the node's metrics/dashboard on the host's 127.0.0.1:PORT
-#   sudo deploy/demo/netns.sh down                stop every process in the namespaces, delete them
-#        deploy/demo/netns.sh list                the backends: pod IP, node, pod name, ports
+#   deploy/demo/netns.sh up                   create the namespaces, start the backends
+#   deploy/demo/netns.sh run [MODE] [FLAG...] run the daemon in the node namespace (foreground)
+#   deploy/demo/netns.sh try TARGET [FROM]    one request to a service, print the answer
+#   deploy/demo/netns.sh forward [PORT]       serve the node's metrics/dashboard on the host's 127.0.0.1:PORT
+#   deploy/demo/netns.sh down                 stop everything the others started, delete the namespaces
+#   deploy/demo/netns.sh list                 the backends: pod IP, node, pod name, ports (no root needed)
+#
+# MODE is iptables (the default), nftables or ipvs and picks the config file:
+# config/demo.yaml, config/demo-nftables.yaml, config/demo-ipvs.yaml (the
+# config file wins over mode flags, so the mode is chosen by file;
+# `--proxy-mode MODE` among the flags is taken as MODE). IPVS mode needs a
+# kernel with IPVS (/proc/net/ip_vs); without one, `run ipvs` says so and
+# how to try it in the qemu VM (tests/vm/README.md).
 #
 # The lab (P is $KPR_DEMO_PREFIX, default kpr-demo):
 #
@@ -21,60 +28,60 @@
 #                                     eth0 192.168.50.3/24
 #                                     cbr0 10.244.1.1/24 ──veth── P-10.244.1.N (pods on other-node)
 #
-# Every endpoint address of config/demo's EndpointSlices is a pod namespace
-# running socat on its ports (TCP; UDP too for DNS) that answers with its pod
-# name, address, node and the client address it saw, e.g.
+# Every IPv4 endpoint address of the manifests' EndpointSlices (as
+# kpr-demo-backends reads them with the daemon's manifest reader: `list`)
+# is a pod namespace on its node (demo-node or other-node), running socat on
+# its ports (TCP, UDP) that answers with its pod name, address, node and
+# the client address it saw, e.g.
 #   web-5d8f7c9b6-a1b2c 10.244.0.11:8080/tcp on demo-node, client 10.244.0.1:40312
-# HTTP requests get an HTTP/1.0 answer, anything else that one line.
+# HTTP requests get an HTTP/1.0 answer, anything else that one line. After
+# adding an endpoint address to the manifests, `down` and `up` give it its
+# pod.
 #
 # TARGET is a name (see `usage`) or [udp:|tcp:]IP:PORT (default: an HTTP GET);
 # FROM is `client` (default) or `node`.
 #
 # Environment:
-#   KPR_DEMO_PREFIX   namespace names (default kpr-demo); tests use their own
-#   KPR_DEMO_BIN      the daemon (default ${CARGO_TARGET_DIR:-target}/debug/kube-proxy-rs)
-#   KPR_DEMO_TIMEOUT  seconds `try` waits for an answer (default 3)
+#   KPR_DEMO_PREFIX        namespace names (default kpr-demo); tests use their own
+#   KPR_DEMO_BIN           the daemon (default ${CARGO_TARGET_DIR:-target}/debug/kube-proxy-rs)
+#   KPR_DEMO_BACKENDS_BIN  the backend lister (default ${CARGO_TARGET_DIR:-target}/debug/kpr-demo-backends)
+#   KPR_DEMO_MANIFESTS     the cluster's objects (default config/demo)
+#   KPR_DEMO_TIMEOUT       seconds `try` waits for an answer (default 3)
 #
 # Needs root, bash, iproute2 (ip, ss), socat, util-linux (setsid), procps
 # (sysctl), coreutils and, for the daemon, iptables: all in
-# .ci/install-deps.sh.
+# .ci/install-deps.sh --demo. `forward` records its pid in
+# /run/kpr-demo-lab/ so that `down` stops it.
 set -eu
 set -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SELF="$ROOT/deploy/demo/$(basename "$0")"
 P=${KPR_DEMO_PREFIX:-kpr-demo}
-BIN=${KPR_DEMO_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/kube-proxy-rs}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${KPR_DEMO_BIN:-$TARGET_DIR/debug/kube-proxy-rs}
+BACKENDS_BIN=${KPR_DEMO_BACKENDS_BIN:-$TARGET_DIR/debug/kpr-demo-backends}
+MANIFESTS=${KPR_DEMO_MANIFESTS:-$ROOT/config/demo}
 TIMEOUT=${KPR_DEMO_TIMEOUT:-3}
 NODE_NS=$P
 CLIENT_NS=$P-client
 OTHER_NS=$P-other
-
-# Every endpoint address of config/demo's EndpointSlices (tests/demo.rs
-# checks this table against the manifests): address, node, pod, ports.
-# Pod names come from the slices' targetRef where they have one.
-BACKENDS='
-10.244.0.5  demo-node  coredns-76f75df574-x7k2m     tcp:53 udp:53
-10.244.0.11 demo-node  web-5d8f7c9b6-a1b2c          tcp:8080
-10.244.0.12 demo-node  web-5d8f7c9b6-d3e4f          tcp:8080
-10.244.0.13 demo-node  web-lb-7f6b9c8d4-h7j8k       tcp:8080
-10.244.0.14 demo-node  web-external-5c4d8f6b7-x2y3z tcp:8080
-10.244.0.15 demo-node  sticky-6d9c7b5f8-s1t2u       tcp:8080
-10.244.0.16 demo-node  local-only-8b7c6d5f4-l1m2n   tcp:8080
-10.244.0.17 demo-node  headless-7c5b9d8f6-p1q2r     tcp:8080
-10.244.0.23 demo-node  web-lb-7f6b9c8d4-t9u8v       tcp:8080
-10.244.0.31 demo-node  web-nodeport-9d8c7b6f5-n3p4q tcp:8080
-10.244.1.5  other-node coredns-76f75df574-q9p4r     tcp:53 udp:53
-10.244.1.21 other-node web-5d8f7c9b6-g5h6i          tcp:8080
-10.244.1.23 other-node web-lb-7f6b9c8d4-w5x6y       tcp:8080
-10.244.1.25 other-node sticky-6d9c7b5f8-v3w4x       tcp:8080
-10.244.1.26 other-node local-only-8b7c6d5f4-o3p4q   tcp:8080
-10.244.1.31 other-node web-nodeport-9d8c7b6f5-r5s6t tcp:8080
-'
+# Where `forward` records its pid (it listens in the host's namespace,
+# where `down` cannot find it by namespace).
+RUN_DIR=/run/kpr-demo-lab
+# The demo in IPVS mode in the qemu VM (tests/vm/guest/demo.sh), from the
+# repository's root, after `cargo build`.
+VM_DEMO='tests/vm/run-vm-test.sh --bin target/debug/kube-proxy-rs --bin target/debug/kpr-demo-backends --file deploy/demo --file config tests/vm/guest/demo.sh'
 
 usage() {
   cat <<EOF
-usage: $0 up|run [FLAG...]|try TARGET [client|node]|forward [PORT]|down|list
+usage: $0 up|run [iptables|nftables|ipvs] [FLAG...]|try TARGET [client|node]|forward [PORT]|down|list
+
+run modes (each with its config file; --proxy-mode MODE is taken as MODE):
+  iptables      config/demo.yaml (the default)
+  nftables      config/demo-nftables.yaml
+  ipvs          config/demo-ipvs.yaml: needs IPVS in the kernel, else the qemu VM:
+                $VM_DEMO
 
 try targets (as in config/demo/):
   web           http 10.96.0.20:80      ClusterIP: 2 pods on demo-node, 1 on other-node
@@ -98,9 +105,9 @@ die() {
 }
 
 need_root() {
-  [ "$(id -u)" = 0 ] || die "needs root (sudo $0 ${1:-})"
+  [ "$(id -u)" = 0 ] || die "$0 ${1:-}: run it as root"
   for t in ip ss socat setsid sysctl timeout; do
-    command -v "$t" >/dev/null || die "'$t' not found (bash .ci/install-deps.sh installs it)"
+    command -v "$t" >/dev/null || die "'$t' not found (bash .ci/install-deps.sh --demo installs it)"
   done
 }
 
@@ -110,21 +117,42 @@ check_prefix() {
   esac
 }
 
-# backends: the table without blank lines.
+# The backends, one line each (address, node, pod, ports), as
+# kpr-demo-backends reads them from the manifests; load_backends reads them
+# once into BACKEND_LINES.
+BACKEND_LINES=
+load_backends() {
+  [ -x "$BACKENDS_BIN" ] || die "no kpr-demo-backends at $BACKENDS_BIN: run 'cargo build' first (or set KPR_DEMO_BACKENDS_BIN)"
+  BACKEND_LINES=$("$BACKENDS_BIN" "$MANIFESTS") || die "cannot read the backends from $MANIFESTS (above)"
+  [ -n "$BACKEND_LINES" ] || die "no endpoint addresses in $MANIFESTS"
+}
+
 backends() {
-  printf '%s\n' "$BACKENDS" | grep -v '^$'
+  printf '%s\n' "$BACKEND_LINES"
 }
 
 pod_ns() {
   echo "$P-$1"
 }
 
-# Every namespace of the lab, pods first (down deletes in this order).
+# Every namespace of the lab as the manifests say now, pods first.
 all_ns() {
   backends | while read -r ip _; do pod_ns "$ip"; done
   echo "$OTHER_NS"
   echo "$CLIENT_NS"
   echo "$NODE_NS"
+}
+
+# Every namespace of the lab that exists, whatever the manifests say now
+# (an endpoint removed since `up` keeps its namespace until `down`), pods
+# first: P-<IPv4 address>, P-other, P-client, P.
+existing_ns() {
+  local p=${P//./\\.} ns
+  ip netns list | while read -r ns _; do printf '%s\n' "$ns"; done |
+    grep -E "^$p-[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+\$" || true
+  for ns in "$OTHER_NS" "$CLIENT_NS" "$NODE_NS"; do
+    if ns_exists "$ns"; then echo "$ns"; fi
+  done
 }
 
 ns_exists() {
@@ -139,16 +167,11 @@ in_ns() {
 
 # --- up ---------------------------------------------------------------------
 
-# Whether every namespace exists and every backend still has its listeners.
-complete() {
-  local ns ip ports n
-  while read -r ns; do ns_exists "$ns" || return 1; done < <(all_ns)
-  while read -r ip _ _ ports; do
-    n=$(ip netns pids "$(pod_ns "$ip")" | wc -l)
-    # shellcheck disable=SC2086 # ports is a word list
-    set -- $ports
-    [ "$n" -ge $# ] || return 1
-  done < <(backends)
+# Whether a pod's namespace exists with a listener per port.
+pod_complete() { # ns ports...
+  local ns=$1
+  shift
+  ns_exists "$ns" && [ "$(ip netns pids "$ns" | wc -l)" -ge $# ]
 }
 
 new_ns() {
@@ -164,10 +187,14 @@ start_server() { # ns pod ip node proto port
     *) die "bad protocol $proto" ;;
   esac
   # socat runs the handler (this script's `serve`) per connection or
-  # datagram; the variables reach it through the environment.
+  # datagram; the variables reach it through the environment. When the
+  # client has sent all it sends, socat waits -t seconds for the handler's
+  # answer (0.5 s by default; starting bash takes longer on the VM's
+  # emulated CPU). `ip` by its path: busybox's setsid (the VM's) would run
+  # its own `ip` applet.
   # shellcheck disable=SC2016 # expanded by socat's shell, not here
   KPR_DEMO_POD=$pod KPR_DEMO_ADDR=$ip:$port/$proto KPR_DEMO_NODE=$node KPR_DEMO_SELF=$SELF \
-    setsid ip netns exec "$ns" socat "$listen" 'SYSTEM:exec "$KPR_DEMO_SELF" serve' \
+    setsid "$(command -v ip)" netns exec "$ns" socat -t 10 "$listen" 'SYSTEM:exec "$KPR_DEMO_SELF" serve' \
     </dev/null >/dev/null 2>&1 &
 }
 
@@ -181,22 +208,37 @@ wait_listening() { # ns proto port
   die "no $2 listener on port $3 in namespace $1 after 5 s"
 }
 
+# The node namespace and gateway of a pod on `node` with address `ip`;
+# dies for a node the lab does not have or an address outside its pod CIDR.
+pod_host() { # ip node
+  case $2 in
+    demo-node) [[ $1 == 10.244.0.* ]] && echo "$NODE_NS 10.244.0.1" && return ;;
+    other-node) [[ $1 == 10.244.1.* ]] && echo "$OTHER_NS 10.244.1.1" && return ;;
+    *) die "endpoint $1 is on node $2: the lab has demo-node (pods 10.244.0.0/24) and other-node (10.244.1.0/24)" ;;
+  esac
+  die "endpoint $1 is on $2, outside its pods' range (demo-node 10.244.0.0/24, other-node 10.244.1.0/24)"
+}
+
 up() {
   need_root up
   check_prefix
-  if complete; then
-    echo "netns.sh: $NODE_NS is already up"
-    return
-  fi
-  local ns
-  while read -r ns; do
-    if ns_exists "$ns"; then
+  load_backends
+  local ip node
+  while read -r ip node _; do pod_host "$ip" "$node" >/dev/null; done < <(backends)
+  local base=1
+  if ! ns_exists "$NODE_NS" || ! ns_exists "$CLIENT_NS" || ! ns_exists "$OTHER_NS"; then
+    base=0
+    if [ -n "$(existing_ns)" ]; then
       echo "netns.sh: a partial lab exists: removing it first" >&2
       down >/dev/null
-      break
     fi
-  done < <(all_ns)
+    up_nodes
+  fi
+  up_pods "$base"
+}
 
+# The two nodes and the client on their LAN.
+up_nodes() {
   new_ns "$NODE_NS"
   new_ns "$CLIENT_NS"
   new_ns "$OTHER_NS"
@@ -236,59 +278,186 @@ up() {
   # The node's default route (a node has one; locally sent traffic to
   # service IPs needs a route before the nat OUTPUT chain sees it).
   ip -n "$NODE_NS" route add default via 192.168.50.10
+}
 
-  # The pods.
-  local ip node pod ports pns host gw p
-  while read -r ip node pod ports; do
-    pns=$(pod_ns "$ip")
-    if [ "$node" = demo-node ]; then host=$NODE_NS gw=10.244.0.1; else host=$OTHER_NS gw=10.244.1.1; fi
-    new_ns "$pns"
-    ip -n "$pns" link add eth0 type veth peer name "veth${ip##*.}" netns "$host"
-    ip -n "$host" link set "veth${ip##*.}" master cbr0 up
-    ip -n "$pns" addr add "$ip/24" dev eth0
-    ip -n "$pns" link set eth0 up
-    ip -n "$pns" route add default via "$gw"
-    for p in $ports; do
-      start_server "$pns" "$pod" "$ip" "$node" "${p%%:*}" "${p#*:}"
+# One pod: its namespace on its node's bridge, a listener per port.
+add_pod() { # ip node pod ports...
+  local ip=$1 node=$2 pod=$3 pns host gw p
+  shift 3
+  pns=$(pod_ns "$ip")
+  read -r host gw < <(pod_host "$ip" "$node")
+  new_ns "$pns"
+  ip -n "$pns" link add eth0 type veth peer name "veth${ip##*.}" netns "$host"
+  ip -n "$host" link set "veth${ip##*.}" master cbr0 up
+  ip -n "$pns" addr add "$ip/24" dev eth0
+  ip -n "$pns" link set eth0 up
+  ip -n "$pns" route add default via "$gw"
+  for p in "$@"; do
+    start_server "$pns" "$pod" "$ip" "$node" "${p%%:*}" "${p#*:}"
+  done
+}
+
+# Removes pod namespaces (their processes first), waits until the node
+# side of each one's veth is gone, so the name can be used again, and
+# forgets the pod's MAC address, so a new pod with its address is reached.
+remove_pods() { # ns...
+  [ $# -gt 0 ] || return 0
+  stop_processes "$@"
+  local ns ip host i
+  for ns in "$@"; do
+    ip netns del "$ns"
+    ip=${ns##*-}
+    for host in "$NODE_NS" "$OTHER_NS"; do
+      for i in $(seq 50); do
+        ip -n "$host" link show "veth${ip##*.}" >/dev/null 2>&1 || break
+        sleep 0.1
+      done
+      ip -n "$host" neigh flush to "$ip" 2>/dev/null || true
     done
+  done
+}
+
+# Makes the pods what the manifests say, beside a running daemon: stops
+# the pods no longer listed and those missing a listener, starts the
+# missing ones. `base` is 1 when the nodes were up already.
+up_pods() { # base
+  local ip node pod ports ns p stale=() added=()
+  local -A want=()
+  while read -r ip _ _ ports; do want[$(pod_ns "$ip")]=$ports; done < <(backends)
+  while read -r ns; do
+    case $ns in "$NODE_NS" | "$CLIENT_NS" | "$OTHER_NS") continue ;; esac
+    # shellcheck disable=SC2086 # the ports are a word list
+    if [ -z "${want[$ns]+set}" ] || ! pod_complete "$ns" ${want[$ns]}; then stale+=("$ns"); fi
+  done < <(existing_ns)
+  remove_pods ${stale[@]+"${stale[@]}"}
+  while read -r ip node pod ports; do
+    ns_exists "$(pod_ns "$ip")" && continue
+    # shellcheck disable=SC2086 # the ports are a word list
+    add_pod "$ip" "$node" "$pod" $ports
+    added+=("$ip $ports")
   done < <(backends)
-  while read -r ip _ _ ports; do
+  for ip in ${added[@]+"${added[@]}"}; do
+    read -r ip ports <<<"$ip"
     for p in $ports; do
       wait_listening "$(pod_ns "$ip")" "${p%%:*}" "${p#*:}"
     done
-  done < <(backends)
-  echo "netns.sh: up: node $NODE_NS (192.168.50.2), client $CLIENT_NS (192.168.50.10), other-node $OTHER_NS, $(backends | wc -l) pods"
+  done
+  if [ "$1" = 1 ] && [ ${#added[@]} = 0 ] && [ ${#stale[@]} = 0 ]; then
+    echo "netns.sh: $NODE_NS is already up"
+    return
+  fi
+  echo "netns.sh: up: node $NODE_NS (192.168.50.2), client $CLIENT_NS (192.168.50.10), other-node $OTHER_NS, $(backends | wc -l) pods (${#added[@]} started, ${#stale[@]} stopped)"
 }
 
 # --- down -------------------------------------------------------------------
 
-down() {
-  need_root down
-  check_prefix
+# Stops every process in the namespaces: SIGTERM for 3 s, then SIGKILL.
+stop_processes() { # ns...
   local ns pids i
-  # Every process in our namespaces: the backends, the daemon, shells.
   for i in $(seq 50); do
-    pids=$(while read -r ns; do if ns_exists "$ns"; then ip netns pids "$ns"; fi; done < <(all_ns) | sort -u)
-    [ -n "$pids" ] || break
+    pids=$(for ns in "$@"; do ip netns pids "$ns"; done | sort -u)
+    [ -n "$pids" ] || return 0
     # shellcheck disable=SC2086 # a list of pids
     if [ "$i" -lt 30 ]; then kill -TERM $pids 2>/dev/null || true; else kill -KILL $pids 2>/dev/null || true; fi
     sleep 0.1
   done
-  [ -z "$pids" ] || die "processes $pids in the lab's namespaces do not exit"
+  die "processes $pids in the lab's namespaces do not exit"
+}
+
+# Whether a process runs (exists and is not a zombie its parent has yet to reap).
+running() { # pid
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# Stops every `forward` of this lab: the pids it recorded, each checked to
+# be that forward (a socat relaying to this lab's node) before the signal.
+stop_forwards() {
+  local f pid i
+  for f in "$RUN_DIR/$P".forward.*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    if [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null |
+      grep -qF "EXEC:ip netns exec $NODE_NS socat "; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for i in $(seq 50); do
+        running "$pid" || break
+        sleep 0.1
+      done
+      ! running "$pid" || die "forward (pid $pid) does not exit"
+    fi
+    rm -f "$f"
+  done
+}
+
+down() {
+  need_root down
+  check_prefix
+  local ns
+  stop_forwards
+  # Every process in our namespaces: the backends, the daemon, shells.
+  # shellcheck disable=SC2046 # a list of namespaces
+  stop_processes $(existing_ns)
   while read -r ns; do
-    if ns_exists "$ns"; then ip netns del "$ns"; fi
-  done < <(all_ns)
-  echo "netns.sh: down: no namespace of $NODE_NS left"
+    ip netns del "$ns"
+  done < <(existing_ns)
+  echo "netns.sh: down: no namespace of $NODE_NS left, no forward"
 }
 
 # --- run --------------------------------------------------------------------
 
+# The demo's config file of a mode.
+mode_config() {
+  case $1 in
+    iptables) echo "$ROOT/config/demo.yaml" ;;
+    nftables) echo "$ROOT/config/demo-nftables.yaml" ;;
+    ipvs) echo "$ROOT/config/demo-ipvs.yaml" ;;
+    *) die "unknown mode '$1': iptables, nftables or ipvs" ;;
+  esac
+}
+
 run() {
   need_root run
   check_prefix
+  local mode='' given='' config
+  case ${1:-} in
+    '' | -*) ;;
+    *)
+      mode=$1
+      shift
+      ;;
+  esac
+  # The config file wins over every mode flag, so the mode picks the file:
+  # `--proxy-mode MODE` is taken as MODE, `--config` is refused.
+  local flags=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --proxy-mode=*) given=${1#*=} ;;
+      --proxy-mode)
+        [ $# -ge 2 ] || die "--proxy-mode needs a value"
+        given=$2
+        shift
+        ;;
+      --config | --config=*) die "run picks the config file by mode (run iptables|nftables|ipvs); for another file run the daemon yourself" ;;
+      *) flags+=("$1") ;;
+    esac
+    shift
+  done
+  if [ -n "$given" ]; then
+    [ -z "$mode" ] || [ "$mode" = "$given" ] || die "mode $mode and --proxy-mode $given: choose one"
+    mode=$given
+  fi
+  mode=${mode:-iptables}
+  config=$(mode_config "$mode") || exit 1
+  if [ "$mode" = ipvs ] && [ ! -e /proc/net/ip_vs ]; then
+    die "no IPVS in this kernel (no /proc/net/ip_vs; 'modprobe ip_vs' where the kernel has the module); IPVS mode runs in the qemu VM: $VM_DEMO (tests/vm/README.md); here: '$0 run iptables' or '$0 run nftables'"
+  fi
   ns_exists "$NODE_NS" || die "no namespace $NODE_NS: run '$0 up' first"
   [ -x "$BIN" ] || die "no daemon binary at $BIN: run 'cargo build' first (or set KPR_DEMO_BIN)"
-  exec ip netns exec "$NODE_NS" "$BIN" --config "$ROOT/config/demo.yaml" --manifests "$ROOT/config/demo" "$@"
+  echo "netns.sh: run: $mode mode (${config#"$ROOT"/}) in namespace $NODE_NS; in another terminal: $0 try web" >&2
+  exec ip netns exec "$NODE_NS" "$BIN" --config "$config" --manifests "$MANIFESTS" ${flags[@]+"${flags[@]}"}
 }
 
 # --- try --------------------------------------------------------------------
@@ -337,8 +506,9 @@ try_target() {
         die "no answer from $proto://$hostport (from $ns): ${out:-none within ${TIMEOUT}s}"
       fi
       [ "$target" != no-endpoints ] || die "no-endpoints answered, but it has no endpoints: $out"
+      # The body: what follows the header's blank line.
       case $out in
-        HTTP/*) out=$(printf '%s\n' "$out" | sed '1,/^\r*$/d') ;;
+        HTTP/*) out=${out#*$'\r\n\r\n'} ;;
       esac
       ;;
     tcp)
@@ -390,7 +560,9 @@ forward() {
   check_prefix
   local port=${1:-10249}
   ns_exists "$NODE_NS" || die "no namespace $NODE_NS: run '$0 up' first"
-  echo "netns.sh: http://127.0.0.1:$port/dashboard and /metrics on this host reach the daemon's metrics server in $NODE_NS; Ctrl-C stops"
+  mkdir -p "$RUN_DIR"
+  echo $$ >"$RUN_DIR/$P.forward.$port.pid"
+  echo "netns.sh: http://127.0.0.1:$port/dashboard and /metrics on this host reach the daemon's metrics server in $NODE_NS; Ctrl-C or '$0 down' stops"
   exec socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "EXEC:ip netns exec $NODE_NS socat STDIO TCP\:127.0.0.1\:10249"
 }
 
@@ -409,7 +581,10 @@ case ${1:-} in
     shift
     forward "$@"
     ;;
-  list) backends ;;
+  list)
+    load_backends
+    backends
+    ;;
   serve) serve ;;
   help | -h | --help) usage ;;
   *)

@@ -72,7 +72,7 @@ impl fmt::Display for Request {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpvsError {
-    #[error("IPVS is not available in this kernel: load the ip_vs module or use --proxy-mode=iptables")]
+    #[error("IPVS is not available in this kernel: load the ip_vs module, or choose another mode (the config file's `mode`, or --proxy-mode when there is no --config)")]
     NotAvailable,
     #[error("ipvs {request}: {errno}")]
     Kernel {
@@ -476,7 +476,7 @@ mod tests {
     use crate::net::Protocol;
 
     const NOT_AVAILABLE: &str =
-        "IPVS is not available in this kernel: load the ip_vs module or use --proxy-mode=iptables";
+        "IPVS is not available in this kernel: load the ip_vs module, or choose another mode (the config file's `mode`, or --proxy-mode when there is no --config)";
 
     /// Asserts in both environments: on a kernel without IPVS (this host,
     /// CI) the lookup fails with the operator hint; where ip_vs is loaded
