@@ -1,11 +1,9 @@
-//! Start-up glue: logging, which IP families run, and `--dry-run`.
+//! Start-up glue: which IP families run, and `--dry-run`.
 
-use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use tracing_subscriber::EnvFilter;
 
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, ProxyMode};
@@ -76,43 +74,6 @@ pub enum StartError {
     /// `--init-only`'s set-up failed.
     #[error(transparent)]
     Init(#[from] crate::startup::init_only::InitError),
-}
-
-/// The log filter, swappable at run time (SIGHUP changes the verbosity).
-static LOG_FILTER: std::sync::OnceLock<tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>> =
-    std::sync::OnceLock::new();
-
-fn filter_for(verbosity: u32) -> EnvFilter {
-    let level = match verbosity {
-        0 | 1 => "info",
-        2 | 3 => "debug",
-        _ => "trace",
-    };
-    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("warn,kube_proxy_rs={level}")))
-}
-
-/// Sets up tracing: klog-style `--v` verbosity (0-1 info, 2-3 debug, 4+ trace
-/// for our own logs), `RUST_LOG` overrides, text or JSON lines on stderr.
-pub fn init_logging(verbosity: u32, json: bool) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::Layer;
-    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter_for(verbosity));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = if json { fmt.json().boxed() } else { fmt.with_ansi(std::io::stderr().is_terminal()).boxed() };
-    // A second init (tests) keeps the first subscriber.
-    if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
-        let _ = LOG_FILTER.set(handle);
-    }
-}
-
-/// Changes the log verbosity of the running daemon.
-pub fn set_verbosity(verbosity: u32) {
-    if let Some(h) = LOG_FILTER.get() {
-        if let Err(e) = h.reload(filter_for(verbosity)) {
-            tracing::warn!(error = %e, "could not change the log verbosity");
-        }
-    }
 }
 
 /// The family this proxy programs: the bind address's if set, else the
@@ -429,7 +390,7 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
 /// The model of `events` (the objects as a source first reports them) for
 /// `s`'s family.
 fn dry_run_model(s: &FamilySettings, events: &[SourceEvent]) -> Model {
-    let mut model = Model::new(s.family, &s.plan.node_name);
+    let mut model = Model::new(s.family, &s.plan.node_name).with_gates(s.model_gates);
     for ev in events {
         if let Err(e) = model.record(ev) {
             tracing::warn!(error = %e, "skipping invalid object");

@@ -56,6 +56,7 @@ pub struct Ep {
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
     pub zones: Vec<String>,
+    pub nodes: Vec<String>,
 }
 
 /// A ready endpoint on `node`.
@@ -67,6 +68,7 @@ pub fn ep(ip: &str, node: &str) -> Ep {
         serving: Some(true),
         terminating: Some(false),
         zones: vec![],
+        nodes: vec![],
     }
 }
 
@@ -89,6 +91,11 @@ impl Ep {
         self.zones.push(zone.into());
         self
     }
+
+    pub fn node_hint(mut self, node: &str) -> Ep {
+        self.nodes.push(node.into());
+        self
+    }
 }
 
 /// An EndpointSlice of service `svc`; `ports` are (name, protocol, port).
@@ -106,7 +113,11 @@ pub fn slice(ns: &str, name: &str, svc: &str, ports: &[(&str, &str, i32)], eps: 
             }
             if !e.zones.is_empty() {
                 let z: Vec<Value> = e.zones.iter().map(|z| json!({"name": z})).collect();
-                v["hints"] = json!({"forZones": z});
+                v["hints"]["forZones"] = json!(z);
+            }
+            if !e.nodes.is_empty() {
+                let n: Vec<Value> = e.nodes.iter().map(|n| json!({"name": n})).collect();
+                v["hints"]["forNodes"] = json!(n);
             }
             v
         })

@@ -12,6 +12,7 @@ pub mod health;
 pub mod http;
 pub mod instance;
 pub mod kernel;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod msgs;

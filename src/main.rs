@@ -5,16 +5,17 @@ use std::process::ExitCode;
 
 use kube_proxy_rs::config::{self, Flags};
 use kube_proxy_rs::daemon::{self, StartError};
-use kube_proxy_rs::runtime;
+use kube_proxy_rs::{http, logging, runtime};
 
 fn main() -> ExitCode {
+    let started = std::time::SystemTime::now();
     let flags = Flags::from_env();
-    let json = flags.logging_format.as_deref() == Some("json");
-    daemon::init_logging(flags.v.unwrap_or(0), json);
+    let format = logging::LogFormat::parse(flags.logging_format.as_deref().unwrap_or_default());
+    logging::init(flags.v.unwrap_or(0), format);
     ignore_sighup_until_ready();
     raise_open_files_limit();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
-    match run(&flags) {
+    match run(&flags, started) {
         Ok(runtime::Exit::Stopped) => ExitCode::SUCCESS,
         // As upstream's NodeManager: exit 1, for the DaemonSet to restart the proxy.
         Ok(runtime::Exit::Restart(_)) => ExitCode::from(1),
@@ -25,8 +26,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(flags: &Flags) -> Result<runtime::Exit, StartError> {
+fn run(flags: &Flags, started: std::time::SystemTime) -> Result<runtime::Exit, StartError> {
     let cfg = config::load(flags)?;
+    logging::apply(&cfg.logging);
+    tracing::debug!(mode = %cfg.proxy_mode(), "configuration loaded");
     // Before anything touches the node (sysctls, ports, the kernel).
     if let Some(dir) = &flags.manifests {
         daemon::check_manifest_dir(dir)?;
@@ -56,8 +59,9 @@ fn run(flags: &Flags) -> Result<runtime::Exit, StartError> {
         None => runtime::Source::Api { master: flags.master.clone() },
     };
     let purpose = if flags.init_only { runtime::Purpose::InitOnly } else { runtime::Purpose::Serve };
+    let zpages = http::ZPages::new(&cfg.gates(), flags.values(config::flag_default), started);
     let flags = flags.clone();
-    runtime::run(cfg, source, Box::new(move || config::merge(&flags)), purpose)
+    runtime::run(cfg, source, Box::new(move || config::merge(&flags)), purpose, zpages)
 }
 
 /// A SIGHUP that arrives before the runtime listens for it would kill the

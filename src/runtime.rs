@@ -78,11 +78,7 @@ fn set_sysctls(cfg: &KubeProxyConfiguration) -> Result<(), StartError> {
 }
 
 async fn set_ipvs_timeouts(ipvs: &NetlinkIpvs, cfg: &KubeProxyConfiguration) {
-    let secs = |d: &crate::config::GoDuration| d.get().as_secs() as u32;
-    let (tcp, fin, udp) = (secs(&cfg.ipvs.tcp_timeout), secs(&cfg.ipvs.tcp_fin_timeout), secs(&cfg.ipvs.udp_timeout));
-    if tcp + fin + udp == 0 {
-        return;
-    }
+    let Some((tcp, fin, udp)) = cfg.ipvs_timeouts() else { return };
     if let Err(e) = ipvs.set_timeouts(tcp, fin, udp).await {
         tracing::warn!(error = %e, "could not set IPVS timeouts");
     }
@@ -123,17 +119,19 @@ pub enum Exit {
 }
 
 /// Runs the configured mode until SIGTERM or SIGINT (or, with
-/// [`Purpose::InitOnly`], until the node is set up).
+/// [`Purpose::InitOnly`], until the node is set up), with `zpages` on the
+/// metrics server.
 pub fn run(
     cfg: KubeProxyConfiguration,
     source: Source,
     reload: Reloader,
     purpose: Purpose,
+    zpages: http::ZPages,
 ) -> Result<Exit, StartError> {
     // Before the runtime's threads exist: they inherit the blocked signals.
     let stop = crate::signals::watch().map_err(StartError::Signals)?;
     let system = actix_rt::System::new();
-    let result = system.block_on(async move { run_async(cfg, source, reload, stop, purpose).await });
+    let result = system.block_on(async move { run_async(cfg, source, reload, stop, purpose, zpages).await });
     // Actors that a late start-up error left behind are dropped with the
     // system, and actix starts them while dropping: inside the runtime's
     // context, or it panics ("there is no reactor running") instead of
@@ -165,6 +163,7 @@ async fn run_async(
     reload: Reloader,
     mut stop: crate::signals::Stop,
     purpose: Purpose,
+    zpages: http::ZPages,
 ) -> Result<Exit, StartError> {
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
@@ -173,6 +172,7 @@ async fn run_async(
     crate::startup::conntrack::set_sysctls(&cfg.conntrack)?;
     let ipvs = match mode {
         ProxyMode::Ipvs => {
+            tracing::warn!("{}", crate::config::IPVS_DEPRECATED);
             let ipvs = connect_ipvs().await?;
             set_sysctls(&cfg)?;
             set_ipvs_timeouts(&ipvs, &cfg).await;
@@ -230,7 +230,7 @@ async fn run_async(
     let registry = StatsRegistry::default();
     // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
     let history = Arc::new(std::sync::OnceLock::new());
-    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone())?;
+    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone(), zpages)?;
     if let Some(reader) = nfacct.reader() {
         observe.metrics.nfacct_counters(&nfacct.probe.counted(), reader);
     }
@@ -629,7 +629,13 @@ pub fn context_builder(s: &FamilySettings) -> ContextBuilder {
 
 /// The coordinator's settings (public for `kpr-bench`).
 pub fn coordinator_settings(s: &FamilySettings) -> Settings {
-    Settings { plan: s.plan.clone(), min_sync: s.min_sync, max_sync: s.max_sync, burst: s.burst }
+    Settings {
+        plan: s.plan.clone(),
+        min_sync: s.min_sync,
+        max_sync: s.max_sync,
+        burst: s.burst,
+        model_gates: s.model_gates,
+    }
 }
 
 /// IPVS mode's iptables rules for the current Node.
@@ -660,6 +666,7 @@ fn observability(
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
     coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
+    zpages: http::ZPages,
 ) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     metrics.families_started(&families.all().collect::<Vec<_>>());
@@ -667,7 +674,8 @@ fn observability(
     let configz = http::Configz::new(cfg);
     let dashboard =
         http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(coordinator));
-    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, dashboard).map_err(StartError::Http)?;
+    let extra = dashboard.merge(zpages.routes());
+    let servers = http::start_http_servers(cfg, &metrics, &health, &configz, extra).map_err(StartError::Http)?;
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
     let node_ips: Vec<std::net::IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
     let ips = http::health_check_listen_ips(&cfg.node_port_addresses(), &local, &node_ips);
@@ -729,7 +737,7 @@ impl Live {
         tracing::info!(fields = %plan.applied.join(", "), "config reloaded: applying");
         self.cfg = plan.effective;
         self.observe.configz.set(&self.cfg);
-        daemon::set_verbosity(self.cfg.verbosity());
+        crate::logging::apply(&self.cfg.logging);
         for (family, engine) in &self.engines {
             engine.reconfigure(&self.cfg, *family, &self.node_name, self.nfacct.rules(*family)).await;
         }

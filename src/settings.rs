@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::config::{KubeProxyConfiguration, LocalMode};
-use crate::model::NodeInfo;
+use crate::config::{FeatureGates, Gate, KubeProxyConfiguration, LocalMode};
+use crate::model::{ModelGates, NodeInfo};
 use crate::net::IpFamily;
 use crate::plan::context::PlanSettings;
 use crate::plan::iptables::{HostFeatures, IptablesSettings};
@@ -66,6 +66,8 @@ pub struct FamilySettings {
     pub ipvs_exclude_cidrs: Vec<IpNet>,
     /// What the host was probed for.
     pub host: HostFeatures,
+    /// What the feature gates change in the model.
+    pub model_gates: ModelGates,
 }
 
 /// `family`'s settings from the configuration, for node `node_name`, on a
@@ -100,7 +102,13 @@ pub fn derive(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, h
         localhost_node_ports: cfg.iptables.localhost_node_ports.unwrap_or(true),
         ipvs_exclude_cidrs: cfg.ipvs_exclude_cidrs(),
         host,
+        model_gates: model_gates(&cfg.gates()),
     }
+}
+
+/// The model's side of the feature gates.
+fn model_gates(gates: &FeatureGates) -> ModelGates {
+    ModelGates { service_cidrs: gates.enabled(Gate::MultiCIDRServiceAllocator) }
 }
 
 impl FamilySettings {
@@ -173,6 +181,14 @@ mod tests {
     }
 
     #[test]
+    fn feature_gates_reach_the_model() {
+        let mut cfg = KubeProxyConfiguration::with_defaults();
+        cfg.feature_gates.insert("MultiCIDRServiceAllocator".into(), false);
+        let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
+        assert_eq!(s.model_gates, ModelGates { service_cidrs: false });
+    }
+
+    #[test]
     fn defaults_give_upstreams_settings() {
         let cfg = KubeProxyConfiguration::with_defaults();
         let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
@@ -187,6 +203,7 @@ mod tests {
         );
         assert_eq!((s.min_sync, s.max_sync, s.burst), (cfg.min_sync_period(), cfg.sync_period(), 2));
         assert_eq!(s.local, LocalDetection::Fixed(LocalDetector::None));
+        assert_eq!(s.model_gates, ModelGates::default());
         assert!(!s.masquerade_all && s.localhost_node_ports);
         assert_eq!(s.masquerade_bit, 14);
     }

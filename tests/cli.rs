@@ -18,6 +18,15 @@ fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `kube-proxy-rs ARGS --write-config-to <a temp file>`: exit code, stdout,
+/// stderr and the file written.
+fn write_config(args: &[&str]) -> (i32, String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("effective.yaml");
+    let (code, stdout, stderr) = run(&[args, &["--write-config-to", out.to_str().unwrap()]].concat());
+    (code, stdout, stderr, std::fs::read_to_string(&out).unwrap_or_default())
+}
+
 fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -195,7 +204,7 @@ fn bad_config_files_fail_with_one_line_naming_field_and_value() {
     assert_config_error("mode: bogus\n", "mode", "bogus");
     assert_config_error("modez: ipvs\n", "modez", "modez");
     assert_config_error("ipvs:\n  syncPeriod: 30x\n", "syncPeriod", "30x");
-    assert_config_error("clusterCIDR: 10.244.0.0/33\n", "clusterCIDR", "10.244.0.0/33");
+    assert_config_error("mode: iptables\nclusterCIDR: 10.244.0.0/33\n", "clusterCIDR", "10.244.0.0/33");
 }
 
 #[test]
@@ -241,6 +250,7 @@ fn ipvs_mode_without_ipvs_in_the_kernel_exits_with_one_line() {
         errors[0].contains("IPVS is not available in this kernel: load the ip_vs module, or choose another mode (the config file's `mode`, or --proxy-mode when there is no --config)"),
         "{err}"
     );
+    assert!(err.contains(kube_proxy_rs::config::IPVS_DEPRECATED), "upstream's deprecation warning: {err}");
 }
 
 /// A `--manifests` path that is missing or a file: exit 1 with one line
@@ -578,4 +588,141 @@ fn dry_run_in_iptables_mode_drops_no_invalid_packets_when_tcp_is_liberal() {
     ns.ok(&["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"]);
     let (read, _) = dry_run_iptables_mode_in(&ns);
     assert!(!read.contains(invalid), "{read}");
+}
+
+/// An unknown feature gate is refused at start, from the flag and from the
+/// config file alike: exit 1, one line with upstream's message; nothing
+/// is planned or printed.
+#[test]
+fn an_unknown_feature_gate_is_refused_from_flags_and_file() {
+    let demo_dir = demo("demo");
+    let flag = ["--feature-gates", "NoSuchGate=true", "--dry-run", "--manifests", &demo_dir];
+    let file = config_file("featureGates:\n  NoSuchGate: true\n");
+    let from_file = ["--config", file.path().to_str().unwrap(), "--dry-run", "--manifests", &demo_dir];
+    for args in [&flag[..], &from_file[..]] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(out.is_empty(), "{out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].contains("unrecognized feature gate: NoSuchGate"), "{err}");
+    }
+    let (code, _, err) = run(&["--feature-gates=TopologyAwareHints=false", "--dry-run", "--manifests", &demo_dir]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot set feature gate TopologyAwareHints to false, feature is locked to true"), "{err}");
+}
+
+/// KubeProxyIPVS=false refuses IPVS mode before anything runs, naming the
+/// modes left; the other modes run.
+#[test]
+fn kube_proxy_ipvs_off_refuses_ipvs_mode() {
+    let demo_dir = demo("demo");
+    let base = ["--feature-gates=KubeProxyIPVS=false", "--dry-run", "--manifests", &demo_dir];
+    let (code, out, err) = run(&[&base[..], &["--proxy-mode=ipvs"]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains(r#"mode: Invalid value: "ipvs": must be iptables, nftables or blank"#),
+        "upstream's list of the modes left: {err}"
+    );
+    let (code, out, err) = run(&[&base[..], &["--proxy-mode=iptables", "--hostname-override=demo-node"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("# iptables"), "{out}");
+}
+
+/// An unset mode runs iptables mode with upstream 1.37's warning; a mode
+/// given says nothing of it.
+#[test]
+fn an_unset_mode_is_warned_about() {
+    let (code, _, err, written) = write_config(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(kube_proxy_rs::config::UNSET_MODE_WARNING), "{err}");
+    assert!(written.contains("mode: iptables"), "{written}");
+    let (code, _, err, _) = write_config(&["--proxy-mode=iptables"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("No proxy mode specified"), "{err}");
+}
+
+/// `--logging-format=json`, and `logging.format: json` in the config file,
+/// write klog's JSON lines: `ts` (milliseconds), `caller`, `msg`, `v`, then
+/// the key/values; an error line carries `err` and no `v`.
+#[test]
+fn json_logs_have_klogs_field_names_from_the_flag_and_the_file() {
+    let file = config_file("mode: iptables\nlogging:\n  format: json\n");
+    let from_flag = ["--proxy-mode=iptables", "--logging-format=json"];
+    let from_file = ["--config", file.path().to_str().unwrap()];
+    for args in [&from_flag[..], &from_file[..]] {
+        let (code, _, err, _) = write_config(args);
+        assert_eq!(code, 0, "{err}");
+        let wrote = err.lines().find(|l| l.contains("wrote the effective configuration")).expect(&err);
+        let v: serde_json::Value = serde_json::from_str(wrote).unwrap_or_else(|e| panic!("{e}: {wrote}"));
+        assert!(v["ts"].as_f64().is_some_and(|ts| ts > 1.7e12), "{wrote}");
+        assert!(v["caller"].as_str().is_some_and(|c| c.starts_with("src/main.rs:")), "{wrote}");
+        assert_eq!((v["msg"].as_str(), v["v"].as_u64()), (Some("wrote the effective configuration"), Some(0)));
+        assert!(v["path"].as_str().is_some_and(|p| p.ends_with("effective.yaml")), "{wrote}");
+        let keys: Vec<&str> = ["\"ts\"", "\"caller\"", "\"msg\"", "\"v\"", "\"path\""]
+            .into_iter()
+            .filter(|k| wrote.contains(k))
+            .collect();
+        assert_eq!(keys.len(), 5, "{wrote}");
+        let pos: Vec<usize> = keys.iter().map(|k| wrote.find(k).unwrap()).collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "klog's order: {wrote}");
+    }
+    let (code, _, err) = run(&["--logging-format=json", "--feature-gates=NoSuchGate=true"]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(v["msg"].as_str(), Some("failed complete: unrecognized feature gate: NoSuchGate"), "{err}");
+    assert!(v.get("v").is_none(), "{err}");
+}
+
+/// `-v` and `logging.verbosity` in the file: 2 shows debug lines (here the
+/// one that says the configuration is loaded), the default 0 does not.
+#[test]
+fn verbosity_from_the_flag_and_the_file_shows_debug_lines() {
+    let quiet = config_file("mode: iptables\n");
+    let verbose = config_file("mode: iptables\nlogging:\n  verbosity: 2\n");
+    let with = |args: &[&str]| {
+        let (code, _, err, _) = write_config(args);
+        assert_eq!(code, 0, "{err}");
+        err.contains("configuration loaded")
+    };
+    assert!(!with(&["--proxy-mode=iptables"]), "v=0: no debug line");
+    assert!(with(&["--proxy-mode=iptables", "-v", "2"]), "-v 2");
+    assert!(!with(&["--config", quiet.path().to_str().unwrap()]), "file without verbosity");
+    assert!(with(&["--config", verbose.path().to_str().unwrap()]), "the file's logging.verbosity: 2");
+}
+
+/// `logging.options.json.splitStream` (beta, on by default) and
+/// `logging.options.text.splitStream` (alpha: with LoggingAlphaOptions),
+/// from the file or `--log-*-split-stream`, send the format's info lines to
+/// stdout and keep errors on stderr.
+#[test]
+fn split_stream_sends_info_lines_to_stdout() {
+    let json =
+        config_file("mode: iptables\nlogging:\n  format: json\n  options:\n    json:\n      splitStream: true\n");
+    let text = config_file(
+        "mode: iptables\nfeatureGates:\n  LoggingAlphaOptions: true\nlogging:\n  options:\n    text:\n      splitStream: true\n",
+    );
+    let plain = config_file("mode: iptables\n");
+    let (json, text, plain) =
+        (json.path().to_str().unwrap(), text.path().to_str().unwrap(), plain.path().to_str().unwrap());
+    let cases: [(&[&str], bool); 5] = [
+        (&["--config", json], true),
+        (&["--config", text], true),
+        (&["--config", plain], false),
+        // The flags, over a file too, as the other logging flags.
+        (&["--config", plain, "--logging-format=json", "--log-json-split-stream"], true),
+        (&["--proxy-mode=iptables", "--log-json-split-stream"], false),
+    ];
+    for (args, split) in cases {
+        let (code, stdout, stderr, _) = write_config(args);
+        assert_eq!(code, 0, "{stderr}");
+        let wrote = "wrote the effective configuration";
+        assert_eq!(stdout.contains(wrote), split, "stdout: {stdout}");
+        assert_eq!(stderr.contains(wrote), !split, "stderr: {stderr}");
+    }
+    // An error after the file's logging applies (--diff without --dry-run) stays on stderr.
+    let (code, stdout, stderr) = run(&["--config", json, "--diff"]);
+    assert_eq!(code, 1);
+    assert!(stdout.is_empty() && stderr.contains("--diff needs --dry-run"), "{stdout} / {stderr}");
 }

@@ -73,6 +73,7 @@ fn start_daemon(registry: &StatsRegistry) -> Addr<Coordinator> {
         min_sync: Duration::from_millis(200),
         max_sync: Duration::from_secs(30),
         burst: 2,
+        model_gates: derived.model_gates,
     };
     let addrs: AddrSource = Box::new(|| vec![LocalAddr { ifname: "eth0".into(), ip: [192, 168, 50, 2].into() }]);
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&derived.rules_config(node)));

@@ -62,7 +62,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daemon, SyncRec};
+use common::daemon::{self, create_items, http_exchange, http_exchange_with, http_get, wait_for, Daemon, SyncRec};
 use common::lab::{
     self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
 };
@@ -162,6 +162,16 @@ impl Lab {
              iptables:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n\
              ipvs:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n"
         );
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    /// Adds `featureGates` with `gates` to the config file.
+    fn feature_gates(&self, gates: &[(&str, bool)]) {
+        let mut text = std::fs::read_to_string(self.config_path()).unwrap();
+        text.push_str("featureGates:\n");
+        for (name, on) in gates {
+            text.push_str(&format!("  {name}: {on}\n"));
+        }
         std::fs::write(self.config_path(), text).unwrap();
     }
 
@@ -1792,6 +1802,84 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
     let log = daemon.stop();
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
+}
+
+/// The z-pages on the running daemon's metrics server: absent by default
+/// (404, as upstream's alpha gates are off); with ComponentFlagz and
+/// ComponentStatusz in the file's featureGates, `/flagz` lists every flag
+/// with the value it was started with (or its default) and `/statusz` the
+/// start, uptime and version, as plain text; a client that does not accept
+/// text/plain gets upstream's 406.
+#[test]
+fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
+    let mut lab = Lab::new("zpg", Flavour::Nft, &[]);
+    let plain = "Accept: text/plain\r\n";
+    let d = lab.start_synced();
+    for path in ["/flagz", "/statusz"] {
+        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
+        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off by default: {head}");
+    }
+    d.stop();
+    lab.feature_gates(&[("ComponentFlagz", true), ("ComponentStatusz", true)]);
+    let d = lab.start_synced();
+    let (head, flagz) = http_exchange_with(&lab.node, 10249, "/flagz", plain).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "{head}");
+    let lines: Vec<&str> = flagz.lines().collect();
+    assert_eq!(lines[1], "kube-proxy flags", "{flagz}");
+    let value = |name: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(name) && !l[name.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-'));
+        let rest = &line.unwrap_or_else(|| panic!("no {name} in {flagz}"))[name.len()..];
+        [": ", ":", "=", " "].iter().find_map(|d| rest.strip_prefix(d)).unwrap_or(rest).to_string()
+    };
+    assert_eq!(value("config"), lab.config_path().display().to_string(), "given: {flagz}");
+    assert_eq!(value("manifests"), lab.manifests().display().to_string(), "{flagz}");
+    assert_eq!(value("iptables-sync-period"), "30s", "a default: {flagz}");
+    assert_eq!(value("cleanup"), "false", "{flagz}");
+    let (head, statusz) = http_exchange_with(&lab.node, 10249, "/statusz", plain).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(statusz.contains("kube-proxy statusz"), "{statusz}");
+    assert!(statusz.lines().any(|l| l.starts_with("Up") && l.ends_with(" sec")), "{statusz}");
+    assert!(
+        statusz.lines().any(|l| l.starts_with("Binary version") && l.ends_with(env!("CARGO_PKG_VERSION"))),
+        "{statusz}"
+    );
+    let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", "Accept: application/json\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 406"), "{head}");
+    assert_eq!(body, "media type not acceptable, must be: text/plain\n");
+    d.stop();
+}
+
+/// Node hints (`trafficDistribution: PreferSameNode`) steer this node's
+/// traffic to the endpoint hinted for it: PreferSameTrafficDistribution is
+/// GA and locked on (since 1.35), so a file that turns it off is refused at
+/// start with upstream's message, exit 1.
+#[test]
+fn node_hints_steer_traffic_and_prefer_same_traffic_distribution_is_locked_on() {
+    let mut lab = Lab::new("hint", Flavour::Nft, &["b1", "b2"]);
+    let mut web = service_manifest("web", "10.96.0.10", &["b1", "b2"]);
+    let endpoints = web["items"][1]["endpoints"].as_array_mut().unwrap();
+    endpoints[0]["hints"] = json!({"forNodes": [{"name": NODE}]});
+    endpoints[1]["hints"] = json!({"forNodes": [{"name": "node-b"}]});
+    lab.put("web", &web);
+    let d = lab.start_synced();
+    lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
+    let answers = lab.ask(WEB, 64, false);
+    assert_eq!(names(&answers), set(&["b1"]), "64 connections, all to the endpoint hinted for this node");
+    // Without the hints, both endpoints serve.
+    lab.put("web", &service_manifest("web", "10.96.0.10", &["b1", "b2"]));
+    lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
+    d.stop();
+    lab.feature_gates(&[("PreferSameTrafficDistribution", false)]);
+    let mut refused = lab.start();
+    let status = refused.wait_exit(START_WAIT);
+    let log = refused.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("failed complete: cannot set feature gate PreferSameTrafficDistribution to false, feature is locked to true"),
+        "{log}"
+    );
 }
 
 /// (conntrack) A deleted UDP Service's flows to its NodePort and

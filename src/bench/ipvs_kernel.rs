@@ -241,8 +241,13 @@ async fn start_daemon(random_fully: bool) -> anyhow::Result<Daemon> {
     };
     let registry = StatsRegistry::default();
     let kernels = IpvsKernels { ipvs: graceful, sets, link, iptables, conntrack };
-    let settings =
-        Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync: Duration::from_secs(3600), burst: 2 };
+    let settings = Settings {
+        plan: plan_settings(),
+        min_sync: Duration::ZERO,
+        max_sync: Duration::from_secs(3600),
+        burst: 2,
+        model_gates: Default::default(),
+    };
     let addrs: AddrSource = Box::new(local_addrs);
     let cfg = rules_config(random_fully);
     let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));

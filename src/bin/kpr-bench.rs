@@ -421,7 +421,13 @@ fn start_daemon(max_sync: Duration) -> Daemon {
         iptables: MemIptables::new(&journal),
         conntrack: MemConntrack::new(&journal),
     };
-    let settings = Settings { plan: plan_settings(), min_sync: Duration::ZERO, max_sync, burst: 2 };
+    let settings = Settings {
+        plan: plan_settings(),
+        min_sync: Duration::ZERO,
+        max_sync,
+        burst: 2,
+        model_gates: Default::default(),
+    };
     let addrs: AddrSource = Box::new(local_addrs);
     let cfg = rules_config(true);
     // The daemon's renderer (runtime.rs), with a fixed config.

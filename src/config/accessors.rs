@@ -11,6 +11,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::defaults::DEFAULT_MASQUERADE_BIT;
+use super::features::FeatureGates;
 use super::netutil::{parse_cidr_sloppy, parse_ip_sloppy, split_host_port};
 use super::types::KubeProxyConfiguration;
 use super::ConfigError;
@@ -152,6 +153,15 @@ impl KubeProxyConfiguration {
         self.ipvs.exclude_cidrs.iter().filter_map(|c| parse_cidr_sloppy(c)).collect()
     }
 
+    /// The IPVS timeouts to set (TCP, TCP after FIN, UDP; whole seconds,
+    /// 0 leaving the kernel's), as upstream's `ipvs.ConfigureTimeouts`;
+    /// `None` when all three are 0.
+    pub fn ipvs_timeouts(&self) -> Option<(u32, u32, u32)> {
+        let secs = |d: &super::GoDuration| u32::try_from(d.get().as_secs()).unwrap_or(u32::MAX);
+        let t = (secs(&self.ipvs.tcp_timeout), secs(&self.ipvs.tcp_fin_timeout), secs(&self.ipvs.udp_timeout));
+        (t != (0, 0, 0)).then_some(t)
+    }
+
     /// The IPVS scheduler; `""` means `rr`.
     pub fn ipvs_scheduler(&self) -> &str {
         match self.ipvs.scheduler.as_str() {
@@ -178,6 +188,13 @@ impl KubeProxyConfiguration {
     /// The metrics server address; `None` when empty.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         socket_addr(&self.metrics_bind_address)
+    }
+
+    /// The feature gates `featureGates` sets, over every gate's default;
+    /// all defaults when the map is refused (a validated configuration's
+    /// never is).
+    pub fn gates(&self) -> FeatureGates {
+        FeatureGates::from_map(&self.feature_gates).map(|(g, _)| g).unwrap_or_default()
     }
 
     /// Log verbosity (`logging.verbosity`, `-v`).
@@ -279,6 +296,15 @@ mod tests {
         assert_eq!(c.healthz_addr(), None);
         c.metrics_bind_address = "[::1]:9".into();
         assert_eq!(c.metrics_addr(), "[::1]:9".parse().ok());
+    }
+
+    #[test]
+    fn ipvs_timeouts_are_whole_seconds_and_all_zero_sets_none() {
+        let mut c = cfg("ipvs");
+        assert_eq!(c.ipvs_timeouts(), None, "the defaults leave the kernel's");
+        c.ipvs.tcp_timeout = GoDuration::from_secs(900);
+        c.ipvs.udp_timeout = GoDuration(Duration::from_millis(300_500));
+        assert_eq!(c.ipvs_timeouts(), Some((900, 0, 300)));
     }
 
     #[test]

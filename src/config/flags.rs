@@ -9,6 +9,7 @@
 //! not given, so only flags given on the command line override anything.
 //! How they combine with `--config` is described on [`super::load`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
@@ -17,7 +18,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use super::defaults::{PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 use super::duration::GoDuration;
 use super::netutil::{append_port_if_needed, parse_ip_sloppy, split_host_port};
-use super::types::{KubeProxyConfiguration, LoggingConfiguration, VModuleItem};
+use super::types::{KubeProxyConfiguration, LoggingConfiguration, Quantity, VModuleItem};
 use super::ConfigError;
 
 /// kube-proxy-rs command-line flags.
@@ -214,10 +215,27 @@ pub struct Flags {
     /// Per-file verbosity, `pattern=N` pairs, comma separated.
     #[arg(long, value_name = "PATTERN=N,...", value_parser = parse_vmodule)]
     pub vmodule: Vec<VModuleList>,
+    /// Text format: info lines to stdout, errors to stderr (alpha).
+    #[arg(long = "log-text-split-stream", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_bool)]
+    pub log_text_split_stream: Option<bool>,
+    /// Text format: size of the info stream's buffer, a quantity (alpha).
+    #[arg(long = "log-text-info-buffer-size", value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: Option<String>,
+    /// JSON format: info lines to stdout, errors to stderr (beta).
+    #[arg(long = "log-json-split-stream", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_bool)]
+    pub log_json_split_stream: Option<bool>,
+    /// JSON format: size of the info stream's buffer, a quantity (beta).
+    #[arg(long = "log-json-info-buffer-size", value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: Option<String>,
 
     /// Long names of the flags given on the command line.
     #[arg(skip)]
     given: Vec<String>,
+    /// The values of the flags given, as typed (repeated ones joined by `,`).
+    #[arg(skip)]
+    given_values: BTreeMap<String, String>,
 }
 
 /// A comma-separated flag value, split (pflag `StringSlice`).
@@ -336,7 +354,7 @@ fn parse_vmodule(s: &str) -> Result<VModuleList, String> {
 
 /// Flags that still apply with `--config`: command-line-only flags,
 /// logging flags and `--hostname-override` (see [`super::load`]).
-const KEPT_WITH_CONFIG: [&str; 13] = [
+const KEPT_WITH_CONFIG: [&str; 17] = [
     "config",
     "write-config-to",
     "cleanup",
@@ -350,6 +368,10 @@ const KEPT_WITH_CONFIG: [&str; 13] = [
     "log-flush-frequency",
     "v",
     "vmodule",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
 ];
 
 /// Copies a given flag value over a config field.
@@ -378,11 +400,13 @@ impl Flags {
         let matches = command.clone().try_get_matches_from(args)?;
         let mut flags = Flags::from_arg_matches(&matches)?;
         let on_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-        flags.given = command
-            .get_arguments()
-            .filter(|arg| on_command_line(arg.get_id().as_str()))
-            .filter_map(|arg| arg.get_long().map(str::to_string))
-            .collect();
+        for arg in command.get_arguments().filter(|arg| on_command_line(arg.get_id().as_str())) {
+            let Some(long) = arg.get_long() else { continue };
+            flags.given.push(long.to_string());
+            let raw = matches.get_raw(arg.get_id().as_str()).into_iter().flatten();
+            let values: Vec<String> = raw.map(|v| v.to_string_lossy().into_owned()).collect();
+            flags.given_values.insert(long.to_string(), values.join(","));
+        }
         Ok(flags)
     }
 
@@ -396,6 +420,27 @@ impl Flags {
     /// Long names of the flags given on the command line, in declaration order.
     pub fn given(&self) -> &[String] {
         &self.given
+    }
+
+    /// Every flag with its value, as `/flagz` shows them (pflag's
+    /// `VisitAll`): the value given on the command line, else `default`'s
+    /// answer for the flag (its default), else clap's default, else empty.
+    pub fn values(&self, default: impl Fn(&str) -> Option<String>) -> BTreeMap<String, String> {
+        let command = Flags::command();
+        let mut out = BTreeMap::new();
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let value = match self.given_values.get(long) {
+                Some(v) => v.clone(),
+                None => default(long).unwrap_or_else(|| {
+                    let defaults: Vec<String> =
+                        arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+                    defaults.join(",")
+                }),
+            };
+            out.insert(long.to_string(), value);
+        }
+        out
     }
 
     /// The given flags that a `--config` file overrides: all that map to a
@@ -495,6 +540,16 @@ impl Flags {
             logging.flush_frequency.as_string = true;
         }
         set(&mut logging.verbosity, &self.v);
+        let text = &mut logging.options.text;
+        set(&mut text.split_stream, &self.log_text_split_stream);
+        if let Some(size) = &self.log_text_info_buffer_size {
+            text.info_buffer_size = Quantity(size.clone());
+        }
+        let json = &mut logging.options.json;
+        set(&mut json.split_stream, &self.log_json_split_stream);
+        if let Some(size) = &self.log_json_info_buffer_size {
+            json.info_buffer_size = Quantity(size.clone());
+        }
         if !self.vmodule.is_empty() {
             let mut items: Vec<VModuleItem> = self.vmodule.iter().flat_map(|l| l.0.clone()).collect();
             items.append(&mut logging.vmodule);
@@ -615,6 +670,18 @@ mod tests {
         assert_eq!(f.given(), ["cleanup", "proxy-mode", "nodeport-addresses", "v"]);
         assert_eq!(f.ignored_with_config(), ["proxy-mode", "nodeport-addresses"]);
         assert!(parse(&[]).unwrap().given().is_empty());
+    }
+
+    #[test]
+    fn values_are_the_given_ones_else_the_defaults() {
+        let f = parse(&["--v=3", "--ipvs-exclude-cidrs=10.0.0.0/8", "--ipvs-exclude-cidrs", "fd00::/8", "--cleanup"])
+            .unwrap();
+        let values = f.values(|flag| (flag == "proxy-mode").then(|| "from-default".to_string()));
+        assert_eq!(values["v"], "3");
+        assert_eq!(values["ipvs-exclude-cidrs"], "10.0.0.0/8,fd00::/8");
+        assert_eq!((values["cleanup"].as_str(), values["dry-run"].as_str()), ("true", "false"));
+        assert_eq!((values["proxy-mode"].as_str(), values["kubeconfig"].as_str()), ("from-default", ""));
+        assert!(values.contains_key("healthz-port"), "hidden flags too, as pflag's VisitAll");
     }
 
     #[test]

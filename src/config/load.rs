@@ -38,6 +38,7 @@ use std::path::Path;
 
 use yaml_serde::Value;
 
+use super::features::FeatureGates;
 use super::flags::Flags;
 use super::types::{KubeProxyConfiguration, API_VERSION, KIND};
 use super::validation::{quote, validate_fields, FieldError};
@@ -63,6 +64,8 @@ impl Merged {
     /// The platform defaults, then validation: the configuration to run with.
     pub fn finish(self) -> Result<KubeProxyConfiguration, ConfigError> {
         let mut cfg = self.0;
+        check_feature_gates(&cfg)?;
+        warn_unset_mode(&cfg);
         cfg.apply_platform_defaults();
         validate(&cfg)?;
         Ok(cfg)
@@ -96,6 +99,30 @@ pub fn merge(flags: &Flags) -> Result<Merged, ConfigError> {
 /// defaults, validation.
 pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
     Merged(read_defaulted(path)?).finish()
+}
+
+/// `featureGates` as upstream's `SetFromMap` takes them: an unknown or
+/// locked gate is an error; setting a GA or deprecated gate is a warning.
+fn check_feature_gates(cfg: &KubeProxyConfiguration) -> Result<(), ConfigError> {
+    let (_, warnings) = FeatureGates::from_map(&cfg.feature_gates).map_err(ConfigError::FeatureGates)?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
+}
+
+/// What upstream (1.35 on) says when it starts in IPVS mode.
+pub const IPVS_DEPRECATED: &str =
+    "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
+
+/// What upstream 1.37 says when it defaults an unset `mode` to iptables.
+pub const UNSET_MODE_WARNING: &str = "No proxy mode specified; defaulting to iptables. The default proxy mode on \
+     Linux will change to nftables in a future release: set mode (--proxy-mode) explicitly to keep iptables";
+
+fn warn_unset_mode(cfg: &KubeProxyConfiguration) {
+    if cfg.mode.is_empty() {
+        tracing::warn!("{UNSET_MODE_WARNING}");
+    }
 }
 
 fn read_defaulted(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
@@ -274,7 +301,7 @@ mod tests {
     #[test]
     fn to_yaml_round_trips_through_load_file() {
         let mut cfg = load(&flags(&["--proxy-mode=ipvs", "--ipvs-exclude-cidrs=10.0.0.0/8", "--v=3"])).unwrap();
-        cfg.feature_gates.insert("SomeGate".into(), true);
+        cfg.feature_gates.insert("ComponentFlagz".into(), true);
         cfg.logging.vmodule = vec![crate::config::VModuleItem { file_pattern: "a*".into(), verbosity: 4 }];
         let text = to_yaml(&cfg).unwrap();
         assert!(text.starts_with("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nbindAddress: 0.0.0.0\n"), "{text}");
@@ -299,7 +326,7 @@ mod tests {
             "--cluster-cidr=10.0.0.0/8",
             "--metrics-bind-address=0.0.0.0",
             "--conntrack-max-per-core=0",
-            "--feature-gates=A=true",
+            "--feature-gates=ComponentStatusz=true",
             "--nodeport-addresses=10.1.0.0/16,10.2.0.0/16",
             "--kubeconfig=/k",
             "--oom-score-adj=-500",
@@ -311,7 +338,7 @@ mod tests {
         assert!(cfg.masquerade_all());
         assert_eq!(cfg.metrics_bind_address, "0.0.0.0:10249");
         assert_eq!((cfg.conntrack.max_per_core, cfg.oom_score_adj), (Some(0), Some(-500)));
-        assert_eq!(cfg.feature_gates.get("A"), Some(&true));
+        assert!(cfg.gates().enabled(crate::config::Gate::ComponentStatusz));
         assert_eq!(cfg.node_port_addresses.len(), 2);
         assert_eq!((cfg.client_connection.kubeconfig.as_str(), cfg.cluster_cidrs().len()), ("/k", 1));
         // Flags not given keep their defaults.
@@ -352,6 +379,28 @@ mod tests {
         let patterns: Vec<&str> = cfg.logging.vmodule.iter().map(|v| v.file_pattern.as_str()).collect();
         assert_eq!(patterns, ["flag", "file"]);
         assert_eq!(cfg.hostname_override, "node-1");
+    }
+
+    #[test]
+    fn unknown_and_locked_feature_gates_are_refused_from_flags_and_file() {
+        let err = load(&flags(&["--feature-gates=NoSuchGate=true"])).unwrap_err().to_string();
+        assert_eq!(err, "failed complete: unrecognized feature gate: NoSuchGate");
+        let f = file(&format!("{HEAD}featureGates:\n  KubeProxyIPVS: true\n  NoSuchGate: false\n"));
+        let err = load(&flags(&["--config", f.path().to_str().unwrap()])).unwrap_err().to_string();
+        assert_eq!(err, "failed complete: unrecognized feature gate: NoSuchGate");
+        assert_eq!(load_file(f.path()).unwrap_err().to_string(), err, "a reload refuses it too");
+        let err = load(&flags(&["--feature-gates=TopologyAwareHints=false"])).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "failed complete: cannot set feature gate TopologyAwareHints to false, feature is locked to true"
+        );
+        let err = load(&flags(&["--feature-gates=ServiceTrafficDistribution=true"])).unwrap_err().to_string();
+        assert_eq!(err, "failed complete: unrecognized feature gate: ServiceTrafficDistribution", "removed after 1.35");
+        let cfg = load(&flags(&["--feature-gates=KubeProxyIPVS=false,ComponentFlagz=true"])).unwrap();
+        let gates = cfg.gates();
+        assert!(
+            !gates.enabled(crate::config::Gate::KubeProxyIPVS) && gates.enabled(crate::config::Gate::ComponentFlagz)
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 mod accessors;
 mod defaults;
 mod duration;
+pub mod effects;
+mod features;
 mod flags;
 mod load;
 mod netutil;
@@ -29,8 +31,10 @@ use std::path::PathBuf;
 pub use accessors::{LocalMode, NodePortAddresses, ProxyMode};
 pub use defaults::{DEFAULT_CONTENT_TYPE, KUBE_PROXY_OOM_SCORE_ADJ, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 pub use duration::{DurationParseError, GoDuration};
+pub use effects::flag_default;
+pub use features::{FeatureGateError, FeatureGates, Gate, GateSpec, Stage, KNOWN_GATES};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
-pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged};
+pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged, IPVS_DEPRECATED, UNSET_MODE_WARNING};
 pub use types::{
     ClientConnectionConfiguration, DetectLocalConfiguration, FlushFrequency, FormatOptions, KubeProxyConfiguration,
     KubeProxyConntrackConfiguration, KubeProxyIPTablesConfiguration, KubeProxyIPVSConfiguration,
@@ -78,6 +82,11 @@ pub enum ConfigError {
         /// The failures.
         errors: Vec<FieldError>,
     },
+    /// A `featureGates` entry (file or `--feature-gates`) is unknown, or
+    /// sets a locked gate away from its default; worded as upstream's
+    /// `Options.Complete` error.
+    #[error("failed complete: {0}")]
+    FeatureGates(#[source] FeatureGateError),
     /// A flag value was refused after parsing.
     #[error("invalid --{flag}: {reason}")]
     Flag {

@@ -4,14 +4,16 @@
 //! expects, in the text form of Go's `field.Error`:
 //! `<path>: Invalid value: <value>: <detail>`.
 //!
-//! Not checked, unlike upstream: feature gate names (we do not carry
-//! Kubernetes' list of gates) and that showHiddenMetricsForVersion is
-//! exactly the previous minor release (we check only the `X.Y` form).
+//! Feature gate names are checked before validation (see
+//! [`super::features`]), as upstream's `Options.Complete` does. Not
+//! checked, unlike upstream: that showHiddenMetricsForVersion is exactly
+//! the previous minor release (we check only the `X.Y` form).
 //! Negative durations cannot occur: [`GoDuration`] refuses them at parse.
 
 use std::fmt;
 
 use super::duration::GoDuration;
+use super::features::{FeatureGates, Gate};
 use super::netutil::{parse_cidr_sloppy, parse_ip_sloppy, split_host_port};
 use super::types::{KubeProxyConfiguration, LoggingConfiguration, OutputRoutingOptions};
 
@@ -89,7 +91,8 @@ pub fn quote(s: &str) -> String {
     format!("{s:?}")
 }
 
-/// Linux proxy modes accepted by validation (besides `""`).
+/// Linux proxy modes accepted by validation (besides `""`); `ipvs` only
+/// while the KubeProxyIPVS gate is on.
 pub const PROXY_MODES: [&str; 3] = ["iptables", "ipvs", "nftables"];
 /// detectLocalMode values accepted by validation.
 pub const LOCAL_MODES: [&str; 5] = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""];
@@ -105,7 +108,8 @@ pub fn validate_fields(cfg: &KubeProxyConfiguration) -> Vec<FieldError> {
         _ => {}
     }
     validate_conntrack_and_oom(cfg, &mut errs);
-    validate_mode(&cfg.mode, &mut errs);
+    let gates = cfg.gates();
+    validate_mode(&cfg.mode, gates.enabled(Gate::KubeProxyIPVS), &mut errs);
     if cfg.client_connection.burst < 0 {
         let burst = cfg.client_connection.burst.to_string();
         errs.push(FieldError::invalid("clientConnection.burst", burst, "must be greater than or equal to 0"));
@@ -117,7 +121,7 @@ pub fn validate_fields(cfg: &KubeProxyConfiguration) -> Vec<FieldError> {
     validate_node_port_addresses(&cfg.node_port_addresses, &mut errs);
     validate_hidden_metrics_version(&cfg.show_hidden_metrics_for_version, &mut errs);
     validate_detect_local(cfg, &mut errs);
-    validate_logging(&cfg.logging, cfg.feature_gates.get("LoggingAlphaOptions") == Some(&true), &mut errs);
+    validate_logging(&cfg.logging, &gates, &mut errs);
     errs
 }
 
@@ -147,14 +151,13 @@ fn validate_conntrack_and_oom(cfg: &KubeProxyConfiguration, errs: &mut Vec<Field
     }
 }
 
-fn validate_mode(mode: &str, errs: &mut Vec<FieldError>) {
-    if mode.is_empty() || PROXY_MODES.contains(&mode) {
+fn validate_mode(mode: &str, ipvs_enabled: bool, errs: &mut Vec<FieldError>) {
+    let modes: Vec<&str> = PROXY_MODES.into_iter().filter(|m| ipvs_enabled || *m != "ipvs").collect();
+    if mode.is_empty() || modes.contains(&mode) {
         return;
     }
-    let detail = format!(
-        "must be {} or blank (blank means the best-available proxy [currently iptables])",
-        PROXY_MODES.join(", ")
-    );
+    let detail =
+        format!("must be {} or blank (blank means the best-available proxy [currently iptables])", modes.join(", "));
     errs.push(FieldError::invalid("mode", quote(mode), detail));
 }
 
@@ -294,8 +297,10 @@ fn validate_cluster_cidr(value: &str, errs: &mut Vec<FieldError>) {
     }
 }
 
-/// component-base `logsapi.Validate`, for the formats we implement.
-fn validate_logging(logging: &LoggingConfiguration, alpha_enabled: bool, errs: &mut Vec<FieldError>) {
+/// component-base `logsapi.Validate`, for the formats we implement: the
+/// text format's output routing is an alpha option (LoggingAlphaOptions),
+/// the JSON format's a beta one (LoggingBetaOptions).
+fn validate_logging(logging: &LoggingConfiguration, gates: &FeatureGates, errs: &mut Vec<FieldError>) {
     if !matches!(logging.format.as_str(), "text" | "json") {
         errs.push(FieldError::invalid("logging.format", quote(&logging.format), "Unsupported log format"));
     }
@@ -319,19 +324,23 @@ fn validate_logging(logging: &LoggingConfiguration, alpha_enabled: bool, errs: &
             errs.push(FieldError::invalid(&field, item.verbosity.to_string(), format!("Must be <= {max}")));
         }
     }
-    if !alpha_enabled {
-        validate_alpha_output(&logging.options.text, "logging.options.text", errs);
-        validate_alpha_output(&logging.options.json, "logging.options.json", errs);
+    for (options, prefix, gate) in [
+        (&logging.options.text, "logging.options.text", Gate::LoggingAlphaOptions),
+        (&logging.options.json, "logging.options.json", Gate::LoggingBetaOptions),
+    ] {
+        if !gates.enabled(gate) {
+            validate_gated_output(options, prefix, gate, errs);
+        }
     }
 }
 
-fn validate_alpha_output(o: &OutputRoutingOptions, prefix: &str, errs: &mut Vec<FieldError>) {
-    const DISABLED: &str = "Feature LoggingAlphaOptions is disabled";
+fn validate_gated_output(o: &OutputRoutingOptions, prefix: &str, gate: Gate, errs: &mut Vec<FieldError>) {
+    let disabled = format!("Feature {} is disabled", gate.name());
     if o.split_stream {
-        errs.push(FieldError::forbidden(format!("{prefix}.splitStream"), DISABLED));
+        errs.push(FieldError::forbidden(format!("{prefix}.splitStream"), &disabled));
     }
     if !o.info_buffer_size.is_zero() {
-        errs.push(FieldError::forbidden(format!("{prefix}.infoBufferSize"), DISABLED));
+        errs.push(FieldError::forbidden(format!("{prefix}.infoBufferSize"), &disabled));
     }
 }
 
@@ -555,10 +564,35 @@ mod tests {
         });
         assert_eq!(
             errors(|c| {
-                c.logging.options.json.split_stream = true;
+                c.logging.options.text.split_stream = true;
                 c.feature_gates.insert("LoggingAlphaOptions".into(), true);
             }),
             Vec::<String>::new()
+        );
+        // The JSON format's options are beta: on by default.
+        assert_eq!(errors(|c| c.logging.options.json.split_stream = true), Vec::<String>::new());
+        assert_one("logging.options.json.splitStream: Forbidden: Feature LoggingBetaOptions is disabled", |c| {
+            c.logging.options.json.split_stream = true;
+            c.feature_gates.insert("LoggingBetaOptions".into(), false);
+        });
+    }
+
+    #[test]
+    fn ipvs_mode_needs_the_kube_proxy_ipvs_gate() {
+        assert_one(
+            r#"mode: Invalid value: "ipvs": must be iptables, nftables or blank (blank means the best-available proxy [currently iptables])"#,
+            |c| {
+                c.mode = "ipvs".into();
+                c.feature_gates.insert("KubeProxyIPVS".into(), false);
+            },
+        );
+        assert_eq!(
+            errors(|c| {
+                c.feature_gates.insert("KubeProxyIPVS".into(), false);
+            })
+            .len(),
+            0,
+            "other modes run"
         );
     }
 

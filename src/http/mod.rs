@@ -24,6 +24,7 @@ mod endpoints;
 mod family_health;
 mod routes;
 mod service_health;
+mod zpages;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -40,6 +41,7 @@ pub use endpoints::{health_routes, metrics_routes, start_http_servers, Configz, 
 pub use family_health::SharedServiceHealth;
 pub use routes::{not_found, text_response, Body, Handler, Request, Response, Routes};
 pub use service_health::{health_check_listen_ips, service_health_body, ServiceHealthServers};
+pub use zpages::{acceptable, flagz_body, statusz_body, ZPages};
 
 /// How long upstream waits before retrying a port it couldn't bind.
 pub const BIND_RETRY: Duration = Duration::from_secs(5);

@@ -89,6 +89,20 @@ impl ServiceState {
     }
 }
 
+/// What feature gates change in the model (upstream reads them where it
+/// starts its informers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelGates {
+    /// MultiCIDRServiceAllocator: ServiceCIDRs are recorded (off: ignored).
+    pub service_cidrs: bool,
+}
+
+impl Default for ModelGates {
+    fn default() -> ModelGates {
+        ModelGates { service_cidrs: true }
+    }
+}
+
 /// Services, endpoints and the node, with pending changes tracked per key.
 ///
 /// Service ports and their endpoints are filed under their Service: a
@@ -112,6 +126,7 @@ pub struct Model {
     /// The family's ranges differ from `cidrs`.
     pending_cidrs: bool,
     synced: BTreeSet<ResourceKind>,
+    gates: ModelGates,
 }
 
 impl Model {
@@ -129,7 +144,14 @@ impl Model {
             cidrs: Vec::new(),
             pending_cidrs: false,
             synced: BTreeSet::new(),
+            gates: ModelGates::default(),
         }
+    }
+
+    /// The same model with other feature gates than the defaults.
+    pub fn with_gates(mut self, gates: ModelGates) -> Model {
+        self.gates = gates;
+        self
     }
 
     pub fn family(&self) -> IpFamily {
@@ -197,6 +219,7 @@ impl Model {
                 self.pending_endpoints.extend(self.slices.remove(&nn));
             }
             SourceEvent::Node(change) => self.record_node(change),
+            SourceEvent::ServiceCidr(_) if !self.gates.service_cidrs => {}
             SourceEvent::ServiceCidr(change) => {
                 self.service_cidrs.record(change)?;
                 // Another family's ranges change nothing here.

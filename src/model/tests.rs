@@ -509,6 +509,40 @@ fn endpoint_slices_of_both_address_types_feed_their_own_family() {
     assert!(ips(&models[1]).is_empty());
 }
 
+/// Node hints (PreferSameTrafficDistribution, GA and locked on since 1.35)
+/// reach the endpoints, and `categorize` sends this node's traffic to the
+/// endpoint hinted for it.
+#[test]
+fn node_hints_reach_the_endpoints_and_pick_this_nodes_endpoint() {
+    let eps = [
+        ep("10.244.0.5", "node-a").zone_hint("zone-a").node_hint("node-a"),
+        ep("10.244.0.6", "node-b").zone_hint("zone-a").node_hint("node-b"),
+        ep("10.244.1.5", "node-c").zone_hint("zone-b").node_hint("node-c"),
+    ];
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    let mut m = model();
+    m.record(&applied_service(dns())).unwrap();
+    m.record(&applied_slice(dns_slice("s", &eps))).unwrap();
+    m.apply();
+    let sp = m.service_port(&udp).unwrap().clone();
+    let endpoints = m.endpoints(&udp).to_vec();
+    let cluster = categorize(&endpoints, &sp, "node-a", "zone-a").cluster;
+    assert_eq!(cluster.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.244.0.5"]);
+    let cluster = categorize(&endpoints, &sp, "node-x", "zone-a").cluster;
+    assert_eq!(cluster.len(), 2, "no hint for this node: this zone's endpoints");
+}
+
+/// MultiCIDRServiceAllocator off: ServiceCIDRs are not recorded, as
+/// upstream then starts no ServiceCIDR informer.
+#[test]
+fn service_cidrs_are_ignored_without_the_multi_cidr_service_allocator_gate() {
+    let mut m = model().with_gates(ModelGates { service_cidrs: false });
+    m.record(&applied_service_cidr("kubernetes", &["10.96.0.0/16"])).unwrap();
+    assert!(!m.has_pending());
+    assert!(!m.apply().service_cidrs_changed);
+    assert_eq!(m.service_cidrs(), &[] as &[ipnet::IpNet]);
+}
+
 fn applied_node(n: k8s_openapi::api::core::v1::Node) -> SourceEvent {
     SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(n)))
 }

@@ -176,11 +176,17 @@ pub fn http_get(ns: &Netns, path: &str) -> Result<String, String> {
 /// `GET path` on `127.0.0.1:port` in `ns`, one connection: the response's
 /// head and body.
 pub fn http_exchange(ns: &Netns, port: u16, path: &str) -> Result<(String, String), String> {
+    http_exchange_with(ns, port, path, "")
+}
+
+/// [`http_exchange`] with extra request header lines (each ending in `\r\n`).
+pub fn http_exchange_with(ns: &Netns, port: u16, path: &str, headers: &str) -> Result<(String, String), String> {
     ns.run(|| {
         let mut s = TcpStream::connect_timeout(&addr(&format!("127.0.0.1:{port}")), Duration::from_secs(1))
             .map_err(|e| format!("connect: {e}"))?;
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n")
+            .map_err(|e| e.to_string())?;
         let mut text = String::new();
         s.read_to_string(&mut text).map_err(|e| format!("read: {e}"))?;
         let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no header end: {text}"))?;

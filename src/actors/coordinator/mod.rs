@@ -22,7 +22,7 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use tokio::time::Instant;
 
-use crate::model::{Model, ModelChanges};
+use crate::model::{Model, ModelChanges, ModelGates};
 use crate::msgs::*;
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{LocalAddr, PlanSettings};
@@ -159,6 +159,8 @@ pub struct Settings {
     pub min_sync: Duration,
     pub max_sync: Duration,
     pub burst: u32,
+    /// What the feature gates change in the model.
+    pub model_gates: ModelGates,
 }
 
 /// An actor's address for messages `M`, with its stats (mailbox depth is
@@ -257,7 +259,7 @@ impl<D: Dataplane> Coordinator<D> {
     pub fn with_dataplane(settings: Settings, dataplane: D) -> Coordinator<D> {
         Coordinator {
             sched: SyncScheduler::new(settings.min_sync, settings.max_sync, settings.burst),
-            model: Model::new(settings.plan.family, &settings.plan.node_name),
+            model: Model::new(settings.plan.family, &settings.plan.node_name).with_gates(settings.model_gates),
             settings,
             dataplane,
             generation: 0,

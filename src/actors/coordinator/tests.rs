@@ -73,6 +73,7 @@ fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
         min_sync: min,
         max_sync: max,
         burst: 2,
+        model_gates: Default::default(),
     };
     let node_addrs: Vec<LocalAddr> = ["192.168.50.2", "fd00:50::2"]
         .iter()
@@ -951,7 +952,13 @@ fn unlimited_settings() -> Settings {
         scheduler: String::new(),
         node_ports: NodePortFilter::All,
     };
-    Settings { plan, min_sync: Duration::ZERO, max_sync: Duration::from_secs(30), burst: 2 }
+    Settings {
+        plan,
+        min_sync: Duration::ZERO,
+        max_sync: Duration::from_secs(30),
+        burst: 2,
+        model_gates: Default::default(),
+    }
 }
 
 /// A coordinator over `dataplane` (unlimited settings) that has been sent
