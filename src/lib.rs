@@ -16,6 +16,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod msgs;
+pub mod mutex;
 pub mod net;
 pub mod nfacct;
 pub mod observe;
@@ -28,7 +29,6 @@ pub mod settings;
 pub mod signals;
 pub mod startup;
 pub mod stats;
-pub mod sync;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 #[cfg(test)]

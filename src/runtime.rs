@@ -316,7 +316,7 @@ impl Fanout {
             return None;
         }
         report_ignored(&b, &self.metrics, self.ipvs_mode, &self.node_name);
-        let (events, conflicts) = crate::sync::lock(&self.claims).filter(b.0);
+        let (events, conflicts) = crate::mutex::lock(&self.claims).filter(b.0);
         report_conflicts(&conflicts, &self.metrics);
         Some(SourceBatch(events))
     }

@@ -2,7 +2,7 @@
 //! acked generation. Shared (`Arc`) between the actor, the coordinator that
 //! sends to it, and the metrics/dashboard endpoints.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -50,6 +50,7 @@ use crate::kernel::{Applied, IptablesKernel, KResult, Subsystem};
 use crate::metrics::ProxyMetrics;
 use crate::model::{Model, ModelChanges};
 use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
+use crate::mutex::lock;
 use crate::net::IpFamily;
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
@@ -57,7 +58,6 @@ use crate::runtime::{addr_source, context_builder, coordinator_settings, host_fe
 use crate::schedule::SyncKind;
 use crate::settings;
 use crate::stats::StatsRegistry;
-use crate::sync::lock;
 
 /// Which iptables tools the handle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

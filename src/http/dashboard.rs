@@ -16,7 +16,7 @@
 //! [`RATE_BASE`] old, so any client (or `curl` in a loop) gets them; samples
 //! are taken when the data is requested, at most every [`SAMPLE_EVERY`].
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};

@@ -193,7 +193,7 @@ impl IptablesHandle {
 
     async fn remember_fingerprint(&self) {
         let f = self.fingerprint().await;
-        *crate::sync::lock(&self.shared.fingerprint) = f;
+        *crate::mutex::lock(&self.shared.fingerprint) = f;
     }
 
     /// The periodic check: drift when the canary or one of our jumps from
@@ -201,7 +201,7 @@ impl IptablesHandle {
     /// fingerprint changed since our last restore or check.
     async fn drifted(&self) -> KResult<bool> {
         let now = self.fingerprint().await;
-        if now.is_some() && *crate::sync::lock(&self.shared.fingerprint) == now {
+        if now.is_some() && *crate::mutex::lock(&self.shared.fingerprint) == now {
             return Ok(false);
         }
         if !self.canary_present().await? {
@@ -215,7 +215,7 @@ impl IptablesHandle {
             return Ok(true);
         }
         // Someone else's change: look again only after the next one.
-        *crate::sync::lock(&self.shared.fingerprint) = now;
+        *crate::mutex::lock(&self.shared.fingerprint) = now;
         Ok(false)
     }
 

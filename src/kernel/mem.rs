@@ -4,7 +4,7 @@
 //! shared by all of them (so tests can assert cross-actor ordering), and
 //! fail ops on request.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;

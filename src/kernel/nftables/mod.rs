@@ -186,7 +186,7 @@ impl Sender {
     /// Sends `batch` in one datagram; the (sequence, error code) of every
     /// message the kernel refused.
     fn send(&self, batch: &[u8]) -> std::io::Result<Vec<(u32, i32)>> {
-        let socket = crate::sync::lock(&self.socket);
+        let socket = crate::mutex::lock(&self.socket);
         // A datagram must fit the send buffer (the kernel checks its length against it).
         set_buffer(&socket, libc::SO_SNDBUFFORCE, batch.len() + (64 << 10));
         socket.set_non_blocking(false)?;
