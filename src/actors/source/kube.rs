@@ -92,10 +92,10 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
+use super::wait::{InitialLists, WaitNotes};
 use crate::config::ClientConnectionConfiguration;
 use crate::model::node_change::host_ips;
 use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
-use crate::startup::wait::{InitialLists, WaitNotes};
 
 /// Services the proxy handles: not claimed by another proxy (upstream's
 /// `noProxyName`). Services never carry the headless label; upstream
@@ -220,7 +220,7 @@ const NODE_POLL: Duration = Duration::from_secs(1);
 
 /// Reads the Node `name` every second for up to `timeout` until it exists
 /// and has an address (upstream 1.37's NodeManager waits the same way),
-/// saying at least every [`crate::startup::wait::NOTE_EVERY`] what it waits
+/// saying at least every [`super::wait::NOTE_EVERY`] what it waits
 /// for. Returns the Node as it is then (`None` if it does not exist, or at
 /// once if it does not decode: logged; the Node watcher counts it when it
 /// lists it). The API server unreachable until the end is an error.
