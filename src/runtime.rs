@@ -442,12 +442,12 @@ impl Engine {
 /// nftables table when switching to iptables or IPVS mode). Only what is
 /// there, so a plain restart touches nothing.
 async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
-    let others: &[&'static crate::msgs::chains::ChainProfile] = match mode {
+    let others: &[&'static crate::kernel::iptables::chains::ChainProfile] = match mode {
         ProxyMode::Iptables => &[&rules_ipvs::PROFILE],
         ProxyMode::Ipvs => &[&iptables_plan::PROFILE],
         ProxyMode::Nftables => &[&iptables_plan::PROFILE, &rules_ipvs::PROFILE],
     };
-    let mut found: Vec<&'static crate::msgs::chains::ChainProfile> = Vec::new();
+    let mut found: Vec<&'static crate::kernel::iptables::chains::ChainProfile> = Vec::new();
     for other in others {
         match IptablesHandle::new(family).for_mode(other).has_leftovers().await {
             Ok(false) => {}

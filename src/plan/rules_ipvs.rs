@@ -17,7 +17,7 @@ use super::IpvsSet;
 use crate::net::{IpFamily, Protocol};
 
 /// The chain vocabulary IPVS mode shares with the iptables handle.
-pub use crate::msgs::chains::{
+pub use crate::kernel::iptables::chains::{
     CANARY, IPVS_FILTER_CHAINS as FILTER_CHAINS, IPVS_JUMPS as JUMPS, IPVS_NAT_CHAINS as NAT_CHAINS,
     IPVS_PROFILE as PROFILE,
 };

@@ -33,8 +33,8 @@ pub use rules::Set;
 use rules::{Env, Pkt, Tables, Target};
 
 use super::rules_ipvs::JUMPS;
+use crate::kernel::iptables::chains::Jump;
 use crate::kernel::IpvsTable;
-use crate::msgs::chains::Jump;
 use crate::msgs::VsKey;
 use crate::net::Protocol;
 

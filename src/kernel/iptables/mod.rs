@@ -31,6 +31,10 @@
 //!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
 //!   [`IptablesHandle::probe_match`] tells whether a match can be written.
 //! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
+//! - What each proxy mode owns in iptables, which the planners render rules
+//!   into and this handle ensures, watches and cleans up: [`chains`].
+
+pub mod chains;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -41,13 +45,13 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 
+use self::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use super::nft_split;
 use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
 use crate::kernel::iptables_probe;
 use crate::kernel::nfacct::NetlinkNfacct;
-use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
 
@@ -152,7 +156,7 @@ impl IptablesHandle {
         IptablesHandle { bins: Arc::new(bins), profile: &IPVS_PROFILE, shared: Arc::default(), nfacct: None }
     }
 
-    /// Serves another mode (its jumps and chains): `msgs::chains::IPTABLES_PROFILE`
+    /// Serves another mode (its jumps and chains): `chains::IPTABLES_PROFILE`
     /// for iptables mode.
     pub fn for_mode(mut self, profile: &'static ChainProfile) -> IptablesHandle {
         self.profile = profile;
@@ -764,7 +768,7 @@ fn restore_message(out: &ToolOutput, input: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msgs::chains::{IPTABLES_PROFILE, IPVS_JUMPS};
+    use crate::kernel::iptables::chains::{IPTABLES_PROFILE, IPVS_JUMPS};
 
     const FRESH_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
                              :POSTROUTING ACCEPT [0:0]\nCOMMIT\n";
