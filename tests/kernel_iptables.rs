@@ -414,7 +414,11 @@ fn a_large_restore_on_iptables_nft_is_split_into_transactions_with_the_same_resu
             (0..20).flat_map(|s| (0..5).map(move |e| format!("KUBE-SEP-OLD{s:05}X{e}"))).collect();
         stale.push("KUBE-SVC-STALE".into());
         let new = many_services(1_500, "NEW", &stale.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(new.lines().count() > kube_proxy_rs::kernel::nft_split::SPLIT_FROM, "{} lines", new.lines().count());
+        assert!(
+            new.lines().count() > kube_proxy_rs::kernel::iptables::split_restore::SPLIT_FROM,
+            "{} lines",
+            new.lines().count()
+        );
         let generations = ns.block_on(|| async {
             let (_, r) = h.reconcile(vec![restore(old)]).await.expect("the earlier run");
             assert_eq!(r, [Ok(())]);

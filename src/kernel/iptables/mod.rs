@@ -24,7 +24,7 @@
 //!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
 //!   tells whether a mode's own chains are there.
 //! - On the nf_tables backend, a large input is restored as several
-//!   transactions ([`super::nft_split`]), and a table is never read with
+//!   transactions ([`split_restore`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
 //!   netlink dump, the built-in chains' rules from `iptables -S CHAIN`.
 //! - iptables mode: before each full resync the nfacct objects the rules
@@ -35,6 +35,8 @@
 //!   into and this handle ensures, watches and cleans up: [`chains`].
 
 pub mod chains;
+pub mod probe;
+pub mod split_restore;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -46,11 +48,11 @@ use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 
 use self::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
-use super::nft_split;
+
 use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
-use crate::kernel::iptables_probe;
+
 use crate::kernel::nfacct::NetlinkNfacct;
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
@@ -230,7 +232,7 @@ impl IptablesHandle {
 
     /// Whether MASQUERADE `--random-fully` is supported (runs `iptables --version`).
     pub fn random_fully(&self) -> bool {
-        iptables_probe::random_fully_supported(&self.bins.iptables)
+        probe::random_fully_supported(&self.bins.iptables)
     }
 
     async fn wait_flags(&self) -> &WaitFlags {
@@ -337,7 +339,7 @@ impl IptablesHandle {
         let _turn = ONE_AT_A_TIME.lock().await;
         let lines: usize = parts.iter().map(|p| p.lines().count()).sum();
         self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
-        if self.wait_flags().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
+        if self.wait_flags().await.backend == Backend::Nft && lines >= split_restore::SPLIT_FROM {
             return self.restore_split(parts, lines).await;
         }
         self.restore_once(parts, lines).await
@@ -359,14 +361,14 @@ impl IptablesHandle {
     }
 
     /// A large input on the nf_tables backend, as the transactions of
-    /// [`nft_split`] (one transaction would take minutes).
+    /// [`split_restore`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
         let existing = xtables_gen::nft_chains(self.family(), "nat")
             .map_err(|e| KernelError::refused("list the chains of nf_tables table nat", e.to_string()))?;
-        let split = nft_split::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
+        let split = split_restore::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);
         let mut transactions = 0;
-        for text in split.transactions(nft_split::MAX_LINES) {
+        for text in split.transactions(split_restore::MAX_LINES) {
             let n = text.lines().count();
             self.restore_once(&[&text], n).await?;
             transactions += 1;
