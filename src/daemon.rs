@@ -144,7 +144,7 @@ pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUns
         }
     }
     match mode {
-        ProxyMode::Nftables => crate::kernel::xtables_gen::nft_chains(family, "kube-proxy")
+        ProxyMode::Nftables => crate::kernel::nftables::ruleset::chain_names(family, "kube-proxy")
             .map(|_| ())
             .map_err(|e| FamilyUnsupported::Nftables(format!("listing nf_tables chains: {e}"))),
         ProxyMode::Iptables | ProxyMode::Ipvs => {

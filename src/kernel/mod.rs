@@ -18,7 +18,6 @@ pub mod nfacct;
 pub mod nftables;
 pub mod sysctl;
 pub mod tool;
-pub mod xtables_gen;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

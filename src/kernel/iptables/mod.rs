@@ -15,7 +15,7 @@
 //! - [`IptablesHandle::canary_present`] tells whether `KUBE-PROXY-CANARY`
 //!   still exists in mangle, nat and filter (an external flush removes it).
 //! - The periodic drift check (every [`CANARY_INTERVAL`]) first compares a
-//!   fingerprint of the tables ([`super::xtables_gen`]: a syscall or one
+//!   fingerprint of the tables ([`fingerprint`]: a syscall or one
 //!   netlink message) with the one taken after our last restore; only when
 //!   something changed does it look for the canary and our jumps from the
 //!   built-in chains (`iptables -S`, two `iptables-save`), so a quiet node
@@ -35,6 +35,7 @@
 //!   into and this handle ensures, watches and cleans up: [`chains`].
 
 pub mod chains;
+pub mod fingerprint;
 pub mod probe;
 pub mod split_restore;
 
@@ -49,8 +50,9 @@ use tracing::{debug, info, warn};
 
 use self::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 
+use self::fingerprint::{Backend, Fingerprint};
+use super::nftables::ruleset;
 use super::tool::{self, ToolOutput};
-use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
 
 use crate::kernel::nfacct::NetlinkNfacct;
@@ -188,7 +190,7 @@ impl IptablesHandle {
     /// periodic check always looks).
     async fn fingerprint(&self) -> Option<Fingerprint> {
         let backend = self.wait_flags().await.backend;
-        match xtables_gen::fingerprint(self.family(), backend) {
+        match fingerprint::fingerprint(self.family(), backend) {
             Ok(f) => Some(f),
             Err(e) => {
                 debug!(binary = %self.bins.iptables, error = %e, "cannot read the tables' fingerprint");
@@ -301,7 +303,7 @@ impl IptablesHandle {
     /// a table of 134,000 chains (10,000 services) in more than 15 minutes
     /// (iptables 1.8.9).
     async fn nft_listing(&self, table: &str) -> KResult<SavedTable> {
-        let chains = xtables_gen::nft_chains(self.family(), table)
+        let chains = ruleset::chain_names(self.family(), table)
             .map_err(|e| KernelError::refused(format!("list the chains of nf_tables table {table}"), e.to_string()))?;
         let mut rules = Vec::new();
         for chain in builtin_chains(table).iter().filter(|c| chains.contains(**c)) {
@@ -363,7 +365,7 @@ impl IptablesHandle {
     /// A large input on the nf_tables backend, as the transactions of
     /// [`split_restore`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
-        let existing = xtables_gen::nft_chains(self.family(), "nat")
+        let existing = ruleset::chain_names(self.family(), "nat")
             .map_err(|e| KernelError::refused("list the chains of nf_tables table nat", e.to_string()))?;
         let split = split_restore::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);

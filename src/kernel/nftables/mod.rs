@@ -16,6 +16,7 @@
 mod attrs;
 pub mod codec;
 pub mod rule;
+pub mod ruleset;
 pub mod text;
 pub mod types;
 

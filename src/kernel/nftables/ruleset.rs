@@ -1,103 +1,19 @@
-//! Whether anything changed in a family's iptables since we last looked, for
-//! the price of a syscall or one netlink message, not an `iptables-save`.
-//!
-//! - The legacy backend (`x_tables`): `IPT_SO_GET_INFO` (`IP6T_SO_GET_INFO`)
-//!   gives each table's rule count and blob size without its rules; the
-//!   fingerprint is those of mangle, nat and filter.
-//! - The nf_tables backend: `NFT_MSG_GETGEN` gives the ruleset generation,
-//!   which every nftables transaction (any table, any family) increments.
-//!
-//! Equal fingerprints mean nobody touched the tables (counters aside); a
-//! different one says only that something changed, ours or not: the caller
-//! then runs its real check.
+//! Two reads of the nf_tables ruleset as a whole, each one request on a
+//! netlink socket of its own that gives up after a second: the ruleset
+//! generation ([`generation`], `NFT_MSG_GETGEN`), and the names of one
+//! table's chains ([`chain_names`], an `NFT_MSG_GETCHAIN` dump). The
+//! iptables handle reads iptables-nft's tables with them; start-up probes
+//! nftables mode's support with the chain dump.
 
+use std::collections::BTreeSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sys::socket::{setsockopt, socket, sockopt, AddressFamily, SockFlag, SockProtocol, SockType};
+use nix::sys::time::TimeVal;
 
 use crate::net::IpFamily;
 
-/// Which kernel interface the installed `iptables` drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Legacy,
-    Nft,
-}
-
-impl Backend {
-    /// From `iptables --version`: "iptables v1.8.9 (nf_tables)" or "(legacy)";
-    /// versions before 1.8 name neither and are legacy.
-    pub fn from_version(text: &str) -> Backend {
-        if text.contains("nf_tables") {
-            Backend::Nft
-        } else {
-            Backend::Legacy
-        }
-    }
-}
-
-/// A cheap summary of the tables' state; see the module doc.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint(Vec<u64>);
-
-/// The tables a legacy fingerprint covers.
-const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
-
-/// Reads the fingerprint of `family`'s tables on `backend`, in the calling
-/// thread's network namespace.
-pub fn fingerprint(family: IpFamily, backend: Backend) -> io::Result<Fingerprint> {
-    match backend {
-        Backend::Legacy => legacy(family),
-        Backend::Nft => nft_generation().map(|g| Fingerprint(vec![u64::from(g)])),
-    }
-}
-
-fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) has no memory arguments; a non-negative result is a
-    // descriptor we own from here on.
-    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `struct ipt_getinfo` / `ip6t_getinfo`: name[32], valid_hooks,
-/// hook_entry[5], underflow[5], num_entries, size (all u32).
-const GETINFO_LEN: usize = 32 + 4 + 20 + 20 + 4 + 4;
-/// `IPT_SO_GET_INFO` and `IP6T_SO_GET_INFO` (IPT_BASE_CTL).
-const SO_GET_INFO: i32 = 64;
-
-fn legacy(family: IpFamily) -> io::Result<Fingerprint> {
-    let (domain, level) = match family {
-        IpFamily::V4 => (libc::AF_INET, libc::SOL_IP),
-        IpFamily::V6 => (libc::AF_INET6, libc::SOL_IPV6),
-    };
-    let sock = socket(domain, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
-    let mut out = Vec::with_capacity(TABLES.len() * 2);
-    for table in TABLES {
-        let mut info = [0u8; GETINFO_LEN];
-        info[..table.len()].copy_from_slice(table.as_bytes());
-        let mut len = GETINFO_LEN as libc::socklen_t;
-        // SAFETY: `info` is GETINFO_LEN writable bytes and `len` says so; the
-        // kernel writes at most `len` bytes and updates `len`.
-        let rc = unsafe { libc::getsockopt(sock.as_raw_fd(), level, SO_GET_INFO, info.as_mut_ptr().cast(), &mut len) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            // A table never loaded: nothing in it, ours included.
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                out.extend([u64::MAX, u64::MAX]);
-                continue;
-            }
-            return Err(e);
-        }
-        let word = |at: usize| u64::from(u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]));
-        out.extend([word(GETINFO_LEN - 8), word(GETINFO_LEN - 4)]);
-    }
-    Ok(Fingerprint(out))
-}
-
-const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
@@ -129,29 +45,20 @@ fn parse_getgen_reply(buf: &[u8]) -> io::Result<u32> {
         return Err(bad());
     }
     // The payload after nlmsghdr (16): nfgenmsg, then the attributes.
-    super::nftables::codec::generation_id(buf.get(16..len).unwrap_or(&[])).ok_or_else(bad)
+    super::codec::generation_id(buf.get(16..len).unwrap_or(&[])).ok_or_else(bad)
 }
 
-/// A netlink netfilter socket whose receives time out after a second.
+/// A netlink netfilter socket whose receives time out after a second (an
+/// error if the timeout cannot be set, so no read waits forever).
 fn nfnetlink() -> io::Result<OwnedFd> {
-    let sock = socket(libc::AF_NETLINK, libc::SOCK_RAW, NETLINK_NETFILTER)?;
-    let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
-    // SAFETY: a timeval of the size given, read by the kernel.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    let sock = socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkNetFilter)?;
+    setsockopt(&sock, sockopt::ReceiveTimeout, &TimeVal::new(1, 0))?;
     Ok(sock)
 }
 
 /// The nftables ruleset generation of the calling thread's network
 /// namespace (every transaction increments it).
-pub fn nft_generation() -> io::Result<u32> {
+pub fn generation() -> io::Result<u32> {
     let sock = nfnetlink()?;
     let req = getgen_request(1);
     // SAFETY: `req` is readable for its length; an unbound netlink socket
@@ -179,14 +86,14 @@ const NLMSG_DONE: u16 = 3;
 /// (iptables-nft's `ip`/`ip6` tables): one netlink dump, where
 /// `iptables-nft-save` needs minutes once a table holds 100,000 chains.
 /// Empty when the table does not exist.
-pub fn nft_chains(family: IpFamily, table: &str) -> io::Result<std::collections::BTreeSet<String>> {
+pub fn chain_names(family: IpFamily, table: &str) -> io::Result<BTreeSet<String>> {
     let sock = nfnetlink()?;
     let req = getchain_request(family, 1);
-    // SAFETY: `req` is readable for its length (see nft_generation).
+    // SAFETY: `req` is readable for its length (see generation).
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut chains = std::collections::BTreeSet::new();
+    let mut chains = BTreeSet::new();
     let mut buf = vec![0u8; 1 << 17];
     loop {
         // SAFETY: `buf` is writable for its length.
@@ -216,7 +123,7 @@ fn getchain_request(family: IpFamily, seq: u32) -> [u8; 20] {
 
 /// Adds the names of `table`'s chains in one datagram of a chain dump to
 /// `out`; true once the dump is done.
-fn parse_chain_dump(mut buf: &[u8], table: &str, out: &mut std::collections::BTreeSet<String>) -> io::Result<bool> {
+fn parse_chain_dump(mut buf: &[u8], table: &str, out: &mut BTreeSet<String>) -> io::Result<bool> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected nftables chain dump");
     while buf.len() >= 16 {
         let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
@@ -277,13 +184,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_backend_comes_from_the_version_line() {
-        assert_eq!(Backend::from_version("iptables v1.8.9 (nf_tables)\n"), Backend::Nft);
-        assert_eq!(Backend::from_version("iptables v1.8.9 (legacy)\n"), Backend::Legacy);
-        assert_eq!(Backend::from_version("iptables v1.6.1\n"), Backend::Legacy);
-    }
-
-    #[test]
     fn getgen_request_is_an_nftables_request() {
         let m = getgen_request(7);
         assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 20);
@@ -337,10 +237,10 @@ mod tests {
         let mut datagram = chain("nat", "KUBE-SERVICES");
         datagram.extend(chain("filter", "KUBE-FORWARD"));
         datagram.extend(chain("nat", "KUBE-SVC-ABC"));
-        let mut out = std::collections::BTreeSet::new();
+        let mut out = BTreeSet::new();
         assert!(!parse_chain_dump(&datagram, "nat", &mut out).unwrap(), "not done yet");
         assert_eq!(out.into_iter().collect::<Vec<_>>(), ["KUBE-SERVICES", "KUBE-SVC-ABC"]);
-        let mut out = std::collections::BTreeSet::new();
+        let mut out = BTreeSet::new();
         assert!(parse_chain_dump(&reply(NLMSG_DONE, &[0u8; 4]), "nat", &mut out).unwrap());
         let err = reply(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
         assert_eq!(parse_chain_dump(&err, "nat", &mut out).unwrap_err().raw_os_error(), Some(libc::EPERM));
