@@ -4,7 +4,6 @@
 pub mod claims;
 pub mod conntrack;
 pub mod context;
-pub mod diff;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;

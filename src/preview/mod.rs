@@ -2,7 +2,7 @@
 //! state, read-only (IPVS, the ipsets, kube-ipvs0's addresses, iptables of
 //! both backends), and prints what the first sync of the chosen mode would
 //! change, per section and family, in each tool's syntax with `+`/`-`
-//! lines and a summary ([`crate::plan::diff`] compares; this reads).
+//! lines and a summary ([`diff`] compares; this module reads).
 //!
 //! - The plan is `--dry-run`'s own output (a full sync from an empty
 //!   kernel). Sections of the other mode are planned empty when the node
@@ -26,6 +26,8 @@
 //!   removed, in `conntrack -L`'s words; the family's other UDP entries
 //!   count as kept.
 
+pub mod diff;
+
 use std::collections::BTreeSet;
 
 use crate::config::ProxyMode;
@@ -41,11 +43,12 @@ use crate::kernel::LinkKernel;
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::{IpvsOp, ReconcileConntrack};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::diff::{self, SectionDiff, Tables};
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
 use crate::plan::IpvsSet;
 use crate::settings::FamilySettings;
+
+use self::diff::{SectionDiff, Tables};
 
 /// One family's plan: its settings and its `--dry-run` text (unsuffixed headings).
 pub struct FamilyPlan {
