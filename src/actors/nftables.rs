@@ -6,144 +6,18 @@
 //! full sync) and [`CheckDrift`] (the periodic sync's cheap check: has
 //! anybody changed the table since our last transaction?); answers each
 //! with the kernel's result. Messages never
-//! interleave (`AtomicResponse`). The planner's ops are turned into the
-//! codec's by [`translate`] (pure), in this layer, so `kernel` knows
-//! nothing of `plan`.
+//! interleave (`AtomicResponse`). The planner's ops are the codec's (typed,
+//! [`crate::msgs::nftables`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
-use crate::kernel::nftables::{
-    self as k, BaseChain, ChainHook, KeyPart, KeyType, Listed, NetlinkNftables, TableInfo, TransactionError, Verdict,
-};
+use crate::kernel::nftables::{Listed, NetlinkNftables, TableInfo, TransactionError};
+use crate::msgs::nftables::{NftOp, TABLE};
 use crate::net::IpFamily;
-use crate::plan::nftables::names::{TABLE, TABLE_COMMENT};
-use crate::plan::nftables::ruleset::{quote, Hook};
-use crate::plan::nftables::{Element, NftOp, Set, Transaction};
 use crate::stats::ActorStats;
-
-/// A plan op the codec cannot express (a planner bug; nothing is sent).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot translate nftables op {op:?}: {why}")]
-pub struct TranslateError {
-    /// The op, as `nft -f` would read it.
-    pub op: String,
-    pub why: String,
-}
-
-fn bad(op: &NftOp, family: IpFamily, why: impl Into<String>) -> TranslateError {
-    let tx = Transaction { family, ops: vec![op.clone()] };
-    TranslateError { op: tx.to_string().trim_end().to_string(), why: why.into() }
-}
-
-/// The codec's ops of `tx`: consecutive element adds (and deletes) of one
-/// set become one op, a rule's comment is appended to its text as `nft`
-/// writes it.
-pub fn translate(tx: &Transaction) -> Result<Vec<k::NftOp>, TranslateError> {
-    let mut out: Vec<k::NftOp> = Vec::with_capacity(tx.ops.len());
-    for op in &tx.ops {
-        let err = |why: String| bad(op, tx.family, why);
-        match op {
-            NftOp::AddTable => out.push(k::NftOp::AddTable { comment: Some(TABLE_COMMENT.to_string()) }),
-            NftOp::AddChain(c) => out.push(k::NftOp::AddChain {
-                name: c.name.clone(),
-                base: c.hook.as_ref().map(base_chain).transpose().map_err(err)?,
-                comment: c.comment.clone(),
-            }),
-            NftOp::FlushChain(name) => out.push(k::NftOp::FlushChain(name.clone())),
-            NftOp::DeleteChain(name) => out.push(k::NftOp::DeleteChain(name.clone())),
-            NftOp::AddRule { chain, rule } => {
-                let text = match &rule.comment {
-                    Some(c) => format!("{} comment {}", rule.text, quote(c)),
-                    None => rule.text.clone(),
-                };
-                out.push(k::NftOp::AddRule { chain: chain.clone(), rule: text });
-            }
-            NftOp::AddSet(s) => out.push(add_set(s).map_err(err)?),
-            NftOp::FlushSet { name, .. } => out.push(k::NftOp::FlushSet(name.clone())),
-            NftOp::DeleteSet { name, .. } => out.push(k::NftOp::DeleteSet(name.clone())),
-            NftOp::AddElement(e) => {
-                let element = element(e).map_err(err)?;
-                match out.last_mut() {
-                    Some(k::NftOp::AddElements { set, elements }) if *set == e.set => elements.push(element),
-                    _ => out.push(k::NftOp::AddElements { set: e.set.clone(), elements: vec![element] }),
-                }
-            }
-            NftOp::DeleteElement { set: name, key } => {
-                let fields: Vec<&str> = key.split(" . ").collect();
-                let parsed = key_parts(&fields).map_err(err)?;
-                match out.last_mut() {
-                    Some(k::NftOp::DeleteElements { set, keys }) if set == name => keys.push(parsed),
-                    _ => out.push(k::NftOp::DeleteElements { set: name.clone(), keys: vec![parsed] }),
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn base_chain(h: &Hook) -> Result<BaseChain, String> {
-    let hook = match h.hook {
-        "prerouting" => ChainHook::Prerouting,
-        "input" => ChainHook::Input,
-        "forward" => ChainHook::Forward,
-        "output" => ChainHook::Output,
-        "postrouting" => ChainHook::Postrouting,
-        other => return Err(format!("unknown hook {other:?}")),
-    };
-    match h.kind {
-        "filter" | "nat" => Ok(BaseChain { kind: h.kind, hook, priority: h.priority }),
-        other => Err(format!("unknown chain type {other:?}")),
-    }
-}
-
-/// A set or verdict map; the codec knows the affinity sets' flags
-/// (`dynamic,timeout`) from their timeout, and no others.
-fn add_set(s: &Set) -> Result<k::NftOp, String> {
-    let key_text = if s.map {
-        s.key_type.strip_suffix(" : verdict").ok_or_else(|| format!("a map of {:?}, not of verdicts", s.key_type))?
-    } else {
-        s.key_type.as_str()
-    };
-    let key = KeyType::parse_concat(key_text).ok_or_else(|| format!("unknown key type {key_text:?}"))?;
-    let flags_ok = match s.timeout {
-        Some(_) => s.flags == ["dynamic", "timeout"],
-        None => s.flags.is_empty(),
-    };
-    if !flags_ok {
-        return Err(format!("flags {:?} with timeout {:?}", s.flags, s.timeout));
-    }
-    Ok(k::NftOp::AddSet {
-        name: s.name.clone(),
-        key,
-        verdict_map: s.map,
-        timeout: s.timeout,
-        comment: s.comment.clone(),
-    })
-}
-
-fn key_parts<S: AsRef<str>>(fields: &[S]) -> Result<Vec<KeyPart>, String> {
-    fields
-        .iter()
-        .map(|f| KeyPart::parse(f.as_ref()).ok_or_else(|| format!("unknown key field {:?}", f.as_ref())))
-        .collect()
-}
-
-fn element(e: &Element) -> Result<k::Element, String> {
-    let key = key_parts(&e.key)?;
-    let verdict = match e.value.as_slice() {
-        [] => None,
-        value => {
-            let text = value.join(" . ");
-            Some(Verdict::parse(&text).ok_or_else(|| format!("unknown verdict {text:?}"))?)
-        }
-    };
-    Ok(k::Element { key, verdict, comment: e.comment.clone() })
-}
-
-// ------------------------------------------------------------------ the actor
 
 /// Why a sync's transaction did not apply.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -152,8 +26,6 @@ pub enum NftSyncError {
     List(#[source] TransactionError),
     #[error("checking the table for drift: {0}")]
     Check(#[source] TransactionError),
-    #[error("{0}")]
-    Translate(#[source] TranslateError),
     #[error("{0}")]
     Apply(#[source] TransactionError),
     /// A partial sync was asked of a planner that knows no kernel state (a bug).
@@ -181,7 +53,7 @@ impl NftablesTarget {
     pub fn apply(
         &self,
         generation: u64,
-        ops: Vec<k::NftOp>,
+        ops: Vec<NftOp>,
     ) -> impl std::future::Future<Output = Result<(), NftSyncError>> + 'static {
         self.ask(ApplyTransaction { generation, ops }, NftSyncError::Apply)
     }
@@ -270,12 +142,12 @@ impl Actor for NftablesActor {
     type Context = Context<Self>;
 }
 
-/// One transaction on the table (ops translated by [`translate`]).
+/// One transaction on the table.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), TransactionError>")]
 pub struct ApplyTransaction {
     pub generation: u64,
-    pub ops: Vec<k::NftOp>,
+    pub ops: Vec<NftOp>,
 }
 
 /// The table's chains and sets (none if there is no table).
@@ -369,21 +241,6 @@ impl Handler<CheckDrift> for NftablesActor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::nftables::ruleset::Rule;
-    use crate::plan::nftables::Chain;
-
-    fn tx(ops: Vec<NftOp>) -> Transaction {
-        Transaction { family: IpFamily::V4, ops }
-    }
-
-    fn elem(set: &str, key: &[&str], value: &[&str]) -> NftOp {
-        NftOp::AddElement(Element {
-            set: set.into(),
-            key: key.iter().map(|s| s.to_string()).collect(),
-            value: value.iter().map(|s| s.to_string()).collect(),
-            comment: None,
-        })
-    }
 
     #[test]
     fn table_drift_names_what_changed_and_nothing_when_alike() {
@@ -395,96 +252,5 @@ mod tests {
         assert_eq!(table_drift(t(1, 10, 0), t(2, 10, 0)).as_deref(), Some("the table was deleted and created again"));
         assert_eq!(table_drift(t(1, 10, 0), t(1, 10, 1)).as_deref(), Some("the table's flags went 0x0 → 0x1"));
         assert_eq!(table_drift(t(1, 10, 0), t(1, 9, 0)).as_deref(), Some("the table's chains and sets went 10 → 9"));
-    }
-
-    #[test]
-    fn consecutive_element_adds_and_deletes_of_one_set_are_one_op() {
-        let ops = translate(&tx(vec![
-            elem("cluster-ips", &["10.96.0.10"], &[]),
-            elem("cluster-ips", &["10.96.0.11"], &[]),
-            elem("service-ips", &["10.96.0.10", "tcp", "80"], &["goto service-X-ns/a/tcp/http"]),
-            elem("cluster-ips", &["10.96.0.12"], &[]),
-            NftOp::DeleteElement { set: "service-ips".into(), key: "10.96.0.10 . tcp . 80".into() },
-            NftOp::DeleteElement { set: "service-ips".into(), key: "10.96.0.11 . udp . 53".into() },
-        ]))
-        .unwrap();
-        let a = |s: &str| KeyPart::Addr(s.parse().unwrap());
-        assert_eq!(ops.len(), 4, "{ops:?}");
-        assert_eq!(
-            ops[0],
-            k::NftOp::AddElements {
-                set: "cluster-ips".into(),
-                elements: vec![k::Element::key(vec![a("10.96.0.10")]), k::Element::key(vec![a("10.96.0.11")])],
-            }
-        );
-        assert_eq!(
-            ops[1],
-            k::NftOp::AddElements {
-                set: "service-ips".into(),
-                elements: vec![k::Element::to(
-                    vec![a("10.96.0.10"), KeyPart::Proto(6), KeyPart::Port(80)],
-                    Verdict::Goto("service-X-ns/a/tcp/http".into())
-                )],
-            }
-        );
-        assert_eq!(
-            ops[3],
-            k::NftOp::DeleteElements {
-                set: "service-ips".into(),
-                keys: vec![
-                    vec![a("10.96.0.10"), KeyPart::Proto(6), KeyPart::Port(80)],
-                    vec![a("10.96.0.11"), KeyPart::Proto(17), KeyPart::Port(53)],
-                ],
-            }
-        );
-    }
-
-    #[test]
-    fn rules_carry_their_comment_as_nft_writes_it_and_chains_their_hook() {
-        let hook = Hook { kind: "nat", hook: "prerouting", priority: -100 };
-        let chain = Chain { name: "nat-prerouting".into(), hook: Some(hook), comment: None, rules: vec![] };
-        let ops = translate(&tx(vec![
-            NftOp::AddTable,
-            NftOp::AddChain(chain),
-            NftOp::AddRule { chain: "services".into(), rule: Rule::commented("ip daddr @cluster-ips reject", "x/y") },
-        ]))
-        .unwrap();
-        assert_eq!(ops[0], k::NftOp::AddTable { comment: Some("rules for kube-proxy".into()) });
-        let base = BaseChain { kind: "nat", hook: ChainHook::Prerouting, priority: -100 };
-        assert_eq!(ops[1], k::NftOp::AddChain { name: "nat-prerouting".into(), base: Some(base), comment: None });
-        assert_eq!(
-            ops[2],
-            k::NftOp::AddRule { chain: "services".into(), rule: "ip daddr @cluster-ips reject comment \"x/y\"".into() }
-        );
-    }
-
-    #[test]
-    fn sets_and_maps_take_their_key_types_and_affinity_timeouts() {
-        let set = |map: bool, key_type: &str, flags: Vec<&'static str>, timeout: Option<u32>| {
-            NftOp::AddSet(Set { name: "s".into(), map, key_type: key_type.into(), flags, timeout, comment: None })
-        };
-        let ops = translate(&tx(vec![
-            set(true, "ipv4_addr . inet_proto . inet_service : verdict", vec![], None),
-            set(false, "ipv4_addr", vec!["dynamic", "timeout"], Some(10800)),
-        ]))
-        .unwrap();
-        assert_eq!(
-            ops[0],
-            k::NftOp::AddSet {
-                name: "s".into(),
-                key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
-                verdict_map: true,
-                timeout: None,
-                comment: None
-            }
-        );
-        assert!(matches!(&ops[1], k::NftOp::AddSet { timeout: Some(10800), verdict_map: false, .. }));
-        // What the codec cannot say is an error naming the op, not a silent change.
-        let e = translate(&tx(vec![set(false, "ipv4_addr", vec!["interval"], None)])).unwrap_err();
-        assert!(e.op.starts_with("add set ip kube-proxy s"), "{e}");
-        let e = translate(&tx(vec![set(true, "ipv4_addr : ipv4_addr", vec![], None)])).unwrap_err();
-        assert!(e.why.contains("not of verdicts"), "{e}");
-        let e = translate(&tx(vec![elem("s", &["10.0.0.1"], &["dnat to 10.0.0.2"])])).unwrap_err();
-        assert!(e.to_string().contains("unknown verdict"), "{e}");
     }
 }

@@ -44,13 +44,14 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use super::{batch, AddrSource, Dataplane, Finished, Planned, Prepare, Target};
-use crate::actors::nftables::{translate, NftSyncError, NftablesTarget};
+use crate::actors::nftables::{NftSyncError, NftablesTarget};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::net::IpFamily;
 use crate::plan::conntrack::conntrack_ops;
 use crate::plan::context::LocalAddr;
-use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner, STAGE_OPS};
+use crate::msgs::nftables::{NftOp, Transaction};
+use crate::plan::nftables::{staged, KernelObjects, NftablesContext, NftablesPlanner, STAGE_OPS};
 use crate::schedule::SyncKind;
 
 /// Builds the planner's context from the Node, the family's ServiceCIDRs
@@ -223,18 +224,11 @@ impl Dataplane for NftablesDataplane {
         };
         let plan_ops = delta.tx.len();
         // A full sync's new per-service chains go first, in bounded transactions.
-        let txs = match existing {
-            Some(existing) => staged(delta.tx, &existing, STAGE_OPS),
-            None => vec![delta.tx],
+        let steps: Vec<Vec<NftOp>> = match existing {
+            Some(existing) => staged(delta.tx, &existing, STAGE_OPS).into_iter().map(|tx| tx.ops).collect(),
+            None => vec![delta.tx.ops],
         };
-        let steps = match txs.iter().map(translate).collect::<Result<Vec<_>, _>>() {
-            Ok(steps) => steps,
-            Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
-        };
-        let cleanup = match cleanup.as_ref().map(translate).transpose() {
-            Ok(ops) => ops,
-            Err(e) => return self.not_sent(NftSyncError::Translate(e), full, conntrack),
-        };
+        let cleanup = cleanup.map(|tx: Transaction| tx.ops);
         let ops = steps.iter().map(Vec::len).sum::<usize>() + cleanup.as_ref().map_or(0, Vec::len) + conntrack.len();
         tracing::debug!(
             ip_family = self.label(),

@@ -47,6 +47,11 @@ pub enum NftOp {
 }
 
 impl NftOp {
+    /// `add table` with the table's comment.
+    pub fn add_table() -> NftOp {
+        NftOp::AddTable { comment: Some(TABLE_COMMENT.to_string()) }
+    }
+
     /// How many operations upstream counts for this op (knftables'
     /// `NumOperations`: one per element).
     pub fn operations(&self) -> usize {

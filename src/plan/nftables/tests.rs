@@ -32,7 +32,7 @@ pub(super) fn fake_ctx() -> NftablesContext {
         zone: String::new(),
         node_ip: Some(ip("192.168.0.2")),
         masquerade_all: false,
-        mark: "0x4000".into(),
+        mark: crate::msgs::nftables::Hex { value: 0x4000, width: 0 },
         local: LocalDetector::Cidr("10.0.0.0/8".parse().unwrap()),
         node_ports: NodePorts::Ips(vec![ip("192.168.0.2")]),
         service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
@@ -68,7 +68,7 @@ fn port(p: i32, node_port: i32) -> Value {
     v
 }
 
-fn cluster_ip(ns: &str, name: &str, ip: &str, p: i32) -> SourceEvent {
+pub(super) fn cluster_ip(ns: &str, name: &str, ip: &str, p: i32) -> SourceEvent {
     svc(ns, name, json!({"type": "ClusterIP", "clusterIP": ip, "ports": [port(p, 0)]}), json!({}))
 }
 
@@ -86,7 +86,7 @@ pub(super) fn no_node(ipaddr: &str) -> Ep {
 }
 
 /// The services of upstream's TestOverallNFTablesRules.
-fn overall_events() -> Vec<SourceEvent> {
+pub(super) fn overall_events() -> Vec<SourceEvent> {
     vec![
         cluster_ip("ns1", "svc1", "172.30.0.41", 80),
         eps("ns1", "svc1", 80, &[no_node("10.180.0.1")]),
@@ -208,7 +208,7 @@ fn an_empty_model_is_upstreams_base_rules() {
 }
 
 /// The first state of upstream's TestSyncProxyRulesRepeated.
-fn repeated_events() -> Vec<SourceEvent> {
+pub(super) fn repeated_events() -> Vec<SourceEvent> {
     vec![
         cluster_ip("ns1", "svc1", "172.30.0.41", 80),
         svc(
@@ -469,7 +469,7 @@ fn the_nftables_config_section_shapes_the_ruleset() {
         crate::net::LocalAddr { ifname: "eth0".into(), ip: ip("192.168.1.2") },
     ];
     let ctx = nftables_context(&s.nftables_settings(&node, &[]), &node, &addrs);
-    assert_eq!(ctx.mark, "0x000400");
+    assert_eq!(ctx.mark.to_string(), "0x000400");
     assert!(ctx.masquerade_all);
     assert_eq!(ctx.local, LocalDetector::Cidr("10.244.0.0/16".parse().unwrap()));
     assert_eq!(ctx.node_ports, NodePorts::Ips(vec![ip("192.168.0.2")]));
@@ -625,7 +625,7 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         .ops
         .iter()
         .filter_map(|op| match op {
-            NftOp::AddChain(c) if service_chain(&c.name) => Some(c.name.clone()),
+            NftOp::AddChain { name, .. } if service_chain(name) => Some(name.clone()),
             _ => None,
         })
         .collect();
@@ -638,7 +638,7 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
             .ops
             .iter()
             .filter_map(|op| match op {
-                NftOp::AddChain(c) => Some(c.name.clone()),
+                NftOp::AddChain { name, .. } => Some(name.clone()),
                 _ => None,
             })
             .collect();
@@ -669,17 +669,17 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         for (i, t) in middle.iter().enumerate() {
             for (j, op) in t.ops.iter().enumerate() {
                 let NftOp::AddRule { rule, .. } = op else { continue };
-                for word in rule.text.split([' ', ',', '{', '}']).filter(|w| service_chain(w)) {
-                    assert!(at.get(word).is_some_and(|w| *w < (i, j)), "{word} after {}", rule.text);
+                for target in rule.chains().filter(|c| service_chain(c)) {
+                    assert!(at.get(target).is_some_and(|w| *w < (i, j)), "{target} after {rule}");
                 }
-                if rule.text.contains("mark-for-masquerade") {
+                if rule.chains().any(|c| c == "mark-for-masquerade") {
                     assert!(exists("mark-for-masquerade"));
                 }
             }
         }
         // Nothing of the per-service chains is left for the last transaction, and nothing else is lost.
         assert!(!rest.ops.iter().any(|op| match op {
-            NftOp::AddChain(c) => service_chain(&c.name),
+            NftOp::AddChain { name, .. } => service_chain(name),
             NftOp::AddRule { chain, .. } => service_chain(chain),
             NftOp::FlushChain(c) => all_chains.contains(c),
             _ => false,
@@ -687,7 +687,7 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         let sent: Vec<&NftOp> = steps.iter().flat_map(|t| &t.ops).collect();
         for op in &tx.ops {
             let dropped = matches!(op, NftOp::FlushChain(c) if all_chains.contains(c) && !existing.contains(c))
-                || matches!(op, NftOp::AddChain(c) if existing.contains(&c.name));
+                || matches!(op, NftOp::AddChain { name, .. } if existing.contains(name));
             assert!(dropped || sent.contains(&op), "{op:?} lost");
         }
     }
@@ -720,4 +720,38 @@ fn a_service_cidr_change_rewrites_the_top_level_only() {
     planner.confirm_applied(std::time::Duration::ZERO);
     let again = planner.partial_with(&model, with).expect("a confirmed state");
     assert!(again.tx.is_empty(), "{}", again.tx);
+}
+
+pub(super) fn deleted(ns: &str, name: &str) -> SourceEvent {
+    deleted_service(from_json::<Service>(json!({"metadata": {"namespace": ns, "name": name}, "spec": {}})))
+}
+
+pub(super) fn v6_model() -> Model {
+    let mut m = Model::new(IpFamily::V6, NODE);
+    m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
+    m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
+    let s = svc(
+        "ns1",
+        "svc1",
+        json!({"type": "NodePort", "clusterIP": "fd00:172:30::41", "ipFamilies": ["IPv6"], "ports": [port(80, 3001)],
+               "sessionAffinity": "ClientIP"}),
+        json!({}),
+    );
+    let mut sl = slice("ns1", "svc1-1", "svc1", &[("p80", "TCP", 80)], &[no_node("fd00:10:180::1"), no_node("fd00:10:180::2")]);
+    sl.address_type = "IPv6".into();
+    m.record(&s).unwrap();
+    m.record(&applied_slice(sl)).unwrap();
+    m.apply();
+    m
+}
+
+pub(super) fn v6_ctx() -> NftablesContext {
+    NftablesContext {
+        family: IpFamily::V6,
+        node_ip: Some(ip("2001:db8::1")),
+        local: LocalDetector::Cidr("fd00:10::/64".parse().unwrap()),
+        node_ports: NodePorts::All,
+        service_cidrs: vec!["fd00:10:96::/112".parse().unwrap(), "fd00:10:97::/112".parse().unwrap()],
+        ..fake_ctx()
+    }
 }

@@ -28,7 +28,7 @@ const EXTERNAL_CLIENT_BLOCKED: &str = "203.0.113.130";
 
 struct Tracer<'a> {
     chains: HashMap<&'a str, &'a Chain>,
-    elements: HashMap<&'a str, Vec<&'a Element>>,
+    elements: HashMap<&'a str, Vec<&'a SetElement>>,
     outputs: Vec<String>,
     masq: bool,
 }
@@ -57,22 +57,23 @@ fn word(s: &str) -> (&str, &str) {
 
 impl<'a> Tracer<'a> {
     fn new(rs: &'a Ruleset) -> Tracer<'a> {
-        let mut elements: HashMap<&str, Vec<&Element>> = HashMap::new();
+        let mut elements: HashMap<&str, Vec<&SetElement>> = HashMap::new();
         for e in rs.elements() {
             elements.entry(e.set.as_str()).or_default().push(e);
         }
         Tracer { chains: rs.chains().map(|c| (c.name.as_str(), c)).collect(), elements, outputs: vec![], masq: false }
     }
 
-    fn lookup(&self, set: &str, key: &[&str]) -> Option<&'a Element> {
-        self.elements.get(set)?.iter().copied().find(|e| e.key.iter().map(String::as_str).eq(key.iter().copied()))
+    fn lookup(&self, set: &str, key: &[&str]) -> Option<&'a SetElement> {
+        self.elements.get(set)?.iter().copied().find(|e| e.element.key.iter().map(|k| k.to_string()).eq(key.iter().copied()))
     }
 
     /// Runs `chain`; true when the packet reached a terminal verdict.
     fn run(&mut self, chain: &str, p: &Packet) -> bool {
         let c = *self.chains.get(chain).unwrap_or_else(|| panic!("unknown chain {chain}"));
         for r in &c.rules {
-            let mut rule = r.text.clone();
+            // The rule's text without its comment.
+            let mut rule = crate::msgs::nftables::Rule { comment: None, ..r.clone() }.to_string();
             loop {
                 let text = rule.trim_start().to_string();
                 if text.is_empty() {
@@ -173,10 +174,10 @@ impl<'a> Tracer<'a> {
     }
 
     /// A map lookup's verdict (`goto X`, `drop`, …) run as a rule.
-    fn verdict(&mut self, e: Option<&'a Element>, p: &Packet) -> Step {
-        match e {
+    fn verdict(&mut self, e: Option<&'a SetElement>, p: &Packet) -> Step {
+        match e.and_then(|e| e.element.value.as_ref()) {
             None => Step::NoMatch,
-            Some(e) => self.step(&e.value.join(" . "), p),
+            Some(v) => self.step(&v.to_string(), p),
         }
     }
 }
