@@ -7,8 +7,7 @@ use actix::prelude::*;
 
 use super::coordinator::{IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
-use super::nftables::NftablesTarget;
-use crate::kernel::nftables::NetlinkNftables;
+use crate::kernel::nftables::{NfTables, NftablesTable};
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
 use crate::net::IpFamily;
@@ -31,9 +30,19 @@ fn start<K: Subsystem>(
     registry: &StatsRegistry,
     drift: Recipient<DriftDetected>,
 ) -> Target<K::Op> {
+    start_actor(kernel, name, registry, drift).1
+}
+
+/// [`start`], with the actor's address.
+fn start_actor<K: Subsystem>(
+    kernel: K,
+    name: &str,
+    registry: &StatsRegistry,
+    drift: Recipient<DriftDetected>,
+) -> (Addr<KernelActor<K>>, Target<K::Op>) {
     let stats = registry.register(name);
-    let actor = KernelActor::new(kernel, stats.clone(), drift);
-    Target { addr: actor.start().recipient(), stats }
+    let addr = KernelActor::new(kernel, stats.clone(), drift).start();
+    (addr.clone(), Target { addr: addr.recipient(), stats })
 }
 
 /// Starts one actor per kernel handle, registering each one's stats. Every
@@ -83,16 +92,15 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
 }
 
 /// Starts nftables mode's two actors: `family`'s `kube-proxy` table over
-/// `nft`, and conntrack (reporting drift to `drift`, as every kernel actor).
-pub fn start_nftables_actors<C: ConntrackKernel>(
-    nft: NetlinkNftables,
+/// `nft` (the kernel's nf_tables, or an in-memory one), and conntrack
+/// (reporting drift to `drift`, as every kernel actor).
+pub fn start_nftables_actors<N: NfTables, C: ConntrackKernel>(
+    nft: N,
     family: IpFamily,
     conntrack: C,
     registry: &StatsRegistry,
     drift: Recipient<DriftDetected>,
 ) -> NftablesTargets {
-    NftablesTargets {
-        nftables: NftablesTarget::start(nft, family, registry.register("nftables")),
-        conntrack: start(conntrack, "conntrack", registry, drift),
-    }
+    let (table, nftables) = start_actor(NftablesTable::new(nft, family), "nftables", registry, drift.clone());
+    NftablesTargets { nftables, list: table.recipient(), conntrack: start(conntrack, "conntrack", registry, drift) }
 }

@@ -28,6 +28,7 @@ use std::net::IpAddr;
 
 use std::future::Future;
 
+use crate::msgs::nftables::Transaction;
 use crate::msgs::{
     ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec,
 };
@@ -96,6 +97,12 @@ pub trait Subsystem: Clone + Unpin + 'static {
     fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
         async { false }
     }
+
+    /// How many kernel operations `op` carries, for the actor's ops
+    /// counter: one, or for a transaction, its ops.
+    fn kernel_ops(_op: &Self::Op) -> usize {
+        1
+    }
 }
 
 /// IPVS: virtual and real servers.
@@ -121,6 +128,13 @@ pub trait IptablesKernel: Subsystem<Op = IptablesOp> {}
 
 /// Conntrack entry deletion.
 pub trait ConntrackKernel: Subsystem<Op = ConntrackOp> {}
+
+/// One family's nf_tables table: its ops are whole transactions.
+pub trait NftablesKernel: Subsystem<Op = std::sync::Arc<Transaction>> {
+    /// The table's chains and sets (nothing when there is no table), read
+    /// before a full sync is planned.
+    fn list(&self) -> impl Future<Output = KResult<nftables::Listed>> + 'static;
+}
 
 /// Ops that turn `have` into `want` for a set-like state: adds for what's
 /// missing, deletes for the extras.

@@ -16,8 +16,10 @@
 mod attrs;
 pub mod codec;
 pub mod expr;
+pub mod table;
 pub mod types;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
@@ -26,8 +28,10 @@ use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
 pub use self::codec::TableInfo;
 pub use self::expr::EncodeError;
+pub use self::table::NftablesTable;
 use crate::kernel::netlink::{Client, Errno, RawNfnl};
 pub use crate::msgs::nftables::NftOp;
+use crate::msgs::nftables::Transaction;
 use crate::net::IpFamily;
 
 /// Why a transaction (or a get) changed nothing, or may have.
@@ -69,6 +73,33 @@ impl TransactionError {
     fn unknown(what: impl Into<String>, why: impl Into<String>) -> TransactionError {
         TransactionError::Unknown { what: what.into(), why: why.into() }
     }
+}
+
+/// The nf_tables calls one family's table handle ([`NftablesTable`])
+/// makes: the kernel's over netlink ([`NetlinkNftables`]), or an in-memory
+/// kernel's in tests.
+pub trait NfTables: Clone + Unpin + 'static {
+    /// Applies `tx` to table `table` of its family as one transaction.
+    fn transact(
+        &self,
+        table: &str,
+        tx: Arc<Transaction>,
+    ) -> impl Future<Output = Result<(), TransactionError>> + 'static;
+
+    /// The chains and sets (maps included; anonymous sets left out) of
+    /// table `table` of `family`. A missing table lists nothing.
+    fn list(&self, family: IpFamily, table: &str) -> impl Future<Output = Result<Listed, TransactionError>> + 'static;
+
+    /// The ruleset's generation: it moves on with every commit in this
+    /// network namespace, ours or anybody's.
+    fn generation(&self) -> impl Future<Output = Result<u32, TransactionError>> + 'static;
+
+    /// Table `table` of `family` as a get reports it (`None`: no such table).
+    fn table_info(
+        &self,
+        family: IpFamily,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static;
 }
 
 /// A netfilter netlink socket for nf_tables, in the network namespace of
@@ -357,3 +388,32 @@ fn request(msg: &NetfilterMessage, flags: u16) -> NetlinkMessage<RawNfnl> {
     nl
 }
 
+impl NfTables for NetlinkNftables {
+    fn transact(
+        &self,
+        table: &str,
+        tx: Arc<Transaction>,
+    ) -> impl Future<Output = Result<(), TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.apply(tx.family, &table, &tx.ops).await }
+    }
+
+    fn list(&self, family: IpFamily, table: &str) -> impl Future<Output = Result<Listed, TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.list(family, &table).await }
+    }
+
+    fn generation(&self) -> impl Future<Output = Result<u32, TransactionError>> + 'static {
+        let me = self.clone();
+        async move { me.generation().await }
+    }
+
+    fn table_info(
+        &self,
+        family: IpFamily,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.table_info(family, &table).await }
+    }
+}
