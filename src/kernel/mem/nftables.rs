@@ -60,11 +60,13 @@ struct State {
 pub struct MemNftables {
     pub journal: Journal,
     state: Arc<Mutex<State>>,
+    /// Listings of a table so far (a full sync reads one first).
+    pub listings: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl MemNftables {
     pub fn new(journal: &Journal) -> MemNftables {
-        MemNftables { journal: journal.clone(), state: Arc::default() }
+        MemNftables { journal: journal.clone(), ..MemNftables::default() }
     }
 
     /// Table `table` of `family` as it is now.
@@ -263,6 +265,7 @@ impl NfTables for MemNftables {
     }
 
     fn list(&self, family: IpFamily, table: &str) -> impl Future<Output = Result<Listed, TransactionError>> + 'static {
+        self.listings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let listed = self
             .table(family, table)
             .map(|t| Listed { chains: t.chains.keys().cloned().collect(), sets: t.sets.keys().cloned().collect() })

@@ -20,6 +20,7 @@ use crate::stats::StatsRegistry;
 
 mod dataplanes;
 mod iptables;
+mod nftables;
 
 const MS: Duration = Duration::from_millis(1);
 
