@@ -51,9 +51,9 @@ pub mod transactions;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
-mod trace_tests;
+pub(crate) mod trace;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};

@@ -25,7 +25,7 @@ fn ip(s: &str) -> IpAddr {
 /// Upstream's NewFakeProxier: detect-local 10.0.0.0/8, mark 0x4000 (its
 /// fake hard-codes the short form), nodePortAddresses 192.168.0.2/32,
 /// ServiceCIDR 172.30.0.0/16.
-pub(super) fn fake_ctx() -> NftablesContext {
+pub(crate) fn fake_ctx() -> NftablesContext {
     NftablesContext {
         family: IpFamily::V4,
         node_name: NODE.into(),
@@ -39,7 +39,7 @@ pub(super) fn fake_ctx() -> NftablesContext {
     }
 }
 
-pub(super) fn model_with(events: &[SourceEvent]) -> Model {
+pub(crate) fn model_with(events: &[SourceEvent]) -> Model {
     let mut m = Model::new(IpFamily::V4, NODE);
     m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
     m.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
@@ -51,7 +51,7 @@ pub(super) fn model_with(events: &[SourceEvent]) -> Model {
 }
 
 /// A Service from its spec (and optional status); ports are named p<port>.
-pub(super) fn svc(ns: &str, name: &str, spec: Value, status: Value) -> SourceEvent {
+pub(crate) fn svc(ns: &str, name: &str, spec: Value, status: Value) -> SourceEvent {
     let s: Service = from_json(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"namespace": ns, "name": name},
@@ -73,7 +73,7 @@ pub(super) fn cluster_ip(ns: &str, name: &str, ip: &str, p: i32) -> SourceEvent 
 }
 
 /// A slice with port `p<p>` (TCP) and the given endpoints.
-pub(super) fn eps(ns: &str, svc: &str, p: i32, eps: &[Ep]) -> SourceEvent {
+pub(crate) fn eps(ns: &str, svc: &str, p: i32, eps: &[Ep]) -> SourceEvent {
     applied_slice(slice(ns, &format!("{svc}-1"), svc, &[(&format!("p{p}"), "TCP", p)], eps))
 }
 
@@ -81,7 +81,7 @@ fn remote(ipaddr: &str) -> Ep {
     ep(ipaddr, "other-node")
 }
 
-pub(super) fn no_node(ipaddr: &str) -> Ep {
+pub(crate) fn no_node(ipaddr: &str) -> Ep {
     Ep { node: None, ..ep(ipaddr, "x") }
 }
 

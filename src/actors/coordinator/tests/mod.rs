@@ -21,6 +21,7 @@ use crate::stats::StatsRegistry;
 mod dataplanes;
 mod iptables;
 mod nftables;
+mod nftables_flows;
 
 const MS: Duration = Duration::from_millis(1);
 
