@@ -395,7 +395,9 @@ mod tests {
         let k = table();
         let iif = rule("services", vec![Expr::Iif { name: "cbr0".into(), neq: false }]);
         match k.apply(V4, T, &[chain("new"), iif]) {
-            Err(TransactionError::Encode(e)) => assert!(e.why.contains("iif"), "{e}"),
+            Err(TransactionError::Encode(e)) => {
+                assert_eq!(e.why, crate::kernel::nftables::expr::Unencodable::Interface { name: "cbr0".into() })
+            }
             other => panic!("{other:?}"),
         }
         assert!(!k.table(V4, T).unwrap().chains.contains_key("new"));

@@ -22,7 +22,7 @@ use netlink_packet_netfilter::nftables::{
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
-use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError};
+use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError, Unencodable};
 use super::types::{field_len, key_bytes, type_id};
 use crate::msgs::nftables::{ChainHook, Element, NftOp, SetFlag, SetSpec, Verdict};
 use crate::net::IpFamily;
@@ -296,7 +296,7 @@ fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
 }
 
 /// The message of `op` (not a rule: [`requests`] compiles those) on table `table`.
-fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, String> {
+fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, Unencodable> {
     let t = || table.to_string();
     let inner = match op {
         NftOp::AddTable { comment } => {
@@ -359,7 +359,7 @@ fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, String> {
                 ],
             })
         }
-        NftOp::AddRule { .. } => return Err("a rule is compiled with its expressions".into()),
+        NftOp::AddRule { .. } => return Err(Unencodable::RuleAsObject),
     };
     Ok(inner)
 }
@@ -421,7 +421,7 @@ fn set_attributes(table: String, spec: &SetSpec) -> Vec<SetAttribute> {
     attributes
 }
 
-fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, String> {
+fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, Unencodable> {
     let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(&e.key)?))];
     if let Some(v) = &e.value {
         attrs.push(SetElementAttribute::Data(verdict_data(v)));

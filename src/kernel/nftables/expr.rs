@@ -25,7 +25,30 @@ use crate::net::IpFamily;
 pub struct EncodeError {
     /// The op or rule, as upstream writes it.
     pub what: String,
-    pub why: String,
+    #[source]
+    pub why: Unencodable,
+}
+
+/// Why an op or a rule cannot be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unencodable {
+    #[error("a {field} match in a table of the other family")]
+    OtherFamily { field: Field },
+    #[error("{field} compared with {value}")]
+    Mismatch { field: Field, value: KeyPart },
+    #[error("an anonymous set of {field}")]
+    AnonymousSetOf { field: Field },
+    #[error("{item} in an anonymous set of {field}")]
+    AnonymousItem { item: KeyPart, field: Field },
+    /// `nft` resolves an interface name to its index when it reads the rule.
+    #[error("iif {name}: an interface is matched by its index, not encoded")]
+    Interface { name: String },
+    #[error("dnat to {addr} in a table of the other family")]
+    DnatOtherFamily { addr: IpAddr },
+    #[error("{key}: an interval key in a set without intervals")]
+    IntervalKey { key: IpNet },
+    #[error("a rule is encoded with its expressions, not as an object")]
+    RuleAsObject,
 }
 
 /// An anonymous set a rule needs, created in the same transaction before it.
@@ -105,7 +128,7 @@ struct Compiler<'a> {
 }
 
 impl Compiler<'_> {
-    fn expr(&mut self, e: &Expr) -> Result<(), String> {
+    fn expr(&mut self, e: &Expr) -> Result<(), Unencodable> {
         match e {
             Expr::Cmp { field, neq, value } => {
                 self.load(*field, NFT_REG_1)?;
@@ -150,7 +173,7 @@ impl Compiler<'_> {
                 self.cmp(false, &value.to_ne_bytes());
                 Ok(())
             }
-            Expr::Iif { name, .. } => Err(format!("iif {name}: an interface is matched by its index, not compiled")),
+            Expr::Iif { name, .. } => Err(Unencodable::Interface { name: name.clone() }),
             Expr::Update { set, key } => {
                 self.load(*key, NFT_REG_1)?;
                 // NFTA_DYNSET_SET_NAME, OP (NFT_DYNSET_OP_UPDATE = 1), SREG_KEY.
@@ -191,12 +214,10 @@ impl Compiler<'_> {
     }
 
     /// Loads `field` into register `reg`.
-    fn load(&mut self, field: Field, reg: u32) -> Result<(), String> {
+    fn load(&mut self, field: Field, reg: u32) -> Result<(), Unencodable> {
         // (base: network 1, transport 2; offset; length).
         let (base, offset, len) = match field {
-            Field::Saddr(f) | Field::Daddr(f) if f != self.family => {
-                return Err(format!("a {field} match in a table of the other family"));
-            }
+            Field::Saddr(f) | Field::Daddr(f) if f != self.family => return Err(Unencodable::OtherFamily { field }),
             Field::Saddr(IpFamily::V4) => (1, 12, 4),
             Field::Daddr(IpFamily::V4) => (1, 16, 4),
             Field::Saddr(IpFamily::V6) => (1, 8, 16),
@@ -212,7 +233,7 @@ impl Compiler<'_> {
     }
 
     /// A concatenation's fields from register 1 on, in 32-bit steps.
-    fn load_concat(&mut self, key: &[Field]) -> Result<(), String> {
+    fn load_concat(&mut self, key: &[Field]) -> Result<(), Unencodable> {
         let mut word = 0;
         for (i, field) in key.iter().enumerate() {
             let reg = if i == 0 { NFT_REG_1 } else { NFT_REG32_00 + word };
@@ -223,7 +244,7 @@ impl Compiler<'_> {
     }
 
     /// Register 1 (holding `field`) equal to (`neq`: not) `value`.
-    fn cmp_value(&mut self, field: Field, neq: bool, value: &KeyPart) -> Result<(), String> {
+    fn cmp_value(&mut self, field: Field, neq: bool, value: &KeyPart) -> Result<(), Unencodable> {
         match (field, value) {
             (Field::Saddr(_) | Field::Daddr(_), KeyPart::Addr(a)) if self.family.matches(a) => {
                 self.addr_cmp(IpNet::from(*a), neq)
@@ -233,7 +254,7 @@ impl Compiler<'_> {
             }
             (Field::L4proto, KeyPart::Proto(p)) => self.cmp(neq, &[p.number()]),
             (Field::Dport, KeyPart::Port(p)) => self.cmp(neq, &p.to_be_bytes()),
-            _ => return Err(format!("{field} compared with {value}")),
+            _ => return Err(Unencodable::Mismatch { field, value: *value }),
         }
         Ok(())
     }
@@ -262,18 +283,18 @@ impl Compiler<'_> {
     /// Addresses and CIDRs: an anonymous interval set; of one item, a
     /// compare, as `nft` writes it (`ip daddr { 10.96.0.0/16 }` is listed
     /// as `ip daddr 10.96.0.0/16`).
-    fn anonymous_set(&mut self, field: Field, neq: bool, items: &[KeyPart]) -> Result<(), String> {
+    fn anonymous_set(&mut self, field: Field, neq: bool, items: &[KeyPart]) -> Result<(), Unencodable> {
         if !matches!(field, Field::Saddr(_) | Field::Daddr(_)) {
-            return Err(format!("an anonymous set of {field}"));
+            return Err(Unencodable::AnonymousSetOf { field });
         }
         let nets = items
             .iter()
             .map(|item| match item {
                 KeyPart::Addr(a) if self.family.matches(a) => Ok(IpNet::from(*a)),
                 KeyPart::Net(n) if self.family.matches(&n.addr()) => Ok(n.trunc()),
-                other => Err(format!("{other} in an anonymous set of {field}")),
+                item => Err(Unencodable::AnonymousItem { item: *item, field }),
             })
-            .collect::<Result<Vec<IpNet>, String>>()?;
+            .collect::<Result<Vec<IpNet>, Unencodable>>()?;
         if let [net] = nets[..] {
             self.addr_cmp(net, neq);
             return Ok(());
@@ -338,9 +359,9 @@ impl Compiler<'_> {
     }
 
     /// `dnat to A:P`.
-    fn dnat(&mut self, addr: IpAddr, port: u16) -> Result<(), String> {
+    fn dnat(&mut self, addr: IpAddr, port: u16) -> Result<(), Unencodable> {
         if !self.family.matches(&addr) {
-            return Err(format!("dnat to {addr} in a table of the other family"));
+            return Err(Unencodable::DnatOtherFamily { addr });
         }
         self.push("immediate", vec![u32_attr(1, NFT_REG_1), data_value(2, &addr_bytes(addr))]);
         self.push("immediate", vec![u32_attr(1, NFT_REG_2), data_value(2, &port.to_be_bytes())]);

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use super::expr::Unencodable;
 use crate::msgs::nftables::{KeyPart, KeyType};
 
 /// nft's datatype id of `k` (nftables' include/datatype.h).
@@ -32,7 +33,7 @@ pub fn padded_len(k: KeyType) -> u32 {
 
 /// An element's key: each field in network order, padded to 4 bytes. A
 /// CIDR is not a key of the sets here (no interval sets).
-pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, String> {
+pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, Unencodable> {
     let mut out = Vec::with_capacity(key.len() * 4);
     for part in key {
         match part {
@@ -43,7 +44,7 @@ pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, String> {
                 out.extend_from_slice(&p.to_be_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
-            KeyPart::Net(n) => return Err(format!("{n}: an interval key in a set without intervals")),
+            KeyPart::Net(n) => return Err(Unencodable::IntervalKey { key: *n }),
         }
     }
     Ok(out)
