@@ -1,17 +1,19 @@
 //! Start-up glue: logging, which IP families run, and `--dry-run`.
 
 use std::io::IsTerminal;
-use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node;
 use tracing_subscriber::EnvFilter;
 
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::addrs;
-use crate::model::{Model, NodeInfo};
+use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{plan_context, LocalAddr};
 use crate::plan::iptables::{iptables_context, HostFeatures};
 use crate::plan::{render, IpvsPlanner};
@@ -68,6 +70,12 @@ pub enum StartError {
     /// `--cleanup` could not remove everything (each part's error).
     #[error("cleanup incomplete: {}", .0.join("; "))]
     Cleanup(Vec<String>),
+    /// Upstream's conntrack settings could not be applied.
+    #[error(transparent)]
+    ConntrackSetup(#[from] crate::startup::conntrack::ConntrackSetupError),
+    /// `--init-only`'s set-up failed.
+    #[error(transparent)]
+    Init(#[from] crate::startup::init_only::InitError),
 }
 
 /// The log filter, swappable at run time (SIGHUP changes the verbosity).
@@ -110,8 +118,15 @@ pub fn set_verbosity(verbosity: u32) {
 /// The family this proxy programs: the bind address's if set, else the
 /// Node's primary address's, else IPv4.
 pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> IpFamily {
-    let bind = cfg.bind_address.parse::<IpAddr>().ok().filter(|ip| !ip.is_unspecified());
-    bind.or_else(|| node.and_then(|n| n.addresses.first().copied())).map(|ip| IpFamily::of(&ip)).unwrap_or_default()
+    bind_ip(cfg)
+        .or_else(|| node.and_then(|n| n.addresses.first().copied()))
+        .map(|ip| IpFamily::of(&ip))
+        .unwrap_or_default()
+}
+
+/// Warns of a value skipped inside an object (the daemon and `--dry-run`).
+pub fn warn_ignored_value(v: &crate::model::notice::IgnoredValue) {
+    tracing::warn!(kind = v.kind, object = %v.object, field = v.value.field, reason = %v.value.detail(), "ignoring a value");
 }
 
 /// The families this daemon runs a proxier for: the primary one, and the
@@ -249,15 +264,30 @@ pub fn detect_families(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) ->
     choose_families(cfg, primary, family_support(primary, mode), family_support(primary.other(), mode))
 }
 
-/// This node's Node object among source events, if they carry it (the family
+/// This node's Node among source events, if they carry it (the family
 /// and node IPs are needed before the coordinator starts).
 pub fn our_node(events: &[SourceEvent], node_name: &str) -> Option<NodeInfo> {
+    our_node_object(events, node_name).map(|n| NodeInfo::from_node(n))
+}
+
+/// This node's Node object among source events, as the source sent it.
+pub fn our_node_object<'a>(events: &'a [SourceEvent], node_name: &str) -> Option<&'a Arc<Node>> {
     events.iter().find_map(|e| match e {
-        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => {
-            Some(NodeInfo::from_node(n))
-        }
+        SourceEvent::Node(Change::Applied(n)) if n.metadata.name.as_deref() == Some(node_name) => Some(n),
         _ => None,
     })
+}
+
+/// Whether the primary family is IPv4 for want of anything better: no
+/// bind address and no Node address (upstream's detectNodeIPs then assumes
+/// loopback node IPs).
+pub fn primary_family_is_a_fallback(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> bool {
+    bind_ip(cfg).is_none() && node.is_none_or(|n| n.addresses.is_empty())
+}
+
+/// `bindAddress` unless unspecified (`0.0.0.0`, `::`).
+fn bind_ip(cfg: &KubeProxyConfiguration) -> Option<std::net::IpAddr> {
+    crate::net::parse_ip_sloppy(&cfg.bind_address).filter(|ip| !ip.is_unspecified())
 }
 
 /// `--manifests DIR` must name a readable directory: checked at start,
@@ -328,6 +358,9 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     // Said once, not once per family, as the daemon does.
+    for v in events.iter().flat_map(|ev| crate::model::notice::ignored_values(ev, &node_name)) {
+        warn_ignored_value(&v);
+    }
     let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
     for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
         tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
@@ -344,8 +377,11 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
             || crate::kernel::sysctl::is_on(crate::plan::iptables::context::SYSCTL_TCP_BE_LIBERAL);
         let host = nfacct.on(HostFeatures { random_fully, conntrack_tcp_liberal: liberal, ..HostFeatures::default() });
         let settings = settings::derive(cfg, family, &node_name, host);
-        let text = render_dry_run(&settings, cfg.proxy_mode(), events, &addrs);
-        plans.push(FamilyPlan { settings, text, suffix: families.suffix(family) });
+        let model = dry_run_model(&settings, events);
+        let text = render_model(&settings, cfg.proxy_mode(), &model, &addrs);
+        // The first sync's conntrack reconcile, which `--diff` previews.
+        let conntrack = ConntrackPlanner::new(family).plan(&model, &ModelChanges::default(), 1);
+        plans.push(FamilyPlan { settings, text, conntrack, suffix: families.suffix(family) });
     }
     Ok(plans)
 }
@@ -387,6 +423,12 @@ const SECTION_HEADINGS: [&str; 5] = ["# ipvs", "# ipset", "# addresses kube-ipvs
 
 /// The pure part of `--dry-run`, for tests.
 pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent], addrs: &[LocalAddr]) -> String {
+    render_model(s, mode, &dry_run_model(s, events), addrs)
+}
+
+/// The model of `events` (the objects as a source first reports them) for
+/// `s`'s family.
+fn dry_run_model(s: &FamilySettings, events: &[SourceEvent]) -> Model {
     let mut model = Model::new(s.family, &s.plan.node_name);
     for ev in events {
         if let Err(e) = model.record(ev) {
@@ -394,24 +436,29 @@ pub fn render_dry_run(s: &FamilySettings, mode: ProxyMode, events: &[SourceEvent
         }
     }
     model.apply();
+    model
+}
+
+/// `--dry-run`'s text for `model`: the kernel state a first sync programs.
+fn render_model(s: &FamilySettings, mode: ProxyMode, model: &Model, addrs: &[LocalAddr]) -> String {
     match mode {
         ProxyMode::Ipvs => {
             let mut planner = IpvsPlanner::new(plan_context(&s.plan, model.node(), addrs));
             let ports: Vec<_> = model.service_ports().map(|sp| sp.name.clone()).collect();
-            planner.update(&model, &ports);
+            planner.update(model, &ports);
             let rules = planner.rules(&s.rules_config(model.node()));
             render::ipvs_mode(&planner.desired(), s.family, &rules)
         }
         ProxyMode::Iptables => {
             let ctx = iptables_context(&s.iptables_settings(model.node()), model.node(), addrs);
-            let text = crate::plan::iptables::dry_run(&model, ctx);
+            let text = crate::plan::iptables::dry_run(model, ctx);
             let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
             format!("# iptables\n{text}")
         }
         ProxyMode::Nftables => {
             let settings = s.nftables_settings(model.node(), model.service_cidrs());
             let ctx = crate::plan::nftables::nftables_context(&settings, model.node(), addrs);
-            format!("# nftables\n{}", crate::plan::nftables::dry_run(&model, &ctx))
+            format!("# nftables\n{}", crate::plan::nftables::dry_run(model, &ctx))
         }
     }
 }
@@ -440,6 +487,24 @@ mod tests {
         assert_eq!(choose_families(&c, IpFamily::V4, ok(), no_ipt()).unwrap(), Families::single(IpFamily::V4));
         let err = choose_families(&c, IpFamily::V6, no_ipt(), ok()).unwrap_err().to_string();
         assert_eq!(err, "no support for primary IP family IPv6: no iptables support: ip6tables: not found");
+    }
+
+    #[test]
+    fn ipv4_is_a_fallback_only_without_bind_address_and_node_addresses() {
+        let node = |ips: &[&str]| NodeInfo {
+            addresses: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            ..NodeInfo::default()
+        };
+        let mut c = cfg(&[]);
+        assert!(primary_family_is_a_fallback(&c, None));
+        assert!(primary_family_is_a_fallback(&c, Some(&node(&[]))));
+        assert!(!primary_family_is_a_fallback(&c, Some(&node(&["fd00::5"]))));
+        assert_eq!(primary_family(&c, Some(&node(&["fd00::5"]))), IpFamily::V6);
+        c.bind_address = "0.0.0.0".into();
+        assert!(primary_family_is_a_fallback(&c, None), "unspecified is no bind address");
+        c.bind_address = "fd00::7".into();
+        assert!(!primary_family_is_a_fallback(&c, None));
+        assert_eq!(primary_family(&c, None), IpFamily::V6);
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod runtime;
 pub mod schedule;
 pub mod settings;
 pub mod signals;
+pub mod startup;
 pub mod stats;
 pub mod sync;
 #[cfg(any(test, feature = "testkit"))]

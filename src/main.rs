@@ -15,7 +15,9 @@ fn main() -> ExitCode {
     raise_open_files_limit();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "kube-proxy-rs starting");
     match run(&flags) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(runtime::Exit::Stopped) => ExitCode::SUCCESS,
+        // As upstream's NodeManager: exit 1, for the DaemonSet to restart the proxy.
+        Ok(runtime::Exit::Restart(_)) => ExitCode::from(1),
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(1)
@@ -23,7 +25,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(flags: &Flags) -> Result<(), StartError> {
+fn run(flags: &Flags) -> Result<runtime::Exit, StartError> {
     let cfg = config::load(flags)?;
     // Before anything touches the node (sysctls, ports, the kernel).
     if let Some(dir) = &flags.manifests {
@@ -33,7 +35,7 @@ fn run(flags: &Flags) -> Result<(), StartError> {
         let yaml = config::to_yaml(&cfg)?;
         std::fs::write(path, yaml).map_err(|source| StartError::Write { path: path.clone(), source })?;
         tracing::info!(path = %path.display(), "wrote the effective configuration");
-        return Ok(());
+        return Ok(runtime::Exit::Stopped);
     }
     if flags.diff && !flags.dry_run {
         return Err(StartError::Usage("--diff needs --dry-run"));
@@ -44,17 +46,18 @@ fn run(flags: &Flags) -> Result<(), StartError> {
             None => daemon::dry_run_from_cluster(&cfg, flags.master.as_deref(), flags.diff)?,
         };
         print!("{out}");
-        return Ok(());
+        return Ok(runtime::Exit::Stopped);
     }
     if flags.cleanup {
-        return runtime::cleanup();
+        return runtime::cleanup().map(|()| runtime::Exit::Stopped);
     }
     let source = match &flags.manifests {
         Some(dir) => runtime::Source::Manifests(dir.clone()),
         None => runtime::Source::Api { master: flags.master.clone() },
     };
+    let purpose = if flags.init_only { runtime::Purpose::InitOnly } else { runtime::Purpose::Serve };
     let flags = flags.clone();
-    runtime::run(cfg, source, Box::new(move || config::load(&flags)))
+    runtime::run(cfg, source, Box::new(move || config::merge(&flags)), purpose)
 }
 
 /// A SIGHUP that arrives before the runtime listens for it would kill the

@@ -21,10 +21,17 @@
 //!   listed back, one line per chain, rule, set and element
 //!   ([`diff::nft_listing_lines`]). In the other modes a table of ours
 //!   that the daemon would delete is listed as removed.
+//! - In every mode, the live UDP conntrack entries the first sync's
+//!   reconcile would delete ([`FamilyPlan::conntrack`]) are listed as
+//!   removed, in `conntrack -L`'s words; the family's other UDP entries
+//!   count as kept.
 
 use std::collections::BTreeSet;
 
 use crate::config::ProxyMode;
+use crate::kernel::conntrack::codec::Entry;
+use crate::kernel::conntrack::filter::is_stale;
+use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
@@ -32,8 +39,8 @@ use crate::kernel::tool;
 use crate::kernel::LinkKernel;
 use crate::msgs::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
 use crate::msgs::link::DUMMY_LINK;
-use crate::msgs::IpvsOp;
-use crate::net::IpFamily;
+use crate::msgs::{IpvsOp, ReconcileConntrack};
+use crate::net::{IpFamily, Protocol};
 use crate::plan::diff::{self, SectionDiff, Tables};
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
@@ -44,6 +51,9 @@ use crate::settings::FamilySettings;
 pub struct FamilyPlan {
     pub settings: FamilySettings,
     pub text: String,
+    /// The first sync's conntrack reconcile (none without a UDP Service
+    /// with serving endpoints).
+    pub conntrack: Option<ReconcileConntrack>,
     /// Appended to the headings (`" ipv6"` for a dual-stack node's secondary family).
     pub suffix: String,
 }
@@ -80,7 +90,8 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
     let heading = |h: &str| format!("{h}{}", p.suffix);
     if mode == ProxyMode::Nftables {
         let note = "iptables and IPVS mode's leftovers, which the daemon removes when their chains are there, are not previewed";
-        return vec![nftables_section(heading("# nftables"), p, true).await.note(note)];
+        let nft = nftables_section(heading("# nftables"), p, true).await.note(note);
+        return vec![nft, conntrack_section(heading("# conntrack"), p).await];
     }
     let (own, other) = profiles(mode);
     // Whether the first sync would clean up the other mode (its marker chains are there).
@@ -113,7 +124,30 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
     if nft.removed > 0 {
         out.push(nft.note("nftables mode's table: removed by the switch"));
     }
+    out.push(conntrack_section(heading("# conntrack"), p).await);
     out
+}
+
+/// The family's live UDP conntrack entries the first sync's reconcile
+/// would delete, as removed lines; the other UDP entries, as kept.
+async fn conntrack_section(heading: String, p: &FamilyPlan) -> SectionDiff {
+    let section = SectionDiff::new(&heading);
+    let Some(rc) = &p.conntrack else {
+        return section.note("no UDP Service has serving endpoints: the first sync reconciles nothing");
+    };
+    let entries = match NetlinkConntrack::new() {
+        Ok(ct) => ct.entries(p.settings.family).await,
+        Err(e) => Err(e),
+    };
+    let entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => return section.note(format!("the conntrack table could not be read: {e}")),
+    };
+    let udp: Vec<&Entry> = entries.iter().filter(|e| e.protocol() == Some(Protocol::Udp)).collect();
+    let (stale, kept): (Vec<&Entry>, Vec<&Entry>) = udp.into_iter().partition(|e| is_stale(rc, e));
+    let mut lines: Vec<String> = stale.iter().map(|e| format!("-{e}")).collect();
+    lines.sort();
+    SectionDiff { removed: lines.len(), kept: kept.len(), lines, ..section }
 }
 
 /// nftables mode's `kube-proxy` table of the family: the live one (`nft

@@ -3,7 +3,9 @@
 //! modes), builds the kernel handles, starts one actor per subsystem and
 //! the coordinator, connects the source, and runs until SIGTERM/SIGINT,
 //! leaving the kernel state in place (as upstream, so traffic keeps flowing
-//! during a rolling update). Also `--cleanup`.
+//! during a rolling update), or until the Node changes what it started
+//! with (exit 1 for a restart, [`crate::model::node_change`]). Also
+//! `--init-only` (the node's set-up, then exit) and `--cleanup`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +20,7 @@ use crate::actors::coordinator::{
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
 use crate::actors::wiring::{start_iptables_actors, start_ipvs_actors, start_nftables_actors, IpvsKernels};
-use crate::config::{KubeProxyConfiguration, ProxyMode};
+use crate::config::{KubeProxyConfiguration, LocalMode, ProxyMode};
 use crate::daemon::{self, StartError};
 use crate::health::{self, ProxyHealth};
 use crate::http::{self, ServiceHealthServers, SharedServiceHealth};
@@ -33,6 +35,7 @@ use crate::kernel::netlink::Errno;
 use crate::kernel::nftables::{self as nft_kernel, NetlinkNftables, TransactionError};
 use crate::kernel::{addrs, sysctl};
 use crate::metrics::ProxyMetrics;
+use crate::model::node_change::{NodeBaseline, NodeRestart};
 use crate::model::NodeInfo;
 use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
@@ -44,6 +47,8 @@ use crate::plan::nftables::nftables_context;
 use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
 use crate::settings::{self, FamilySettings};
+use crate::startup::init_only;
+use crate::startup::node_watch::NodeWatch;
 use crate::stats::StatsRegistry;
 use std::sync::Arc;
 
@@ -72,31 +77,6 @@ fn set_sysctls(cfg: &KubeProxyConfiguration) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Upstream's conntrack settings (its `setupConntrack`), before iptables
-/// mode reads `tcp_be_liberal`. A setting that cannot be written is logged,
-/// not fatal as upstream makes it: in a network namespace of its own
-/// `nf_conntrack_max` is read-only, and the rest still applies.
-fn set_conntrack_sysctls(cfg: &KubeProxyConfiguration) {
-    let ct = &cfg.conntrack;
-    let secs = |d: Option<&crate::config::GoDuration>| d.map_or(0, |d| d.get().as_secs());
-    let settings = sysctl::ConntrackSettings {
-        max_per_core: ct.max_per_core.unwrap_or(0),
-        min: ct.min.unwrap_or(0),
-        tcp_established_timeout: secs(ct.tcp_established_timeout.as_ref()),
-        tcp_close_wait_timeout: secs(ct.tcp_close_wait_timeout.as_ref()),
-        tcp_be_liberal: ct.tcp_be_liberal,
-        udp_timeout: secs(Some(&ct.udp_timeout)),
-        udp_stream_timeout: secs(Some(&ct.udp_stream_timeout)),
-    };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for (path, value) in sysctl::conntrack_sysctls(&settings, cpus) {
-        match sysctl::ensure_sysctl(path, value) {
-            Ok(changed) => tracing::debug!(sysctl = path, value, changed, "conntrack sysctl"),
-            Err(e) => tracing::warn!(sysctl = path, value, error = %e, "could not set a conntrack sysctl"),
-        }
-    }
-}
-
 async fn set_ipvs_timeouts(ipvs: &NetlinkIpvs, cfg: &KubeProxyConfiguration) {
     let secs = |d: &crate::config::GoDuration| d.get().as_secs() as u32;
     let (tcp, fin, udp) = (secs(&cfg.ipvs.tcp_timeout), secs(&cfg.ipvs.tcp_fin_timeout), secs(&cfg.ipvs.udp_timeout));
@@ -122,12 +102,38 @@ pub enum Source {
     },
 }
 
-/// Runs the configured mode until SIGTERM or SIGINT.
-pub fn run(cfg: KubeProxyConfiguration, source: Source, reload: Reloader) -> Result<(), StartError> {
+/// How far the daemon goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Sets the node up and serves until stopped.
+    Serve,
+    /// `--init-only`: sets the node up (upstream's privileged
+    /// initialization) and exits, serving nothing and writing no rules.
+    InitOnly,
+}
+
+/// How the daemon ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// SIGTERM or SIGINT, or `--init-only` done: exit code 0.
+    Stopped,
+    /// The Node changed what the proxy started with: exit code 1, as
+    /// upstream, so the DaemonSet restarts it.
+    Restart(NodeRestart),
+}
+
+/// Runs the configured mode until SIGTERM or SIGINT (or, with
+/// [`Purpose::InitOnly`], until the node is set up).
+pub fn run(
+    cfg: KubeProxyConfiguration,
+    source: Source,
+    reload: Reloader,
+    purpose: Purpose,
+) -> Result<Exit, StartError> {
     // Before the runtime's threads exist: they inherit the blocked signals.
     let stop = crate::signals::watch().map_err(StartError::Signals)?;
     let system = actix_rt::System::new();
-    let result = system.block_on(async move { run_async(cfg, source, reload, stop).await });
+    let result = system.block_on(async move { run_async(cfg, source, reload, stop, purpose).await });
     // Actors that a late start-up error left behind are dropped with the
     // system, and actix starts them while dropping: inside the runtime's
     // context, or it panics ("there is no reactor running") instead of
@@ -158,11 +164,13 @@ async fn run_async(
     source: Source,
     reload: Reloader,
     mut stop: crate::signals::Stop,
-) -> Result<(), StartError> {
+    purpose: Purpose,
+) -> Result<Exit, StartError> {
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
     let mode = cfg.proxy_mode();
-    set_conntrack_sysctls(&cfg);
+    // Upstream's platformSetup: fatal when a setting cannot be written.
+    crate::startup::conntrack::set_sysctls(&cfg.conntrack)?;
     let ipvs = match mode {
         ProxyMode::Ipvs => {
             let ipvs = connect_ipvs().await?;
@@ -180,7 +188,7 @@ async fn run_async(
             let mut node = None;
             let _ = manifests::ManifestDir::new(&dir).scan_file_by_file(|r| {
                 if node.is_none() {
-                    node = daemon::our_node(&r.events, &node_name);
+                    node = daemon::our_node_object(&r.events, &node_name).cloned();
                 }
             });
             (node, Ready::Manifests(dir))
@@ -189,13 +197,30 @@ async fn run_async(
             let config = api::client_config(&cfg.client_connection, master.as_deref()).await?;
             let client = api::client(config)?;
             let node = api::wait_for_node(client.clone(), &node_name, NODE_WAIT).await?;
-            (node.map(|n| NodeInfo::from_node(&n)), Ready::Api(client))
+            (node.map(Arc::new), Ready::Api(client))
         }
     };
+    let watch_pod_cidrs = cfg.local_mode() == LocalMode::NodeCidr;
+    let baseline = NodeBaseline::new(&node_name, node.as_deref(), watch_pod_cidrs);
+    let node = node.map(|n| NodeInfo::from_node(&n));
+    if daemon::primary_family_is_a_fallback(&cfg, node.as_ref()) {
+        tracing::warn!(
+            node = %node_name,
+            "Can't determine this node's IP (no Node address): falling back to IPv4 as the primary IP family; \
+             if this is incorrect, please set the --bind-address flag"
+        );
+    }
     let families = daemon::detect_families(&cfg, node.as_ref())?;
     for family in families.all() {
         clean_other_mode(mode, family).await;
     }
+    if purpose == Purpose::InitOnly {
+        let runs_ipv4 = families.all().any(|f| f == IpFamily::V4);
+        init_only::privileged_init(&cfg, runs_ipv4, &node_name, node.as_ref())?;
+        tracing::info!("System initialized and --init-only specified");
+        return Ok(Exit::Stopped);
+    }
+    crate::startup::oom::apply(cfg.oom_score_adj);
     // iptables mode's nfacct objects, before the rules that name them
     // (upstream's NewProxier); whatever fails costs only the counting.
     let nfacct = match mode {
@@ -231,7 +256,16 @@ async fn run_async(
     // copied) and keeps what is of its family.
     let metrics = live.observe.metrics.clone();
     let ipvs_mode = ipvs.is_some();
-    let fanout = Arc::new(Fanout { sinks, metrics, claims: std::sync::Mutex::default(), ipvs_mode });
+    let (restart_tx, mut restart) = tokio::sync::mpsc::unbounded_channel();
+    let node_watch = NodeWatch::new(baseline, restart_tx);
+    let fanout = Arc::new(Fanout {
+        sinks,
+        metrics,
+        claims: std::sync::Mutex::default(),
+        ipvs_mode,
+        node_name: node_name.clone(),
+        node_watch,
+    });
     let source_metrics = live.observe.metrics.clone();
     let running = match ready {
         Ready::Api(client) => {
@@ -249,7 +283,7 @@ async fn run_async(
         }
     };
     tracing::info!(mode = mode.as_str(), node = %node_name, families = ?families.all().collect::<Vec<_>>(), "kube-proxy-rs started");
-    run_until_stopped(&mut live, &reload, &mut stop).await;
+    let exit = run_until_stopped(&mut live, &reload, &mut stop, &mut restart).await;
     // Stop taking events, let the batches in flight finish, leave the kernel
     // as it is; a second SIGTERM or SIGINT meanwhile exits at once (crate::signals).
     futures::future::join_all(live.engines.iter().map(|(_, e)| e.shutdown())).await;
@@ -259,29 +293,37 @@ async fn run_async(
         Running::Manifests(watcher) => watcher.stop(),
     }
     System::current().stop();
-    Ok(())
+    Ok(exit)
 }
 
-/// The sources' batches to every family's coordinator, after the metrics
-/// of ignored objects and the nodePort claims (shared by the families).
+/// The sources' batches to every family's coordinator, after the Node
+/// check, the metrics of ignored objects and the nodePort claims (shared by
+/// the families).
 struct Fanout {
     sinks: Vec<Recipient<SourceBatch>>,
     metrics: Arc<ProxyMetrics>,
     claims: std::sync::Mutex<crate::model::node_ports::NodePortClaims>,
     ipvs_mode: bool,
+    /// The Node whose values count (the one the proxiers read).
+    node_name: String,
+    node_watch: NodeWatch,
 }
 
 impl Fanout {
-    fn filter(&self, b: SourceBatch) -> SourceBatch {
-        report_ignored(&b, &self.metrics, self.ipvs_mode);
+    /// `b` as the coordinators take it; `None` once the daemon is restarting.
+    fn filter(&self, b: SourceBatch) -> Option<SourceBatch> {
+        if !self.node_watch.admit(&b) {
+            return None;
+        }
+        report_ignored(&b, &self.metrics, self.ipvs_mode, &self.node_name);
         let (events, conflicts) = crate::sync::lock(&self.claims).filter(b.0);
         report_conflicts(&conflicts, &self.metrics);
-        SourceBatch(events)
+        Some(SourceBatch(events))
     }
 
     /// From the actors' own thread: queued, not waited for.
     fn send(&self, b: SourceBatch) {
-        let b = self.filter(b);
+        let Some(b) = self.filter(b) else { return };
         for s in &self.sinks {
             s.do_send(b.clone());
         }
@@ -290,7 +332,7 @@ impl Fanout {
     /// From another thread (never the actors'): returns once every
     /// coordinator handled the batch (or is gone).
     fn send_and_wait(&self, b: SourceBatch) {
-        let b = self.filter(b);
+        let Some(b) = self.filter(b) else { return };
         for s in &self.sinks {
             if futures::executor::block_on(s.send(b.clone())).is_err() {
                 tracing::debug!("a coordinator is gone; its source batch is dropped");
@@ -299,10 +341,15 @@ impl Fanout {
     }
 }
 
-/// Logs and counts the objects every proxier ignores, once each (not once
-/// per family), and in IPVS mode the Services' refused scheduler annotations.
-fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool) {
-    use crate::model::notice::{ignored, ipvs_scheduler_refused};
+/// Logs and counts the objects every proxier ignores and the values they
+/// skip inside the objects they take, once each (not once per family), and
+/// in IPVS mode the Services' refused scheduler annotations.
+fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool, node_name: &str) {
+    use crate::model::notice::{ignored, ignored_values, ipvs_scheduler_refused};
+    for v in batch.0.iter().flat_map(|ev| ignored_values(ev, node_name)) {
+        daemon::warn_ignored_value(&v);
+        metrics.value_ignored(v.kind, &v.object, v.value.field, &v.value.path, &v.value.detail());
+    }
     for n in batch.0.iter().filter_map(ignored) {
         if n.warn {
             tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
@@ -574,11 +621,8 @@ pub fn context_builder(s: &FamilySettings) -> ContextBuilder {
     Box::new(move |node: &NodeInfo, addrs: &[crate::net::LocalAddr]| {
         let ctx = iptables_context(&s.iptables_settings(node), node, addrs);
         if ctx.needs_route_localnet() {
-            let path = iptables_plan::context::SYSCTL_ROUTE_LOCALNET;
-            match sysctl::ensure_sysctl(path, 1) {
-                Ok(true) => tracing::info!(sysctl = path, "set to 1 for localhost NodePorts"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(sysctl = path, error = %e, "cannot enable localhost NodePorts"),
+            if let Err(e) = init_only::ensure_route_localnet() {
+                tracing::warn!(error = %e, "cannot enable localhost NodePorts");
             }
         }
         ctx
@@ -603,12 +647,12 @@ struct Observability {
     _servers: http::HttpServers,
 }
 
-/// The conntrack handle of `family`, its flushes fed to upstream's
-/// conntrack reconciler metrics.
+/// The conntrack handle of `family`'s proxier, its reconciles fed to
+/// upstream's conntrack reconciler metrics.
 fn conntrack_handle(family: IpFamily, metrics: &Arc<ProxyMetrics>) -> Result<NetlinkConntrack, StartError> {
     let metrics = metrics.clone();
     let report = Arc::new(move |took, deleted| metrics.conntrack_reconciled(family, took, deleted));
-    Ok(NetlinkConntrack::new(family).map_err(StartError::Conntrack)?.with_report(report))
+    Ok(NetlinkConntrack::new().map_err(StartError::Conntrack)?.with_report(report))
 }
 
 /// Metrics, health, the HTTP servers and the service health checks.
@@ -643,8 +687,9 @@ fn observability(
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
 }
 
-/// Re-reads the configuration (SIGHUP), with the same flags as at start.
-pub type Reloader = Box<dyn Fn() -> Result<KubeProxyConfiguration, crate::config::ConfigError>>;
+/// Re-reads the configuration (SIGHUP), with the same flags as at start:
+/// merged, not yet finished ([`reload::plan`] finishes it).
+pub type Reloader = Box<dyn Fn() -> Result<crate::config::Merged, crate::config::ConfigError>>;
 
 /// What SIGHUP needs to apply a new configuration.
 struct Live {
@@ -668,10 +713,10 @@ impl Live {
                 return;
             }
         };
-        let plan = match reload::plan(&self.cfg, &loaded) {
+        let plan = match reload::plan(&self.cfg, loaded) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!(error = %e, "config reload failed; the running configuration stays");
+                tracing::error!(error = %e, "config reload refused; the running configuration stays");
                 self.observe.metrics.config_reload_failed();
                 return;
             }
@@ -693,20 +738,44 @@ impl Live {
     }
 }
 
-/// Serves SIGHUP (reload) until SIGTERM or SIGINT.
-async fn run_until_stopped(live: &mut Live, reload: &Reloader, stop: &mut crate::signals::Stop) {
+/// Serves SIGHUP (reload) until SIGTERM or SIGINT, or a Node change that
+/// needs a restart.
+async fn run_until_stopped(
+    live: &mut Live,
+    reload: &Reloader,
+    stop: &mut crate::signals::Stop,
+    restart: &mut tokio::sync::mpsc::UnboundedReceiver<NodeRestart>,
+) -> Exit {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::error!("cannot watch SIGHUP; no reloads");
-        let signal = stop.recv().await.unwrap_or("signal watcher gone");
-        tracing::info!(signal, "stopping");
-        return;
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(hup) => Some(hup),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGHUP; no reloads");
+            None
+        }
     };
     loop {
         tokio::select! {
-            signal = stop.recv() => { tracing::info!(signal = signal.unwrap_or("signal watcher gone"), "stopping"); return; }
-            _ = hup.recv() => { tracing::info!("SIGHUP: reloading the configuration"); live.reload(reload).await; }
+            signal = stop.recv() => {
+                tracing::info!(signal = signal.unwrap_or("signal watcher gone"), "stopping");
+                return Exit::Stopped;
+            }
+            Some(r) = restart.recv() => return Exit::Restart(r),
+            () = hangup(&mut hup) => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                live.reload(reload).await;
+            }
         }
+    }
+}
+
+/// The next SIGHUP; never without a watcher.
+async fn hangup(hup: &mut Option<tokio::signal::unix::Signal>) {
+    match hup {
+        Some(h) => {
+            h.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

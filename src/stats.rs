@@ -193,6 +193,7 @@ pub struct StatsRegistry {
     /// Appended to the names registered through this handle.
     suffix: String,
     refusals: Arc<Mutex<std::collections::VecDeque<Refusal>>>,
+    ignored_values: Arc<Mutex<IgnoredValues>>,
     /// Keyed by (service port, family).
     schedulers: Arc<Mutex<BTreeMap<(String, String), ServiceScheduler>>>,
 }
@@ -222,6 +223,28 @@ pub struct Refusal {
     /// The metric's `reason` label.
     pub reason: String,
     pub detail: String,
+}
+
+/// The IP and CIDR values skipped inside the objects the daemon takes
+/// (`model::notice::ignored_values`), for the dashboard's counter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IgnoredValues {
+    /// Since the start.
+    pub total: u64,
+    /// The newest one.
+    pub last: Option<LastIgnored>,
+}
+
+/// Where the newest ignored value was.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LastIgnored {
+    /// When, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    pub kind: String,
+    /// `namespace/name` (a Node's name).
+    pub object: String,
+    /// The field with its indices (`spec.loadBalancerSourceRanges[0]`).
+    pub field: String,
 }
 
 /// How many refusals the dashboard lists.
@@ -263,6 +286,18 @@ impl StatsRegistry {
             list.pop_front();
         }
         list.push_back(r);
+    }
+
+    /// Counts an ignored value; it is the newest.
+    pub fn value_ignored(&self, last: LastIgnored) {
+        let mut v = lock(&self.ignored_values);
+        v.total += 1;
+        v.last = Some(last);
+    }
+
+    /// The ignored values: how many, and the newest.
+    pub fn ignored_values(&self) -> IgnoredValues {
+        lock(&self.ignored_values).clone()
     }
 
     /// The remembered refusals, newest first.

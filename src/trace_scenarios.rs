@@ -65,8 +65,9 @@ fn ip(s: &str) -> IpAddr {
 }
 
 /// Beside the VM's manifests: a NodePort service with
-/// externalTrafficPolicy Local and one endpoint on each node, and a
-/// LoadBalancer whose source ranges leave the node out.
+/// externalTrafficPolicy Local and one endpoint on each node, a
+/// LoadBalancer whose source ranges leave the node out, and two whose
+/// source ranges are written with leading zeros and do not parse at all.
 fn beside_the_vm() -> Vec<SourceEvent> {
     let mut np = service("default", "np-local", "10.96.0.36", &[("http", "TCP", 80, 30090)]);
     np.spec.as_mut().expect("spec").external_traffic_policy = Some("Local".into());
@@ -83,7 +84,25 @@ fn beside_the_vm() -> Vec<SourceEvent> {
         "status": {"loadBalancer": {"ingress": [{"ip": "192.168.60.12"}]}},
     }));
     let lb_slice = slice("default", "lb-far-1", "lb-far", &[("http", "TCP", 8080)], &[ep("10.244.1.21", "node-b")]);
-    vec![applied_service(np), applied_slice(np_slice), applied_service(lb), applied_slice(lb_slice)]
+    let mut events = vec![applied_service(np), applied_slice(np_slice), applied_service(lb), applied_slice(lb_slice)];
+    for (name, ip, ranges, vip, node_port) in [
+        ("lb-zeros", "10.96.0.43", "192.168.050.000/024", "192.168.060.013", 30084),
+        ("lb-unparseable", "10.96.0.44", "192.168.50.0/240", "192.168.60.14", 30085),
+    ] {
+        let lb: k8s_openapi::api::core::v1::Service = from_json(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {
+                "type": "LoadBalancer", "clusterIP": ip, "clusterIPs": [ip], "loadBalancerSourceRanges": [ranges],
+                "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": node_port}],
+            },
+            "status": {"loadBalancer": {"ingress": [{"ip": vip}]}},
+        }));
+        let eps = [ep("10.244.1.21", "node-b")];
+        events.push(applied_service(lb));
+        events.push(applied_slice(slice("default", &format!("{name}-1"), name, &[("http", "TCP", 8080)], &eps)));
+    }
+    events
 }
 
 /// What one full sync of the VM's cluster (with its dual-stack scenario's
@@ -265,6 +284,23 @@ fn load_balancer_source_ranges_without_the_node_keep_the_node_out() {
     assert_eq!(got, vec![Verdict::Dropped { rule }]);
     let inside = verdicts(&t, tcp(Origin::Outside, "203.0.113.7", "192.168.60.12", 80));
     assert_eq!(inside, delivered(&["10.244.1.21:8080"], true));
+}
+
+/// Source ranges with leading zeros admit the range they mean (the
+/// client) and drop the rest; ranges that do not parse admit no one
+/// (fail closed), not everyone.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let t = tracer();
+    let dropped = vec![Verdict::Dropped {
+        rule: "filter KUBE-SOURCE-RANGES-FIREWALL: -A KUBE-SOURCE-RANGES-FIREWALL -j DROP".to_string(),
+    }];
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, CLIENT, "192.168.60.13", 80)), delivered(&["10.244.1.21:8080"], true));
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, OUTSIDER, "192.168.60.13", 80)), dropped);
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, CLIENT, "192.168.60.14", 80)), dropped);
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, OUTSIDER, "192.168.60.14", 80)), dropped);
+    // Their NodePorts are open, as upstream's are.
+    assert_eq!(verdicts(&t, tcp(Origin::Outside, OUTSIDER, NODE, 30085)), delivered(&["10.244.1.21:8080"], true));
 }
 
 /// external-ip.

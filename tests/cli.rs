@@ -494,7 +494,7 @@ fn dry_run_diff_previews_nftables_mode() {
 
     let same = dry_run_diff_in(&ns, &demo("demo"), "nftables");
     let summary = same.split("# summary\n").nth(1).expect("a summary");
-    assert_eq!(summary.lines().count(), 2, "{same}");
+    assert_eq!(summary.lines().count(), 4, "nftables and conntrack, per family: {same}");
     for line in summary.lines() {
         assert!(line.contains(": 0 to add, 0 to remove,"), "{line}\n{same}");
     }
@@ -520,6 +520,39 @@ fn dry_run_diff_previews_nftables_mode() {
     assert!(removed > 100 && switch.contains("nftables mode's table: removed by the switch"), "{switch}");
 
     assert_eq!(ns.ok(&["nft", "list", "ruleset"]), before, "only read");
+}
+
+/// The migration preview lists the live UDP conntrack entries the first
+/// sync's reconcile deletes: in a namespace where one flow to kube-dns's
+/// ClusterIP was DNATed to an address that is none of its endpoints and
+/// another to its endpoint 10.244.0.5:53, the first is removed and the
+/// second kept. The table is only read.
+#[test]
+fn dry_run_diff_lists_the_conntrack_entries_the_first_sync_deletes() {
+    let ns = Netns::new("kpr-diff-ct");
+    for a in ["10.0.0.1", "10.96.0.10", "10.244.9.9", "10.244.0.5"] {
+        ns.ok(&["ip", "addr", "add", &format!("{a}/32"), "dev", "lo"]);
+    }
+    let flows = [(40001, "10.244.9.9:53"), (40002, "10.244.0.5:53")];
+    for (sport, to) in flows {
+        let sport = sport.to_string();
+        let rule = ["-t", "nat", "-A", "OUTPUT", "-p", "udp", "-d", "10.96.0.10", "--dport", "53", "--sport", &sport];
+        ns.ok(&[&["iptables"][..], &rule, &["-j", "DNAT", "--to-destination", to]].concat());
+    }
+    ns.run(|| {
+        for (sport, _) in flows {
+            let s = std::net::UdpSocket::bind(("10.0.0.1", sport)).expect("bind");
+            s.send_to(b"?", "10.96.0.10:53").expect("send");
+        }
+    });
+    let diff = dry_run_diff_in(&ns, &demo("demo"), "iptables");
+    let removed: Vec<&str> = section(&diff, "# conntrack").lines().filter(|l| l.starts_with("-udp")).collect();
+    let stale =
+        "-udp src=10.0.0.1 dst=10.96.0.10 sport=40001 dport=53 src=10.244.9.9 dst=10.0.0.1 sport=53 dport=40001";
+    assert_eq!(removed, [stale], "{diff}");
+    assert_eq!(summary_of(&diff, "conntrack"), (0, 1, 1), "{diff}");
+    let left = ns.ok(&["conntrack", "-L", "-p", "udp", "--orig-dst", "10.96.0.10"]);
+    assert_eq!(left.lines().count(), 2, "only read: {left}");
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn web_slice(i: u32, n: u32, seed: u32) -> SourceEvent {
     applied_slice(slice("default", &format!("web-{i}-1"), &format!("web-{i}"), &[("http", "TCP", 8080)], &eps))
 }
 
-/// A UDP service whose removed endpoints get conntrack flushes.
+/// A UDP service whose endpoint changes bring conntrack reconciles.
 fn dns(n: u32) -> Vec<SourceEvent> {
     let svc = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0)]);
     let eps: Vec<Ep> = (0..n).map(|k| ep(&format!("10.244.200.{}", k + 1), "node-b")).collect();
@@ -150,6 +150,8 @@ struct Page {
     panels: Vec<Panel>,
     syncs: Vec<Vec<String>>,
     schedulers: Vec<Vec<String>>,
+    /// The ignored-values tile: the count, and the newest one.
+    ignored: [String; 2],
     status: String,
     status_text: String,
     empty: Vec<String>,
@@ -256,6 +258,8 @@ async fn check_page(b: &Browser, base: &str) {
     );
     assert!(page.resources.iter().all(|r| r.starts_with(base)), "outside resources: {:?}", page.resources);
     assert_eq!(page.schedulers, [["default/web-0:http", "ipv4", "sh", "sh-port"]], "the Services' own schedulers");
+    let ignored = wait_for(b, Duration::from_secs(5), "the ignored values", |p| p.ignored[0] == "2").await.ignored;
+    assert_eq!(ignored[1], "last: Service default/lb spec.loadBalancerSourceRanges[1]", "{ignored:?}");
 }
 
 /// The JSON endpoint and the page's headers, over plain HTTP.
@@ -321,6 +325,12 @@ fn the_dashboard_shows_every_actor_live_in_a_browser() {
         let coord = start_daemon(&registry);
         assert!(cell.set(coord.clone().recipient()).is_ok());
         coord.send(SourceBatch(initial_state())).await.expect("coordinator alive");
+        // The daemon counts these as its sources' objects arrive (the runtime's fan-out).
+        let metrics = ProxyMetrics::new(ProxyMode::Ipvs, registry.clone());
+        let field = "spec.loadBalancerSourceRanges";
+        for i in 0..2 {
+            metrics.value_ignored("Service", "default/lb", field, &format!("{field}[{i}]"), "is not a CIDR");
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let churning = actix_rt::spawn(churn(coord.clone(), stop.clone()));
 

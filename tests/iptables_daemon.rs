@@ -4,7 +4,8 @@
 //! client namespace reach backend namespaces through ClusterIPs. Covers what
 //! only the running daemon does: restarts, taking over an earlier run's (or
 //! upstream kube-proxy's) rules, the canary, `--cleanup`, switching from IPVS
-//! mode, conntrack flushes for removed UDP endpoints, and partial syncs.
+//! mode, the conntrack reconcile for removed UDP endpoints (and the UDP
+//! flows of `common::conntrack`, as in `nftables_daemon`), and partial syncs.
 //!
 //! The lab, built per test (namespace names end in the test process's pid;
 //! every test has its own tag, so tests run in parallel):
@@ -62,8 +63,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::{self, create_items, http_exchange, http_get, wait_for, Daemon, SyncRec};
-use common::lab::{self, addr, names, set, udp_exchange, Answer, Backend, Conn, BACKEND_PORT, NODE_IP, NODE_IP6};
-use common::{bin, Netns};
+use common::lab::{
+    self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
+};
+use common::{bin, conntrack, Netns};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
 use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
 use kube_proxy_rs::kernel::Subsystem;
@@ -356,6 +359,15 @@ impl Lab {
         self.node.ok(&[&self.flavour.tool("ip6tables", "-save")])
     }
 
+    /// A dual-stack Node, and a cluster CIDR per family in the config, as a
+    /// dual-stack cluster's kube-proxy is configured.
+    fn dual_stack(&self) {
+        self.put("node", &dual_stack_node_manifest());
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
+        std::fs::write(self.config_path(), config).unwrap();
+    }
+
     /// Asserts each iptables-mode jump from a built-in chain (kubelet's included) is there exactly once.
     fn assert_jumps_once(&self, when: &str) {
         let (nat, filter) = (self.save(Some("nat")), self.save(Some("filter")));
@@ -365,6 +377,8 @@ impl Lab {
         }
     }
 }
+
+crate::impl_daemon_lab!(Lab);
 
 /// The absolute path of `tool` on PATH.
 fn which(tool: &str) -> PathBuf {
@@ -837,22 +851,22 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
 /// (6) A UDP client keeps sending from one socket (one source port, one
 /// conntrack entry) to a ClusterIP whose only endpoint is b1; the
 /// EndpointSlice is rewritten so b2 replaces b1. The new rules only see
-/// new flows: without the daemon's conntrack flush the entry (DNAT to b1,
-/// refreshed by every datagram, "assured" once b1 answered: a 120 s
+/// new flows: without the daemon's conntrack reconcile the entry (DNAT to
+/// b1, refreshed by every datagram, "assured" once b1 answered: a 120 s
 /// timeout) would keep carrying the flow to b1, which still runs and
-/// answers. With the flush (upstream's deleteStaleEndpointConntrackEntries:
-/// the service IP and the removed endpoint) the next datagram after the
-/// sync creates a new entry through the new rules, and b2 answers within
-/// seconds; `conntrack -L` shows the entry replaced.
+/// answers. With the reconcile (upstream's CleanStaleEntries: the entries
+/// to the ClusterIP and port not DNATed to a serving endpoint) the next
+/// datagram after the sync creates a new entry through the new rules, and
+/// b2 answers within seconds; `conntrack -L` shows the entry replaced.
 ///
 /// The control, over the same period: a second service (`ctl`, only b1)
 /// whose rules are redirected to b2 by hand (a DNAT rule of ours first in
-/// PREROUTING), with no flush. Fresh sockets reach b2 at once, while its
-/// long-lived flow keeps being answered by b1 all along — which is what
-/// the first flow would do without the daemon's flush. (The flush is
-/// targeted: it does not touch `ctl`'s entry either.)
+/// PREROUTING). Fresh sockets reach b2 at once, while its long-lived flow
+/// keeps being answered by b1 all along — which is what the first flow
+/// would do without the reconcile. (The reconcile keeps `ctl`'s entry: it
+/// goes to b1, `ctl`'s serving endpoint.)
 #[test]
-fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() {
+fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_reconcile() {
     const CTL: &str = "10.96.0.11:80";
     let mut lab = Lab::new("udp", Flavour::Nft, &["b1", "b2"]);
     lab.put("web", &service_manifest("web", "10.96.0.10", &["b1"]));
@@ -886,7 +900,7 @@ fn a_replaced_udp_endpoint_takes_over_the_same_flow_after_the_conntrack_flush() 
     let changed = Instant::now();
     let mut seen = Vec::new();
     wait_for("the same UDP flow to be answered by b2", CHANGE_WAIT, || {
-        assert_eq!(backend(&control), Ok("b1".to_string()), "without a flush the control flow stays on b1");
+        assert_eq!(backend(&control), Ok("b1".to_string()), "the control flow stays on b1");
         let a = backend(&flow);
         seen.push(a.clone());
         match a {
@@ -951,11 +965,7 @@ fn an_endpoint_change_is_a_partial_sync_and_traffic_follows() {
 #[test]
 fn a_dual_stack_service_answers_on_both_families() {
     let mut lab = Lab::new("ds", Flavour::Nft, &["b1", "b2"]);
-    lab.put("node", &dual_stack_node_manifest());
-    // A cluster CIDR per family, as a dual-stack cluster's kube-proxy is configured.
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let config = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), config).unwrap();
+    lab.dual_stack();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
     lab.put("v6only", &daemon::dual_stack_service_manifest("v6only", &["fd00:96::41"], 30041, &["b2"]));
     let daemon = lab.start_synced();
@@ -1057,10 +1067,8 @@ fn the_api_source_programs_a_dual_stack_service() {
 #[test]
 fn sighup_reconfigures_both_families() {
     let mut lab = Lab::new("dshup", Flavour::Legacy, &["b1"]);
-    lab.put("node", &dual_stack_node_manifest());
-    let config = std::fs::read_to_string(lab.config_path()).unwrap();
-    let dual = config.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/16,fd00:244::/48");
-    std::fs::write(lab.config_path(), &dual).unwrap();
+    lab.dual_stack();
+    let dual = std::fs::read_to_string(lab.config_path()).unwrap();
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1"]));
     let mut daemon = lab.start_synced();
     lab.wait_traffic("[fd00:96::40]:80", false, &["b1"], CHANGE_WAIT);
@@ -1077,8 +1085,7 @@ fn sighup_reconfigures_both_families() {
     assert!(!before.0.is_empty() && !before.1.is_empty(), "{before:?}");
 
     std::fs::write(lab.config_path(), dual.replace("iptables:\n", "iptables:\n  masqueradeAll: true\n")).unwrap();
-    let pid = daemon.child.as_ref().unwrap().id().to_string();
-    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    daemon.reload();
     wait_for("masqueradeAll in both families", CHANGE_WAIT, || {
         daemon.assert_running();
         let after = (marks(&lab.save(Some("nat")), "10.96.0.40/32"), marks(&lab.save6(), "fd00:96::40/128"));
@@ -1092,6 +1099,72 @@ fn sighup_reconfigures_both_families() {
     lab.wait_traffic("10.96.0.40:80", false, &["b1"], CHANGE_WAIT);
     let log = daemon.stop();
     assert!(log.contains("config reloaded: applying"), "{log}");
+}
+
+/// Issue 27: a SIGHUP whose file asks for nftables mode (which needs a
+/// restart, so it is refused) and a higher verbosity (live). The verbosity
+/// applies and `mode` is named as needing a restart; nftables mode's
+/// default `nodePortAddresses: [primary]` does not reach the running
+/// iptables proxier: 127.0.0.1:<nodePort> answers TCP and UDP before,
+/// across and after the reload, and the NodePort rules after the reload's
+/// full resync are the ones before it.
+#[test]
+fn a_refused_mode_change_keeps_localhost_node_ports_answering() {
+    let mut lab = Lab::new("hupmode", Flavour::Legacy, &["b1"]);
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.10"], 30080, &["b1"]));
+    let mut daemon = lab.start_synced();
+    let node_port_rules = |lab: &Lab| -> Vec<String> {
+        lab.save(Some("nat")).lines().filter(|l| l.contains("KUBE-NODEPORTS")).map(String::from).collect()
+    };
+    let before = node_port_rules(&lab);
+    assert!(before.iter().any(|l| l.starts_with("-A KUBE-NODEPORTS -d 127.0.0.0/8 ")), "{before:#?}");
+    let last = lab.syncs().expect("syncs")[0].generation;
+    let probes = Probes::start(&lab.node, "127.0.0.1:30080", DROP_WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let config = std::fs::read_to_string(lab.config_path()).unwrap();
+    let asked = config.replace("mode: iptables\n", "mode: nftables\nlogging:\n  verbosity: 2\n");
+    assert_ne!(asked, config);
+    std::fs::write(lab.config_path(), asked).unwrap();
+    let hup = Instant::now();
+    daemon.reload();
+    let resync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+    assert!(resync.full, "an applied reload is followed by a full resync: {resync:?}");
+    let synced = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let probes = probes.stop();
+
+    let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
+    assert!(failed.is_empty(), "{} of {} probes failed: {failed:?}", failed.len(), probes.len());
+    let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
+    assert_eq!(names(&tcp), set(&["b1"]));
+    let when = |from: Instant, to: Instant| probes.iter().filter(|p| p.0 > from && p.0 < to).count();
+    assert!(when(hup - Duration::from_secs(1), hup) > 0 && when(synced, Instant::now()) > 0, "{probes:?}");
+    assert_eq!(node_port_rules(&lab), before, "the NodePort rules after the reload");
+    let log = daemon.stop();
+    let line = |text: &str| log.lines().find(|l| l.contains(text)).unwrap_or_else(|| panic!("{text:?}:\n{log}"));
+    assert!(line("config changes need a restart and were not applied").ends_with("fields=mode"), "{log}");
+    assert!(line("config reloaded: applying").ends_with("fields=logging.verbosity"), "{log}");
+}
+
+/// `--dry-run --diff` over the running daemon's rules while the kernel
+/// holds a ClientIP-affinity entry: the `recent` match's client list lives
+/// in `/proc/net/xt_recent`, not in `iptables-save`'s output, so the
+/// preview has nothing to add or remove, and says so the same way a second
+/// later.
+#[test]
+fn the_preview_is_not_changed_by_the_kernels_recent_lists() {
+    let mut lab = Lab::new("rcnt", Flavour::Legacy, &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    let daemon = lab.start_synced();
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let lists = lab.node.ok(&["sh", "-c", "grep -H . /proc/net/xt_recent/*"]);
+    assert!(lists.contains(&format!("src={}", lab::CLIENT_IP)), "the client in a recent list:\n{lists}");
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(preview.contains("iptables legacy: 0 to add, 0 to remove, "), "{preview}");
+    daemon.stop();
 }
 
 /// (dual-stack) A dual-stack LoadBalancer service with
@@ -1248,6 +1321,43 @@ fn ignored_slices_are_logged_once_and_counted() {
         log.lines().filter(|l| l.contains("ignoring object") && l.contains("default/odd-abcde")).collect();
     assert_eq!(warned.len(), 1, "one warning, whatever the families:\n{log}");
     assert!(warned[0].contains("WARN") && warned[0].contains("Bogus"), "{log}");
+}
+
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same rules.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", Flavour::Legacy, &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = dry_run(&lab);
+    let text = section(&planned, "iptables");
+    let accepts = |name: &str| -> Vec<&str> {
+        let head = format!("--comment \"default/{name}:http loadbalancer IP\" -s ");
+        text.lines().filter_map(|l| l.split_once(&head)).map(|(_, rest)| rest.split(' ').next().unwrap_or("")).collect()
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(accepts("lb-in"), ["192.168.50.0/24", "203.0.113.10"], "{text}");
+    assert_eq!(accepts("lb-out"), ["198.51.100.0/24"], "{text}");
+    assert_eq!(accepts("lb-bogus"), Vec::<&str>::new(), "{text}");
+    assert_eq!(accepts("lb-mixed"), ["192.168.50.0/24", "203.0.113.13"], "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let dropped = format!("-m tcp -p tcp -d {} --dport 80 -j DROP", case.vip);
+        let rule = text.lines().find(|l| l.starts_with("-A KUBE-PROXY-FIREWALL") && l.ends_with(&dropped));
+        assert!(
+            rule.is_some_and(|l| l.contains(&format!("\"default/{}:http traffic not accepted by KUBE-FW-", case.name))),
+            "{text}"
+        );
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    assert!(text.contains("default/lb-in:http -m tcp -p tcp -j DNAT --to-destination 10.244.1.2:8080"), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
 }
 
 /// Two Services asking for one nodePort (the API server would refuse the
@@ -1682,4 +1792,28 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(names(&answers), set(&["b1"]), "localhost NodePorts work without counting");
     let log = daemon.stop();
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
+}
+
+/// (conntrack) A deleted UDP Service's flows to its NodePort and
+/// LoadBalancer IPs lose their entries; see `common::conntrack`.
+#[test]
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
+    let mut lab = Lab::new("ctdel", Flavour::Nft, &["b1"]);
+    conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
+}
+
+/// (conntrack) One of a Service's two UDP ports to one endpoint removed:
+/// the other port's flows keep their entries and answers.
+#[test]
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
+    let mut lab = Lab::new("ctport", Flavour::Legacy, &["b1"]);
+    conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
+}
+
+/// (conntrack) Entries made while the daemon was stopped, to an endpoint
+/// removed meanwhile, go at its first sync; others stay.
+#[test]
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
+    let mut lab = Lab::new("ctstop", Flavour::Nft, &["b1", "b2"]);
+    conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }

@@ -1,5 +1,5 @@
-//! `NetlinkConntrack` against the real kernel: each op deletes exactly the
-//! conntrack entries it names, and nothing else.
+//! `NetlinkConntrack` against the real kernel: a reconcile deletes exactly
+//! the stale UDP entries of its family's table, and nothing else.
 //!
 //! Conntrack tables are per network namespace, so every test works in one it
 //! creates (`ip netns add`, removed on drop) and sends traffic only there:
@@ -28,11 +28,11 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use common::Netns;
 use kube_proxy_rs::kernel::conntrack::NetlinkConntrack;
-use kube_proxy_rs::kernel::Subsystem;
-use kube_proxy_rs::msgs::ConntrackOp;
+use kube_proxy_rs::msgs::{Frontends, ReconcileConntrack, Reconciled, ServingFrontends};
 use kube_proxy_rs::net::{IpFamily, Protocol};
 
 /// The node's address, the clients' source.
@@ -65,32 +65,62 @@ fn tcp(sport: u16, dst: &str, to: &str) -> Flow {
     Flow { protocol: Protocol::Tcp, ..udp(sport, dst, to) }
 }
 
-/// IPv4 flows. 4000x: ClusterIP 10.96.0.10:53 (to two endpoints), another
-/// service to the same endpoint, NodePort 30053 on two node addresses,
-/// NodePort 30054, a plain flow without NAT, and TCP to the same service.
+/// IPv4 flows. 4000x: ClusterIP 10.96.0.10:53 to a serving and a removed
+/// endpoint, and to the serving endpoint's old target port; its port 54 to
+/// the same endpoint (another Service port); NodePort 30053 on two node
+/// addresses, to the serving and the removed endpoint; a gone frontend
+/// (10.96.0.20:53) with and without DNAT, a gone NodePort (30054); a plain
+/// flow without NAT; TCP to the ClusterIP.
 fn flows_v4() -> Vec<Flow> {
     vec![
         udp(40001, "10.96.0.10:53", "10.244.1.1:5353"),
         udp(40002, "10.96.0.10:53", "10.244.1.2:5353"),
-        udp(40003, "10.96.0.11:53", "10.244.1.1:5353"),
-        udp(40004, "10.0.0.1:30053", "10.244.1.1:5353"),
-        udp(40005, "10.0.0.1:30053", "10.244.1.2:5353"),
-        udp(40006, "10.0.0.1:30054", "10.244.1.1:5353"),
-        tcp(40007, "10.96.0.10:53", "10.244.1.1:5353"),
-        udp(40008, "10.96.0.12:53", ""),
-        udp(40009, "10.0.0.2:30053", "10.244.1.2:5353"),
+        udp(40003, "10.96.0.10:53", "10.244.1.1:5300"),
+        udp(40004, "10.96.0.10:54", "10.244.1.1:5354"),
+        udp(40005, "10.0.0.1:30053", "10.244.1.1:5353"),
+        udp(40006, "10.0.0.1:30053", "10.244.1.2:5353"),
+        udp(40007, "10.0.0.2:30053", "10.244.1.2:5353"),
+        udp(40008, "10.96.0.20:53", "10.244.1.1:5353"),
+        udp(40009, "10.96.0.20:53", ""),
+        udp(40010, "10.0.0.1:30054", "10.244.1.1:5353"),
+        udp(40011, "10.96.0.12:53", ""),
+        tcp(40012, "10.96.0.10:53", "10.244.1.2:5353"),
     ]
 }
 
-/// IPv6 flows, the same shapes as the first IPv4 ones.
+/// The IPv4 entries a reconcile with [`frontends`] deletes.
+const STALE_V4: [u16; 6] = [40002, 40003, 40006, 40007, 40008, 40010];
+
+/// IPv6 flows: ClusterIP [fd00:96::10]:53 to a serving and a removed
+/// endpoint, NodePort 30053 to the removed one, a gone frontend.
 fn flows_v6() -> Vec<Flow> {
     vec![
         udp(41001, "[fd00:96::10]:53", "[fd00:244::1]:5353"),
         udp(41002, "[fd00:96::10]:53", "[fd00:244::2]:5353"),
-        udp(41003, "[fd00:96::11]:53", "[fd00:244::1]:5353"),
-        udp(41004, "[fd00::1]:30053", "[fd00:244::1]:5353"),
-        udp(41005, "[fd00::1]:30054", "[fd00:244::2]:5353"),
+        udp(41003, "[fd00::1]:30053", "[fd00:244::2]:5353"),
+        udp(41004, "[fd00:96::20]:53", "[fd00:244::1]:5353"),
     ]
+}
+
+/// The IPv6 entries a reconcile with [`frontends`] deletes.
+const STALE_V6: [u16; 3] = [41002, 41003, 41004];
+
+/// The reconcile of `family`: ClusterIP 10.96.0.10:53 ([fd00:96::10]:53)
+/// and NodePort 30053 served by 10.244.1.1:5353 ([fd00:244::1]:5353),
+/// 10.96.0.10:54 by 10.244.1.1:5354; 10.96.0.20:53 ([fd00:96::20]:53) and
+/// NodePort 30054 gone.
+fn frontends(family: IpFamily) -> ReconcileConntrack {
+    let set = |list: &[&str]| Arc::new(list.iter().map(|a| addr(a)).collect::<BTreeSet<SocketAddr>>());
+    let eps = set(&["10.244.1.1:5353", "[fd00:244::1]:5353"]);
+    let mut serving = ServingFrontends::default();
+    serving.ips.insert(addr("10.96.0.10:53"), eps.clone());
+    serving.ips.insert(addr("[fd00:96::10]:53"), eps.clone());
+    serving.ips.insert(addr("10.96.0.10:54"), set(&["10.244.1.1:5354"]));
+    serving.node_ports.insert(30053, eps);
+    let mut gone = Frontends::default();
+    gone.ips.extend([addr("10.96.0.20:53"), addr("[fd00:96::20]:53")]);
+    gone.node_ports.insert(30054);
+    ReconcileConntrack { generation: 1, family, serving: Arc::new(serving), gone: Arc::new(gone) }
 }
 
 fn sports(flows: &[Flow], protocol: Protocol, except: &[u16]) -> BTreeSet<u16> {
@@ -185,29 +215,28 @@ impl Lab {
         streams
     }
 
-    /// Runs `ops` through a fresh handle for `family`, inside the namespace.
-    fn apply(&self, family: IpFamily, ops: Vec<ConntrackOp>) -> Applied {
+    /// Runs `rc` through a fresh handle, inside the namespace.
+    fn reconcile(&self, rc: ReconcileConntrack) -> Applied {
         self.ns.block_on(|| async move {
-            let reported = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+            let reported = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
             let seen = reported.clone();
-            let report =
-                std::sync::Arc::new(move |_: std::time::Duration, deleted: u64| seen.store(deleted, Ordering::Relaxed));
-            let ct = NetlinkConntrack::new(family).expect("ctnetlink socket").with_report(report);
-            let results = ct.apply(ops).await;
-            assert!(results.iter().all(Result::is_ok), "every op succeeds: {results:?}");
-            // What the reconciler metrics are fed: the entries this batch deleted.
-            assert_eq!(reported.load(Ordering::Relaxed), ct.entries_deleted(), "the batch is reported");
-            Applied { messages: ct.messages_sent(), datagrams: ct.datagrams_sent(), deleted: ct.entries_deleted() }
+            let report = Arc::new(move |_: std::time::Duration, deleted: u64| seen.store(deleted, Ordering::Relaxed));
+            let ct = NetlinkConntrack::new().expect("ctnetlink socket").with_report(report);
+            let done = ct.clean_stale(&rc).await.expect("the reconcile succeeds");
+            // What the reconciler metrics are fed: the entries this reconcile deleted.
+            assert_eq!(reported.load(Ordering::Relaxed), ct.entries_deleted(), "the reconcile is reported");
+            assert_eq!(done.deleted, ct.entries_deleted());
+            Applied { messages: ct.messages_sent(), datagrams: ct.datagrams_sent(), done }
         })
     }
 }
 
-/// What one `apply` cost.
+/// What one reconcile did and cost.
 #[derive(Debug, PartialEq, Eq)]
 struct Applied {
     messages: u64,
     datagrams: u64,
-    deleted: u64,
+    done: Reconciled,
 }
 
 /// `udp 17 599 src=A dst=B sport=P dport=Q [UNREPLIED] src=C dst=A sport=...`:
@@ -244,121 +273,59 @@ fn send(f: &Flow) -> Option<std::net::TcpStream> {
     }
 }
 
-fn flush_service_ip(ip_: &str, protocol: Protocol) -> ConntrackOp {
-    ConntrackOp::FlushServiceIp { ip: ip(ip_), protocol }
-}
-
-fn flush_endpoint(service: &str, endpoint: &str) -> ConntrackOp {
-    ConntrackOp::FlushEndpoint { service_ip: ip(service), endpoint_ip: ip(endpoint), protocol: Protocol::Udp }
-}
-
-fn flush_node_port(port: u16) -> ConntrackOp {
-    ConntrackOp::FlushNodePort { port, protocol: Protocol::Udp }
-}
-
-fn flush_node_port_endpoint(port: u16, endpoint: &str) -> ConntrackOp {
-    ConntrackOp::FlushNodePortEndpoint { port, endpoint_ip: ip(endpoint), protocol: Protocol::Udp }
-}
-
-/// Applies `ops` to the IPv4 lab and checks which UDP entries are left; the
-/// TCP entry and the IPv6 table are never touched by UDP IPv4 ops.
-fn check_v4(prefix: &str, ops: Vec<ConntrackOp>, gone: &[u16]) -> Applied {
+/// Reconciles the lab of `flows` for `family` and checks that exactly the
+/// `stale` UDP entries went: TCP entries and the other family's table stay.
+fn check(prefix: &str, family: IpFamily, stale: &[u16]) -> Applied {
     let mut flows = flows_v4();
     flows.extend(flows_v6());
     let lab = Lab::new(prefix, flows.clone());
     let _tcp = lab.start_flows();
-    let applied = lab.apply(IpFamily::V4, ops);
+    let applied = lab.reconcile(frontends(family));
     let left = |family, protocol| lab.sports(family, protocol);
-    assert_eq!(left(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, gone), "IPv4 UDP entries left");
+    let (v4_gone, v6_gone): (&[u16], &[u16]) = if family == IpFamily::V4 { (stale, &[]) } else { (&[], stale) };
+    assert_eq!(left(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, v4_gone), "IPv4 UDP entries left");
     assert_eq!(left(IpFamily::V4, Protocol::Tcp), sports(&flows_v4(), Protocol::Tcp, &[]), "IPv4 TCP entries left");
-    assert_eq!(left(IpFamily::V6, Protocol::Udp), sports(&flows_v6(), Protocol::Udp, &[]), "IPv6 UDP entries left");
-    assert_eq!(applied.deleted, gone.len() as u64, "{applied:?}");
+    assert_eq!(left(IpFamily::V6, Protocol::Udp), sports(&flows_v6(), Protocol::Udp, v6_gone), "IPv6 UDP entries left");
+    assert_eq!(applied.done.deleted, stale.len() as u64, "{applied:?}");
     applied
 }
 
+/// Upstream's rule, by address and port and target-port aware (entries to
+/// a removed endpoint, to the serving endpoint's old target port, not
+/// DNATed to an endpoint; to the NodePort on any address), and the gone
+/// frontends' DNATed entries: one dump, then the deletes in one datagram.
 #[test]
-fn flush_service_ip_deletes_the_udp_entries_to_that_ip() {
-    check_v4("ct-svc", vec![flush_service_ip("10.96.0.10", Protocol::Udp)], &[40001, 40002]);
+fn a_reconcile_deletes_the_stale_udp_entries_and_nothing_else() {
+    let applied = check("ct-v4", IpFamily::V4, &STALE_V4);
+    assert_eq!((applied.messages, applied.datagrams), (1 + STALE_V4.len() as u64, 2));
+    assert_eq!(applied.done.udp_entries, 11);
 }
 
 #[test]
-fn flush_endpoint_deletes_only_entries_natted_to_that_endpoint() {
-    check_v4("ct-ep", vec![flush_endpoint("10.96.0.10", "10.244.1.1")], &[40001]);
+fn an_ipv6_reconcile_cleans_the_ipv6_table() {
+    let applied = check("ct-v6", IpFamily::V6, &STALE_V6);
+    assert_eq!(applied.done, Reconciled { udp_entries: 4, deleted: 3 });
 }
 
 #[test]
-fn flush_node_port_deletes_entries_to_that_port_on_every_address() {
-    check_v4("ct-np", vec![flush_node_port(30053)], &[40004, 40005, 40009]);
-}
-
-#[test]
-fn flush_node_port_endpoint_deletes_only_entries_natted_to_that_endpoint() {
-    check_v4("ct-npep", vec![flush_node_port_endpoint(30053, "10.244.1.2")], &[40005, 40009]);
-}
-
-#[test]
-fn a_batch_is_one_dump_then_one_pipelined_delete_per_entry() {
-    let ops = vec![
-        flush_service_ip("10.96.0.11", Protocol::Udp),
-        flush_endpoint("10.96.0.10", "10.244.1.2"),
-        flush_node_port(30054),
-        flush_node_port_endpoint(30053, "10.244.1.1"),
-        flush_service_ip("10.96.0.99", Protocol::Udp), // matches nothing: still Ok
-        flush_endpoint("10.96.0.11", "10.244.1.1"),    // the same entry as the first op
-    ];
-    let applied = check_v4("ct-batch", ops.clone(), &[40002, 40003, 40004, 40006]);
-    // One dump, then the four deletes in one datagram.
-    assert_eq!(applied, Applied { messages: 5, datagrams: 2, deleted: 4 });
-}
-
-#[test]
-fn a_repeated_batch_finds_nothing_and_costs_one_dump() {
+fn a_repeated_reconcile_finds_nothing_and_costs_one_dump() {
     let lab = Lab::new("ct-again", flows_v4());
     let _tcp = lab.start_flows();
-    let ops = vec![flush_service_ip("10.96.0.10", Protocol::Udp), flush_node_port(30053)];
-    assert_eq!(lab.apply(IpFamily::V4, ops.clone()), Applied { messages: 6, datagrams: 2, deleted: 5 });
-    assert_eq!(lab.apply(IpFamily::V4, ops), Applied { messages: 1, datagrams: 1, deleted: 0 });
-    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), BTreeSet::from([40003, 40006, 40008]));
-}
-
-#[test]
-fn the_protocol_of_the_op_decides_which_entries_go() {
-    let lab = Lab::new("ct-proto", flows_v4());
-    let _tcp = lab.start_flows();
-    let applied = lab.apply(IpFamily::V4, vec![flush_service_ip("10.96.0.10", Protocol::Tcp)]);
-    assert_eq!(applied.deleted, 1);
-    assert!(lab.sports(IpFamily::V4, Protocol::Tcp).is_empty());
-    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, &[]));
-}
-
-#[test]
-fn ipv6_ops_clean_the_ipv6_table_and_port_ops_follow_the_handle_family() {
-    let mut flows = flows_v6();
-    flows.extend(flows_v4());
-    let lab = Lab::new("ct-v6", flows);
-    let _tcp = lab.start_flows();
-    let ops = vec![
-        flush_endpoint("fd00:96::10", "fd00:244::1"),
-        flush_service_ip("fd00:96::11", Protocol::Udp),
-        flush_node_port(30053), // the handle is IPv6: IPv4 :30053 entries stay
-        flush_node_port_endpoint(30054, "fd00:244::2"),
-        flush_service_ip("10.96.0.11", Protocol::Udp), // an IPv4 op too: a second dump
-    ];
-    let applied = lab.apply(IpFamily::V6, ops);
-    assert_eq!(lab.sports(IpFamily::V6, Protocol::Udp), BTreeSet::from([41002]));
-    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, &[40003]));
-    // Two dumps, four IPv6 deletes in one datagram, one IPv4 delete in another.
-    assert_eq!(applied, Applied { messages: 7, datagrams: 4, deleted: 5 });
+    let first = lab.reconcile(frontends(IpFamily::V4));
+    assert_eq!(first.done.deleted, STALE_V4.len() as u64);
+    let again = lab.reconcile(frontends(IpFamily::V4));
+    assert_eq!((again.messages, again.datagrams, again.done.deleted), (1, 1, 0));
+    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, &STALE_V4));
 }
 
 #[test]
 fn more_entries_than_one_datagram_holds_go_in_several_batches() {
     let mut flows = flows_v4(); // their DNAT rules make the namespace track
-    flows.extend((42000..42150).map(|sport| udp(sport, "10.96.0.20:53", "")));
+    flows.extend((42000..42150).map(|sport| udp(sport, "10.96.0.10:53", "")));
     let lab = Lab::new("ct-many", flows);
     let _tcp = lab.start_flows();
-    let applied = lab.apply(IpFamily::V4, vec![flush_service_ip("10.96.0.20", Protocol::Udp)]);
-    // One dump, then 150 deletes in datagrams of 64, 64 and 22.
-    assert_eq!(applied, Applied { messages: 151, datagrams: 4, deleted: 150 });
-    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, &[]));
+    let applied = lab.reconcile(frontends(IpFamily::V4));
+    // One dump, then 156 deletes in datagrams of 64, 64 and 28.
+    assert_eq!((applied.messages, applied.datagrams, applied.done.deleted), (157, 4, 156));
+    assert_eq!(lab.sports(IpFamily::V4, Protocol::Udp), sports(&flows_v4(), Protocol::Udp, &STALE_V4));
 }

@@ -8,8 +8,9 @@
 //! keeping an established connection, taking over a table upstream
 //! kube-proxy wrote (`nft -f` of the dry run's text, watched with `nft
 //! monitor`), `--cleanup`, switching between iptables and nftables mode,
-//! dual-stack, and the Kubernetes API source (`--master`, the test API
-//! server in the node namespace).
+//! dual-stack, the Kubernetes API source (`--master`, the test API
+//! server in the node namespace), and the conntrack reconciler's UDP flows
+//! (`common::conntrack`, as in `iptables_daemon`).
 //!
 //! The lab is `iptables_daemon`'s (`common::lab`): a node namespace routing
 //! between a client on 192.168.50.0/24 (fd00:50::/64) and backends b1, b2
@@ -28,14 +29,12 @@ mod common;
 use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::daemon::{self, create_items, wait_for, Daemon, SyncRec};
-use common::lab::{self, addr, names, set, Answer, Backend, Conn, NODE_IP, NODE_IP6};
+use common::lab::{self, addr, names, set, Answer, Backend, Conn, Probe, Probes, NODE_IP, NODE_IP6};
 use common::nft::{self, blocks, Monitor};
-use common::{bin, run_in, Netns};
+use common::{bin, conntrack, Netns};
 use kube_proxy_rs::plan::nftables::names::hash_and_truncate;
 use serde_json::{json, Value};
 
@@ -152,6 +151,11 @@ impl Lab {
         Daemon { child: Some(child), log, node: self.node.name.clone() }
     }
 
+    /// A dual-stack Node (the config has a cluster CIDR per family).
+    fn dual_stack(&self) {
+        self.put("node", &node_manifest(true));
+    }
+
     /// Starts the daemon and waits for its first sync (full and successful).
     fn start_synced(&mut self) -> Daemon {
         let mut d = self.start();
@@ -255,6 +259,8 @@ impl Lab {
     }
 }
 
+crate::impl_daemon_lab!(Lab);
+
 // ---------------------------------------------------------------- manifests
 
 fn node_manifest(dual: bool) -> Value {
@@ -283,41 +289,43 @@ fn chains(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// TCP and UDP exchanges with one address from a namespace, each on a new
-/// connection (socket), one after the other until stopped.
-struct Probes {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<Probe>>,
-}
-
-/// When a probe started, and its TCP and UDP answers.
-type Probe = (Instant, Answer, Answer);
-
-impl Probes {
-    fn start(ns: &Netns, to: &str) -> Probes {
-        let (stop, name, to) = (Arc::new(AtomicBool::new(false)), ns.name.clone(), addr(to));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            run_in(&name, || {
-                let mut seen = Vec::new();
-                while !stopped.load(Ordering::Relaxed) {
-                    let at = Instant::now();
-                    seen.push((at, lab::tcp_ask(to, DROP_WAIT), lab::udp_ask(to, DROP_WAIT)));
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                seen
-            })
-        });
-        Probes { stop, thread }
-    }
-
-    fn stop(self) -> Vec<Probe> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the probing thread")
-    }
-}
-
 // -------------------------------------------------------------------- tests
+
+/// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
+/// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
+/// admits the client, `198.051.100.000/024` drops it, and a range that
+/// does not parse at all drops everyone rather than admitting everyone;
+/// `--dry-run` shows the same firewall chains.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
+    let mut lab = Lab::new("lbsr", &["b1"]);
+    for case in &daemon::SOURCE_RANGE_CASES {
+        lab.put(case.name, &daemon::source_range_manifest(case));
+    }
+    let planned = lab.dry_run();
+    let text = &planned[0].1;
+    let firewall = |name: &str| -> Option<&str> {
+        let chain = format!("-default/{name}/tcp/http ");
+        text.lines()
+            .filter(|l| l.starts_with("add rule ip kube-proxy firewall-"))
+            .find_map(|l| l.split_once(&chain).map(|(_, rule)| rule))
+    };
+    // A range holding the node's IP lets the node reach the VIP (upstream's allowFromNode).
+    assert_eq!(firewall("lb-in"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.10 } drop"), "{text}");
+    assert_eq!(firewall("lb-out"), Some("ip saddr != { 198.51.100.0/24 } drop"), "{text}");
+    assert_eq!(firewall("lb-bogus"), Some("drop"), "{text}");
+    assert_eq!(firewall("lb-mixed"), Some("ip saddr != { 192.168.50.0/24 , 203.0.113.13 } drop"), "{text}");
+    for case in &daemon::SOURCE_RANGE_CASES {
+        let element = format!("add element ip kube-proxy firewall-ips {{ {} . tcp . 80 : goto firewall-", case.vip);
+        assert!(text.contains(&element), "{element} not in\n{text}");
+    }
+    // lb-in's endpoint, written 010.244.001.002.
+    let lb_in_endpoint = text.lines().find(|l| l.contains("-default/lb-in/tcp/http__10.244.1.2/8080 "));
+    assert!(lb_in_endpoint.is_some(), "{text}");
+    let daemon = lab.start_synced();
+    daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
+    daemon::assert_source_ranges_logged(&daemon.stop());
+}
 
 /// ClusterIP and NodePort traffic reaches the endpoints; an endpoint
 /// removed is a partial sync after which traffic avoids it and, a second
@@ -440,7 +448,7 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
 
     let monitor = Monitor::start(&lab.node);
     let started = Instant::now();
-    let probes = Probes::start(&lab.client, WEB);
+    let probes = Probes::start(&lab.client, WEB, DROP_WAIT);
     std::thread::sleep(Duration::from_millis(200));
     let mut daemon = lab.start();
     let sync = lab.wait_sync(&mut daemon, 0, START_WAIT);
@@ -496,6 +504,31 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     }
     assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::TimedOut)], "no DNAT for the deleted Service");
     daemon.stop();
+}
+
+/// Issue 27: `--dry-run --diff` over a table holding the kernel's affinity
+/// entries. The dry run's table loaded with `nft -f` (a ClientIP-affinity
+/// Service with two endpoints), a client's connections through its
+/// ClusterIP all reach one backend, and the kernel has added the client
+/// to an `affinity-…` set (`... expires 9m59s`). The preview has nothing to
+/// add or remove, and says so the same way a second later.
+#[test]
+fn the_preview_leaves_the_kernels_affinity_entries_out() {
+    let lab = Lab::new("aff", &["b1", "b2"]);
+    lab.put("sticky", &daemon::sticky_service_manifest("sticky", &["10.96.0.12"], 30012, &["b1", "b2"], 600));
+    for (_, text) in lab.dry_run() {
+        lab.node.pipe(&["nft", "-f", "-"], &text);
+    }
+    let answers = lab.ask("10.96.0.12:80", 8, false);
+    assert_eq!(names(&answers).len(), 1, "one backend for the client: {answers:?}");
+    let table = lab.table("ip").expect("the table");
+    let entries: Vec<&str> = table.lines().filter(|l| l.contains(lab::CLIENT_IP) && l.contains(" expires ")).collect();
+    assert_eq!(entries.len(), 1, "the client in one affinity set:\n{table}");
+
+    let run = |args: &[&str]| lab.run_binary(args);
+    let preview = daemon::preview_twice_unchanged(run, &lab.config_path(), &lab.manifests());
+    assert!(!preview.contains("affinity-"), "no affinity line to change:\n{preview}");
+    assert!(lab.table("ip").expect("the table").contains(" expires "), "the entry is still there");
 }
 
 /// The Kubernetes API source in nftables mode, end to end: the daemon
@@ -672,7 +705,7 @@ fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
     assert!(log.contains("nftables sync failed: the next sync is a full one"), "{log}");
 }
 
-/// 1,000 Services (≈ 19,000 ops in the first sync: its new chains in
+/// 1,000 Services (≈ 14,000 ops in the first sync: its new chains in
 /// transactions of at most 8,192 ops, then the rest in one, MBs in one
 /// datagram, more than a socket's default 208 KiB send buffer, which made
 /// the kernel refuse it with EMSGSIZE before the codec sized the buffer to
@@ -702,7 +735,8 @@ fn a_thousand_services_are_written_by_one_full_sync() {
     lab.put("many", &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}));
     let mut d = lab.start();
     let first = lab.wait_sync(&mut d, 0, Duration::from_secs(60));
-    assert!(first.full && first.ops > 15_000, "{first:?}");
+    // Its ops: the nftables ones (≈ 14,100) and one conntrack reconcile.
+    assert!(first.full && first.ops > 14_000, "{first:?}");
     for (to, want) in [("10.96.100.1:80", "b1"), ("10.96.103.250:80", "b2")] {
         lab.wait_traffic(to, false, &[want], CHANGE_WAIT);
         lab.wait_traffic(to, true, &[want], CHANGE_WAIT);
@@ -824,4 +858,28 @@ fn service_cidrs_drop_unallocated_cluster_ips_until_deleted() {
     assert_eq!(lab.ask("10.96.0.99:80", 1, false), [Err(ErrorKind::ConnectionRefused)], "no longer dropped");
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     daemon.stop();
+}
+
+/// (conntrack) A deleted UDP Service's flows to its NodePort and
+/// LoadBalancer IPs lose their entries; see `common::conntrack`.
+#[test]
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
+    let mut lab = Lab::new("ctdel", &["b1"]);
+    conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
+}
+
+/// (conntrack) One of a Service's two UDP ports to one endpoint removed:
+/// the other port's flows keep their entries and answers.
+#[test]
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
+    let mut lab = Lab::new("ctport", &["b1"]);
+    conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
+}
+
+/// (conntrack) Entries made while the daemon was stopped, to an endpoint
+/// removed meanwhile, go at its first sync; others stay.
+#[test]
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
+    let mut lab = Lab::new("ctstop", &["b1", "b2"]);
+    conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }

@@ -1,5 +1,6 @@
 //! The actors: the coordinator, one kernel actor per subsystem, and the sources.
 
+pub mod conntrack;
 pub mod coordinator;
 pub mod kernel_actor;
 pub mod nftables;

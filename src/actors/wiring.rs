@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use actix::prelude::*;
 
-use super::coordinator::{IptablesTargets, NftablesTargets, Target, Targets};
+use super::conntrack::ConntrackActor;
+use super::coordinator::{ConntrackTarget, IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
 use crate::kernel::nftables::{NfTables, NftablesTable};
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
@@ -45,6 +46,12 @@ fn start_actor<K: Subsystem>(
     (addr.clone(), Target { addr: addr.recipient(), stats })
 }
 
+/// Starts the conntrack actor over `kernel`.
+fn start_conntrack<C: ConntrackKernel>(kernel: C, registry: &StatsRegistry) -> ConntrackTarget {
+    let stats = registry.register("conntrack");
+    ConntrackTarget { addr: ConntrackActor::new(kernel, stats.clone()).start().recipient(), stats }
+}
+
 /// Starts one actor per kernel handle, registering each one's stats. Every
 /// actor reports the drift its periodic check finds (the iptables canary
 /// vanished) to `drift`: the coordinator, which then resyncs in full.
@@ -72,8 +79,8 @@ where
         ipvs: start(k.ipvs, "ipvs", registry, drift.clone()),
         sets,
         link: start(k.link, "dummy-link", registry, drift.clone()),
-        iptables: start(k.iptables, "iptables", registry, drift.clone()),
-        conntrack: start(k.conntrack, "conntrack", registry, drift),
+        iptables: start(k.iptables, "iptables", registry, drift),
+        conntrack: start_conntrack(k.conntrack, registry),
     }
 }
 
@@ -86,14 +93,14 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
     drift: Recipient<DriftDetected>,
 ) -> IptablesTargets {
     IptablesTargets {
-        iptables: start(iptables, "iptables", registry, drift.clone()),
-        conntrack: start(conntrack, "conntrack", registry, drift),
+        iptables: start(iptables, "iptables", registry, drift),
+        conntrack: start_conntrack(conntrack, registry),
     }
 }
 
 /// Starts nftables mode's two actors: `family`'s `kube-proxy` table over
-/// `nft` (the kernel's nf_tables, or an in-memory one), and conntrack
-/// (reporting drift to `drift`, as every kernel actor).
+/// `nft` (the kernel's nf_tables, or an in-memory one; its actor reports
+/// drift to `drift`, as every kernel actor), and conntrack.
 pub fn start_nftables_actors<N: NfTables, C: ConntrackKernel>(
     nft: N,
     family: IpFamily,
@@ -101,6 +108,6 @@ pub fn start_nftables_actors<N: NfTables, C: ConntrackKernel>(
     registry: &StatsRegistry,
     drift: Recipient<DriftDetected>,
 ) -> NftablesTargets {
-    let (table, nftables) = start_actor(NftablesTable::new(nft, family), "nftables", registry, drift.clone());
-    NftablesTargets { nftables, list: table.recipient(), conntrack: start(conntrack, "conntrack", registry, drift) }
+    let (table, nftables) = start_actor(NftablesTable::new(nft, family), "nftables", registry, drift);
+    NftablesTargets { nftables, list: table.recipient(), conntrack: start_conntrack(conntrack, registry) }
 }

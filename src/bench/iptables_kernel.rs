@@ -266,9 +266,9 @@ pub struct SyncSignal {
     pub started: Option<Instant>,
     /// When the coordinator had every ack.
     pub finished: Option<Instant>,
-    /// Planning (the dataplane's `sync`: iptables planner, conntrack ops).
+    /// Planning (the dataplane's `sync`: iptables planner, conntrack frontends).
     pub plan: Duration,
-    /// Sending the batches to the acks (iptables actor, then conntrack actor).
+    /// Sending the batches to the acks (iptables actor, then the conntrack reconcile).
     pub run: Duration,
     pub failed: usize,
     /// The service-level chains (SVC, SVL, EXT, FW) of the changed service ports.
@@ -475,7 +475,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     cfg.iptables.sync_period = sync_period.into();
     let handle = IptablesHandle::with_binaries(flavour.binaries()).for_mode(&iptables_plan::PROFILE);
     let kernel_chains: Vec<String> = handle.chains("nat").await?.into_iter().collect();
-    let conntrack = NetlinkConntrack::new(family).map_err(|e| anyhow::anyhow!("conntrack: {e}"))?;
+    let conntrack = NetlinkConntrack::new().map_err(|e| anyhow::anyhow!("conntrack: {e}"))?;
     let recording =
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();

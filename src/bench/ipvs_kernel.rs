@@ -231,7 +231,7 @@ async fn start_daemon(random_fully: bool) -> anyhow::Result<Daemon> {
         IpvsSet::ALL.iter().map(|s| (*s, IpsetHandle::new(&ipset, s.spec(FAMILY)))).collect();
     let link = DummyLink::new().context("rtnetlink")?.with_family(FAMILY);
     let iptables = IptablesHandle::new(FAMILY);
-    let conntrack = NetlinkConntrack::new(FAMILY).context("conntrack netlink")?;
+    let conntrack = NetlinkConntrack::new().context("conntrack netlink")?;
     let handles = Handles {
         ipvs,
         sets: sets.values().cloned().collect(),
@@ -752,14 +752,14 @@ impl Ours {
 /// What an endpoint change had to do besides IPVS netlink messages: start
 /// an `iptables-restore` process, send ipset messages (a local endpoint:
 /// KUBE-LOOP-BACK; in-process since the netlink client, a process before),
-/// flush conntrack (a UDP endpoint removed), or none of these.
+/// reconcile conntrack (a UDP endpoint changed), or none of these.
 fn change_class(c: &Counters) -> &'static str {
     if c.iptables_lines > 0 {
         "with an iptables-restore process"
     } else if c.ipset_ops > 0 {
         "with ipset messages"
     } else if c.conntrack_messages > 0 {
-        "with a conntrack flush"
+        "with a conntrack reconcile"
     } else {
         "IPVS messages only"
     }

@@ -48,6 +48,30 @@ use super::ConfigError;
 /// JSON) or flags over defaults, then logging flags and
 /// `--hostname-override`, platform defaults, validation.
 pub fn load(flags: &Flags) -> Result<KubeProxyConfiguration, ConfigError> {
+    merge(flags)?.finish()
+}
+
+/// A configuration as the flags and the file give it, with upstream's
+/// per-field defaults (`set_defaults`), before the Linux platform defaults
+/// (which depend on the mode: nftables mode's `nodePortAddresses`) and
+/// validation. A reload pins the fields it refuses here, so that the
+/// platform defaults follow the running values ([`crate::reload`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged(pub KubeProxyConfiguration);
+
+impl Merged {
+    /// The platform defaults, then validation: the configuration to run with.
+    pub fn finish(self) -> Result<KubeProxyConfiguration, ConfigError> {
+        let mut cfg = self.0;
+        cfg.apply_platform_defaults();
+        validate(&cfg)?;
+        Ok(cfg)
+    }
+}
+
+/// The first half of [`load`]: the `--config` file or the flags over the
+/// defaults, the logging flags and `--hostname-override`.
+pub fn merge(flags: &Flags) -> Result<Merged, ConfigError> {
     let mut cfg = match &flags.config {
         Some(path) => {
             let mut cfg = read_defaulted(path)?;
@@ -64,19 +88,14 @@ pub fn load(flags: &Flags) -> Result<KubeProxyConfiguration, ConfigError> {
             cfg
         }
     };
-    cfg.apply_platform_defaults();
     flags.apply_hostname_override(&mut cfg)?;
-    validate(&cfg)?;
-    Ok(cfg)
+    Ok(Merged(cfg))
 }
 
 /// Reads a config file on its own (no flags): parse, defaults, platform
-/// defaults, validation. For reloading the file on SIGHUP.
+/// defaults, validation.
 pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
-    let mut cfg = read_defaulted(path)?;
-    cfg.apply_platform_defaults();
-    validate(&cfg)?;
-    Ok(cfg)
+    Merged(read_defaulted(path)?).finish()
 }
 
 fn read_defaulted(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {

@@ -2,8 +2,10 @@
 //! `KubeProxyConfiguration` file, upstream's flags, defaults and
 //! validation, and typed accessors for the daemon.
 //!
-//! - [`load`]: flags (+ `--config` file) → defaulted, validated config.
-//! - [`load_file`]: file → defaulted, validated config (SIGHUP reload).
+//! - [`load`]: flags (+ `--config` file) → defaulted, validated config;
+//!   in two steps, [`merge`] then [`Merged::finish`] (a SIGHUP reload
+//!   pins the fields it refuses between the two).
+//! - [`load_file`]: file → defaulted, validated config.
 //! - [`validate`], [`to_yaml`] (for `--write-config-to`).
 //! - [`GoDuration`]: durations in Go's text form.
 //!
@@ -28,7 +30,7 @@ pub use accessors::{LocalMode, NodePortAddresses, ProxyMode};
 pub use defaults::{DEFAULT_CONTENT_TYPE, KUBE_PROXY_OOM_SCORE_ADJ, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT};
 pub use duration::{DurationParseError, GoDuration};
 pub use flags::{CommaList, FeatureGateList, Flags, VModuleList};
-pub use load::{load, load_file, parse_str, to_yaml, validate};
+pub use load::{load, load_file, merge, parse_str, to_yaml, validate, Merged};
 pub use types::{
     ClientConnectionConfiguration, DetectLocalConfiguration, FlushFrequency, FormatOptions, KubeProxyConfiguration,
     KubeProxyConntrackConfiguration, KubeProxyIPTablesConfiguration, KubeProxyIPVSConfiguration,

@@ -1,42 +1,13 @@
 //! Address parsing with Go's rules, as upstream's validation uses them:
-//! `netutils.ParseIPSloppy` (IPv4 parts may have leading zeros),
-//! `netutils.ParseCIDRSloppy`, `net.SplitHostPort` and
+//! `netutils.ParseIPSloppy` and `netutils.ParseCIDRSloppy` (the crate's,
+//! from [`crate::net`]), `net.SplitHostPort` and
 //! `proxyutil.AppendPortIfNeeded`.
 
 use std::fmt::Display;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use ipnet::IpNet;
-
-/// Parses an IP address, accepting IPv4 parts with leading zeros
-/// (`010.0.0.1` is 10.0.0.1) as Go's `ParseIPSloppy` does.
-pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    let mut octets = [0u8; 4];
-    let mut parts = s.split('.');
-    for octet in &mut octets {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *octet = part.parse().ok()?;
-    }
-    if parts.next().is_some() {
-        return None;
-    }
-    Some(IpAddr::V4(Ipv4Addr::from(octets)))
-}
-
-/// Parses `address/prefix` (host bits may be set, as Go allows).
-pub fn parse_cidr_sloppy(s: &str) -> Option<IpNet> {
-    let (addr, prefix) = s.split_once('/')?;
-    if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    IpNet::new(parse_ip_sloppy(addr)?, prefix.parse().ok()?).ok()
-}
+/// The crate's one pair of sloppy parsers, for the config's fields.
+pub use crate::net::{parse_cidr_sloppy, parse_ip_sloppy};
 
 /// Splits `host:port` / `[host]:port` as Go's `net.SplitHostPort` does;
 /// the host loses its brackets. `None` when the form is wrong.
@@ -73,24 +44,6 @@ pub fn append_port_if_needed(addr: &str, port: impl Display) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sloppy_ip_accepts_leading_zeros() {
-        assert_eq!(parse_ip_sloppy("010.000.0.1"), "10.0.0.1".parse().ok());
-        assert_eq!(parse_ip_sloppy("::1"), "::1".parse().ok());
-        for bad in ["", "1.2.3", "1.2.3.4.5", "256.0.0.1", "1.2.3.4:80", "a.b.c.d", "fe80::1%eth0"] {
-            assert_eq!(parse_ip_sloppy(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn cidr_parsing() {
-        assert!(parse_cidr_sloppy("10.0.0.1/8").is_some());
-        assert!(parse_cidr_sloppy("fd00::/64").is_some());
-        for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0.0/", "/8", "::/129", "x/8", "10.0.0.0/+8"] {
-            assert!(parse_cidr_sloppy(bad).is_none(), "{bad}");
-        }
-    }
 
     #[test]
     fn host_port_splitting_follows_go() {

@@ -8,7 +8,8 @@
 //! - `GET /dashboard/data`: the JSON the page polls ([`DashboardData`]):
 //!   every actor's [`StatsSnapshot`] plus message and op rates computed here
 //!   from successive snapshots, and the coordinator's recent syncs, newest
-//!   first, the input refused lately ([`Refusal`]) and, in IPVS mode, the
+//!   first, the input refused lately ([`Refusal`]), the count of values
+//!   skipped inside objects ([`IgnoredValues`]) and, in IPVS mode, the
 //!   service ports with a scheduler of their own ([`ServiceScheduler`]).
 //!
 //! Rates are computed server-side against the newest sample at least
@@ -27,7 +28,7 @@ use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
 use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
-use crate::stats::{Refusal, ServiceScheduler, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
+use crate::stats::{IgnoredValues, Refusal, ServiceScheduler, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("dashboard.html");
@@ -74,6 +75,9 @@ pub struct DashboardData {
     /// Service holds, an EndpointSlice of an unknown addressType, an API
     /// object that does not decode, ...), newest first.
     pub refused: Vec<Refusal>,
+    /// The IP and CIDR values skipped inside the objects taken: how many,
+    /// and where the newest was.
+    pub ignored_values: IgnoredValues,
     /// IPVS mode: the service ports whose Service chose its own scheduler
     /// (annotation), by name then family.
     pub schedulers: Vec<ServiceScheduler>,
@@ -168,6 +172,7 @@ impl State {
         let rates = lock(&self.rates).observe(Instant::now(), &snaps);
         let mut data = dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs);
         data.refused = self.registry.refusals();
+        data.ignored_values = self.registry.ignored_values();
         data.schedulers = self.registry.schedulers();
         data
     }
@@ -211,6 +216,7 @@ pub fn dashboard_data(
         syncs,
         syncs_available,
         refused: Vec::new(),
+        ignored_values: IgnoredValues::default(),
         schedulers: Vec::new(),
     }
 }

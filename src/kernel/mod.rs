@@ -30,7 +30,8 @@ use std::future::Future;
 
 use crate::msgs::nftables::Transaction;
 use crate::msgs::{
-    ConntrackOp, DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, SetEntry, SetSpec, VsKey, VsSpec,
+    DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, ReconcileConntrack, Reconciled, SetEntry, SetSpec, VsKey,
+    VsSpec,
 };
 
 pub use crate::msgs::error::{Cause, KernelError};
@@ -126,8 +127,13 @@ pub trait LinkKernel: Subsystem<Op = LinkOp> {
 /// iptables, through iptables-restore.
 pub trait IptablesKernel: Subsystem<Op = IptablesOp> {}
 
-/// Conntrack entry deletion.
-pub trait ConntrackKernel: Subsystem<Op = ConntrackOp> {}
+/// Conntrack: one family's table, reconciled against the UDP frontends.
+pub trait ConntrackKernel: Clone + Unpin + 'static {
+    /// One dump of `rc.family`'s table and the deletion of each entry `rc`
+    /// calls stale ([`conntrack::filter::is_stale`]). Fails if the dump or
+    /// a delete failed (the other deletes are done all the same).
+    fn reconcile(&self, rc: ReconcileConntrack) -> impl Future<Output = KResult<Reconciled>> + 'static;
+}
 
 /// One family's nf_tables table: its ops are whole transactions.
 pub trait NftablesKernel: Subsystem<Op = std::sync::Arc<Transaction>> {

@@ -1,5 +1,6 @@
-//! The sysctls IPVS mode needs (docs/upstream/ipvs.md e.1): upstream's list,
-//! and setting one only if it differs (upstream's `EnsureSysctl`).
+//! Reading and setting sysctls (and module parameters, which are files of
+//! the same form): setting one only if it differs (upstream's
+//! `EnsureSysctl`), and the list IPVS mode needs (docs/upstream/ipvs.md e.1).
 
 use std::path::Path;
 
@@ -12,12 +13,12 @@ pub const PROC_SYS: &str = "/proc/sys";
 
 /// Sets `/proc/sys/<path>` to `value` if it holds something else; returns
 /// whether it changed it.
-pub fn ensure_sysctl(path: &str, value: i32) -> Result<bool, KernelError> {
+pub fn ensure_sysctl(path: &str, value: i64) -> Result<bool, KernelError> {
     ensure_sysctl_at(Path::new(PROC_SYS), path, value)
 }
 
-/// [`ensure_sysctl`] under another root (tests).
-pub fn ensure_sysctl_at(root: &Path, path: &str, value: i32) -> Result<bool, KernelError> {
+/// [`ensure_sysctl`] under another root (a module's parameters, tests).
+pub fn ensure_sysctl_at(root: &Path, path: &str, value: i64) -> Result<bool, KernelError> {
     let file = root.join(path);
     let op = format!("sysctl {path}={value}");
     let io_err = |what: &str, e: std::io::Error| {
@@ -25,12 +26,27 @@ pub fn ensure_sysctl_at(root: &Path, path: &str, value: i32) -> Result<bool, Ker
         KernelError::library(&op, true, e.raw_os_error(), context)
     };
     let current = std::fs::read_to_string(&file).map_err(|e| io_err("reading", e))?;
-    if current.trim().parse::<i32>().ok() == Some(value) {
+    if current.trim().parse::<i64>().ok() == Some(value) {
         return Ok(false);
     }
     std::fs::write(&file, format!("{value}\n")).map_err(|e| io_err("writing", e))?;
     info!(sysctl = path, from = current.trim(), to = value, "sysctl set");
     Ok(true)
+}
+
+/// The number in `<root>/<path>` (a sysctl under [`PROC_SYS`], a module
+/// parameter under `/sys/module/<module>/parameters`).
+pub fn read_sysctl_at(root: &Path, path: &str) -> Result<i64, KernelError> {
+    let file = root.join(path);
+    let op = format!("read sysctl {path}");
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        let context = std::io::Error::new(e.kind(), format!("reading {}: {e}", file.display()));
+        KernelError::library(&op, true, e.raw_os_error(), context)
+    })?;
+    text.trim().parse::<i64>().map_err(|e| {
+        let context = std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", file.display()));
+        KernelError::library(&op, true, None, context)
+    })
 }
 
 /// Whether `/proc/sys/PATH` is readable and holds a non-zero number
@@ -63,7 +79,7 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
 /// value). `net/ipv4/vs/conn_reuse_mode=0` only on kernels >= 4.1 and < 5.9
 /// (newer ones fixed the reuse bug; an unreadable release leaves it alone);
 /// the ARP ones only with strictARP.
-pub fn ipvs_sysctls(strict_arp: bool, kernel_release: &str) -> Vec<(&'static str, i32)> {
+pub fn ipvs_sysctls(strict_arp: bool, kernel_release: &str) -> Vec<(&'static str, i64)> {
     let mut out = vec![("net/ipv4/vs/conntrack", 1)];
     if let Some(v) = kernel_version(kernel_release) {
         if ((4, 1)..(5, 9)).contains(&v) {
@@ -81,89 +97,9 @@ pub fn ipvs_sysctls(strict_arp: bool, kernel_release: &str) -> Vec<(&'static str
     out
 }
 
-/// The conntrack settings upstream's kube-proxy applies at start (its
-/// `setupConntrack`), as plain values; `None`/zero leaves a setting alone.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConntrackSettings {
-    pub max_per_core: i32,
-    pub min: i32,
-    /// Seconds.
-    pub tcp_established_timeout: u64,
-    pub tcp_close_wait_timeout: u64,
-    pub tcp_be_liberal: bool,
-    pub udp_timeout: u64,
-    pub udp_stream_timeout: u64,
-}
-
-/// `nf_conntrack_max` as upstream computes it: maxPerCore × CPUs, at least
-/// `min`; none when maxPerCore is 0.
-pub fn conntrack_max(s: &ConntrackSettings, cpus: usize) -> Option<i32> {
-    (s.max_per_core > 0).then(|| s.max_per_core.saturating_mul(i32::try_from(cpus).unwrap_or(i32::MAX)).max(s.min))
-}
-
-/// The conntrack sysctls to set, in upstream's order: the table size, the
-/// TCP timeouts, `tcp_be_liberal`, the UDP timeouts (each only when set).
-pub fn conntrack_sysctls(s: &ConntrackSettings, cpus: usize) -> Vec<(&'static str, i32)> {
-    let secs = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
-    let mut out = Vec::new();
-    if let Some(max) = conntrack_max(s, cpus) {
-        out.push(("net/netfilter/nf_conntrack_max", max));
-    }
-    let timeouts = [
-        ("net/netfilter/nf_conntrack_tcp_timeout_established", s.tcp_established_timeout),
-        ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", s.tcp_close_wait_timeout),
-    ];
-    out.extend(timeouts.into_iter().filter(|(_, v)| *v > 0).map(|(p, v)| (p, secs(v))));
-    if s.tcp_be_liberal {
-        out.push(("net/netfilter/nf_conntrack_tcp_be_liberal", 1));
-    }
-    let udp = [
-        ("net/netfilter/nf_conntrack_udp_timeout", s.udp_timeout),
-        ("net/netfilter/nf_conntrack_udp_timeout_stream", s.udp_stream_timeout),
-    ];
-    out.extend(udp.into_iter().filter(|(_, v)| *v > 0).map(|(p, v)| (p, secs(v))));
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn conntrack_sysctls_follow_upstreams_setup() {
-        let defaults = ConntrackSettings {
-            max_per_core: 32768,
-            min: 131072,
-            tcp_established_timeout: 86400,
-            tcp_close_wait_timeout: 3600,
-            ..ConntrackSettings::default()
-        };
-        assert_eq!(
-            conntrack_sysctls(&defaults, 2),
-            [
-                ("net/netfilter/nf_conntrack_max", 131072),
-                ("net/netfilter/nf_conntrack_tcp_timeout_established", 86400),
-                ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", 3600),
-            ]
-        );
-        assert_eq!(conntrack_max(&defaults, 8), Some(262144), "per core wins over min");
-        let set = ConntrackSettings {
-            max_per_core: 0,
-            tcp_be_liberal: true,
-            udp_timeout: 30,
-            udp_stream_timeout: 120,
-            ..defaults
-        };
-        assert_eq!(
-            conntrack_sysctls(&set, 2)[2..],
-            [
-                ("net/netfilter/nf_conntrack_tcp_be_liberal", 1),
-                ("net/netfilter/nf_conntrack_udp_timeout", 30),
-                ("net/netfilter/nf_conntrack_udp_timeout_stream", 120),
-            ]
-        );
-        assert_eq!(conntrack_max(&set, 2), None, "maxPerCore 0 leaves the table size alone");
-    }
 
     #[test]
     fn conn_reuse_mode_only_between_4_1_and_5_9() {
@@ -221,5 +157,13 @@ mod tests {
         let err = ensure_sysctl_at(dir.path(), "net/ipv4/vs/conntrack", 1).expect_err("missing");
         assert_eq!(err.op(), "sysctl net/ipv4/vs/conntrack=1");
         assert_eq!(err.errno_value(), Some(2));
+        assert_eq!(ensure_sysctl_at(dir.path(), "net/ipv4/ip_forward", 4_294_967_296), Ok(true), "beyond i32");
+        assert_eq!(read_sysctl_at(dir.path(), "net/ipv4/ip_forward"), Ok(4_294_967_296));
+        assert_eq!(read_sysctl_at(dir.path(), "net/ipv4/nope").expect_err("missing").errno_value(), Some(2));
+        std::fs::write(&f, "x\n").expect("write");
+        assert_eq!(
+            read_sysctl_at(dir.path(), "net/ipv4/ip_forward").expect_err("not a number").op(),
+            "read sysctl net/ipv4/ip_forward"
+        );
     }
 }

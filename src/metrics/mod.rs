@@ -121,6 +121,7 @@ struct ServerMetrics {
     config_reload_failures: prometheus_client::metrics::counter::Counter,
     objects_ignored: CounterFamily,
     objects_refused: CounterFamily,
+    values_ignored: CounterFamily,
 }
 
 impl SyncMetrics {
@@ -392,6 +393,21 @@ impl ProxyMetrics {
         self.list_refusal(kind, object, reason, detail);
     }
 
+    /// An IP or CIDR value skipped inside an object the daemon takes (see
+    /// `model::notice::ignored_values`; `field` without indices, `path`
+    /// with them): counted, and shown on the dashboard.
+    pub fn value_ignored(&self, kind: &str, object: &str, field: &str, path: &str, detail: &str) {
+        let labels = vec![("kind", kind.to_string()), ("field", field.to_string())];
+        self.server.values_ignored.get_or_create(&labels).inc();
+        self.actors.value_ignored(crate::stats::LastIgnored {
+            unix_ms: now_unix_ms(),
+            kind: kind.to_string(),
+            object: object.to_string(),
+            field: path.to_string(),
+        });
+        self.list_refusal(kind, object, "invalid_value", detail);
+    }
+
     /// The API source watches `kind`: its
     /// `kube_proxy_rs_source_objects_refused_total` series exists from now, at 0.
     pub fn refusals_counted(&self, kind: &str) {
@@ -408,9 +424,8 @@ impl ProxyMetrics {
 
     /// Lists a refused or ignored object on the dashboard.
     fn list_refusal(&self, kind: &str, object: &str, reason: &str, detail: &str) {
-        let unix_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.actors.refused(crate::stats::Refusal {
-            unix_ms,
+            unix_ms: now_unix_ms(),
             kind: kind.to_string(),
             object: object.to_string(),
             reason: reason.to_string(),
@@ -442,6 +457,10 @@ impl ProbeCounter for ProxyMetrics {
             Probe::Livez => self.livez_served(status),
         }
     }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Parses an RFC 3339 timestamp (the trigger-time annotation).
@@ -569,6 +588,11 @@ fn register_server(r: &mut Registrar, s: &ServerMetrics) {
         "kube_proxy_rs_source_objects_ignored_total",
         "Source objects every proxier ignores, by kind and reason (an EndpointSlice without the service-name label or of an unknown address type)",
         s.objects_ignored.clone(),
+    );
+    r.add(
+        "kube_proxy_rs_ignored_values_total",
+        "IP and CIDR values that do not parse, skipped inside the Services, EndpointSlices and Node the proxy takes, by kind and field",
+        s.values_ignored.clone(),
     );
     r.add(
         "kube_proxy_rs_source_objects_refused_total",

@@ -346,3 +346,28 @@ async fn nfacct_counters_are_read_at_each_scrape() {
     m.nfacct_counters(&[NFACCT_CT_STATE_INVALID], reader);
     assert!(!m.scrape_text().await.contains(CT), "iptables mode only");
 }
+
+#[test]
+fn ignored_values_are_counted_by_kind_and_field_and_the_newest_is_shown() {
+    let registry = StatsRegistry::default();
+    let m = ProxyMetrics::new(ProxyMode::Iptables, registry.clone());
+    let ranges = "spec.loadBalancerSourceRanges";
+    m.value_ignored("Service", "shop/web", ranges, "spec.loadBalancerSourceRanges[0]", "first");
+    m.value_ignored("Service", "shop/api", ranges, "spec.loadBalancerSourceRanges[2]", "second");
+    m.value_ignored("Node", "node-a", "spec.podCIDRs", "spec.podCIDRs[0]", "third");
+    let text = m.encode_text();
+    for line in [
+        "kube_proxy_rs_ignored_values_total{kind=\"Service\",field=\"spec.loadBalancerSourceRanges\"} 2",
+        "kube_proxy_rs_ignored_values_total{kind=\"Node\",field=\"spec.podCIDRs\"} 1",
+    ] {
+        assert!(has_line(&text, line), "missing line {line}\n{text}");
+    }
+    assert!(text.contains("# TYPE kube_proxy_rs_ignored_values_total counter\n"), "{text}");
+    let seen = registry.ignored_values();
+    assert_eq!(seen.total, 3);
+    let last = seen.last.expect("the newest");
+    assert_eq!((last.kind.as_str(), last.object.as_str(), last.field.as_str()), ("Node", "node-a", "spec.podCIDRs[0]"));
+    let listed = registry.refusals();
+    assert_eq!(listed.len(), 3);
+    assert_eq!((listed[0].reason.as_str(), listed[0].detail.as_str()), ("invalid_value", "third"));
+}

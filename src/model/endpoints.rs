@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::addresses::BadValue;
 use super::service::{namespaced_name, NamespacedName, ServicePortName, LABEL_HEADLESS};
 use super::ModelError;
 use crate::net::{join_host_port, parse_ip_sloppy, IpFamily, Protocol};
@@ -150,13 +151,10 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily, node_name: &str) -> 
             tracing::debug!(endpointslice = %nn, index = i, "ignoring endpoint with no addresses");
             continue;
         };
-        let Some(ip) = parse_ip_sloppy(addr) else {
-            tracing::warn!(endpointslice = %nn, field = %format!("endpoints[{i}].addresses[0]"), value = %addr, "ignoring invalid endpoint IP");
+        // `model::notice` names the ones that do not parse, once.
+        let Ok(ip) = endpoint_ip(i, addr, family) else {
             continue;
         };
-        if !family.matches(&ip) {
-            continue;
-        }
         let c = ep.conditions.as_ref();
         let ready = c.and_then(|c| c.ready).unwrap_or(true);
         endpoints.push(RawEndpoint {
@@ -180,6 +178,42 @@ pub fn parse_slice(slice: &EndpointSlice, family: IpFamily, node_name: &str) -> 
     hints.shrink_to_fit();
     let trigger_time = slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRIGGER_TIME)).cloned();
     Ok(SliceKind::Slice { service, info: SliceInfo { name: nn.name, ports, endpoints, hints, trigger_time } })
+}
+
+/// An endpoint's address (its first), which must be of the slice's
+/// family. Upstream takes whatever the first address is, and its rules
+/// then fail to load when it is not an IP of the family.
+fn endpoint_ip(i: usize, text: &str, family: IpFamily) -> Result<IpAddr, BadValue> {
+    let bad = |wanted| BadValue {
+        field: "endpoints.addresses",
+        path: format!("endpoints[{i}].addresses[0]"),
+        value: text.to_string(),
+        wanted,
+        effect: "the endpoint is skipped",
+    };
+    match parse_ip_sloppy(text) {
+        Some(ip) if family.matches(&ip) => Ok(ip),
+        Some(_) if family == IpFamily::V4 => Err(bad("an IPv4 address")),
+        Some(_) => Err(bad("an IPv6 address")),
+        None => Err(bad("an IP address")),
+    }
+}
+
+/// The endpoint addresses of a slice the proxy takes that are not IPs of
+/// its address type.
+pub fn bad_values(slice: &EndpointSlice) -> Vec<BadValue> {
+    let labels = slice.metadata.labels.as_ref();
+    let labelled = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)).is_some_and(|s| !s.is_empty());
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        _ => return Vec::new(),
+    };
+    if !labelled || labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
+        return Vec::new();
+    }
+    let firsts = slice.endpoints.iter().enumerate().filter_map(|(i, ep)| Some((i, ep.addresses.first()?)));
+    firsts.filter_map(|(i, addr)| endpoint_ip(i, addr, family).err()).collect()
 }
 
 /// Endpoints of one service port, sorted by address.

@@ -6,8 +6,10 @@
 //! [`Model::apply`] folds the pending changes into the current state and
 //! reports what changed, as upstream's service and endpoint change trackers do.
 
+pub mod addresses;
 pub mod endpoints;
 pub mod node;
+pub mod node_change;
 pub mod node_ports;
 pub mod notice;
 pub mod scheduler;
@@ -19,7 +21,6 @@ pub mod topology;
 mod tests;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -29,7 +30,7 @@ pub use node::NodeInfo;
 pub use service::{NamespacedName, ServicePort, ServicePortName, ServicePorts};
 
 use crate::msgs::{Change, ResourceKind, SourceEvent};
-use crate::net::{IpFamily, Protocol};
+use crate::net::IpFamily;
 use endpoints::{parse_slice, SliceCache, SliceKind};
 use service::{find_port, namespaced_name};
 
@@ -49,14 +50,6 @@ impl ModelError {
     }
 }
 
-/// A UDP endpoint that stopped receiving traffic: its conntrack entries are stale.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct StaleEndpoint {
-    pub port: ServicePortName,
-    pub ip: IpAddr,
-    pub target_port: u16,
-}
-
 /// What one [`Model::apply`] changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ModelChanges {
@@ -66,12 +59,6 @@ pub struct ModelChanges {
     pub services_updated: BTreeSet<NamespacedName>,
     /// Services whose endpoints changed.
     pub endpoints_updated: BTreeSet<NamespacedName>,
-    /// Cluster IPs of removed UDP service ports (upstream's DeletedUDPClusterIPs).
-    pub deleted_udp_cluster_ips: BTreeSet<IpAddr>,
-    /// Serving UDP endpoints removed or no longer serving (upstream's DeletedUDPEndpoints).
-    pub deleted_udp_endpoints: Vec<StaleEndpoint>,
-    /// UDP service ports that went from 0 to >0 serving endpoints.
-    pub newly_active_udp: Vec<ServicePortName>,
     /// The node's topology labels changed: plan everything again.
     pub topology_changed: bool,
     /// The family's ServiceCIDRs changed ([`Model::service_cidrs`]).
@@ -82,10 +69,7 @@ pub struct ModelChanges {
 
 impl ModelChanges {
     pub fn is_empty(&self) -> bool {
-        self.ports.is_empty()
-            && !self.topology_changed
-            && !self.service_cidrs_changed
-            && self.deleted_udp_cluster_ips.is_empty()
+        self.ports.is_empty() && !self.topology_changed && !self.service_cidrs_changed
     }
 }
 
@@ -257,8 +241,6 @@ impl Model {
         for nn in std::mem::take(&mut self.pending_endpoints) {
             self.apply_endpoints(nn, &mut out);
         }
-        out.deleted_udp_endpoints.sort();
-        out.newly_active_udp.sort();
         out
     }
 
@@ -282,9 +264,6 @@ impl Model {
         for sp in old {
             if find_port(&new, &sp.name).is_none() {
                 out.ports.insert(sp.name.clone());
-                if sp.protocol() == Protocol::Udp {
-                    out.deleted_udp_cluster_ips.insert(sp.cluster_ip);
-                }
             }
         }
         for sp in &new {
@@ -302,9 +281,7 @@ impl Model {
         let old = self.services.get_mut(&nn).map(|s| std::mem::take(&mut s.endpoints)).unwrap_or_default();
         let mut changed = false;
         for gone in old.iter().filter(|o| !new.iter().any(|n| n.same_port(o))) {
-            let spn = gone.port_name(&nn);
-            stale_endpoints(&spn, &gone.endpoints, &[], out);
-            out.ports.insert(spn);
+            out.ports.insert(gone.port_name(&nn));
             changed = true;
         }
         let mut current = Vec::with_capacity(new.len());
@@ -315,9 +292,7 @@ impl Model {
                 current.push(before.clone());
                 continue;
             }
-            let spn = list.port_name(&nn);
-            stale_endpoints(&spn, before.map_or(&[], |b| &b.endpoints), &list.endpoints, out);
-            out.ports.insert(spn);
+            out.ports.insert(list.port_name(&nn));
             current.push(list);
             changed = true;
         }
@@ -356,23 +331,5 @@ impl Model {
     /// Services with at least one port.
     pub fn service_count(&self) -> usize {
         self.services.values().filter(|s| !s.ports.is_empty()).count()
-    }
-}
-
-/// Upstream's detectStaleConntrackEntries for one UDP service port.
-fn stale_endpoints(spn: &ServicePortName, old: &[Endpoint], new: &[Endpoint], out: &mut ModelChanges) {
-    if spn.protocol != Protocol::Udp {
-        return;
-    }
-    for ep in old.iter().filter(|e| e.serving) {
-        let still = new.iter().any(|n| n.ip == ep.ip && n.port == ep.port && n.serving);
-        if !still {
-            out.deleted_udp_endpoints.push(StaleEndpoint { port: spn.clone(), ip: ep.ip, target_port: ep.port });
-        }
-    }
-    let serving_now = new.iter().any(|e| e.serving);
-    let serving_before = old.iter().any(|e| e.serving);
-    if serving_now && !serving_before {
-        out.newly_active_udp.push(spn.clone());
     }
 }

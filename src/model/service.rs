@@ -6,8 +6,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
+use super::addresses::{cidr_list, ip_list, BadValue, SKIPPED};
 use super::scheduler::{from_annotations, Scheduler};
 use super::ModelError;
 use crate::net::{parse_ip_sloppy, IpFamily, Protocol};
@@ -66,6 +67,10 @@ pub struct ServicePort {
     pub external_ips: Vec<IpAddr>,
     pub load_balancer_vips: Vec<IpAddr>,
     pub load_balancer_source_ranges: Vec<IpNet>,
+    /// loadBalancerSourceRanges has values that do not parse and none of
+    /// this family that does: the load balancer IPs admit no source (where
+    /// upstream, with no range left, would admit every one).
+    pub source_ranges_fail_closed: bool,
     /// ClientIP affinity timeout in seconds; None for affinity None.
     pub affinity_timeout: Option<u32>,
     pub health_check_node_port: u16,
@@ -85,6 +90,12 @@ impl ServicePort {
     /// NodePort, externalIPs or load-balancer VIPs: reachable from outside.
     pub fn externally_accessible(&self) -> bool {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_vips.is_empty()
+    }
+
+    /// The load balancer IPs admit only some sources (the ranges of this
+    /// family; none when [`ServicePort::source_ranges_fail_closed`]).
+    pub fn restricts_sources(&self) -> bool {
+        !self.load_balancer_source_ranges.is_empty() || self.source_ranges_fail_closed
     }
 
     /// Upstream's UsesClusterEndpoints: the internal policy is Cluster, or the
@@ -127,19 +138,10 @@ pub fn namespaced_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Ob
 /// object and field; a skipped Service yields `Ok(Err(skip))`.
 pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Result<ServicePorts, Skip>, ModelError> {
     let nn = namespaced_name(&svc.metadata);
-    let labels = svc.metadata.labels.as_ref();
-    if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
-        return Ok(Err(Skip::ProxyNameLabel));
-    }
-    if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
-        return Ok(Err(Skip::HeadlessLabel));
-    }
-    let Some(spec) = svc.spec.as_ref() else {
-        return Ok(Err(Skip::Headless));
+    let spec = match taken(svc) {
+        Ok(spec) => spec,
+        Err(skip) => return Ok(Err(skip)),
     };
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return Ok(Err(Skip::ExternalName));
-    }
     let cluster_ip_text = cluster_ip_by_family(spec, family, &nn)?;
     let cluster_ip = match cluster_ip_text {
         ClusterIp::None => return Ok(Err(Skip::Headless)),
@@ -182,22 +184,30 @@ enum ClusterIp {
     Ip(IpAddr),
 }
 
-/// Upstream's GetClusterIPByFamily, plus ShouldSkipService's headless check.
-fn cluster_ip_by_family(
-    spec: &k8s_openapi::api::core::v1::ServiceSpec,
-    family: IpFamily,
-    nn: &NamespacedName,
-) -> Result<ClusterIp, ModelError> {
-    let primary = spec.cluster_ip.as_deref().unwrap_or("");
-    if primary.is_empty() || primary == "None" {
-        return Ok(ClusterIp::None);
+/// The spec of a Service the proxy takes, or why it skips it (upstream's
+/// informer selectors and ShouldSkipService, but for the family).
+fn taken(svc: &Service) -> Result<&ServiceSpec, Skip> {
+    let labels = svc.metadata.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+        return Err(Skip::ProxyNameLabel);
     }
-    let candidates: Vec<(String, &str)> = match spec.cluster_ips.as_ref().filter(|v| !v.is_empty()) {
-        Some(ips) => ips.iter().enumerate().map(|(i, s)| (format!("spec.clusterIPs[{i}]"), s.as_str())).collect(),
-        None => vec![("spec.clusterIP".to_string(), primary)],
+    if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
+        return Err(Skip::HeadlessLabel);
+    }
+    let spec = svc.spec.as_ref().ok_or(Skip::Headless)?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Err(Skip::ExternalName);
+    }
+    Ok(spec)
+}
+
+/// Upstream's GetClusterIPByFamily, plus ShouldSkipService's headless check.
+fn cluster_ip_by_family(spec: &ServiceSpec, family: IpFamily, nn: &NamespacedName) -> Result<ClusterIp, ModelError> {
+    let Some(candidates) = cluster_ip_texts(spec) else {
+        return Ok(ClusterIp::None);
     };
-    for (field, text) in candidates {
-        let ip = parse_ip_sloppy(text).ok_or_else(|| ModelError::field(nn, "Service", &field, text))?;
+    for (path, text) in candidates {
+        let ip = parse_ip_sloppy(text).ok_or_else(|| ModelError::field(nn, "Service", &path, text))?;
         if family.matches(&ip) {
             return Ok(ClusterIp::Ip(ip));
         }
@@ -205,11 +215,94 @@ fn cluster_ip_by_family(
     Ok(ClusterIp::OtherFamily)
 }
 
+/// The cluster IPs with their paths: clusterIPs, else clusterIP; `None`
+/// for a headless Service (clusterIP empty or `None`).
+fn cluster_ip_texts(spec: &ServiceSpec) -> Option<Vec<(String, &str)>> {
+    let primary = spec.cluster_ip.as_deref().unwrap_or("");
+    if primary.is_empty() || primary == "None" {
+        return None;
+    }
+    Some(match spec.cluster_ips.as_ref().filter(|v| !v.is_empty()) {
+        Some(ips) => ips.iter().enumerate().map(|(i, s)| (format!("spec.clusterIPs[{i}]"), s.as_str())).collect(),
+        None => vec![("spec.clusterIP".to_string(), primary)],
+    })
+}
+
+/// A loadBalancerSourceRanges value that does not parse: the ranges that do
+/// are used; a family with none of them closes its load balancer IPs.
+const SOURCE_RANGE_SKIPPED: &str =
+    "skipped (a family with no range that parses admits no source to its load balancer IPs)";
+
+/// The values of a Service the proxy takes that do not parse (every
+/// family's): cluster IPs (the Service is then skipped, where upstream's
+/// rules would fail to load), externalIPs, loadBalancerSourceRanges and
+/// the load balancer ingress IPs (skipped, as upstream).
+pub fn bad_values(svc: &Service) -> Vec<BadValue> {
+    let Ok(spec) = taken(svc) else { return Vec::new() };
+    let mut bad: Vec<BadValue> = cluster_ip_texts(spec)
+        .into_iter()
+        .flatten()
+        .filter(|(_, text)| parse_ip_sloppy(text).is_none())
+        .map(|(path, text)| BadValue {
+            field: if spec.cluster_ips.as_ref().is_some_and(|v| !v.is_empty()) {
+                "spec.clusterIPs"
+            } else {
+                "spec.clusterIP"
+            },
+            path,
+            value: text.to_string(),
+            wanted: "an IP address",
+            effect: "the Service is skipped",
+        })
+        .collect();
+    bad.extend(external_ips(spec).1);
+    bad.extend(source_ranges(spec).1);
+    bad.extend(ingress_ips(svc).1);
+    bad
+}
+
+fn external_ips(spec: &ServiceSpec) -> (Vec<IpAddr>, Vec<BadValue>) {
+    ip_list("spec.externalIPs", spec.external_ips.as_deref().unwrap_or_default())
+}
+
+fn source_ranges(spec: &ServiceSpec) -> (Vec<IpNet>, Vec<BadValue>) {
+    let texts = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
+    cidr_list("spec.loadBalancerSourceRanges", texts, SOURCE_RANGE_SKIPPED)
+}
+
+/// The load balancer's ingress IPs: those of ipMode VIP (unset means VIP),
+/// as upstream; an empty one is skipped without a word.
+fn ingress_ips(svc: &Service) -> (Vec<IpAddr>, Vec<BadValue>) {
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        let Some(text) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        if ing.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        match parse_ip_sloppy(text) {
+            Some(ip) => good.push(ip),
+            None => bad.push(BadValue {
+                field: "status.loadBalancer.ingress.ip",
+                path: format!("status.loadBalancer.ingress[{i}].ip"),
+                value: text.to_string(),
+                wanted: "an IP address",
+                effect: SKIPPED,
+            }),
+        }
+    }
+    (good, bad)
+}
+
 /// The per-Service part of every service port.
 struct Common {
     external_ips: Vec<IpAddr>,
     lb_vips: Vec<IpAddr>,
     source_ranges: Vec<IpNet>,
+    source_ranges_fail_closed: bool,
     affinity_timeout: Option<u32>,
     health_check_node_port: u16,
     external_policy_local: bool,
@@ -219,30 +312,24 @@ struct Common {
 }
 
 impl Common {
+    /// The values that do not parse are left out here, for every family;
+    /// `model::notice` names them once.
     fn from_service(svc: &Service, family: IpFamily, nn: &NamespacedName) -> Result<Common, ModelError> {
         let spec = svc.spec.as_ref().ok_or_else(|| ModelError::field(nn, "Service", "spec", "null"))?;
         let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
-        let mut external_ips = Vec::new();
-        for (i, s) in spec.external_ips.iter().flatten().enumerate() {
-            match parse_ip_sloppy(s) {
-                Some(ip) if family.matches(&ip) => external_ips.push(ip),
-                Some(_) => {}
-                None => {
-                    tracing::warn!(service = %nn, field = %format!("spec.externalIPs[{i}]"), value = %s, "ignoring invalid IP")
-                }
-            }
+        let external_ips = of_family(external_ips(spec).0, family, |ip| *ip);
+        let (ranges, bad_ranges) = source_ranges(spec);
+        let source_ranges = of_family(ranges, family, IpNet::addr);
+        let source_ranges_fail_closed = source_ranges.is_empty() && !bad_ranges.is_empty();
+        let lb_vips = of_family(ingress_ips(svc).0, family, |ip| *ip);
+        if source_ranges_fail_closed && !lb_vips.is_empty() {
+            tracing::warn!(
+                service = %nn,
+                field = "spec.loadBalancerSourceRanges",
+                ip_family = family.lower(),
+                "no source range of this family parses: its load balancer IPs admit no source (fail closed)"
+            );
         }
-        let mut source_ranges = Vec::new();
-        for (i, s) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
-            match s.trim().parse::<IpNet>() {
-                Ok(net) if family.matches(&net.addr()) => source_ranges.push(net.trunc()),
-                Ok(_) => {}
-                Err(_) => {
-                    tracing::warn!(service = %nn, field = %format!("spec.loadBalancerSourceRanges[{i}]"), value = %s, "ignoring invalid CIDR")
-                }
-            }
-        }
-        let lb_vips = lb_vips(svc, family, nn);
         let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
             spec.session_affinity_config
                 .as_ref()
@@ -269,6 +356,7 @@ impl Common {
             external_ips,
             lb_vips,
             source_ranges,
+            source_ranges_fail_closed,
             affinity_timeout,
             health_check_node_port,
             external_policy_local,
@@ -288,6 +376,7 @@ impl Common {
             external_ips: self.external_ips.clone(),
             load_balancer_vips: self.lb_vips.clone(),
             load_balancer_source_ranges: self.source_ranges.clone(),
+            source_ranges_fail_closed: self.source_ranges_fail_closed,
             affinity_timeout: self.affinity_timeout,
             health_check_node_port: self.health_check_node_port,
             external_policy_local: self.external_policy_local,
@@ -298,24 +387,7 @@ impl Common {
     }
 }
 
-/// Load-balancer ingress IPs of this family; ipMode Proxy is skipped, as upstream.
-fn lb_vips(svc: &Service, family: IpFamily, nn: &NamespacedName) -> Vec<IpAddr> {
-    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
-    let mut out = Vec::new();
-    for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        let Some(text) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
-            continue;
-        };
-        if ing.ip_mode.as_deref() == Some("Proxy") {
-            continue;
-        }
-        match parse_ip_sloppy(text) {
-            Some(ip) if family.matches(&ip) => out.push(ip),
-            Some(_) => {}
-            None => {
-                tracing::warn!(service = %nn, field = %format!("status.loadBalancer.ingress[{i}].ip"), value = %text, "ignoring invalid IP")
-            }
-        }
-    }
-    out
+/// The values of `family` among `all` (`addr` gives each one's address).
+fn of_family<T>(all: Vec<T>, family: IpFamily, addr: impl Fn(&T) -> IpAddr) -> Vec<T> {
+    all.into_iter().filter(|v| family.matches(&addr(v))).collect()
 }

@@ -17,7 +17,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use super::ModelError;
 use crate::msgs::Change;
-use crate::net::IpFamily;
+use crate::net::{parse_cidr_sloppy, IpFamily};
 
 const KIND: &str = "ServiceCIDR";
 
@@ -42,13 +42,13 @@ impl ServiceCidrs {
                 let texts = object.spec.as_ref().and_then(|s| s.cidrs.as_deref()).unwrap_or_default();
                 let mut nets = Vec::with_capacity(texts.len());
                 for (i, text) in texts.iter().enumerate() {
-                    let net: IpNet = text.trim().parse().map_err(|_| ModelError {
+                    let net = parse_cidr_sloppy(text.trim()).ok_or_else(|| ModelError {
                         kind: KIND,
                         object: name.clone(),
                         field: format!("spec.cidrs[{i}]"),
                         value: text.clone(),
                     })?;
-                    nets.push(net.trunc());
+                    nets.push(net);
                 }
                 self.by_name.insert(name, nets);
             }
@@ -119,5 +119,8 @@ mod tests {
         // Host bits are cleared: the range is what nft's interval set holds.
         c.record(&Change::Applied(object("b", &["10.98.1.2/16"]))).unwrap();
         assert_eq!(c.of_family(IpFamily::V4), nets(&["10.96.0.0/16", "10.98.0.0/16"]));
+        // Leading zeros are decimal, as upstream's sloppy parser reads them.
+        c.record(&Change::Applied(object("c", &["010.099.000.000/016"]))).unwrap();
+        assert_eq!(c.of_family(IpFamily::V4), nets(&["10.96.0.0/16", "10.98.0.0/16", "10.99.0.0/16"]));
     }
 }

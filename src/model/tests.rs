@@ -4,6 +4,7 @@ use super::topology::categorize;
 use super::*;
 use crate::fixtures::*;
 use crate::msgs::{ResourceKind, SourceEvent};
+use crate::net::Protocol;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -121,14 +122,14 @@ fn unchanged_update_reports_nothing() {
 }
 
 #[test]
-fn removed_udp_port_reports_its_cluster_ip() {
+fn a_removed_port_is_a_changed_port() {
     let mut m = model();
     m.record(&applied_service(dns())).unwrap();
     m.apply();
     m.record(&applied_service(service("kube-system", "dns", "10.96.0.10", &[("dns-tcp", "TCP", 53, 0)]))).unwrap();
     let ch = m.apply();
     assert_eq!(ch.ports, [spn("kube-system", "dns", "dns", Protocol::Udp)].into());
-    assert_eq!(ch.deleted_udp_cluster_ips, [ip("10.96.0.10")].into());
+    assert!(!ch.is_empty());
 }
 
 fn dns_slice(name: &str, eps: &[Ep]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
@@ -173,30 +174,6 @@ fn headless_slices_and_other_families_are_ignored() {
     m.record(&applied_slice(s)).unwrap();
     m.record(&applied_slice(v6)).unwrap();
     assert!(m.apply().ports.is_empty());
-}
-
-#[test]
-fn removed_udp_endpoint_is_stale_and_zero_to_n_is_newly_active() {
-    let mut m = model();
-    m.record(&applied_service(dns())).unwrap();
-    m.apply();
-    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(ch.newly_active_udp, vec![udp.clone()]);
-    assert!(ch.deleted_udp_endpoints.is_empty());
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b")]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(
-        ch.deleted_udp_endpoints,
-        vec![StaleEndpoint { port: udp.clone(), ip: ip("10.244.0.5"), target_port: 53 }]
-    );
-    assert!(ch.newly_active_udp.is_empty());
-    // Going not-serving is stale too; TCP endpoints never are.
-    m.record(&applied_slice(dns_slice("s", &[ep("10.244.1.5", "node-b").not_ready()]))).unwrap();
-    let ch = m.apply();
-    assert_eq!(ch.deleted_udp_endpoints.len(), 1);
-    assert_eq!(ch.deleted_udp_endpoints[0].port, udp);
 }
 
 #[test]
@@ -299,6 +276,7 @@ fn sp(internal_local: bool, external_local: bool, node_port: u16) -> ServicePort
         external_ips: vec![],
         load_balancer_vips: vec![],
         load_balancer_source_ranges: vec![],
+        source_ranges_fail_closed: false,
         affinity_timeout: None,
         health_check_node_port: 0,
         external_policy_local: external_local,
@@ -529,4 +507,108 @@ fn endpoint_slices_of_both_address_types_feed_their_own_family() {
     }
     assert_eq!(ips(&models[0]).len(), 2);
     assert!(ips(&models[1]).is_empty());
+}
+
+fn applied_node(n: k8s_openapi::api::core::v1::Node) -> SourceEvent {
+    SourceEvent::Node(crate::msgs::Change::Applied(std::sync::Arc::new(n)))
+}
+
+/// Every IP and CIDR field reads leading zeros as decimal, as upstream's
+/// sloppy parsers do.
+#[test]
+fn leading_zeros_are_decimal_in_every_address_field() {
+    let mut s = dns_with_ips(&["010.096.000.010", "fd00::10"], "RequireDualStack");
+    let spec = s.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_ips = Some(vec!["192.168.060.020".into()]);
+    spec.load_balancer_source_ranges = Some(vec!["192.168.050.000/024".into(), "203.0.113.000/025".into()]);
+    s.status = Some(from_json(serde_json::json!({"loadBalancer": {"ingress": [{"ip": "192.168.060.010"}]}})));
+    let mut n = node("node-a", "192.168.050.002", "z");
+    n.spec.as_mut().unwrap().pod_cidrs = Some(vec!["010.244.000.000/016".into()]);
+    let mut m = model();
+    for ev in
+        [applied_service(s), applied_slice(dns_slice("dns-1", &[ep("010.244.001.005", "node-a")])), applied_node(n)]
+    {
+        m.record(&ev).unwrap();
+    }
+    m.apply();
+    let sp = m.service_port(&spn("kube-system", "dns", "dns", Protocol::Udp)).unwrap();
+    assert_eq!(sp.cluster_ip, ip("10.96.0.10"));
+    assert_eq!(sp.external_ips, [ip("192.168.60.20")]);
+    assert_eq!(sp.load_balancer_vips, [ip("192.168.60.10")]);
+    let ranges: Vec<String> = sp.load_balancer_source_ranges.iter().map(|n| n.to_string()).collect();
+    assert_eq!(ranges, ["192.168.50.0/24", "203.0.113.0/25"]);
+    assert!(!sp.source_ranges_fail_closed && sp.restricts_sources());
+    let eps = m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp));
+    assert_eq!(eps.iter().map(|e| e.ip).collect::<Vec<_>>(), [ip("10.244.1.5")]);
+    assert_eq!(m.node().addresses, [ip("192.168.50.2")]);
+    assert_eq!(m.node().pod_cidrs, ["10.244.0.0/16".parse::<ipnet::IpNet>().unwrap()]);
+}
+
+/// Values that do not parse are skipped, the rest of the object taken.
+#[test]
+fn values_that_do_not_parse_are_skipped_and_the_object_taken() {
+    let mut s = dns();
+    let spec = s.spec.as_mut().unwrap();
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_ips = Some(vec!["bogus".into(), "192.168.60.20".into(), "".into()]);
+    s.status = Some(from_json(
+        serde_json::json!({"loadBalancer": {"ingress": [{"ip": "not-an-ip"}, {"ip": "192.168.60.10"}]}}),
+    ));
+    let mut sl =
+        dns_slice("dns-1", &[ep("10.244.0.5", "node-a"), ep("10.244.0.999", "node-a"), ep("fd00::5", "node-a")]);
+    sl.endpoints[0].addresses.push("also ignored: only the first counts".into());
+    let mut n = node("node-a", "bogus", "z");
+    n.spec.as_mut().unwrap().pod_cidrs = Some(vec!["bogus".into()]);
+    n.status.as_mut().unwrap().addresses.as_mut().unwrap().push(from_json(serde_json::json!(
+        {"type": "InternalIP", "address": "192.168.50.2"}
+    )));
+    let mut m = model();
+    for ev in [applied_service(s), applied_slice(sl), applied_node(n)] {
+        m.record(&ev).unwrap();
+    }
+    m.apply();
+    let udp = spn("kube-system", "dns", "dns", Protocol::Udp);
+    let sp = m.service_port(&udp).unwrap();
+    assert_eq!(
+        (sp.external_ips.as_slice(), sp.load_balancer_vips.as_slice()),
+        (&[ip("192.168.60.20")][..], &[ip("192.168.60.10")][..])
+    );
+    assert_eq!(m.endpoints(&udp).iter().map(|e| e.ip).collect::<Vec<_>>(), [ip("10.244.0.5")]);
+    assert_eq!(m.node().addresses, [ip("192.168.50.2")]);
+    // podCIDRs without a value that parses: the podCIDR.
+    assert_eq!(m.node().pod_cidrs, ["10.244.0.0/24".parse::<ipnet::IpNet>().unwrap()]);
+}
+
+/// loadBalancerSourceRanges, per family: the ranges that parse are used
+/// (as upstream); a family left with none while some value does not
+/// parse admits no source (upstream would admit every one); blank values
+/// and a family merely without ranges change nothing (as upstream).
+#[test]
+fn source_ranges_that_do_not_parse_fail_closed_per_family() {
+    /// Per family (IPv4, IPv6): the ranges used, and whether it fails closed.
+    type Want<'a> = [(&'a [&'a str], bool); 2];
+    let cases: [(&[&str], Want); 5] = [
+        (&["bogus"], [(&[], true), (&[], true)]),
+        (&["bogus", "192.168.050.0/24"], [(&["192.168.50.0/24"], false), (&[], true)]),
+        (&["10.0.0.0/33", "fd00::/64"], [(&[], true), (&["fd00::/64"], false)]),
+        (&["192.168.50.0/24"], [(&["192.168.50.0/24"], false), (&[], false)]),
+        (&["", " "], [(&[], false), (&[], false)]),
+    ];
+    for (ranges, want) in cases {
+        let mut s = dns_with_ips(&["10.96.0.10", "fd00::10"], "RequireDualStack");
+        let spec = s.spec.as_mut().unwrap();
+        spec.type_ = Some("LoadBalancer".into());
+        spec.load_balancer_source_ranges = Some(ranges.iter().map(|r| r.to_string()).collect());
+        let mut models = family_models();
+        for (m, (nets, closed)) in models.iter_mut().zip(want) {
+            m.record(&applied_service(s.clone())).unwrap();
+            m.apply();
+            let sp = m.service_port(&spn("kube-system", "dns", "dns", Protocol::Udp)).unwrap();
+            let got: Vec<String> = sp.load_balancer_source_ranges.iter().map(|n| n.to_string()).collect();
+            let got: Vec<&str> = got.iter().map(String::as_str).collect();
+            assert_eq!((got.as_slice(), sp.source_ranges_fail_closed), (nets, closed), "{ranges:?} {:?}", m.family());
+            assert_eq!(sp.restricts_sources(), closed || !nets.is_empty());
+        }
+    }
 }

@@ -15,7 +15,7 @@ pub mod link;
 pub mod nftables;
 pub mod source;
 
-pub use conntrack::ConntrackOp;
+pub use conntrack::{Backends, Frontends, ReconcileConntrack, Reconciled, ServingFrontends};
 pub use error::KernelError;
 pub use ipset::{IpsetOp, SetEntry, SetSpec, SetType};
 pub use iptables::{IptablesOp, RestoreInput};

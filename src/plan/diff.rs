@@ -229,9 +229,12 @@ pub fn iptables_diff(
 /// item: `table ip kube-proxy`, `chain ip kube-proxy NAME [{ hook line }]`,
 /// `rule ip kube-proxy CHAIN TEXT`, `set|map ip kube-proxy NAME { type ...;
 /// ... }` and `element ip kube-proxy SET { ELEMENT }` (elements split out
-/// of `elements = { ... }`, which `nft` wraps over lines). Both sides of
-/// the nftables preview are printed by `nft`, so equal objects give equal
-/// lines; a rule moved within its chain is not told apart.
+/// of `elements = { ... }`, which `nft` wraps over lines). The elements of
+/// a set declared `dynamic` or `timeout` are left out (the kernel adds them,
+/// such as the affinity sets' client addresses, `... expires 9m50s`); its
+/// declaration stays. Both sides of the nftables preview are printed by
+/// `nft`, so equal objects give equal lines; a rule moved within its chain
+/// is not told apart.
 pub fn nft_listing_lines(listing: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut table = String::new();
@@ -273,7 +276,9 @@ pub fn nft_listing_lines(listing: &str) -> Vec<String> {
                 if let Some((kind, name, header, items)) = block.take() {
                     let attrs = if header.is_empty() { String::new() } else { format!(" {{ {} }}", header.join(" ")) };
                     out.push(format!("{kind} {table} {name}{attrs}"));
-                    out.extend(items);
+                    if !kernel_filled(&header) {
+                        out.extend(items);
+                    }
                 }
             }
             2 => match block.as_mut() {
@@ -289,6 +294,18 @@ pub fn nft_listing_lines(listing: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether a set's elements are the kernel's state rather than ours, by
+/// its declared flags: `dynamic` (filled from the packet path, as the
+/// affinity sets are by `update @affinity-…`) or `timeout` (each element
+/// listed with its `expires` countdown).
+fn kernel_filled(header: &[String]) -> bool {
+    header
+        .iter()
+        .filter_map(|h| h.strip_prefix("flags "))
+        .flat_map(|flags| flags.trim_end_matches(';').split(','))
+        .any(|flag| matches!(flag.trim(), "dynamic" | "timeout"))
 }
 
 /// `a, b, "c, d"` → `a`, `b`, `"c, d"`: commas outside quotes and braces.
@@ -363,6 +380,38 @@ mod tests {
             ]
         );
         assert!(nft_listing_lines("").is_empty());
+    }
+
+    /// The kernel's affinity entries (`update @affinity-…` from the packet
+    /// path, counting down) are not compared; the set's declaration is.
+    #[test]
+    fn elements_of_dynamic_and_timeout_sets_are_left_out() {
+        let set = |flags: &str, elements: &str| {
+            format!(
+                "table ip kube-proxy {{\n\tset affinity-X {{\n\t\ttype ipv4_addr\n\t\tflags {flags}\n\t\t\
+                 timeout 10m\n{elements}\t}}\n\n\tset cluster-ips {{\n\t\ttype ipv4_addr\n\t\t\
+                 elements = {{ 10.96.0.10 }}\n\t}}\n}}\n"
+            )
+        };
+        let planned = nft_listing_lines(&set("dynamic,timeout", ""));
+        let live = nft_listing_lines(&set(
+            "dynamic,timeout",
+            "\t\telements = { 192.168.50.10 expires 9m50s112ms,\n\t\t\t     192.168.50.11 expires 2m1s }\n",
+        ));
+        assert_eq!(
+            live,
+            [
+                "table ip kube-proxy",
+                "set ip kube-proxy affinity-X { type ipv4_addr; flags dynamic,timeout; timeout 10m; }",
+                "set ip kube-proxy cluster-ips { type ipv4_addr; }",
+                "element ip kube-proxy cluster-ips { 10.96.0.10 }",
+            ]
+        );
+        assert_eq!(planned, live);
+        let timeout_only = nft_listing_lines(&set("timeout", "\t\telements = { 192.168.50.10 expires 1s }\n"));
+        assert!(!timeout_only.iter().any(|l| l.contains("192.168.50.10")), "{timeout_only:?}");
+        // Another declaration is a change.
+        assert_ne!(nft_listing_lines(&set("timeout", "")), planned);
     }
 
     #[test]

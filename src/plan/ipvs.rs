@@ -174,7 +174,7 @@ fn load_balancer(
     if sp.external_policy_local {
         c.entries.push(((IpvsSet::LoadBalancerLocal, entry), ()));
     }
-    if !sp.load_balancer_source_ranges.is_empty() {
+    if sp.restricts_sources() {
         c.entries.push(((IpvsSet::LoadBalancerFw, entry), ()));
         let mut allow_from_node = false;
         for net in &sp.load_balancer_source_ranges {

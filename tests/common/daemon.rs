@@ -6,8 +6,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -101,6 +101,13 @@ impl Daemon {
         wait_for("the daemon to exit", timeout, || child.try_wait().unwrap().ok_or_else(|| "running".to_string()))
     }
 
+    /// SIGHUP: the daemon reloads its config file.
+    pub fn reload(&self) {
+        let pid = self.child.as_ref().expect("daemon running").id().to_string();
+        let sent = Command::new("kill").args(["-HUP", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -HUP {pid}");
+    }
+
     /// SIGTERM; the daemon must exit 0 within 10 s. Returns its log.
     pub fn stop(mut self) -> String {
         let status = terminate(self.child.take().expect("daemon running"), Duration::from_secs(10));
@@ -109,6 +116,20 @@ impl Daemon {
         assert!(log.contains("kernel state left in place"), "{log}");
         log
     }
+}
+
+/// Starts `command` (the daemon's, run in `node`) with its output in `log`.
+pub fn spawn(mut command: Command, node: &Netns, log: PathBuf) -> Daemon {
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = command
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start kube-proxy-rs");
+    Daemon { child: Some(child), log, node: node.name.clone() }
 }
 
 /// SIGTERM, then SIGKILL after `grace`; the exit status if it exited in time.
@@ -179,21 +200,56 @@ pub fn create_items(api: &ApiServer, list: &Value) {
 /// 80/TCP and `dns` 80/UDP to 8080 on `node_port`, and one EndpointSlice
 /// per family with the named backends (ready, on this node).
 pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: u16, backends: &[&str]) -> Value {
+    let ports = [("http", "TCP", 80, BACKEND_PORT, node_port), ("dns", "UDP", 80, BACKEND_PORT, node_port)];
+    service_manifest(name, "NodePort", cluster_ips, &ports, &[], backends)
+}
+
+/// A Service port: (name, protocol, port, targetPort, nodePort; 0 for none).
+pub type PortSpec<'a> = (&'a str, &'a str, u16, u16, u16);
+
+/// Service `default/<name>` of type `kind` with `cluster_ips` (their
+/// families, in order, are its ipFamilies; two make it RequireDualStack),
+/// `ports`, the LoadBalancer ingress IPs `lb_ips`, and one EndpointSlice per
+/// family with the named backends (ready, on this node) on the ports'
+/// target ports.
+pub fn service_manifest(
+    name: &str,
+    kind: &str,
+    cluster_ips: &[&str],
+    ports: &[PortSpec],
+    lb_ips: &[&str],
+    backends: &[&str],
+) -> Value {
     let family = |ip: &str| if ip.contains(':') { "IPv6" } else { "IPv4" };
     let families: Vec<&str> = cluster_ips.iter().map(|ip| family(ip)).collect();
     let policy = if cluster_ips.len() == 2 { "RequireDualStack" } else { "SingleStack" };
-    let mut items = vec![json!({
+    let service_ports: Vec<Value> = ports
+        .iter()
+        .map(|(port_name, protocol, port, target, node_port)| {
+            let mut p = json!({"name": port_name, "protocol": protocol, "port": port, "targetPort": target});
+            if *node_port != 0 {
+                p["nodePort"] = json!(node_port);
+            }
+            p
+        })
+        .collect();
+    let mut service = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "type": "NodePort", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-            "ipFamilies": families, "ipFamilyPolicy": policy,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-                {"name": "dns", "protocol": "UDP", "port": 80, "targetPort": BACKEND_PORT, "nodePort": node_port},
-            ],
+            "type": kind, "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+            "ipFamilies": families, "ipFamilyPolicy": policy, "ports": service_ports,
         },
-    })];
+    });
+    if !lb_ips.is_empty() {
+        let ingress: Vec<Value> = lb_ips.iter().map(|ip| json!({"ip": ip})).collect();
+        service["status"] = json!({"loadBalancer": {"ingress": ingress}});
+    }
+    let mut items = vec![service];
+    let slice_ports: Vec<Value> = ports
+        .iter()
+        .map(|(port_name, protocol, _, target, _)| json!({"name": port_name, "protocol": protocol, "port": target}))
+        .collect();
     for fam in families {
         let endpoints: Vec<Value> = backends
             .iter()
@@ -210,12 +266,174 @@ pub fn dual_stack_service_manifest(name: &str, cluster_ips: &[&str], node_port: 
                 "labels": {"kubernetes.io/service-name": name,
                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
             "addressType": fam,
-            "ports": [
-                {"name": "http", "protocol": "TCP", "port": BACKEND_PORT},
-                {"name": "dns", "protocol": "UDP", "port": BACKEND_PORT},
-            ],
+            "ports": slice_ports,
             "endpoints": endpoints,
         }));
     }
     json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
+}
+
+/// [`dual_stack_service_manifest`]'s Service with ClientIP session
+/// affinity (`timeout_seconds`): its clients stick to one endpoint.
+pub fn sticky_service_manifest(
+    name: &str,
+    cluster_ips: &[&str],
+    node_port: u16,
+    backends: &[&str],
+    timeout_seconds: u32,
+) -> Value {
+    let mut list = dual_stack_service_manifest(name, cluster_ips, node_port, backends);
+    let spec = &mut list["items"][0]["spec"];
+    spec["sessionAffinity"] = json!("ClientIP");
+    spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": timeout_seconds}});
+    list
+}
+
+/// `--dry-run --diff` with `--config CONFIG --manifests MANIFESTS`, run by
+/// `run` (a lab's way to run the binary in its node), twice a second
+/// apart: its output, after checking that every section has nothing to add
+/// or remove and that both runs print the same.
+pub fn preview_twice_unchanged(run: impl Fn(&[&str]) -> Output, config: &Path, manifests: &Path) -> String {
+    let (config, manifests) = (config.to_str().expect("utf-8"), manifests.to_str().expect("utf-8"));
+    let preview = || {
+        let out = run(&["--config", config, "--manifests", manifests, "--dry-run", "--diff"]);
+        assert!(out.status.success(), "--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = preview();
+    let summary = first.split("# summary\n").nth(1).unwrap_or_else(|| panic!("no summary:\n{first}"));
+    assert!(summary.lines().count() > 0, "{first}");
+    for line in summary.lines() {
+        assert!(line.contains(": 0 to add, 0 to remove,"), "{line}\n{first}");
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(preview(), first, "the same preview a second later");
+    first
+}
+
+/// A LoadBalancer Service of the source-range tests (both modes).
+pub struct SourceRangeCase {
+    pub name: &'static str,
+    cluster_ip: &'static str,
+    pub node_port: u16,
+    /// The ingress IP as the manifest writes it.
+    written_vip: &'static str,
+    /// The same, as traffic addresses it.
+    pub vip: &'static str,
+    ranges: &'static [&'static str],
+    /// The lab's client (192.168.50.10) reaches the load balancer IP.
+    pub admitted: bool,
+}
+
+/// The source-range Services, each with endpoint b1 (lb-in's address
+/// written `010.244.001.002`): leading zeros in a range, an ingress IP and
+/// an endpoint address are read as upstream reads them (lb-in admits the
+/// client, lb-out's range leaves it out); a range that does not parse
+/// closes the load balancer IP (lb-bogus: where upstream would open it to
+/// everyone), or is skipped beside one that parses (lb-mixed).
+pub const SOURCE_RANGE_CASES: [SourceRangeCase; 4] = [
+    SourceRangeCase {
+        name: "lb-in",
+        cluster_ip: "10.96.0.60",
+        node_port: 30060,
+        written_vip: "203.000.113.010",
+        vip: "203.0.113.10",
+        ranges: &["192.168.050.000/024"],
+        admitted: true,
+    },
+    SourceRangeCase {
+        name: "lb-out",
+        cluster_ip: "10.96.0.61",
+        node_port: 30061,
+        written_vip: "203.0.113.11",
+        vip: "203.0.113.11",
+        ranges: &["198.051.100.000/024"],
+        admitted: false,
+    },
+    SourceRangeCase {
+        name: "lb-bogus",
+        cluster_ip: "10.96.0.62",
+        node_port: 30062,
+        written_vip: "203.0.113.12",
+        vip: "203.0.113.12",
+        ranges: &["192.168.50.0/240"],
+        admitted: false,
+    },
+    SourceRangeCase {
+        name: "lb-mixed",
+        cluster_ip: "10.96.0.63",
+        node_port: 30063,
+        written_vip: "203.0.113.13",
+        vip: "203.0.113.13",
+        ranges: &["bogus", "192.168.50.0/24"],
+        admitted: true,
+    },
+];
+
+/// `case`'s Service and EndpointSlice ([`dual_stack_service_manifest`]
+/// made a LoadBalancer).
+pub fn source_range_manifest(case: &SourceRangeCase) -> Value {
+    let mut list = dual_stack_service_manifest(case.name, &[case.cluster_ip], case.node_port, &["b1"]);
+    let svc = &mut list["items"][0];
+    svc["spec"]["type"] = json!("LoadBalancer");
+    svc["spec"]["loadBalancerSourceRanges"] = json!(case.ranges);
+    svc["status"] = json!({"loadBalancer": {"ingress": [{"ip": case.written_vip}]}});
+    if case.name == "lb-in" {
+        list["items"][1]["endpoints"][0]["addresses"] = json!(["010.244.001.002"]);
+    }
+    list
+}
+
+/// Once the daemon in `node` programmed [`SOURCE_RANGE_CASES`]: the client
+/// in `client` reaches (b1) the load balancer IPs that admit it, and no
+/// other within `drop_wait`, while every NodePort answers (source ranges
+/// do not apply to them, as upstream); the two ranges that do not parse
+/// are counted in `/metrics` and shown on the dashboard.
+pub fn assert_source_ranges(node: &Netns, client: &Netns, drop_wait: Duration, change_wait: Duration) {
+    for case in &SOURCE_RANGE_CASES {
+        let (vip, node_port) = (format!("{}:80", case.vip), format!("{}:{}", super::lab::NODE_IP, case.node_port));
+        wait_for(&format!("{}: {node_port} to answer", case.name), change_wait, || {
+            let got = super::lab::ask(client, &node_port, 2, false, drop_wait);
+            got.iter().all(|a| matches!(a, Ok((b, _)) if b == "b1")).then_some(()).ok_or(format!("{got:?}"))
+        });
+        let got = super::lab::ask(client, &vip, 4, false, drop_wait);
+        if case.admitted {
+            assert!(
+                got.iter().all(|a| matches!(a, Ok((b, _)) if b == "b1")),
+                "{}: {vip} admits the client: {got:?}",
+                case.name
+            );
+        } else {
+            let dropped = got.iter().all(|a| *a == Err(std::io::ErrorKind::TimedOut));
+            assert!(dropped, "{}: {vip} drops the client: {got:?}", case.name);
+        }
+    }
+    let sample = "kube_proxy_rs_ignored_values_total{kind=\"Service\",field=\"spec.loadBalancerSourceRanges\"} 2";
+    let metrics = http_get(node, "/metrics").expect("/metrics");
+    assert!(metrics.lines().any(|l| l == sample), "{sample} in\n{metrics}");
+    let body = http_get(node, "/dashboard/data").expect("/dashboard/data");
+    let data: Value = serde_json::from_str(&body).expect("dashboard JSON");
+    let ignored = &data["ignored_values"];
+    assert_eq!(ignored["total"], 2, "{ignored}");
+    // Files are read in name order: lb-mixed's is the newest.
+    assert_eq!(ignored["last"]["object"], "default/lb-mixed", "{ignored}");
+    assert_eq!(ignored["last"]["field"], "spec.loadBalancerSourceRanges[0]", "{ignored}");
+    let listed: Vec<&Value> =
+        data["refused"].as_array().expect("refused").iter().filter(|r| r["reason"] == "invalid_value").collect();
+    assert_eq!(listed.len(), 2, "{}", data["refused"]);
+    assert!(listed
+        .iter()
+        .any(|r| r["detail"].as_str().is_some_and(|d| d.contains("\"192.168.50.0/240\" is not a CIDR"))));
+}
+
+/// The daemon's log after [`assert_source_ranges`]: each range that does
+/// not parse warned of once, and lb-bogus named as closed.
+pub fn assert_source_ranges_logged(log: &str) {
+    for (object, value) in [("default/lb-bogus", "192.168.50.0/240"), ("default/lb-mixed", "bogus")] {
+        let warned = log.lines().filter(|l| l.contains("ignoring a value") && l.contains(object)).collect::<Vec<_>>();
+        assert_eq!(warned.len(), 1, "{object} warned of once:\n{log}");
+        assert!(warned[0].contains("WARN") && warned[0].contains(value), "{}", warned[0]);
+    }
+    let closed = log.lines().filter(|l| l.contains("fail closed")).collect::<Vec<_>>();
+    assert!(!closed.is_empty() && closed.iter().all(|l| l.contains("default/lb-bogus")), "{log}");
 }

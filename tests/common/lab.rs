@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Netns;
 
@@ -148,6 +148,11 @@ fn serve_connection(mut s: TcpStream, name: &'static str, stop: Arc<AtomicBool>)
 /// Starts backend `name`'s TCP and UDP servers inside `ns`, on IPv4 and,
 /// where the namespace has IPv6 sockets of their own (`bindv6only`), IPv6.
 pub fn serve(ns: &Netns, name: &'static str) -> Servers {
+    serve_port(ns, name, BACKEND_PORT)
+}
+
+/// [`serve`] on `port` (a backend's second target port).
+pub fn serve_port(ns: &Netns, name: &'static str, port: u16) -> Servers {
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let v6 = ns.exec(&["sysctl", "-n", "net.ipv6.bindv6only"]);
@@ -156,15 +161,15 @@ pub fn serve(ns: &Netns, name: &'static str) -> Servers {
         hosts.push("::");
     }
     for host in hosts {
-        threads.extend(serve_on(ns, name, host, &stop));
+        threads.extend(serve_on(ns, name, (host, port), &stop));
     }
     Servers { stop, threads }
 }
 
-fn serve_on(ns: &Netns, name: &'static str, host: &'static str, stop: &Arc<AtomicBool>) -> [JoinHandle<()>; 2] {
+fn serve_on(ns: &Netns, name: &'static str, at: (&'static str, u16), stop: &Arc<AtomicBool>) -> [JoinHandle<()>; 2] {
     let (s1, s2) = (stop.clone(), stop.clone());
     let tcp = spawn_in(ns, move |ready| {
-        let l = match TcpListener::bind((host, BACKEND_PORT)) {
+        let l = match TcpListener::bind(at) {
             Ok(l) => l,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };
@@ -182,7 +187,7 @@ fn serve_on(ns: &Netns, name: &'static str, host: &'static str, stop: &Arc<Atomi
         }
     });
     let udp = spawn_in(ns, move |ready| {
-        let s = match UdpSocket::bind((host, BACKEND_PORT)) {
+        let s = match UdpSocket::bind(at) {
             Ok(s) => s,
             Err(e) => return ready.send(Err(e.to_string())).unwrap(),
         };
@@ -269,6 +274,42 @@ pub fn udp_ask(to: SocketAddr, wait: Duration) -> Answer {
 pub fn ask(ns: &Netns, to: &str, n: usize, udp: bool, wait: Duration) -> Vec<Answer> {
     let to = addr(to);
     ns.run(|| (0..n).map(|_| if udp { udp_ask(to, wait) } else { tcp_ask(to, wait) }).collect())
+}
+
+/// TCP and UDP exchanges with one address from a namespace, each on a new
+/// connection (socket), one after the other until stopped.
+pub struct Probes {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<Probe>>,
+}
+
+/// When a probe started, and its TCP and UDP answers.
+pub type Probe = (Instant, Answer, Answer);
+
+impl Probes {
+    /// Starts probing `to` from `ns`; `wait` as in [`tcp_ask`] and [`udp_ask`].
+    pub fn start(ns: &Netns, to: &str, wait: Duration) -> Probes {
+        let (stop, name, to) = (Arc::new(AtomicBool::new(false)), ns.name.clone(), addr(to));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            super::run_in(&name, || {
+                let mut seen = Vec::new();
+                while !stopped.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    seen.push((at, tcp_ask(to, wait), udp_ask(to, wait)));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                seen
+            })
+        });
+        Probes { stop, thread }
+    }
+
+    /// Stops probing; every probe made, in order.
+    pub fn stop(self) -> Vec<Probe> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the probing thread")
+    }
 }
 
 /// The backends that answered; panics on any failed exchange.

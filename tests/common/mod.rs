@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub use kube_proxy_rs::testkit::apiserver;
+pub mod conntrack;
 pub mod daemon;
 pub mod lab;
 pub mod nft;

@@ -1,6 +1,7 @@
 // What the dashboard shows, as the test reads it: one entry per actor
 // panel (the text of each field), the syncs table's rows (cell texts), the
-// status line, the empty-state notes shown, the page height, and every resource the page loaded.
+// ignored-values tile, the status line, the empty-state notes shown, the
+// page height, and every resource the page loaded.
 const text = (root, sel) => {
   const e = root.querySelector(sel);
   return e ? e.textContent : null;
@@ -22,6 +23,7 @@ return JSON.stringify({
   panels,
   syncs,
   schedulers,
+  ignored: [text(document, "#sum-ignored"), text(document, "#sum-ignored-last")],
   status: document.getElementById("status").className,
   status_text: document.getElementById("status-text").textContent,
   // The empty-state notes that are showing.

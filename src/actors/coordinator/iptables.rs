@@ -8,17 +8,19 @@
 //! one with the changed service ports' chains and the top-level chains. A
 //! partial sync with nothing changed (the syncPeriod's sync of a quiet
 //! cluster) writes nothing: the kernel still holds the last restore, which
-//! the iptables actor's drift check vouches for. Conntrack flushes follow a
-//! successful restore (upstream's order: the rules no longer lead to a
-//! removed endpoint when its entries go); after a failed one they wait for
-//! the next sync.
+//! the iptables actor's drift check vouches for. The conntrack reconcile
+//! ([`ConntrackPlanner`]) follows a successful restore (upstream's order:
+//! the rules no longer lead to a removed endpoint when its entries go);
+//! after a failed one it waits for the next sync.
 
 use futures::FutureExt;
 
-use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
+use super::{
+    batch, conntrack_finished, AddrSource, ConntrackAnswer, ConntrackTarget, Dataplane, Finished, Planned, Target,
+};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
-use crate::plan::conntrack::conntrack_ops;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::LocalAddr;
 use crate::plan::iptables::{IptablesContext, IptablesPlanner};
 use crate::schedule::SyncKind;
@@ -30,7 +32,7 @@ pub type ContextBuilder = Box<dyn Fn(&NodeInfo, &[LocalAddr]) -> IptablesContext
 /// The actors of iptables mode.
 pub struct IptablesTargets {
     pub iptables: Target<IptablesOp>,
-    pub conntrack: Target<ConntrackOp>,
+    pub conntrack: ConntrackTarget,
 }
 
 /// iptables mode: plans with [`IptablesPlanner`], one restore per sync.
@@ -43,7 +45,7 @@ pub struct IptablesDataplane {
     needs_full: bool,
     /// The sync in flight is a partial one.
     partial: bool,
-    deferred_conntrack: Vec<ConntrackOp>,
+    conntrack: ConntrackPlanner,
     /// The node's addresses of the last full sync (nodePortAddresses rules
     /// name them): read again at each periodic sync.
     last_addrs: Vec<LocalAddr>,
@@ -60,6 +62,7 @@ impl IptablesDataplane {
         kernel_chains: &[String],
     ) -> IptablesDataplane {
         let ctx = context(&NodeInfo::default(), &[]);
+        let conntrack = ConntrackPlanner::new(ctx.family);
         let mut planner = IptablesPlanner::new(ctx);
         planner.note_kernel_chains(kernel_chains.iter().map(String::as_str));
         IptablesDataplane {
@@ -69,7 +72,7 @@ impl IptablesDataplane {
             context,
             needs_full: false,
             partial: false,
-            deferred_conntrack: Vec::new(),
+            conntrack,
             last_addrs: Vec::new(),
         }
     }
@@ -78,8 +81,7 @@ impl IptablesDataplane {
 /// The acks of one sync (None: the actor could not be reached).
 pub struct Outcome {
     restore: Option<Ack<IptablesOp>>,
-    conntrack: Option<Option<Ack<ConntrackOp>>>,
-    deferred: Vec<ConntrackOp>,
+    conntrack: ConntrackAnswer,
 }
 
 impl Dataplane for IptablesDataplane {
@@ -94,13 +96,11 @@ impl Dataplane for IptablesDataplane {
             full = true;
         }
         self.partial = !full;
-        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
-        conntrack.extend(conntrack_ops(model, changes));
-        if !full && changes.ports.is_empty() && !self.planner.has_stale_chains() && conntrack.is_empty() {
+        let reconcile = self.conntrack.plan(model, changes, generation);
+        if !full && changes.ports.is_empty() && !self.planner.has_stale_chains() && reconcile.is_none() {
             // Nothing to write: the top-level chains would come out as the
             // last successful restore wrote them.
-            let run =
-                async move { Outcome { restore: Some(Ack::ok(generation)), conntrack: None, deferred: Vec::new() } };
+            let run = async move { Outcome { restore: Some(Ack::ok(generation)), conntrack: None } };
             return Planned { full, ops: 0, run: run.boxed_local() };
         }
         let text = if let (true, Some(addrs)) = (full, addrs) {
@@ -110,19 +110,18 @@ impl Dataplane for IptablesDataplane {
         } else {
             self.planner.partial_input(model, &changes.ports)
         };
-        let ops = 1 + conntrack.len();
+        let ops = 1 + usize::from(reconcile.is_some());
         let mode = if full { SyncMode::Full } else { SyncMode::Incremental };
         let restore = batch(generation, mode, vec![IptablesOp::Restore(text)]);
         let (iptables, conntrack_target) = (self.targets.iptables.clone(), self.targets.conntrack.clone());
         let run = async move {
             let restore = iptables.send(restore).await;
             let ok = restore.as_ref().is_some_and(|a| a.is_ok());
-            let (conntrack, deferred) = if ok && !conntrack.is_empty() {
-                (Some(conntrack_target.send(batch(generation, SyncMode::Incremental, conntrack)).await), Vec::new())
-            } else {
-                (None, conntrack)
+            let conntrack = match reconcile {
+                Some(rc) if ok => Some(conntrack_target.send(rc).await),
+                _ => None,
             };
-            Outcome { restore, conntrack, deferred }
+            Outcome { restore, conntrack }
         };
         Planned { full, ops, run: run.boxed_local() }
     }
@@ -139,10 +138,7 @@ impl Dataplane for IptablesDataplane {
                 tracing::warn!("partial iptables restore failed: the next sync is a full one");
             }
         }
-        if let Some(ack) = o.conntrack {
-            failed += ack.map_or(1, |a| a.failed.len());
-        }
-        self.deferred_conntrack.extend(o.deferred);
+        failed += conntrack_finished(&mut self.conntrack, o.conntrack);
         Finished {
             failed,
             resync: failed > 0,

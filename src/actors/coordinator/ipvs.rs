@@ -6,9 +6,9 @@
 //!    batch), every ipset, and address binds on kube-ipvs0 (a full batch of
 //!    addresses, which also unbinds, only once IPVS acked without failure);
 //! 2. once stage 1 has acked: iptables (rules name sets that now exist),
-//!    conntrack flushes (only after the IPVS actor acked the real-server
-//!    removals, else they wait for the next sync), and address unbinds
-//!    (after their virtual servers are gone).
+//!    the conntrack reconcile ([`ConntrackPlanner`]; only after the IPVS
+//!    actor acked the real-server removals, else it waits for the next
+//!    sync), and address unbinds (after their virtual servers are gone).
 //!
 //! An op the kernel refused is retried alone, with a backoff, in the
 //! actor's next batches ([`Retries`]) until it goes through or a newer op
@@ -32,11 +32,14 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use super::retry::Retries;
-use super::{batch, AddrSource, Dataplane, Finished, Planned, Target};
+use super::{
+    batch, conntrack_finished, AddrSource, ConntrackAnswer, ConntrackTarget, Dataplane, Finished, Planned, Target,
+};
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
-use crate::plan::{conntrack::conntrack_ops, IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::plan::{IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::SyncKind;
 use crate::stats::{FailingKey, FAILING_LISTED};
 
@@ -50,7 +53,7 @@ pub struct Targets {
     pub sets: BTreeMap<IpvsSet, Target<IpsetOp>>,
     pub link: Target<LinkOp>,
     pub iptables: Target<IptablesOp>,
-    pub conntrack: Target<ConntrackOp>,
+    pub conntrack: ConntrackTarget,
 }
 
 /// Which actor, for needs-full bookkeeping.
@@ -72,7 +75,7 @@ pub struct IpvsDataplane {
     needs_full: BTreeSet<ActorId>,
     waiting: Waiting,
     last_rules: Option<String>,
-    deferred_conntrack: Vec<ConntrackOp>,
+    conntrack: ConntrackPlanner,
     /// The node's addresses the plan was made with (NodePort virtual
     /// servers are per address): read again at each periodic sync.
     last_addrs: Vec<LocalAddr>,
@@ -82,6 +85,7 @@ impl IpvsDataplane {
     pub fn new(settings: PlanSettings, targets: Targets, addrs: AddrSource, rules: RulesRenderer) -> IpvsDataplane {
         let ctx = plan_context(&settings, &NodeInfo::default(), &[]);
         IpvsDataplane {
+            conntrack: ConntrackPlanner::new(settings.family),
             settings,
             planner: IpvsPlanner::new(ctx),
             targets,
@@ -90,7 +94,6 @@ impl IpvsDataplane {
             needs_full: BTreeSet::new(),
             waiting: Waiting::default(),
             last_rules: None,
-            deferred_conntrack: Vec::new(),
             last_addrs: Vec::new(),
         }
     }
@@ -104,7 +107,6 @@ impl IpvsDataplane {
         let mut stage = Stage::full(generation, self.planner.desired());
         stage.rules = Some(self.render_rules(model));
         stage.rules_full = true;
-        stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
         stage
     }
 
@@ -152,8 +154,6 @@ impl IpvsDataplane {
         if stage.rules_full || self.last_rules.as_ref() != Some(&rules) {
             stage.rules = Some(rules);
         }
-        stage.conntrack = std::mem::take(&mut self.deferred_conntrack);
-        stage.conntrack.extend(conntrack_ops(model, changes));
         for id in std::mem::take(&mut self.needs_full) {
             tracing::info!(?id, generation, "actor gets a full resync after a failure or drift");
         }
@@ -244,10 +244,8 @@ impl IpvsDataplane {
                 out.iptables = Some((text, iptables.send(b).await));
             }
             let ipvs_ok = out.ipvs.iter().all(|a| a.as_ref().is_some_and(|a| a.is_ok()));
-            if ipvs_ok && !conntrack.is_empty() {
-                out.conntrack = Some(conntrack_target.send(batch(generation, SyncMode::Incremental, conntrack)).await);
-            } else {
-                out.deferred = conntrack;
+            if let Some(rc) = conntrack.filter(|_| ipvs_ok) {
+                out.conntrack = Some(conntrack_target.send(rc).await);
             }
             if let Some(b) = unbinds {
                 out.link.push(link.send(b).await);
@@ -275,6 +273,7 @@ impl Dataplane for IpvsDataplane {
             Some(addrs) if full => self.plan_full(model, generation, addrs),
             _ => self.plan_partial(model, generation, changes),
         };
+        stage.conntrack = self.conntrack.plan(model, changes, generation);
         if kind == SyncKind::Periodic && !full {
             self.add_checks(&mut stage);
         }
@@ -316,11 +315,10 @@ impl Dataplane for IpvsDataplane {
                 }
             }
         }
-        if let Some(Some(a)) = &o.conntrack {
-            failed += a.failed.len();
-        }
-        self.deferred_conntrack.extend(o.deferred);
-        let resync = !needs.is_empty();
+        // A failed reconcile is done again by the next sync: soon, with the scheduler's backoff.
+        let conntrack_failed = conntrack_finished(&mut self.conntrack, o.conntrack);
+        failed += conntrack_failed;
+        let resync = !needs.is_empty() || conntrack_failed > 0;
         self.needs_full.extend(needs);
         Finished { failed, resync, iptables_restore_failed, drift, ..Finished::default() }
     }
@@ -449,7 +447,7 @@ struct Stage {
     rules: Option<String>,
     /// Send the rules as a full batch (first sync, resyncs, after a failure).
     rules_full: bool,
-    conntrack: Vec<ConntrackOp>,
+    conntrack: Option<ReconcileConntrack>,
     unbinds: Option<Batch<LinkOp>>,
     /// The syncPeriod's checks (not counted as ops: they write only what drifted).
     check_ipvs: Option<Batch<IpvsOp>>,
@@ -459,13 +457,13 @@ struct Stage {
 
 impl Stage {
     /// Kernel ops planned: IPVS ops, set entries, address binds/unbinds,
-    /// conntrack flushes, and one for an iptables restore.
+    /// one for a conntrack reconcile, and one for an iptables restore.
     fn ops(&self) -> usize {
         self.ipvs.as_ref().map_or(0, |b| b.ops.len())
             + self.sets.values().map(|b| b.ops.len()).sum::<usize>()
             + self.binds.as_ref().map_or(0, |b| b.ops.len())
             + self.unbinds.as_ref().map_or(0, |b| b.ops.len())
-            + self.conntrack.len()
+            + usize::from(self.conntrack.is_some())
             + usize::from(self.rules.is_some())
     }
 
@@ -477,7 +475,7 @@ impl Stage {
             binds: None,
             rules: None,
             rules_full: false,
-            conntrack: Vec::new(),
+            conntrack: None,
             unbinds: None,
             check_ipvs: None,
             check_sets: BTreeMap::new(),
@@ -504,6 +502,5 @@ pub struct Outcome {
     sets: Vec<(IpvsSet, Option<Ack<IpsetOp>>)>,
     link: Vec<Option<Ack<LinkOp>>>,
     iptables: Option<(String, Option<Ack<IptablesOp>>)>,
-    conntrack: Option<Option<Ack<ConntrackOp>>>,
-    deferred: Vec<ConntrackOp>,
+    conntrack: ConntrackAnswer,
 }

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::model::{Model, ModelChanges};
 use crate::msgs::*;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{LocalAddr, PlanSettings};
 use crate::plan::iptables::RuleCounts;
 use crate::schedule::{SyncKind, SyncScheduler, FULL_SYNC_PERIOD};
@@ -160,26 +161,46 @@ pub struct Settings {
     pub burst: u32,
 }
 
-/// An actor's address with its stats (mailbox depth is counted at send).
-pub struct Target<Op: Send + 'static> {
-    pub addr: Recipient<Batch<Op>>,
+/// An actor's address for messages `M`, with its stats (mailbox depth is
+/// counted at send).
+pub struct Mailbox<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    pub addr: Recipient<M>,
     pub stats: Arc<ActorStats>,
 }
 
-impl<Op: Send + 'static> Clone for Target<Op> {
+/// A subsystem actor's address: it takes [`Batch`]es of `Op`.
+pub type Target<Op> = Mailbox<Batch<Op>>;
+
+/// The conntrack actor's address.
+pub type ConntrackTarget = Mailbox<ReconcileConntrack>;
+
+impl<M> Clone for Mailbox<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
     fn clone(&self) -> Self {
-        Target { addr: self.addr.clone(), stats: self.stats.clone() }
+        Mailbox { addr: self.addr.clone(), stats: self.stats.clone() }
     }
 }
 
-impl<Op: Send + 'static> Target<Op> {
-    fn send(&self, batch: Batch<Op>) -> impl std::future::Future<Output = Option<Ack<Op>>> {
+impl<M> Mailbox<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    /// The actor's answer; `None` (logged) if it could not be reached.
+    fn send(&self, msg: M) -> impl std::future::Future<Output = Option<M::Result>> {
         self.stats.enqueued();
         let name = self.stats.name.clone();
-        let fut = self.addr.send(batch);
+        let fut = self.addr.send(msg);
         async move {
             match fut.await {
-                Ok(ack) => Some(ack),
+                Ok(answer) => Some(answer),
                 Err(e) => {
                     tracing::error!(actor = %name, error = %e, "actor unreachable");
                     None
@@ -405,6 +426,17 @@ impl<D: Dataplane> Coordinator<D> {
         }
         self.history.push_back(rec);
     }
+}
+
+/// The conntrack reconcile's answer: `None` if none was sent (none was
+/// due, or the dataplane failed first), `Some(None)` if the actor could
+/// not be reached.
+pub type ConntrackAnswer = Option<Option<Result<Reconciled, KernelError>>>;
+
+/// Takes a sync's conntrack answer into `planner`; returns the failures to count.
+fn conntrack_finished(planner: &mut ConntrackPlanner, answer: ConntrackAnswer) -> usize {
+    planner.finished(matches!(answer, Some(Some(Ok(_)))));
+    usize::from(matches!(answer, Some(None) | Some(Some(Err(_)))))
 }
 
 fn batch<Op>(generation: u64, mode: SyncMode, ops: Vec<Op>) -> Batch<Op> {

@@ -25,7 +25,8 @@
 //!   then the table's handle, use count and flags: two small gets, no
 //!   listing); if so, or if the check fails, that sync lists the table and
 //!   is a full one.
-//! - Conntrack flushes follow a successful transaction, as in iptables mode.
+//! - The conntrack reconcile follows a successful transaction, as in
+//!   iptables mode.
 //! - ServiceCIDRs: the family's ranges ([`Model::service_cidrs`]) go into the
 //!   planner's context, whose `cluster-ips-check` chain then drops traffic to
 //!   their unallocated addresses. A change of them is a partial sync over the
@@ -45,14 +46,17 @@ use futures::FutureExt;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use super::{batch, AddrSource, Dataplane, Finished, Planned, Prepare, Target};
+use super::{
+    batch, conntrack_finished, AddrSource, ConntrackAnswer, ConntrackTarget, Dataplane, Finished, Planned, Prepare,
+    Target,
+};
 use crate::actors::nftables::ListTable;
 use crate::kernel::KernelError;
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::nftables::{NftOp, Transaction};
-use crate::msgs::*;
+use crate::msgs::{Ack, SyncMode};
 use crate::net::IpFamily;
-use crate::plan::conntrack::conntrack_ops;
+use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::LocalAddr;
 use crate::plan::nftables::{staged, KernelObjects, NftablesContext, NftablesPlanner, STAGE_OPS};
 use crate::schedule::SyncKind;
@@ -68,7 +72,7 @@ pub struct NftablesTargets {
     pub nftables: Target<Arc<Transaction>>,
     /// The same actor, for listings.
     pub list: Recipient<ListTable>,
-    pub conntrack: Target<ConntrackOp>,
+    pub conntrack: ConntrackTarget,
 }
 
 impl NftablesTargets {
@@ -153,7 +157,7 @@ pub struct NftablesDataplane {
     last_addrs: Vec<LocalAddr>,
     /// The sync in flight is a partial one.
     partial: bool,
-    deferred_conntrack: Vec<ConntrackOp>,
+    conntrack: ConntrackPlanner,
 }
 
 impl NftablesDataplane {
@@ -170,7 +174,7 @@ impl NftablesDataplane {
             listed: None,
             last_addrs: Vec::new(),
             partial: false,
-            deferred_conntrack: Vec::new(),
+            conntrack: ConntrackPlanner::new(family),
         }
     }
 
@@ -189,9 +193,9 @@ impl NftablesDataplane {
     }
 
     /// A sync that fails before anything is sent.
-    fn not_sent(&mut self, e: NftSyncError, full: bool, conntrack: Vec<ConntrackOp>) -> Planned<Outcome> {
+    fn not_sent(&mut self, e: NftSyncError, full: bool) -> Planned<Outcome> {
         tracing::error!(ip_family = self.label(), error = %e, "nftables sync not sent");
-        let outcome = Outcome { cleanup: None, main: Err(e), conntrack: None, deferred: conntrack };
+        let outcome = Outcome { cleanup: None, main: Err(e), conntrack: None };
         Planned { full, ops: 0, run: async move { outcome }.boxed_local() }
     }
 }
@@ -201,8 +205,7 @@ pub struct Outcome {
     /// The stale chains' deletion, if one was sent.
     cleanup: Option<Result<(), NftSyncError>>,
     main: Result<(), NftSyncError>,
-    conntrack: Option<Option<Ack<ConntrackOp>>>,
-    deferred: Vec<ConntrackOp>,
+    conntrack: ConntrackAnswer,
 }
 
 impl Dataplane for NftablesDataplane {
@@ -256,13 +259,12 @@ impl Dataplane for NftablesDataplane {
             None => self.decide(kind),
         };
         self.partial = !full;
-        let mut conntrack = std::mem::take(&mut self.deferred_conntrack);
-        conntrack.extend(conntrack_ops(model, changes));
+        let reconcile = self.conntrack.plan(model, changes, generation);
         let cleanup = self.planner.delete_due(self.epoch.elapsed());
         let (delta, existing) = if full {
             let mut kernel = match self.listed.take() {
                 Some(Ok(k)) => k,
-                Some(Err(e)) => return self.not_sent(e, full, conntrack),
+                Some(Err(e)) => return self.not_sent(e, full),
                 None => KernelObjects::default(),
             };
             // Chains deleted by this sync's cleanup are no longer there to flush.
@@ -283,7 +285,7 @@ impl Dataplane for NftablesDataplane {
             };
             match delta {
                 Some(d) => (d, None),
-                None => return self.not_sent(NftSyncError::NoConfirmedState, full, conntrack),
+                None => return self.not_sent(NftSyncError::NoConfirmedState, full),
             }
         };
         let plan_ops = delta.tx.len();
@@ -293,7 +295,9 @@ impl Dataplane for NftablesDataplane {
             None => vec![delta.tx],
         };
         let kernel_ops = |tx: &Transaction| tx.ops.len();
-        let ops = steps.iter().map(kernel_ops).sum::<usize>() + cleanup.as_ref().map_or(0, kernel_ops) + conntrack.len();
+        let ops = steps.iter().map(kernel_ops).sum::<usize>()
+            + cleanup.as_ref().map_or(0, kernel_ops)
+            + usize::from(reconcile.is_some());
         tracing::debug!(
             ip_family = self.label(),
             generation,
@@ -316,12 +320,11 @@ impl Dataplane for NftablesDataplane {
                     break;
                 }
             }
-            let (conntrack, deferred) = if main.is_ok() && !conntrack.is_empty() {
-                (Some(ct.send(batch(generation, SyncMode::Incremental, conntrack)).await), Vec::new())
-            } else {
-                (None, conntrack)
+            let conntrack = match reconcile {
+                Some(rc) if main.is_ok() => Some(ct.send(rc).await),
+                _ => None,
             };
-            Outcome { cleanup, main, conntrack, deferred }
+            Outcome { cleanup, main, conntrack }
         };
         Planned { full, ops, run: run.boxed_local() }
     }
@@ -343,10 +346,7 @@ impl Dataplane for NftablesDataplane {
                 tracing::warn!(ip_family = self.label(), error = %e, partial, "nftables sync failed: the next sync is a full one");
             }
         }
-        if let Some(ack) = o.conntrack {
-            failed += ack.map_or(1, |a| a.failed.len());
-        }
-        self.deferred_conntrack.extend(o.deferred);
+        failed += conntrack_finished(&mut self.conntrack, o.conntrack);
         Finished {
             failed,
             resync: failed > 0,

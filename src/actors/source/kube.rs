@@ -93,7 +93,9 @@ use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use crate::config::ClientConnectionConfiguration;
+use crate::model::node_change::host_ips;
 use crate::msgs::source::{Change, ResourceKind, SourceBatch, SourceEvent};
+use crate::startup::wait::{InitialLists, WaitNotes};
 
 /// Services the proxy handles: not claimed by another proxy (upstream's
 /// `noProxyName`). Services never carry the headless label; upstream
@@ -213,28 +215,59 @@ fn log_unsupported_settings(connection: &ClientConnectionConfiguration) {
     );
 }
 
-/// Reads the Node `name`, retrying every second for up to `timeout` while
-/// it is missing or the API server is unreachable (upstream's NodeManager
-/// waits the same way). `None` if it does not exist by then, or at once if
-/// it does not decode (logged; the Node watcher counts it when it lists it).
+/// How often the Node is read while waited for.
+const NODE_POLL: Duration = Duration::from_secs(1);
+
+/// Reads the Node `name` every second for up to `timeout` until it exists
+/// and has an address (upstream 1.37's NodeManager waits the same way),
+/// saying at least every [`crate::startup::wait::NOTE_EVERY`] what it waits
+/// for. Returns the Node as it is then (`None` if it does not exist, or at
+/// once if it does not decode: logged; the Node watcher counts it when it
+/// lists it). The API server unreachable until the end is an error.
 pub async fn wait_for_node(client: Client, name: &str, timeout: Duration) -> Result<Option<Node>, KubeSourceError> {
     let nodes: Api<Item<Node>> = Api::all(client);
-    let deadline = tokio::time::Instant::now() + timeout;
+    let start = tokio::time::Instant::now();
+    let mut notes = WaitNotes::default();
     loop {
         let result = nodes.get_opt(name).await;
-        let expired = tokio::time::Instant::now() >= deadline;
-        match result {
-            Ok(Some(Item(Ok(node)))) => return Ok(Some(node)),
+        let waited = start.elapsed();
+        let expired = waited >= timeout;
+        let waited_secs = waited.as_secs();
+        let timeout_secs = timeout.as_secs();
+        let node = match result {
+            Ok(Some(Item(Ok(node)))) => Some(node),
             Ok(Some(Item(Err(refused)))) => {
                 refused.log(ResourceKind::Node, "starting without the Node's addresses and labels");
                 return Ok(None);
             }
-            Ok(None) if expired => return Ok(None),
+            Ok(None) => None,
             Err(source) if expired => return Err(KubeSourceError::Node { name: name.to_owned(), source }),
-            Ok(None) => debug!(node = name, "node not registered yet"),
-            Err(error) => warn!(node = name, %error, "reading the node; retrying"),
+            Err(error) => {
+                if notes.due(waited, NODE_POLL) {
+                    warn!(node = name, %error, waited_secs, timeout_secs, "waiting for the Node: cannot read it yet; retrying");
+                }
+                tokio::time::sleep(NODE_POLL).await;
+                continue;
+            }
+        };
+        let ips: Vec<String> =
+            node.as_ref().map(host_ips).unwrap_or_default().iter().map(|ip| ip.to_string()).collect();
+        if !ips.is_empty() {
+            info!(node = name, node_ips = %ips.join(","), waited_secs, "Successfully retrieved NodeIPs");
+            return Ok(node);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let what = if node.is_some() { "to be assigned IPs" } else { "to exist" };
+        if expired {
+            warn!(node = name, waited_secs, "Timed out waiting for node {what}; starting without its IPs");
+            return Ok(node);
+        }
+        if notes.due(waited, NODE_POLL) {
+            info!(
+                node = name,
+                waited_secs, timeout_secs, "waiting for the Node {what} (its IPs decide the primary IP family)"
+            );
+        }
+        tokio::time::sleep(NODE_POLL).await;
     }
 }
 
@@ -308,10 +341,32 @@ pub async fn run<R: Refusals>(
         batches::<ServiceCIDR, R>(Api::all(client), watcher::Config::default(), refusals),
     ]);
     info!(node = %node_name, "watching the API server");
-    while let Some(batch) = batches.next().await {
-        sink(batch);
+    let start = tokio::time::Instant::now();
+    let mut lists = InitialLists::default();
+    let mut notes = WaitNotes::default();
+    let mut tick = tokio::time::interval(LISTS_CHECK);
+    loop {
+        tokio::select! {
+            batch = batches.next() => {
+                let Some(batch) = batch else { return };
+                if lists.record(&batch.0) {
+                    info!(waited_secs = start.elapsed().as_secs(), "initial lists of Services, EndpointSlices and the Node complete");
+                }
+                sink(batch);
+            }
+            _ = tick.tick(), if !lists.done() => {
+                let waited = start.elapsed();
+                if notes.due(waited, LISTS_CHECK) {
+                    info!(waiting_for = %lists.pending(), waited_secs = waited.as_secs(),
+                        "waiting for the API server's initial lists before the first sync");
+                }
+            }
+        }
     }
 }
+
+/// How often the initial lists are checked on while waited for.
+const LISTS_CHECK: Duration = Duration::from_secs(1);
 
 /// How often the list of a kind the API server does not serve (or does
 /// not let us list) is tried again ([`Watched::OPTIONAL`] kinds only).

@@ -48,7 +48,8 @@
 //! table: [`delete_request`] therefore only exists for a dumped [`Entry`],
 //! whose original tuple it always carries.
 
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, ParseableParametrized, NLM_F_ACK,
@@ -245,9 +246,43 @@ impl Entry {
         })
     }
 
+    /// A connection of `protocol` from `client` to `orig_dst`, answered from
+    /// `reply_src` (its endpoint when DNATed), as the default zone lists it
+    /// (no id: the kernel's would be any).
+    pub fn connection(protocol: Protocol, client: SocketAddr, orig_dst: SocketAddr, reply_src: SocketAddr) -> Entry {
+        let p = protocol.number();
+        let tuple = |src: SocketAddr, dst: SocketAddr| Tuple {
+            src: src.ip(),
+            dst: dst.ip(),
+            protocol: p,
+            src_port: Some(src.port()),
+            dst_port: Some(dst.port()),
+        };
+        Entry { orig: tuple(client, orig_dst), reply: tuple(reply_src, client), zone: None, id: None }
+    }
+
     /// The L4 protocol, if it is one kube-proxy knows.
     pub fn protocol(&self) -> Option<Protocol> {
         Protocol::from_number(self.orig.protocol)
+    }
+}
+
+impl fmt::Display for Entry {
+    /// As `conntrack -L` lists it, without the timeout, state and counters:
+    /// `udp src=A dst=B sport=P dport=Q src=C dst=D sport=R dport=S`, the
+    /// original direction, then the reply.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.protocol() {
+            Some(p) => write!(f, "{}", p.lower())?,
+            None => write!(f, "{}", self.orig.protocol)?,
+        }
+        for t in [&self.orig, &self.reply] {
+            write!(f, " src={} dst={}", t.src, t.dst)?;
+            if let (Some(sport), Some(dport)) = (t.src_port, t.dst_port) {
+                write!(f, " sport={sport} dport={dport}")?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,20 +1,20 @@
-//! `NetlinkConntrack`: the conntrack actor's kernel handle. It deletes stale
-//! conntrack entries over ctnetlink (`NETLINK_NETFILTER`, subsystem
-//! `NFNL_SUBSYS_CTNETLINK`), as upstream's netlink-based
-//! `conntrack.ClearEntriesFor*` helpers do: list, filter, delete.
+//! `NetlinkConntrack`: the conntrack actor's kernel handle. It reconciles
+//! one family's conntrack table over ctnetlink (`NETLINK_NETFILTER`,
+//! subsystem `NFNL_SUBSYS_CTNETLINK`), as upstream's
+//! `conntrack.CleanStaleEntries` does: list, filter, delete.
 //!
-//! - [`NetlinkConntrack::flush`] handles a batch of [`ConntrackOp`]s with
-//!   one dump per IP family the batch touches (`IPCTNL_MSG_CT_GET` +
-//!   `NLM_F_DUMP`), matches every entry against all ops at once
-//!   ([`filter::Matcher`]), then deletes the matches, pipelined:
-//!   [`MAX_BATCH`] `IPCTNL_MSG_CT_DELETE` requests per datagram, one ack
-//!   each. An entry that is already gone (ENOENT) counts as deleted.
+//! - [`NetlinkConntrack::clean_stale`] dumps the family's table once
+//!   (`IPCTNL_MSG_CT_GET` + `NLM_F_DUMP`), asks [`filter::is_stale`] about
+//!   each entry as it arrives (only the stale ones are kept), then deletes
+//!   them, pipelined: [`MAX_BATCH`] `IPCTNL_MSG_CT_DELETE` requests per
+//!   datagram, one ack each. An entry that is already gone (ENOENT) counts
+//!   as deleted.
 //! - Each delete names the entry's original tuple, zone and id, so only that
 //!   entry goes (never a table flush, never a newer reuse of the tuple).
-//! - One result per op: an op fails if its family's dump failed or if
-//!   deleting one of its entries did, with the errno kept.
+//! - A reconcile fails if its dump failed or if deleting one of its
+//!   entries did, with the errno kept; the others are deleted all the same.
 //! - Every netlink message sent is counted ([`NetlinkConntrack::messages_sent`]):
-//!   a batch costs one dump per family plus one message per deleted entry.
+//!   a reconcile costs one dump plus one message per deleted entry.
 //!
 //! The messages are `netlink-packet-netfilter`'s [`NetfilterMessage`] (see
 //! [`codec`] for what it lacks and how we fill it). The connection still
@@ -42,9 +42,8 @@ use netlink_proto::NetlinkProtoError;
 use tracing::{debug, trace};
 
 use self::codec::{Entry, ReplyError, Tuple};
-use self::filter::Matcher;
-use super::{Applied, ConntrackKernel, KResult, KernelError, Subsystem};
-use crate::msgs::ConntrackOp;
+use super::{ConntrackKernel, KResult, KernelError};
+use crate::msgs::{ReconcileConntrack, Reconciled};
 use crate::net::{IpFamily, Protocol};
 
 pub use crate::kernel::netlink::MAX_BATCH;
@@ -141,8 +140,9 @@ impl ConntrackError {
         matches!(self, ConntrackError::NoReply { .. } | ConntrackError::ConnectionClosed { .. })
     }
 
-    /// As the [`Subsystem`] reports it: `op` is the [`ConntrackOp`] that failed.
-    pub fn for_op(&self, op: &ConntrackOp) -> KernelError {
+    /// As the conntrack actor reports it: the reconcile of `family` failed.
+    pub fn for_reconcile(&self, family: IpFamily) -> KernelError {
+        let op = format!("conntrack reconcile {}", family_name(family));
         KernelError::library(op, !self.is_unknown_outcome(), self.errno().map(|e| e.0), self.clone())
     }
 }
@@ -178,31 +178,29 @@ fn raw_request(msg: &NetfilterMessage) -> Msg {
 pub struct NetlinkConntrack {
     client: Client<RawNfnl>,
     entries_deleted: Arc<AtomicU64>,
-    family: IpFamily,
     report: Option<Report>,
 }
 
-/// Told, after each batch of flushes, how long it took and how many
-/// entries it deleted (upstream's conntrack reconciler metrics).
+/// Told, after each reconcile whose dump went through, how long it took and
+/// how many entries it deleted (upstream's conntrack reconciler metrics).
 pub type Report = Arc<dyn Fn(Duration, u64) + Send + Sync>;
 
 impl fmt::Debug for NetlinkConntrack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NetlinkConntrack").field("client", &self.client).field("family", &self.family).finish()
+        f.debug_struct("NetlinkConntrack").field("client", &self.client).finish()
     }
 }
 
 impl NetlinkConntrack {
     /// Opens the netlink socket (in the calling thread's network namespace)
     /// and spawns its connection task: must run inside a Tokio runtime with
-    /// I/O and time enabled. `family` is the table port-only ops
-    /// (`FlushNodePort`) clean: the family this proxy programs.
-    pub fn new(family: IpFamily) -> Result<NetlinkConntrack, ConntrackError> {
+    /// I/O and time enabled.
+    pub fn new() -> Result<NetlinkConntrack, ConntrackError> {
         let client = Client::open(NETLINK_NETFILTER).map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
-        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), family, report: None })
+        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), report: None })
     }
 
-    /// Reports each batch of flushes to `report`.
+    /// Reports each reconcile to `report`.
     pub fn with_report(mut self, report: Report) -> NetlinkConntrack {
         self.report = Some(report);
         self
@@ -212,11 +210,6 @@ impl NetlinkConntrack {
     pub fn with_reply_timeout(mut self, timeout: Duration) -> NetlinkConntrack {
         self.client = self.client.with_reply_timeout(timeout);
         self
-    }
-
-    /// The family port-only ops apply to.
-    pub fn family(&self) -> IpFamily {
-        self.family
     }
 
     /// Netlink messages sent so far (dumps and deletes).
@@ -234,19 +227,33 @@ impl NetlinkConntrack {
         self.entries_deleted.load(Ordering::Relaxed)
     }
 
-    /// Deletes every entry each op matches (see [`filter`]); one result per
-    /// op, in order. An op that matches nothing succeeds.
-    pub async fn flush(&self, ops: &[ConntrackOp]) -> Vec<Result<(), ConntrackError>> {
-        let matcher = Matcher::new(ops, self.family);
-        let mut results = vec![Ok(()); ops.len()];
-        for (family, indices) in matcher.families() {
-            if let Err(e) = self.flush_family(&matcher, family, &mut results).await {
-                for &i in indices {
-                    results[i] = Err(e.clone());
+    /// One dump of `rc.family`'s table, then the deletion of every entry
+    /// [`filter::is_stale`] names. Reported (see [`Report`]) once the dump
+    /// went through, whether the deletes did or not.
+    pub async fn clean_stale(&self, rc: &ReconcileConntrack) -> Result<Reconciled, ConntrackError> {
+        let (started, deleted_before) = (std::time::Instant::now(), self.entries_deleted());
+        let udp = Protocol::Udp.number();
+        let mut udp_entries = 0;
+        let mut stale = Vec::new();
+        self.dump(rc.family, |entry| {
+            if entry.orig.protocol == udp {
+                udp_entries += 1;
+                if filter::is_stale(rc, &entry) {
+                    stale.push(entry);
                 }
             }
+        })
+        .await?;
+        debug!(family = family_name(rc.family), udp_entries, stale = stale.len(), "conntrack: deleting stale entries");
+        let failed = self.delete(&stale).await.into_iter().find_map(Result::err);
+        let deleted = self.entries_deleted().saturating_sub(deleted_before);
+        if let Some(report) = &self.report {
+            report(started.elapsed(), deleted);
         }
-        results
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(Reconciled { udp_entries, deleted }),
+        }
     }
 
     /// Every entry of `family`'s table.
@@ -271,36 +278,6 @@ impl NetlinkConntrack {
     }
 
     // ------------------------------------------------------------ internals
-
-    /// One family's part of [`NetlinkConntrack::flush`]: dump, match, delete,
-    /// and record delete failures on the ops that wanted the entry gone.
-    /// An `Err` is the dump's: it fails every op of the family.
-    async fn flush_family(
-        &self,
-        matcher: &Matcher,
-        family: IpFamily,
-        results: &mut [Result<(), ConntrackError>],
-    ) -> Result<(), ConntrackError> {
-        let mut doomed: Vec<(Entry, Vec<usize>)> = Vec::new();
-        self.dump(family, |entry| {
-            let ops = matcher.matches(&entry);
-            if !ops.is_empty() {
-                doomed.push((entry, ops));
-            }
-        })
-        .await?;
-        debug!(family = family_name(family), entries = doomed.len(), "conntrack: deleting matching entries");
-        let entries: Vec<Entry> = doomed.iter().map(|(e, _)| *e).collect();
-        for ((_, ops), outcome) in doomed.iter().zip(self.delete(&entries).await) {
-            let Err(e) = outcome else { continue };
-            for &i in ops {
-                if results[i].is_ok() {
-                    results[i] = Err(e.clone());
-                }
-            }
-        }
-        Ok(())
-    }
 
     /// Dumps `family`'s table, handing each entry to `visit` as it arrives
     /// (nothing but the matches is kept, whatever the table size). A reply
@@ -402,33 +379,12 @@ fn closed(request: &Request, e: NetlinkProtoError) -> ConntrackError {
     ConntrackError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
 }
 
-impl Subsystem for NetlinkConntrack {
-    type Op = ConntrackOp;
-
-    fn apply(&self, ops: Vec<ConntrackOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
+impl ConntrackKernel for NetlinkConntrack {
+    fn reconcile(&self, rc: ReconcileConntrack) -> impl Future<Output = KResult<Reconciled>> + 'static {
         let me = self.clone();
-        async move {
-            let (started, deleted) = (std::time::Instant::now(), me.entries_deleted());
-            let results = me.flush(&ops).await;
-            if let Some(report) = &me.report {
-                report(started.elapsed(), me.entries_deleted().saturating_sub(deleted));
-            }
-            ops.iter().zip(results).map(|(op, r)| r.map_err(|e| e.for_op(op))).collect()
-        }
-    }
-
-    /// Conntrack has no desired state to converge to: a resync applies the
-    /// flushes it is given.
-    fn reconcile(&self, desired: Vec<ConntrackOp>) -> impl Future<Output = Applied<ConntrackOp>> + 'static {
-        let me = self.clone();
-        async move {
-            let results = me.apply(desired.clone()).await;
-            Ok((desired, results))
-        }
+        async move { me.clean_stale(&rc).await.map_err(|e| e.for_reconcile(rc.family)) }
     }
 }
-
-impl ConntrackKernel for NetlinkConntrack {}
 
 #[cfg(test)]
 mod tests {
@@ -508,7 +464,7 @@ mod tests {
 
     #[tokio::test]
     async fn deleting_what_is_gone_succeeds_and_other_errors_keep_errno() {
-        let ct = NetlinkConntrack::new(IpFamily::V4).expect("netfilter netlink socket");
+        let ct = NetlinkConntrack::new().expect("netfilter netlink socket");
         assert!(ct.delete_outcome(&entry(), 0).is_ok());
         assert!(ct.delete_outcome(&entry(), -2).is_ok()); // ENOENT: already gone
         assert_eq!(ct.entries_deleted(), 1);
@@ -524,20 +480,19 @@ mod tests {
     }
 
     #[test]
-    fn subsystem_errors_name_the_op_and_keep_the_errno() {
-        let op = ConntrackOp::FlushServiceIp { ip: ip("10.96.0.10"), protocol: Protocol::Udp };
+    fn actor_errors_name_the_reconcile_and_keep_the_errno() {
         let err = ConntrackError::Kernel { request: Request::Dump(IpFamily::V4), errno: Errno(1) };
-        let k = err.for_op(&op);
-        assert_eq!(k.op(), "conntrack -D -p udp --orig-dst 10.96.0.10");
+        let k = err.for_reconcile(IpFamily::V4);
+        assert_eq!(k.op(), "conntrack reconcile ipv4");
         assert_eq!(k.errno_value(), Some(1));
         assert!(k.outcome_known());
         assert_eq!(
             k.to_string(),
-            "conntrack -D -p udp --orig-dst 10.96.0.10: conntrack -L -f ipv4: Operation not permitted (os error 1)"
+            "conntrack reconcile ipv4: conntrack -L -f ipv4: Operation not permitted (os error 1)"
         );
         let unknown = ConntrackError::NoReply { request: Request::Delete(entry().orig) };
         assert!(unknown.is_unknown_outcome());
-        assert_eq!(unknown.for_op(&op).errno_value(), None);
-        assert!(!unknown.for_op(&op).outcome_known());
+        assert_eq!(unknown.for_reconcile(IpFamily::V6).errno_value(), None);
+        assert!(!unknown.for_reconcile(IpFamily::V6).outcome_known());
     }
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::msgs::ipset::SetLine;
+use conntrack::codec::Entry;
 
 /// Ops applied by every in-memory kernel, in order, with the (virtual) time.
 #[derive(Debug, Clone, Default)]
@@ -350,36 +351,63 @@ impl Subsystem for MemIptables {
 
 impl IptablesKernel for MemIptables {}
 
-/// In-memory conntrack: records the flushes.
+/// In-memory conntrack: a table of entries (both families) that a
+/// reconcile dumps (journal `conntrack -L -f FAMILY`) and deletes from
+/// (journal `conntrack -D ...`, the entry's original tuple).
 #[derive(Debug, Clone, Default)]
 pub struct MemConntrack {
     pub journal: Journal,
+    pub table: Arc<Mutex<Vec<Entry>>>,
 }
 
 impl MemConntrack {
     pub fn new(journal: &Journal) -> MemConntrack {
-        MemConntrack { journal: journal.clone() }
+        MemConntrack { journal: journal.clone(), table: Arc::default() }
+    }
+
+    /// Adds an entry, as a connection through the node would.
+    pub fn insert(&self, entry: Entry) {
+        lock(&self.table).push(entry);
+    }
+
+    pub fn snapshot(&self) -> Vec<Entry> {
+        lock(&self.table).clone()
     }
 }
 
-impl Subsystem for MemConntrack {
-    type Op = ConntrackOp;
-
-    fn apply(&self, ops: Vec<ConntrackOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
-        let me = self.clone();
-        async move { ops.iter().map(|op| me.journal.attempt(op.to_string())).collect() }
-    }
-
-    fn reconcile(&self, desired: Vec<ConntrackOp>) -> impl Future<Output = Applied<ConntrackOp>> + 'static {
+impl ConntrackKernel for MemConntrack {
+    fn reconcile(&self, rc: ReconcileConntrack) -> impl Future<Output = KResult<Reconciled>> + 'static {
         let me = self.clone();
         async move {
-            let results = me.apply(desired.clone()).await;
-            Ok((desired, results))
+            let dump = conntrack::Request::Dump(rc.family);
+            me.journal.attempt(format!("conntrack {dump}"))?;
+            let udp = crate::net::Protocol::Udp.number();
+            let mut table = lock(&me.table);
+            let mut out = Reconciled::default();
+            let mut failed = None;
+            table.retain(|e| {
+                if e.orig.family() != rc.family || e.orig.protocol != udp {
+                    return true;
+                }
+                out.udp_entries += 1;
+                if !conntrack::filter::is_stale(&rc, e) {
+                    return true;
+                }
+                match me.journal.attempt(format!("conntrack {}", conntrack::Request::Delete(e.orig))) {
+                    Ok(()) => {
+                        out.deleted += 1;
+                        false
+                    }
+                    Err(err) => {
+                        failed.get_or_insert(err);
+                        true
+                    }
+                }
+            });
+            failed.map_or(Ok(out), Err)
         }
     }
 }
-
-impl ConntrackKernel for MemConntrack {}
 
 /// A snapshot of every in-memory kernel, for assertions.
 #[derive(Debug, Clone)]

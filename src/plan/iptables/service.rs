@@ -84,7 +84,7 @@ fn plan<'a>(
         internal_chain: if sp.internal_policy_local { &chains.svl } else { &chains.svc },
         external_policy_chain: if sp.external_policy_local { chains.svl.clone() } else { chains.svc.clone() },
         uses_ext: has && sp.externally_accessible(),
-        uses_fw: has && !sp.load_balancer_vips.is_empty() && !sp.load_balancer_source_ranges.is_empty(),
+        uses_fw: has && !sp.load_balancer_vips.is_empty() && sp.restricts_sources(),
         cluster: by_endpoint_string(cat.cluster),
         local: by_endpoint_string(cat.local),
         reachable: by_endpoint_string(cat.all_reachable),

@@ -455,6 +455,38 @@ fn source_ranges_holding_the_node_ip_let_the_node_reach_the_vip() {
     );
 }
 
+/// Ranges with leading zeros are read as upstream reads them; ranges that
+/// all fail to parse leave the FW chain without a source to accept, so
+/// KUBE-PROXY-FIREWALL drops every packet to the load balancer IP.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_fail_closed() {
+    let (c, head) = (ServiceChains::new(&spn("ns", "p")), "-m comment --comment \"ns/p:p80 loadbalancer IP\"");
+    let drop_rest = format!(
+        "-A {} -m comment --comment \"other traffic to ns/p:p80 will be dropped by KUBE-PROXY-FIREWALL\"",
+        c.fw
+    );
+    let filter = "-A KUBE-PROXY-FIREWALL -m comment --comment \"ns/p:p80 traffic not accepted by";
+    for (ranges, accepted) in [
+        (json!(["203.0.113.000/025"]), vec![format!("-A {} {head} -s 203.0.113.0/25 -j {}", c.fw, c.ext)]),
+        (json!(["bogus", "10.0.0.0/33"]), vec![]),
+        (json!(["bogus", " 203.0.113.0/25 "]), vec![format!("-A {} {head} -s 203.0.113.0/25 -j {}", c.fw, c.ext)]),
+    ] {
+        let spec = json!({"type": "LoadBalancer", "clusterIP": "172.30.1.1", "ports": [port(80, 3100)],
+                          "loadBalancerSourceRanges": ranges});
+        let text = dry_run(&model_with(&policy_events(spec, &[remote("10.0.0.2")])), fake_ctx());
+        let mut want = accepted;
+        want.push(drop_rest.clone());
+        assert_eq!(lines_of(&text, &c.fw), want, "{ranges}");
+        assert!(text.lines().any(|l| l.starts_with(filter) && l.ends_with("-d 1.2.3.4 --dport 80 -j DROP")), "{text}");
+        assert!(text.contains(&format!("-d 1.2.3.4 --dport 80 -j {}", c.fw)), "{ranges}: the VIP goes to the FW chain");
+    }
+    // Blank ranges restrict nothing, as upstream.
+    let spec = json!({"type": "LoadBalancer", "clusterIP": "172.30.1.1", "ports": [port(80, 3100)],
+                      "loadBalancerSourceRanges": ["", " "]});
+    let text = dry_run(&model_with(&policy_events(spec, &[remote("10.0.0.2")])), fake_ctx());
+    assert!(!text.contains(&c.fw) && !text.contains(filter), "{text}");
+}
+
 #[test]
 fn local_detectors_and_masquerade_all_shape_the_masquerade_rules() {
     let spec = json!({"type": "NodePort", "clusterIP": "172.30.1.1", "ports": [port(80, 3100)], "externalTrafficPolicy": "Local"});

@@ -66,7 +66,7 @@ fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpo
         has_internal,
         has_external,
         uses_external_chain: has && sp.externally_accessible(),
-        uses_fw: !sp.load_balancer_vips.is_empty() && !sp.load_balancer_source_ranges.is_empty(),
+        uses_fw: !sp.load_balancer_vips.is_empty() && sp.restricts_sources(),
         chains,
     }
 }
@@ -227,7 +227,8 @@ fn external_chain(p: &Plan) -> Chain {
     Chain::regular(p.chains.external.clone(), rules)
 }
 
-/// The `firewall-…` chain for loadBalancerSourceRanges.
+/// The `firewall-…` chain for loadBalancerSourceRanges; without a range
+/// (fail closed, see `ServicePort::source_ranges_fail_closed`) it drops all.
 fn firewall_chain(p: &Plan) -> Chain {
     let ranges = &p.sp.load_balancer_source_ranges;
     let mut items: Vec<KeyPart> = ranges.iter().map(|c| KeyPart::Net(*c)).collect();
@@ -235,8 +236,13 @@ fn firewall_chain(p: &Plan) -> Chain {
     if from_node {
         items.extend(p.sp.load_balancer_vips.iter().map(|ip| KeyPart::Addr(*ip)));
     }
-    let blocked = Expr::InAnon { field: Field::Saddr(p.family), neq: true, set: AnonSet { items, sep: ListSep::SpacedComma } };
-    Chain::regular(p.chains.firewall.clone(), vec![Rule::new(vec![blocked, Expr::Verdict(Verdict::Drop)])])
+    let mut exprs = Vec::with_capacity(2);
+    if !items.is_empty() {
+        let set = AnonSet { items, sep: ListSep::SpacedComma };
+        exprs.push(Expr::InAnon { field: Field::Saddr(p.family), neq: true, set });
+    }
+    exprs.push(Expr::Verdict(Verdict::Drop));
+    Chain::regular(p.chains.firewall.clone(), vec![Rule::new(exprs)])
 }
 
 /// An `endpoint-…` chain: hairpin masquerade, affinity update, DNAT.

@@ -443,6 +443,38 @@ fn local_policies_without_local_endpoints_are_counted_and_dropped() {
     assert!(dump.contains("no-endpoint-nodeports { tcp . 3001 comment \"ns1/svc1:p80\" : drop }"), "{dump}");
 }
 
+/// Ranges with leading zeros are read as upstream reads them; ranges that
+/// all fail to parse give the load balancer IP a firewall chain that drops
+/// every source.
+#[test]
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_fail_closed() {
+    let lb = |name: &str, ranges: Value, vip: &str| {
+        let spec = json!({"type": "LoadBalancer", "clusterIP": "172.30.1.1", "ports": [port(80, 3001)],
+                          "loadBalancerSourceRanges": ranges});
+        [
+            svc("ns", name, spec, json!({"loadBalancer": {"ingress": [{"ip": vip}]}})),
+            eps("ns", name, 80, &[remote("10.0.1.2")]),
+        ]
+    };
+    let mut events = lb("zeros", json!(["203.0.113.000/025"]), "5.6.7.8").to_vec();
+    events.extend(lb("bogus", json!(["bogus", "10.0.0.0/33"]), "5.6.7.9"));
+    events.extend(lb("blank", json!([" "]), "5.6.7.10"));
+    let dump = dry_run(&model_with(&events), &fake_ctx());
+    let firewall_rule = |name: &str| {
+        let chain = format!("ns/{name}/tcp/p80 ");
+        dump.lines()
+            .find(|l| l.starts_with("add rule ip kube-proxy firewall-") && l.contains(&chain))
+            .map(|l| l.split_once(&chain).map_or("", |(_, rule)| rule).to_string())
+    };
+    assert_eq!(firewall_rule("zeros").as_deref(), Some("ip saddr != { 203.0.113.0/25 } drop"), "{dump}");
+    assert_eq!(firewall_rule("bogus").as_deref(), Some("drop"), "{dump}");
+    assert_eq!(firewall_rule("blank"), None, "blank ranges restrict nothing, as upstream: {dump}");
+    for vip in ["5.6.7.8", "5.6.7.9"] {
+        let element = format!("add element ip kube-proxy firewall-ips {{ {vip} . tcp . 80 : goto firewall-");
+        assert!(dump.contains(&element), "{element} not in\n{dump}");
+    }
+}
+
 /// `mode: nftables` takes the `nftables:` section (masqueradeBit,
 /// masqueradeAll, sync periods), not `iptables:`, and nodePortAddresses
 /// defaults to the node's primary IP.

@@ -7,6 +7,7 @@ use crate::plan::iptables::iptables_context;
 struct Ipt {
     coord: Addr<Coordinator<IptablesDataplane>>,
     iptables: MemIptables,
+    conntrack: MemConntrack,
     journal: Journal,
 }
 
@@ -17,17 +18,17 @@ fn start_iptables(kernel_chains: &[String]) -> Ipt {
     let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
     let addrs: AddrSource = Box::new(Vec::new);
     let settings = unlimited_settings();
+    let conntrack = MemConntrack::new(&journal);
     let coord = Coordinator::create(|ctx| {
-        let conntrack = MemConntrack::new(&journal);
         let targets = start_iptables_actors(
             iptables.clone(),
-            conntrack,
+            conntrack.clone(),
             &StatsRegistry::default(),
             ctx.address().recipient(),
         );
         Coordinator::with_dataplane(settings, IptablesDataplane::new(targets, addrs, context, kernel_chains))
     });
-    Ipt { coord, iptables, journal }
+    Ipt { coord, iptables, conntrack, journal }
 }
 
 impl Ipt {
@@ -94,18 +95,20 @@ fn a_failed_restore_defers_conntrack_and_makes_the_next_sync_full() {
         ]);
         h.send(first).await;
         sleep(MS).await;
+        let flow = udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53");
+        h.conntrack.insert(flow);
         h.journal.clear();
         h.journal.fail("iptables-restore", 1);
         h.send(vec![dns_slice(&["10.244.2.5"])]).await;
         sleep(10 * MS).await;
         assert!(
-            h.journal.pos("--dst-nat 10.244.1.5").is_none(),
-            "no flush after a failed restore: {:?}",
+            h.journal.pos("conntrack").is_none(),
+            "no reconcile after a failed restore: {:?}",
             h.journal.lines()
         );
         sleep(Duration::from_secs(2)).await;
         let restore = h.journal.lines().iter().rposition(|l| l.starts_with("iptables-restore")).expect("retried");
-        let flush = h.journal.pos("--dst-nat 10.244.1.5").expect("flush after the retry");
+        let flush = h.journal.pos(&deletion(&flow)).expect("deleted after the retry");
         assert!(restore < flush, "{:?}", h.journal.lines());
         let syncs = h.syncs().await;
         assert!(syncs[1].failed > 0 && !syncs[1].full);
