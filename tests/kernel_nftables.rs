@@ -10,8 +10,8 @@
 mod common;
 
 use common::Netns;
-use kube_proxy_rs::kernel::nftables::{NetlinkNftables, TransactionError};
 use kube_proxy_rs::actors::source::manifests::ManifestDir;
+use kube_proxy_rs::kernel::nftables::{NetlinkNftables, TransactionError};
 use kube_proxy_rs::model::Model;
 use kube_proxy_rs::msgs::nftables::{
     BaseChain, ChainHook, ChainType, Element, Expr, Field, KeyPart, KeyType, NftOp, Rule, SetFlag, SetSpec,
@@ -222,7 +222,10 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
             elements: vec![Element::to(key("10.96.0.20", Protocol::Tcp, 443), Verdict::Goto("services".into()))],
         },
         NftOp::FlushChain("nat-prerouting".into()),
-        NftOp::AddElements { set: "no-such-map".into(), elements: vec![Element::key(key("10.96.0.21", Protocol::Tcp, 80))] },
+        NftOp::AddElements {
+            set: "no-such-map".into(),
+            elements: vec![Element::key(key("10.96.0.21", Protocol::Tcp, 80))],
+        },
     ];
     match apply(&ns, IpFamily::V4, bad) {
         Err(TransactionError::Refused { index, op, errno }) => {
@@ -298,7 +301,11 @@ fn the_demo_ruleset_in_one_transaction_lists_as_nft_f_of_the_same_text() {
 #[test]
 fn a_masquerade_all_rule_lists_as_nft_f_of_the_same_text() {
     let masq_all = Rule::new(vec![
-        Expr::Cmp { field: Field::Daddr(IpFamily::V4), neq: false, value: KeyPart::Addr("10.96.0.10".parse().expect("IP")) },
+        Expr::Cmp {
+            field: Field::Daddr(IpFamily::V4),
+            neq: false,
+            value: KeyPart::Addr("10.96.0.10".parse().expect("IP")),
+        },
         Expr::ProtoDport { proto: Protocol::Udp, port: 53 },
         Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
     ]);

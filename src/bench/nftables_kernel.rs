@@ -279,7 +279,14 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
             Some(1.0),
         );
     } else {
-        figure(out, n, "cold: ours (plan + staging + transactions), no `nft -f` above --tool-max", ms(ours), "ms", None);
+        figure(
+            out,
+            n,
+            "cold: ours (plan + staging + transactions), no `nft -f` above --tool-max",
+            ms(ours),
+            "ms",
+            None,
+        );
     }
     let mut t: Vec<f64> = change_times.iter().map(|d| ms(*d)).collect();
     t.sort_by(f64::total_cmp);

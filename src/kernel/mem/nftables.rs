@@ -226,8 +226,11 @@ fn apply_in(t: &mut MemTable, op: &NftOp) -> Applied {
 /// Whether a rule or a map element of `t` jumps or goes to `chain`.
 fn chain_used(t: &MemTable, chain: &str) -> bool {
     let by_rule = t.chains.values().flat_map(|c| &c.rules).any(|r| r.chains().any(|c| c == chain));
-    let by_element =
-        t.sets.values().flat_map(|s| s.elements.values()).any(|e| e.value.as_ref().and_then(|v| v.chain()) == Some(chain));
+    let by_element = t
+        .sets
+        .values()
+        .flat_map(|s| s.elements.values())
+        .any(|e| e.value.as_ref().and_then(|v| v.chain()) == Some(chain));
     by_rule || by_element
 }
 
@@ -307,7 +310,10 @@ mod tests {
     }
 
     fn to(chain: &str, ip: &str) -> NftOp {
-        NftOp::AddElements { set: "service-ips".into(), elements: vec![Element::to(key(ip), Verdict::Goto(chain.into()))] }
+        NftOp::AddElements {
+            set: "service-ips".into(),
+            elements: vec![Element::to(key(ip), Verdict::Goto(chain.into()))],
+        }
     }
 
     fn chain(name: &str) -> NftOp {
@@ -321,8 +327,13 @@ mod tests {
     /// A table with a map, a chain an element goes to, a chain a rule jumps to.
     fn table() -> MemNftables {
         let k = MemNftables::default();
-        let map = SetSpec::verdict_map("service-ips", vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService], None);
-        let dispatch = Expr::Vmap { key: vec![Field::Daddr(V4), Field::L4proto, Field::Dport], map: "service-ips".into() };
+        let map = SetSpec::verdict_map(
+            "service-ips",
+            vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
+            None,
+        );
+        let dispatch =
+            Expr::Vmap { key: vec![Field::Daddr(V4), Field::L4proto, Field::Dport], map: "service-ips".into() };
         let ops = vec![
             NftOp::add_table(),
             chain("services"),
@@ -355,7 +366,10 @@ mod tests {
         assert_eq!(t.chains.keys().collect::<Vec<_>>(), ["mark", "service-a", "services"]);
         assert_eq!(t.sets["service-ips"].elements.len(), 1);
         // A good op, then a missing chain deleted: neither applies.
-        assert_eq!(refused(&k, vec![to("service-a", "10.96.0.2"), NftOp::DeleteChain("gone".into())]), (1, libc::ENOENT));
+        assert_eq!(
+            refused(&k, vec![to("service-a", "10.96.0.2"), NftOp::DeleteChain("gone".into())]),
+            (1, libc::ENOENT)
+        );
         // Still referenced: by a map element, by a rule's jump; a set by a rule.
         assert_eq!(refused(&k, vec![NftOp::DeleteChain("service-a".into())]), (0, libc::EBUSY));
         assert_eq!(refused(&k, vec![NftOp::DeleteChain("mark".into())]), (0, libc::EBUSY));
@@ -371,7 +385,10 @@ mod tests {
         assert_eq!(refused(&k, vec![to("mark", "10.96.0.1")]), (0, libc::EEXIST));
         // Missing: what a rule or an element names, an element deleted.
         assert_eq!(refused(&k, vec![to("nowhere", "10.96.0.3")]), (0, libc::ENOENT));
-        assert_eq!(refused(&k, vec![rule("services", vec![Expr::Verdict(Verdict::Goto("x".into()))])]), (0, libc::ENOENT));
+        assert_eq!(
+            refused(&k, vec![rule("services", vec![Expr::Verdict(Verdict::Goto("x".into()))])]),
+            (0, libc::ENOENT)
+        );
         let gone = NftOp::DeleteElements { set: "service-ips".into(), keys: vec![key("10.96.0.9")] };
         assert_eq!(refused(&k, vec![gone]), (0, libc::ENOENT));
         // An element that is not the map's: EINVAL.

@@ -15,7 +15,7 @@ use netlink_packet_netfilter::nftables::Expressions;
 
 use super::attrs::{data_value, str_attr, u32_attr, verdict_data};
 use super::types::padded_len;
-use crate::msgs::nftables::{CtState, Expr, Field, FibKey, KeyPart, MarkOp, Rule, Verdict};
+use crate::msgs::nftables::{CtState, Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
 use crate::net::IpFamily;
 
 /// An op the codec cannot encode (a planner bug, or a rule form `nft`

@@ -153,9 +153,10 @@ impl NetlinkNftables {
             .min();
         match refused {
             None if errors.is_empty() => Ok(()),
-            None => {
-                Err(TransactionError::unknown("transaction", format!("the kernel refused the batch itself: {errors:?}")))
-            }
+            None => Err(TransactionError::unknown(
+                "transaction",
+                format!("the kernel refused the batch itself: {errors:?}"),
+            )),
             Some((m, code)) => {
                 let index = owner[m];
                 Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(code) })

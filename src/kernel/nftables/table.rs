@@ -123,7 +123,10 @@ impl<K: NfTables> Subsystem for NftablesTable<K> {
     /// The cheap drift check: the ruleset's generation, and only if it
     /// moved, the table's handle, use count and flags (two small gets, no
     /// listing). Drift is what only a full sync repairs.
-    fn verify(&self, _desired: Vec<Arc<Transaction>>) -> impl Future<Output = KResult<Checked<Arc<Transaction>>>> + 'static {
+    fn verify(
+        &self,
+        _desired: Vec<Arc<Transaction>>,
+    ) -> impl Future<Output = KResult<Checked<Arc<Transaction>>>> + 'static {
         let me = self.clone();
         async move {
             let drift = match me.drift().await {

@@ -12,7 +12,7 @@ mod values;
 use std::fmt;
 
 pub use objects::{BaseChain, ChainHook, ChainType, Element, SetData, SetFlag, SetSpec};
-pub use rule::{AnonSet, CtState, Expr, Field, FibKey, ListSep, MarkOp, Rule};
+pub use rule::{AnonSet, CtState, Expr, FibKey, Field, ListSep, MarkOp, Rule};
 pub use values::{nft_family, quote, Hex, Key, KeyPart, KeyType, Verdict};
 
 use crate::net::IpFamily;
@@ -26,24 +26,45 @@ pub const TABLE_COMMENT: &str = "rules for kube-proxy";
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NftOp {
     /// `add table` (an existing table is kept).
-    AddTable { comment: Option<String> },
+    AddTable {
+        comment: Option<String>,
+    },
     DeleteTable,
     /// `add chain` (an existing chain is kept; its rules are separate ops).
-    AddChain { name: String, base: Option<BaseChain>, comment: Option<String> },
+    AddChain {
+        name: String,
+        base: Option<BaseChain>,
+        comment: Option<String>,
+    },
     /// `flush chain`: its rules go, the chain stays.
     FlushChain(String),
     DeleteChain(String),
     /// `add rule CHAIN RULE` (appended).
-    AddRule { chain: String, rule: Rule },
+    AddRule {
+        chain: String,
+        rule: Rule,
+    },
     /// `add set` / `add map`.
     AddSet(SetSpec),
     /// `flush set` / `flush map`: every element goes, the set stays.
-    FlushSet { name: String, map: bool },
-    DeleteSet { name: String, map: bool },
+    FlushSet {
+        name: String,
+        map: bool,
+    },
+    DeleteSet {
+        name: String,
+        map: bool,
+    },
     /// `add element`: one op for consecutive elements of one set ([`push`]).
-    AddElements { set: String, elements: Vec<Element> },
+    AddElements {
+        set: String,
+        elements: Vec<Element>,
+    },
     /// `delete element` by key, likewise.
-    DeleteElements { set: String, keys: Vec<Vec<KeyPart>> },
+    DeleteElements {
+        set: String,
+        keys: Vec<Vec<KeyPart>>,
+    },
 }
 
 impl NftOp {
@@ -151,7 +172,9 @@ impl fmt::Display for Transaction {
         let head = |verb: &str, kind: &str| format!("{verb} {kind} {family} {TABLE}");
         for op in &self.ops {
             match op {
-                NftOp::AddTable { comment: Some(c) } => writeln!(f, "{} {{ comment {} ; }}", head("add", "table"), quote(c))?,
+                NftOp::AddTable { comment: Some(c) } => {
+                    writeln!(f, "{} {{ comment {} ; }}", head("add", "table"), quote(c))?
+                }
                 NftOp::AddTable { comment: None } => writeln!(f, "{}", head("add", "table"))?,
                 NftOp::DeleteTable => writeln!(f, "{}", head("delete", "table"))?,
                 NftOp::AddChain { name, base, comment } => {

@@ -102,15 +102,32 @@ pub enum MarkOp {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Expr {
     /// `ip daddr 10.96.0.1`, `ip saddr != 10.0.0.0/8`, `meta l4proto tcp`.
-    Cmp { field: Field, neq: bool, value: KeyPart },
+    Cmp {
+        field: Field,
+        neq: bool,
+        value: KeyPart,
+    },
     /// `ip daddr { 10.96.0.0/12,10.200.0.0/16 }`, `ip saddr != { 203.0.113.0/25 }`.
-    InAnon { field: Field, neq: bool, set: AnonSet },
+    InAnon {
+        field: Field,
+        neq: bool,
+        set: AnonSet,
+    },
     /// `tcp dport 80`: the transport protocol, and its destination port.
-    ProtoDport { proto: Protocol, port: u16 },
+    ProtoDport {
+        proto: Protocol,
+        port: u16,
+    },
     /// `ip daddr @cluster-ips`: the key is in the named set.
-    Lookup { key: Vec<Field>, set: String },
+    Lookup {
+        key: Vec<Field>,
+        set: String,
+    },
     /// `ip daddr . meta l4proto . th dport vmap @service-ips`.
-    Vmap { key: Vec<Field>, map: String },
+    Vmap {
+        key: Vec<Field>,
+        map: String,
+    },
     /// `numgen random mod N vmap { 0 : goto a , 1 : goto b }`: one of the
     /// verdicts at random.
     NumgenVmap(Vec<Verdict>),
@@ -119,19 +136,33 @@ pub enum Expr {
     /// `fib daddr type local`: the address is one of the node's.
     FibLocal(FibKey),
     /// `mark and 0x4000 == 0`.
-    MarkTest { mask: Hex, value: u32 },
+    MarkTest {
+        mask: Hex,
+        value: u32,
+    },
     /// `iif cbr0`, `iif != veth*`: upstream's interface local-traffic
     /// detectors (the codec does not compile them: `nft` resolves an
     /// interface name to its index when it reads the rule).
-    Iif { name: String, neq: bool },
+    Iif {
+        name: String,
+        neq: bool,
+    },
     /// `update @affinity-... { ip saddr }`.
-    Update { set: String, key: Field },
+    Update {
+        set: String,
+        key: Field,
+    },
     /// `mark set mark or 0x4000`.
-    MarkSet { op: MarkOp, bits: Hex },
+    MarkSet {
+        op: MarkOp,
+        bits: Hex,
+    },
     /// `dnat to 10.180.0.1:80` (`[fd00::1]:80`).
     Dnat(SocketAddr),
     /// `masquerade fully-random`.
-    Masquerade { fully_random: bool },
+    Masquerade {
+        fully_random: bool,
+    },
     /// `reject`: ICMP port unreachable.
     Reject,
     Verdict(Verdict),

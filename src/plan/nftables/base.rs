@@ -7,7 +7,7 @@ use super::context::{NftablesContext, NodePorts};
 use super::names::*;
 use super::ruleset::{Chain, Objects, SetElement};
 use crate::msgs::nftables::{
-    AnonSet, BaseChain, ChainHook, ChainType, CtState, Element, Expr, Field, FibKey, KeyPart, KeyType, ListSep, MarkOp,
+    AnonSet, BaseChain, ChainHook, ChainType, CtState, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, MarkOp,
     Rule, SetSpec, Verdict,
 };
 use crate::net::IpFamily;

@@ -11,7 +11,7 @@ use super::ruleset::{Chain, Objects, SetElement};
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
 use crate::msgs::nftables::{
-    AnonSet, Element, Expr, Field, FibKey, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
+    AnonSet, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
 };
 use crate::net::{IpFamily, Protocol};
 

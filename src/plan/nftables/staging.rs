@@ -122,4 +122,3 @@ fn chain_rank(name: &str) -> u8 {
         .position(|p| name.starts_with(p))
         .map_or(4, |i| i as u8)
 }
-

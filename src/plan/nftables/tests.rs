@@ -769,7 +769,8 @@ pub(super) fn v6_model() -> Model {
                "sessionAffinity": "ClientIP"}),
         json!({}),
     );
-    let mut sl = slice("ns1", "svc1-1", "svc1", &[("p80", "TCP", 80)], &[no_node("fd00:10:180::1"), no_node("fd00:10:180::2")]);
+    let mut sl =
+        slice("ns1", "svc1-1", "svc1", &[("p80", "TCP", 80)], &[no_node("fd00:10:180::1"), no_node("fd00:10:180::2")]);
     sl.address_type = "IPv6".into();
     m.record(&s).unwrap();
     m.record(&applied_slice(sl)).unwrap();

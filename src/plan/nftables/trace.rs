@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::names;
 use crate::kernel::mem::MemTable;
-use crate::msgs::nftables::{Expr, Field, FibKey, KeyPart, MarkOp, Rule, Verdict};
+use crate::msgs::nftables::{Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
 use crate::net::Protocol;
 
 /// A connection's first packet.

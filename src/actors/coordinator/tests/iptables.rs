@@ -47,9 +47,7 @@ impl Ipt {
 
 /// The per-service chains a restore writes (declared and filled).
 fn service_chains(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(":KUBE-SVC-").map(|_| &l[1..l.find(' ').unwrap_or(l.len())]))
-        .collect()
+    text.lines().filter_map(|l| l.strip_prefix(":KUBE-SVC-").map(|_| &l[1..l.find(' ').unwrap_or(l.len())])).collect()
 }
 
 fn two_services() -> Vec<SourceEvent> {
@@ -101,11 +99,7 @@ fn a_failed_restore_defers_conntrack_and_makes_the_next_sync_full() {
         h.journal.fail("iptables-restore", 1);
         h.send(vec![dns_slice(&["10.244.2.5"])]).await;
         sleep(10 * MS).await;
-        assert!(
-            h.journal.pos("conntrack").is_none(),
-            "no reconcile after a failed restore: {:?}",
-            h.journal.lines()
-        );
+        assert!(h.journal.pos("conntrack").is_none(), "no reconcile after a failed restore: {:?}", h.journal.lines());
         sleep(Duration::from_secs(2)).await;
         let restore = h.journal.lines().iter().rposition(|l| l.starts_with("iptables-restore")).expect("retried");
         let flush = h.journal.pos(&deletion(&flow)).expect("deleted after the retry");

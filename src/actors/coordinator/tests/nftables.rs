@@ -52,8 +52,7 @@ pub(super) fn start_nftables(node: &str, kernel: &MemNftables, context: NftConte
     let nft = kernel.clone();
     let coord = Coordinator::create(|ctx| {
         let conntrack = MemConntrack::new(&nft.journal);
-        let targets =
-            start_nftables_actors(nft, V4, conntrack, &StatsRegistry::default(), ctx.address().recipient());
+        let targets = start_nftables_actors(nft, V4, conntrack, &StatsRegistry::default(), ctx.address().recipient());
         Coordinator::with_dataplane(settings, NftablesDataplane::new(V4, targets, addrs, context))
     });
     Nft { coord, kernel: kernel.clone(), t0: Instant::now() }
