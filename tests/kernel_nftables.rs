@@ -114,8 +114,8 @@ fn one_transaction_writes_what_nft_writes_for_the_same_text() {
 /// upstream kube-proxy's table, which `nft -f` wrote, and upstream's of
 /// ours): the kernel refuses to add a set that exists with another
 /// definition (EEXIST), so the maps and the affinity sets must be defined
-/// as `nft` defines them. (Ours marked concatenated keys as `nft` does only
-/// for interval sets, and were refused.)
+/// as `nft` defines them (`nft` marks concatenated keys only in interval
+/// sets).
 #[test]
 fn each_writes_over_the_table_the_other_wrote() {
     for (family, nft_family, addr, key_type, name) in [

@@ -513,8 +513,8 @@ mod tests {
     /// What `nft` sends for upstream's maps and sets (`nft --debug=netlink`
     /// prints flags 8 for `service-ips`): a map flag, no concatenation flag
     /// and no field lengths (those are for interval sets). With them the
-    /// kernel refused our `add map service-ips` over a table `nft -f` wrote
-    /// (EEXIST), and every full sync over upstream's table failed.
+    /// kernel would refuse our `add map service-ips` over a table `nft -f`
+    /// wrote (EEXIST), and every full sync over upstream's table.
     #[test]
     fn sets_are_defined_as_nft_defines_them() {
         let concat = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];

@@ -1,11 +1,13 @@
-//! nf_tables over netlink: the transaction the nftables mode's actor will
-//! send, one per sync, carrying only what changed (issue 17).
+//! nf_tables over netlink: the transactions nftables mode's actor sends,
+//! carrying only what changed, as typed ops ([`crate::msgs::nftables`]).
 //!
 //! - Codec: `netlink-packet-netfilter` (rust-netlink, MIT; already the
 //!   ctnetlink codec here) has nf_tables' tables, chains, sets, set
 //!   elements, rules and the batch markers; expressions it does not model
 //!   go through its `Expressions::Other` (name and attributes). The ops are
-//!   built in [`codec`]; this module sends them.
+//!   encoded in [`codec`] (rules in [`expr`]); this module sends them.
+//! - [`NftablesTable`] is the actor's handle on one family's table, over
+//!   [`NfTables`]: this socket, or the in-memory kernel in tests.
 //! - One [`NetlinkNftables::apply`] is one transaction: `NFNL_MSG_BATCH_BEGIN`,
 //!   the ops, `NFNL_MSG_BATCH_END`, in one datagram on a socket of its own.
 //!   The kernel applies all or nothing; ops ask no ack (as `nft`), every
