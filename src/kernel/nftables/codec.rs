@@ -514,7 +514,7 @@ mod tests {
     /// prints flags 8 for `service-ips`): a map flag, no concatenation flag
     /// and no field lengths (those are for interval sets). With them the
     /// kernel would refuse our `add map service-ips` over a table `nft -f`
-    /// wrote (EEXIST), and every full sync over upstream's table.
+    /// wrote (EEXIST), so every full sync over upstream's table would fail.
     #[test]
     fn sets_are_defined_as_nft_defines_them() {
         let concat = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
