@@ -13,6 +13,8 @@
 //! - Comments go in the object's user data as libnftnl writes them: one
 //!   TLV (type, length, the text with its NUL).
 
+use std::net::IpAddr;
+
 use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Hook, HookNumber, InetHookNumber, ListAttribute,
@@ -23,8 +25,8 @@ use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
 use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError, Unencodable};
-use super::types::{field_len, key_bytes, type_id};
-use crate::msgs::nftables::{ChainHook, Element, NftOp, SetFlag, SetSpec, Verdict};
+use super::types::{field_len, type_id};
+use crate::msgs::nftables::{ChainHook, Element, KeyPart, NftOp, SetFlag, SetSpec, Verdict};
 use crate::net::IpFamily;
 
 /// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
@@ -432,6 +434,25 @@ fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, Unencodabl
     Ok(ListAttribute::Element(attrs))
 }
 
+/// An element's key: each field in network order, padded to 4 bytes. A
+/// CIDR is not a key of the sets here (no interval sets).
+pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, Unencodable> {
+    let mut out = Vec::with_capacity(key.len() * 4);
+    for part in key {
+        match part {
+            KeyPart::Addr(IpAddr::V4(a)) => out.extend_from_slice(&a.octets()),
+            KeyPart::Addr(IpAddr::V6(a)) => out.extend_from_slice(&a.octets()),
+            KeyPart::Proto(p) => out.extend_from_slice(&[p.number(), 0, 0, 0]),
+            KeyPart::Port(p) => {
+                out.extend_from_slice(&p.to_be_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
+            KeyPart::Net(n) => return Err(Unencodable::IntervalKey { key: *n }),
+        }
+    }
+    Ok(out)
+}
+
 fn verdict_data(v: &Verdict) -> DataAttribute {
     let attrs = match v {
         Verdict::Accept => vec![VerdictAttribute::Code(NlVerdict::Other(NF_ACCEPT))],
@@ -454,7 +475,7 @@ fn comment_udata(kind: u8, comment: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msgs::nftables::{KeyPart, KeyType};
+    use crate::msgs::nftables::KeyType;
     use crate::net::Protocol;
 
     /// A message's bytes after the netlink header, as the kernel would send them.

@@ -47,7 +47,7 @@ pub enum TransactionError {
     #[error("nf_tables {what}: outcome unknown: {why}")]
     Unknown { what: String, why: String },
     /// The socket failed while sending or reading: outcome unknown.
-    #[error("nf_tables {what}: outcome unknown")]
+    #[error("nf_tables {what}: {source}; outcome unknown")]
     Io {
         what: String,
         #[source]
@@ -58,7 +58,7 @@ pub enum TransactionError {
     Encode(#[from] EncodeError),
     /// The datagram was refused whole (larger than the socket may send,
     /// e.g. without CAP_NET_ADMIN to raise its buffer): nothing applied.
-    #[error("nf_tables transaction of {ops} ops refused whole; nothing applied")]
+    #[error("nf_tables transaction of {ops} ops refused whole ({source}); nothing applied")]
     TooLarge {
         ops: usize,
         #[source]
