@@ -13,7 +13,7 @@ use std::fmt;
 
 pub use objects::{BaseChain, ChainHook, ChainType, Element, SetData, SetFlag, SetSpec};
 pub use rule::{AnonSet, CtState, Expr, FibKey, Field, ListSep, MarkOp, Rule};
-pub use values::{nft_family, quote, Hex, Key, KeyPart, KeyType, Verdict};
+pub use values::{concat, nft_family, quote, Hex, Joined, KeyPart, KeyType, Verdict};
 
 use crate::net::IpFamily;
 
@@ -122,7 +122,7 @@ impl fmt::Display for NftOp {
                 write!(f, "add element {set} {}", first_of(elements.len(), elements.first().map(|e| e.to_string())))
             }
             NftOp::DeleteElements { set, keys } => {
-                let first = keys.first().map(|k| Key(k).to_string());
+                let first = keys.first().map(|k| concat(k).to_string());
                 write!(f, "delete element {set} {}", first_of(keys.len(), first))
             }
         }
@@ -206,7 +206,7 @@ impl fmt::Display for Transaction {
                 NftOp::DeleteElements { set, keys } => {
                     let head = head("delete", "element");
                     for k in keys {
-                        writeln!(f, "{head} {set} {{ {} }}", Key(k))?;
+                        writeln!(f, "{head} {set} {{ {} }}", concat(k))?;
                     }
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::values::{quote, Key, KeyPart, KeyType, Verdict};
+use super::values::{concat, quote, Joined, KeyPart, KeyType, Verdict};
 
 /// A base chain's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -139,20 +139,13 @@ impl SetSpec {
 impl fmt::Display for SetSpec {
     /// The definition: `{ type K . K : verdict ; flags a,b ; timeout Ns ; comment "c" ; }`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("{ type ")?;
-        for (i, k) in self.key.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" . ")?;
-            }
-            write!(f, "{k}")?;
-        }
+        write!(f, "{{ type {}", concat(&self.key))?;
         if let Some(d) = &self.data {
             write!(f, " : {d}")?;
         }
         f.write_str(" ;")?;
         if !self.flags.is_empty() {
-            let flags: Vec<String> = self.flags.iter().map(ToString::to_string).collect();
-            write!(f, " flags {} ;", flags.join(","))?;
+            write!(f, " flags {} ;", Joined(&self.flags, ","))?;
         }
         if let Some(t) = self.timeout {
             write!(f, " timeout {t}s ;")?;
@@ -187,7 +180,7 @@ impl Element {
 impl fmt::Display for Element {
     /// `key [comment "c"] [: value]`, as knftables writes it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", Key(&self.key))?;
+        write!(f, "{}", concat(&self.key))?;
         if let Some(c) = &self.comment {
             write!(f, " comment {}", quote(c))?;
         }

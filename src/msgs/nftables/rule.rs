@@ -7,7 +7,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use super::values::{nft_family, quote, Hex, KeyPart, KeyType, Verdict};
+use super::values::{concat, nft_family, quote, Hex, Joined, KeyPart, KeyType, Verdict};
 use crate::net::{IpFamily, Protocol};
 
 /// What a match, a lookup or an update reads from the packet.
@@ -67,14 +67,7 @@ impl fmt::Display for AnonSet {
             ListSep::Comma => ",",
             ListSep::SpacedComma => " , ",
         };
-        f.write_str("{ ")?;
-        for (i, item) in self.items.iter().enumerate() {
-            if i > 0 {
-                f.write_str(sep)?;
-            }
-            write!(f, "{item}")?;
-        }
-        f.write_str(" }")
+        write!(f, "{{ {} }}", Joined(&self.items, sep))
     }
 }
 
@@ -176,29 +169,14 @@ fn not(neq: bool) -> &'static str {
     }
 }
 
-/// A concatenation's fields, joined by ` . `.
-struct Concat<'a>(&'a [Field]);
-
-impl fmt::Display for Concat<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, field) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" . ")?;
-            }
-            write!(f, "{field}")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Expr::Cmp { field, neq, value } => write!(f, "{field} {}{value}", not(*neq)),
             Expr::InAnon { field, neq, set } => write!(f, "{field} {}{set}", not(*neq)),
             Expr::ProtoDport { proto, port } => write!(f, "{} dport {port}", proto.lower()),
-            Expr::Lookup { key, set } => write!(f, "{} @{set}", Concat(key)),
-            Expr::Vmap { key, map } => write!(f, "{} vmap @{map}", Concat(key)),
+            Expr::Lookup { key, set } => write!(f, "{} @{set}", concat(key)),
+            Expr::Vmap { key, map } => write!(f, "{} vmap @{map}", concat(key)),
             Expr::NumgenVmap(verdicts) => {
                 write!(f, "numgen random mod {} vmap {{ ", verdicts.len())?;
                 for (i, v) in verdicts.iter().enumerate() {
@@ -267,12 +245,7 @@ impl Rule {
 impl fmt::Display for Rule {
     /// Upstream's text: the expressions joined by spaces, then `comment "..."`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.exprs.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            write!(f, "{e}")?;
-        }
+        write!(f, "{}", Joined(&self.exprs, " "))?;
         if let Some(c) = &self.comment {
             write!(f, " comment {}", quote(c))?;
         }

@@ -89,19 +89,24 @@ impl fmt::Display for KeyPart {
     }
 }
 
-/// A key as nft writes it: its parts joined by ` . `.
-pub struct Key<'a>(pub &'a [KeyPart]);
+/// Values written one after the other, `sep` between them.
+pub struct Joined<'a, T>(pub &'a [T], pub &'static str);
 
-impl fmt::Display for Key<'_> {
+impl<T: fmt::Display> fmt::Display for Joined<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, part) in self.0.iter().enumerate() {
+        for (i, v) in self.0.iter().enumerate() {
             if i > 0 {
-                f.write_str(" . ")?;
+                f.write_str(self.1)?;
             }
-            write!(f, "{part}")?;
+            write!(f, "{v}")?;
         }
         Ok(())
     }
+}
+
+/// A key (or a concatenation) as nft writes it: its parts joined by ` . `.
+pub fn concat<T>(parts: &[T]) -> Joined<'_, T> {
+    Joined(parts, " . ")
 }
 
 /// A verdict: a rule's, or a verdict map element's value.
@@ -161,7 +166,7 @@ mod tests {
         assert_eq!(Hex { value: 0x4000, width: 0 }.to_string(), "0x4000");
         assert_eq!(Hex { value: 1 << 31, width: 8 }.to_string(), "0x80000000");
         let key = [KeyPart::Addr("10.96.0.10".parse().unwrap()), KeyPart::Proto(Protocol::Udp), KeyPart::Port(53)];
-        assert_eq!(Key(&key).to_string(), "10.96.0.10 . udp . 53");
+        assert_eq!(concat(&key).to_string(), "10.96.0.10 . udp . 53");
         assert_eq!(KeyPart::Net("fd00::/64".parse().unwrap()).to_string(), "fd00::/64");
         assert_eq!(Verdict::Goto("service-X".into()).to_string(), "goto service-X");
         assert_eq!(quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
