@@ -53,7 +53,8 @@ fn cases() -> Vec<(String, Transaction)> {
         "repeated: three ServiceCIDRs, all node ports".to_string(),
         full_sync(&rs, &KernelObjects::default(), false).tx,
     ));
-    let rs = desired(&v6_model(), &v6_ctx());
+    let affinity = serde_json::json!({"sessionAffinity": "ClientIP"});
+    let rs = desired(&v6_model(affinity, &["fd00:10:180::1", "fd00:10:180::2"]), &v6_ctx());
     out.push(("ipv6: full sync".to_string(), full_sync(&rs, &KernelObjects::default(), true).tx));
     let mut model = model_with(&repeated_events());
     let mut rs = desired(&model, &fake_ctx());

@@ -51,6 +51,8 @@ pub mod transactions;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
+mod planner_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
 pub(crate) mod trace;

@@ -50,17 +50,6 @@ fn service_chains(text: &str) -> Vec<&str> {
     text.lines().filter_map(|l| l.strip_prefix(":KUBE-SVC-").map(|_| &l[1..l.find(' ').unwrap_or(l.len())])).collect()
 }
 
-fn two_services() -> Vec<SourceEvent> {
-    let mut ev = synced();
-    ev.extend([
-        web_svc("web", "10.96.0.20"),
-        web_slice("web", &["10.244.1.1"]),
-        web_svc("api", "10.96.0.21"),
-        web_slice("api", &["10.244.1.2"]),
-    ]);
-    ev
-}
-
 #[test]
 fn full_sync_first_then_a_change_rewrites_only_its_services_chains() {
     run_paused(|| async {

@@ -159,6 +159,18 @@ fn web_svc(name: &str, ip: &str) -> SourceEvent {
     applied_service(service("default", name, ip, &[("http", "TCP", 80, 0)]))
 }
 
+/// Two ClusterIP services, web and api, one endpoint each, with the sources' synced markers.
+fn two_services() -> Vec<SourceEvent> {
+    let mut ev = synced();
+    ev.extend([
+        web_svc("web", "10.96.0.20"),
+        web_slice("web", &["10.244.1.1"]),
+        web_svc("api", "10.96.0.21"),
+        web_slice("api", &["10.244.1.2"]),
+    ]);
+    ev
+}
+
 fn web_slice(name: &str, ips: &[&str]) -> SourceEvent {
     let eps: Vec<Ep> = ips.iter().map(|i| ep(i, "node-b")).collect();
     applied_slice(slice("default", &format!("{name}-1"), name, &[("http", "TCP", 8080)], &eps))

@@ -97,15 +97,13 @@ fn fresh(events: &[SourceEvent]) -> MemTable {
     MemTable { handle: 0, ..kernel.table(V4, TABLE).expect("the table") }
 }
 
-fn two_services() -> Vec<SourceEvent> {
-    let mut ev = synced();
-    ev.extend([
-        web_svc("web", "10.96.0.20"),
-        web_slice("web", &["10.244.1.1"]),
-        web_svc("api", "10.96.0.21"),
-        web_slice("api", &["10.244.1.2"]),
-    ]);
-    ev
+/// nftables mode on node-a that has synced [`two_services`], 1 ms ago, and those events.
+async fn with_two_services() -> (Nft, Vec<SourceEvent>) {
+    let h = start_nftables("node-a", &MemNftables::default(), node_a_context());
+    let events = two_services();
+    h.send(events.clone()).await;
+    sleep(MS).await;
+    (h, events)
 }
 
 /// `name`'s chains (per-service chains hold `default/<name>/`).
@@ -116,11 +114,7 @@ fn chains_of<'a>(t: &'a MemTable, name: &str) -> Vec<&'a String> {
 #[test]
 fn a_full_sync_then_a_partial_one_writing_the_changed_service_only() {
     run_paused(|| async {
-        let kernel = MemNftables::default();
-        let h = start_nftables("node-a", &kernel, node_a_context());
-        let mut events = two_services();
-        h.send(events.clone()).await;
-        sleep(MS).await;
+        let (h, mut events) = with_two_services().await;
         assert_eq!(h.table(), fresh(&events));
         assert_eq!(chains_of(&h.table(), "web").len(), 2, "service and endpoint chain");
         h.kernel.journal.clear();
@@ -141,11 +135,7 @@ fn a_full_sync_then_a_partial_one_writing_the_changed_service_only() {
 #[test]
 fn a_refused_transaction_changes_nothing_and_the_next_sync_is_full() {
     run_paused(|| async {
-        let kernel = MemNftables::default();
-        let h = start_nftables("node-a", &kernel, node_a_context());
-        let mut events = two_services();
-        h.send(events.clone()).await;
-        sleep(MS).await;
+        let (h, mut events) = with_two_services().await;
         let before = h.table();
         h.kernel.journal.fail("add chain endpoint-", 1);
         let change = web_slice("web", &["10.244.1.1", "10.244.1.3"]);
@@ -165,11 +155,7 @@ fn a_refused_transaction_changes_nothing_and_the_next_sync_is_full() {
 #[test]
 fn stale_chains_are_flushed_at_once_and_deleted_a_second_later() {
     run_paused(|| async {
-        let kernel = MemNftables::default();
-        let h = start_nftables("node-a", &kernel, node_a_context());
-        let mut events = two_services();
-        h.send(events.clone()).await;
-        sleep(MS).await;
+        let (h, mut events) = with_two_services().await;
         let change = web_slice("web", &["10.244.1.3"]);
         h.send(vec![change.clone()]).await;
         sleep(MS).await;
@@ -217,11 +203,7 @@ fn a_table_an_earlier_run_left_is_adopted_and_its_leftovers_go() {
 #[test]
 fn the_sync_period_checks_for_drift_and_writes_a_deleted_table_back() {
     run_paused(|| async {
-        let kernel = MemNftables::default();
-        let h = start_nftables("node-a", &kernel, node_a_context());
-        let events = two_services();
-        h.send(events.clone()).await;
-        sleep(MS).await;
+        let (h, events) = with_two_services().await;
         let listings = || h.kernel.listings.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(listings(), 1, "the first full sync's");
         h.kernel.journal.clear();
