@@ -585,9 +585,11 @@ fn start_nftables(
     let conntrack = conntrack_handle(family, hooks.metrics())?;
     let context = nft_context_builder(s);
     let settings = coordinator_settings(s);
-    let targets = start_nftables_actors(nft, family, conntrack, registry);
-    let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
-    Ok(Coordinator::with_dataplane(settings, dataplane).with_observer(hooks).start())
+    Ok(Coordinator::create(move |ctx| {
+        let targets = start_nftables_actors(nft, family, conntrack, registry, ctx.address().recipient());
+        let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
+        Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
+    }))
 }
 
 /// The nftables planner's context for the current Node, ServiceCIDRs and addresses.

@@ -1,19 +1,26 @@
-//! The nf_tables netlink client (`kernel::nftables`, issue 17's codec)
-//! against the real kernel, in network namespaces each test creates (the
-//! host's ruleset is never touched): what it writes is what `nft -f` writes
-//! for the same text (`nft list table` compared), each adds its objects over
-//! a table the other wrote, a transaction carries
-//! element deletes and adds and a chain flush at once, and a transaction
-//! with a refused op changes nothing and names that op.
+//! The nf_tables netlink client (`kernel::nftables`) against the real
+//! kernel, in network namespaces each test creates (the host's ruleset is
+//! never touched): what it writes for typed ops is what `nft -f` writes for
+//! their text (`nft list table` compared), each adds its objects over a
+//! table the other wrote, a transaction carries element deletes and adds
+//! and a chain flush at once, and a transaction with a refused op changes
+//! nothing and names that op.
 //! Needs root and `nft`: without them the tests fail, never skip.
 
 mod common;
 
 use common::Netns;
-use kube_proxy_rs::kernel::nftables::{
-    BaseChain, ChainHook, Element, KeyPart, KeyType, NetlinkNftables, NftOp, TransactionError, Verdict,
+use kube_proxy_rs::actors::source::manifests::ManifestDir;
+use kube_proxy_rs::kernel::nftables::{NetlinkNftables, TransactionError};
+use kube_proxy_rs::model::Model;
+use kube_proxy_rs::msgs::nftables::{
+    BaseChain, ChainHook, ChainType, Element, Expr, Field, KeyPart, KeyType, NftOp, Rule, SetFlag, SetSpec,
+    Transaction, Verdict,
 };
-use kube_proxy_rs::net::IpFamily;
+use kube_proxy_rs::net::{IpFamily, Protocol};
+use kube_proxy_rs::plan::nftables::context::mark;
+use kube_proxy_rs::plan::nftables::{desired, NftablesContext, NodePorts};
+use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 
 const TABLE: &str = "kube-proxy";
 
@@ -29,8 +36,12 @@ fn listed(ns: &Netns, family: &str) -> String {
     ns.ok(&["nft", "list", "table", family, TABLE])
 }
 
-fn key(addr: &str, proto: u8, port: u16) -> Vec<KeyPart> {
+fn key(addr: &str, proto: Protocol, port: u16) -> Vec<KeyPart> {
     vec![KeyPart::Addr(addr.parse().expect("test address")), KeyPart::Proto(proto), KeyPart::Port(port)]
+}
+
+fn jump(chain: &str) -> Rule {
+    Rule::new(vec![Expr::Verdict(Verdict::Jump(chain.into()))])
 }
 
 /// Upstream's table skeleton in miniature: the table with its comment, a
@@ -42,22 +53,23 @@ fn skeleton(addr: &str, key_type: KeyType) -> Vec<NftOp> {
         NftOp::AddChain { name: "services".into(), base: None, comment: None },
         NftOp::AddChain {
             name: "nat-prerouting".into(),
-            base: Some(BaseChain { kind: "nat", hook: ChainHook::Prerouting, priority: -100 }),
+            base: Some(BaseChain { kind: ChainType::Nat, hook: ChainHook::Prerouting, priority: -100 }),
             comment: None,
         },
         NftOp::AddChain { name: "service-ULMVA6XW-ns1/svc1/tcp/p80".into(), base: None, comment: None },
-        NftOp::AddSet {
-            name: "service-ips".into(),
-            key: vec![key_type, KeyType::InetProto, KeyType::InetService],
-            verdict_map: true,
-            timeout: None,
-            comment: Some("ClusterIP, ExternalIP and LoadBalancer IP traffic".into()),
-        },
+        NftOp::AddSet(SetSpec::verdict_map(
+            "service-ips",
+            vec![key_type, KeyType::InetProto, KeyType::InetService],
+            Some("ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        )),
         NftOp::AddElements {
             set: "service-ips".into(),
-            elements: vec![Element::to(key(addr, 6, 80), Verdict::Goto("service-ULMVA6XW-ns1/svc1/tcp/p80".into()))],
+            elements: vec![Element::to(
+                key(addr, Protocol::Tcp, 80),
+                Verdict::Goto("service-ULMVA6XW-ns1/svc1/tcp/p80".into()),
+            )],
         },
-        NftOp::AddRule { chain: "nat-prerouting".into(), rule: "jump services".into() },
+        NftOp::AddRule { chain: "nat-prerouting".into(), rule: jump("services") },
     ]
 }
 
@@ -102,8 +114,8 @@ fn one_transaction_writes_what_nft_writes_for_the_same_text() {
 /// upstream kube-proxy's table, which `nft -f` wrote, and upstream's of
 /// ours): the kernel refuses to add a set that exists with another
 /// definition (EEXIST), so the maps and the affinity sets must be defined
-/// as `nft` defines them. (Ours marked concatenated keys as `nft` does only
-/// for interval sets, and were refused.)
+/// as `nft` defines them (`nft` marks concatenated keys only in interval
+/// sets).
 #[test]
 fn each_writes_over_the_table_the_other_wrote() {
     for (family, nft_family, addr, key_type, name) in [
@@ -111,13 +123,11 @@ fn each_writes_over_the_table_the_other_wrote() {
         (IpFamily::V6, "ip6", "fd00:96::10", KeyType::Ipv6Addr, "ipv6_addr"),
     ] {
         let mut ops = skeleton(addr, key_type);
-        ops.push(NftOp::AddSet {
-            name: "affinity-X".into(),
-            key: vec![key_type],
-            verdict_map: false,
+        ops.push(NftOp::AddSet(SetSpec {
+            flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
             timeout: Some(600),
-            comment: None,
-        });
+            ..SetSpec::set("affinity-X", vec![key_type], None)
+        }));
         let text = format!(
             "{}add set {nft_family} {TABLE} affinity-X {{ type {name} ; flags dynamic,timeout ; timeout 600s ; }}\n",
             skeleton_text(nft_family, addr, name)
@@ -139,12 +149,12 @@ fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
     apply(&ns, IpFamily::V4, skeleton("10.96.0.10", KeyType::Ipv4Addr)).expect("the first transaction");
     let chain = "service-ULMVA6XW-ns1/svc1/tcp/p80".to_string();
     let delta = vec![
-        NftOp::DeleteElements { set: "service-ips".into(), keys: vec![key("10.96.0.10", 6, 80)] },
+        NftOp::DeleteElements { set: "service-ips".into(), keys: vec![key("10.96.0.10", Protocol::Tcp, 80)] },
         NftOp::AddElements {
             set: "service-ips".into(),
             elements: vec![
-                Element::to(key("10.96.0.11", 17, 53), Verdict::Goto(chain.clone())),
-                Element::to(key("10.96.0.12", 132, 9000), Verdict::Jump(chain.clone())),
+                Element::to(key("10.96.0.11", Protocol::Udp, 53), Verdict::Goto(chain.clone())),
+                Element::to(key("10.96.0.12", Protocol::Sctp, 9000), Verdict::Jump(chain.clone())),
             ],
         },
         NftOp::FlushChain("nat-prerouting".into()),
@@ -152,10 +162,10 @@ fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
     apply(&ns, IpFamily::V4, delta).expect("the delta");
     // A map flushed: its elements go, the map stays (and takes new ones in the same transaction).
     let flush = vec![
-        NftOp::FlushSet("service-ips".into()),
+        NftOp::FlushSet { name: "service-ips".into(), map: true },
         NftOp::AddElements {
             set: "service-ips".into(),
-            elements: vec![Element::to(key("10.96.0.11", 17, 53), Verdict::Goto(chain.clone()))],
+            elements: vec![Element::to(key("10.96.0.11", Protocol::Udp, 53), Verdict::Goto(chain.clone()))],
         },
     ];
     apply(&ns, IpFamily::V4, flush).expect("the flush");
@@ -166,7 +176,7 @@ fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
         IpFamily::V4,
         vec![NftOp::AddElements {
             set: "service-ips".into(),
-            elements: vec![Element::to(key("10.96.0.12", 132, 9000), Verdict::Jump(chain.clone()))],
+            elements: vec![Element::to(key("10.96.0.12", Protocol::Sctp, 9000), Verdict::Jump(chain.clone()))],
         }],
     )
     .expect("the element back");
@@ -181,7 +191,7 @@ fn element_deletes_adds_and_a_chain_flush_go_in_one_transaction() {
     let gone = vec![
         NftOp::DeleteElements {
             set: "service-ips".into(),
-            keys: vec![key("10.96.0.11", 17, 53), key("10.96.0.12", 132, 9000)],
+            keys: vec![key("10.96.0.11", Protocol::Udp, 53), key("10.96.0.12", Protocol::Sctp, 9000)],
         },
         NftOp::FlushChain(chain.clone()),
         NftOp::DeleteChain(chain),
@@ -209,10 +219,13 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
     let bad = vec![
         NftOp::AddElements {
             set: "service-ips".into(),
-            elements: vec![Element::to(key("10.96.0.20", 6, 443), Verdict::Goto("services".into()))],
+            elements: vec![Element::to(key("10.96.0.20", Protocol::Tcp, 443), Verdict::Goto("services".into()))],
         },
         NftOp::FlushChain("nat-prerouting".into()),
-        NftOp::AddElements { set: "no-such-map".into(), elements: vec![Element::key(key("10.96.0.21", 6, 80))] },
+        NftOp::AddElements {
+            set: "no-such-map".into(),
+            elements: vec![Element::key(key("10.96.0.21", Protocol::Tcp, 80))],
+        },
     ];
     match apply(&ns, IpFamily::V4, bad) {
         Err(TransactionError::Refused { index, op, errno }) => {
@@ -225,32 +238,92 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
     assert_eq!(listed(&ns, "ip"), before, "nothing of the aborted transaction applied");
 }
 
+/// The demo's whole table of one family as the planner types it: the demo
+/// manifests, the demo node (its primary IP, no interface address: an
+/// empty `nodeport-ips` in IPv4, NodePorts on every local address in IPv6),
+/// no local-traffic detector, and the ServiceCIDRs given.
+fn demo_table(family: IpFamily, node_ports: NodePorts, service_cidrs: &[&str]) -> Transaction {
+    let dir = format!("{}/config/demo", env!("CARGO_MANIFEST_DIR"));
+    let scan = ManifestDir::new(dir).with_settle(std::time::Duration::ZERO).scan();
+    assert!(scan.errors.is_empty(), "{:?}", scan.errors);
+    let mut model = Model::new(family, "demo-node");
+    for ev in &scan.events {
+        model.record(ev).expect("a demo object");
+    }
+    model.apply();
+    let ctx = NftablesContext {
+        family,
+        node_name: "demo-node".into(),
+        zone: "zone-a".into(),
+        node_ip: Some("192.168.50.2".parse().expect("node IP")),
+        masquerade_all: false,
+        mark: mark(14),
+        local: LocalDetector::None,
+        node_ports,
+        service_cidrs: service_cidrs.iter().map(|c| c.parse().expect("test CIDR")).collect(),
+    };
+    desired(&model, &ctx).dump_transaction()
+}
+
 /// The whole demo ruleset as upstream's proxier writes it (the planner's
-/// `--dry-run --proxy-mode nftables`, kept as a fixture): every rule form
-/// upstream uses (concatenated vmaps, `numgen random mod N vmap`, affinity
-/// `update`, `dnat to`, `masquerade fully-random`, `ct state`, `fib`,
-/// marks, anonymous interval sets of source ranges and of the
-/// ServiceCIDRs' ranges (the drop of unallocated ClusterIPs), comments) in one
-/// transaction per family, listed by `nft` exactly as `nft -f` of the same
-/// text leaves it.
+/// typed table, whose text is `tests/golden/nftables-codec-ruleset.nft`):
+/// every rule form upstream uses (concatenated vmaps, `numgen random mod N
+/// vmap`, affinity `update`, `dnat to`, `masquerade fully-random`, `ct
+/// state`, `fib`, marks, anonymous interval sets of source ranges and of
+/// the ServiceCIDRs' ranges (the drop of unallocated ClusterIPs), comments)
+/// in one transaction per family, listed by `nft` exactly as `nft -f` of
+/// the same text leaves it.
 #[test]
 fn the_demo_ruleset_in_one_transaction_lists_as_nft_f_of_the_same_text() {
-    let text =
+    let v4 = demo_table(IpFamily::V4, NodePorts::Ips(vec![]), &["10.96.0.0/12", "10.200.0.0/16"]);
+    let v6 = demo_table(IpFamily::V6, NodePorts::All, &["fd00:96::/112"]);
+    let text = format!("{v4}{v6}");
+    let fixture =
         std::fs::read_to_string(format!("{}/tests/golden/nftables-codec-ruleset.nft", env!("CARGO_MANIFEST_DIR")))
             .expect("the fixture");
+    assert_eq!(text, fixture, "the planner's text is the fixture's");
     let ours = Netns::new("kpr-nft-demo");
     let tool = Netns::new("kpr-nft-demof");
     tool.pipe(&["nft", "-f", "-"], &text);
-    for (family, name) in [(IpFamily::V4, "ip"), (IpFamily::V6, "ip6")] {
-        let ops = kube_proxy_rs::kernel::nftables::text::parse_ops(&text, family).expect("the fixture parses");
-        assert!(ops.len() > 20, "{name}: {} ops", ops.len());
-        apply(&ours, family, ops).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (tx, name) in [(v4, "ip"), (v6, "ip6")] {
+        assert!(tx.ops.len() > 20, "{name}: {} ops", tx.ops.len());
+        apply(&ours, tx.family, tx.ops).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (a, b) = (listed(&ours, name), listed(&tool, name));
         if std::env::var_os("KPR_SHOW").is_some() {
             eprintln!("{a}");
         }
         assert_eq!(a, b, "{name}: ours:\n{a}\nnft -f:\n{b}");
     }
+}
+
+/// masqueradeAll's rule (`ip daddr <ClusterIP> tcp dport <port> jump
+/// mark-for-masquerade`) lists as `nft -f` of the same text leaves it.
+#[test]
+fn a_masquerade_all_rule_lists_as_nft_f_of_the_same_text() {
+    let masq_all = Rule::new(vec![
+        Expr::Cmp {
+            field: Field::Daddr(IpFamily::V4),
+            neq: false,
+            value: KeyPart::Addr("10.96.0.10".parse().expect("IP")),
+        },
+        Expr::ProtoDport { proto: Protocol::Udp, port: 53 },
+        Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+    ]);
+    let tx = Transaction {
+        family: IpFamily::V4,
+        ops: vec![
+            NftOp::add_table(),
+            NftOp::AddChain { name: "mark-for-masquerade".into(), base: None, comment: None },
+            NftOp::AddChain { name: "service".into(), base: None, comment: None },
+            NftOp::AddRule { chain: "service".into(), rule: masq_all },
+        ],
+    };
+    let (ours, tool) = (Netns::new("kpr-nft-masq"), Netns::new("kpr-nft-masqf"));
+    tool.pipe(&["nft", "-f", "-"], &tx.to_string());
+    apply(&ours, IpFamily::V4, tx.ops).expect("the transaction");
+    let (a, b) = (listed(&ours, "ip"), listed(&tool, "ip"));
+    assert_eq!(a, b, "ours:\n{a}\nnft -f:\n{b}");
+    assert!(a.contains("ip daddr 10.96.0.10 udp dport 53 jump mark-for-masquerade"), "{a}");
 }
 
 /// The periodic drift check's two gets: the ruleset generation moves with

@@ -1,5 +1,5 @@
 //! The subsystem actor: owns one kernel handle (the IPVS table, one ipset,
-//! the dummy link, iptables or conntrack), receives [`Batch`]es of its ops
+//! the dummy link, iptables, an nf_tables table or conntrack), receives [`Batch`]es of its ops
 //! from the coordinator, applies them, records stats, and acks with the
 //! generation and the ops that failed.
 //!
@@ -30,11 +30,21 @@ impl<S: Subsystem> KernelActor<S> {
         KernelActor { kernel, stats, drift: drift_sink }
     }
 
+    /// The kernel handle (for messages besides batches, such as nftables
+    /// mode's listing).
+    pub(super) fn kernel(&self) -> &S {
+        &self.kernel
+    }
+
+    pub(super) fn stats(&self) -> &Arc<ActorStats> {
+        &self.stats
+    }
+
     fn finish(&self, generation: u64, started: Instant, res: Applied<S::Op>, drift: bool) -> Ack<S::Op> {
         let actor = self.stats.name.as_str();
         let (applied, failed) = match res {
             Ok((ops, results)) => {
-                let n = ops.len();
+                let n = ops.iter().map(S::kernel_ops).sum();
                 let failed: Vec<(Option<S::Op>, KernelError)> =
                     ops.into_iter().zip(results).filter_map(|(op, r)| r.err().map(|e| (Some(op), e))).collect();
                 (n, failed)

@@ -8,8 +8,7 @@ use actix::prelude::*;
 use super::conntrack::ConntrackActor;
 use super::coordinator::{ConntrackTarget, IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
-use super::nftables::NftablesTarget;
-use crate::kernel::nftables::NetlinkNftables;
+use crate::kernel::nftables::{NfTables, NftablesTable};
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
 use crate::net::IpFamily;
@@ -32,9 +31,19 @@ fn start<K: Subsystem>(
     registry: &StatsRegistry,
     drift: Recipient<DriftDetected>,
 ) -> Target<K::Op> {
+    start_actor(kernel, name, registry, drift).1
+}
+
+/// [`start`], with the actor's address.
+fn start_actor<K: Subsystem>(
+    kernel: K,
+    name: &str,
+    registry: &StatsRegistry,
+    drift: Recipient<DriftDetected>,
+) -> (Addr<KernelActor<K>>, Target<K::Op>) {
     let stats = registry.register(name);
-    let actor = KernelActor::new(kernel, stats.clone(), drift);
-    Target { addr: actor.start().recipient(), stats }
+    let addr = KernelActor::new(kernel, stats.clone(), drift).start();
+    (addr.clone(), Target { addr: addr.recipient(), stats })
 }
 
 /// Starts the conntrack actor over `kernel`.
@@ -90,15 +99,15 @@ pub fn start_iptables_actors<T: IptablesKernel, C: ConntrackKernel>(
 }
 
 /// Starts nftables mode's two actors: `family`'s `kube-proxy` table over
-/// `nft`, and conntrack.
-pub fn start_nftables_actors<C: ConntrackKernel>(
-    nft: NetlinkNftables,
+/// `nft` (the kernel's nf_tables, or an in-memory one; its actor reports
+/// drift to `drift`, as every kernel actor), and conntrack.
+pub fn start_nftables_actors<N: NfTables, C: ConntrackKernel>(
+    nft: N,
     family: IpFamily,
     conntrack: C,
     registry: &StatsRegistry,
+    drift: Recipient<DriftDetected>,
 ) -> NftablesTargets {
-    NftablesTargets {
-        nftables: NftablesTarget::start(nft, family, registry.register("nftables")),
-        conntrack: start_conntrack(conntrack, registry),
-    }
+    let (table, nftables) = start_actor(NftablesTable::new(nft, family), "nftables", registry, drift);
+    NftablesTargets { nftables, list: table.recipient(), conntrack: start_conntrack(conntrack, registry) }
 }

@@ -1,17 +1,17 @@
 //! `kpr-bench nftables`: the nftables mode's planner and netlink codec on
-//! the real kernel, each size in a network namespace of its own (issue 17,
-//! point 7, before the actor exists: what a sync costs the planner and the
-//! kernel, not yet through the coordinator).
+//! the real kernel, each size in a network namespace of its own: the
+//! daemon's path without the actors around it (planner → typed
+//! transactions → codec → kernel; the actor only forwards them).
 //!
 //! Per cluster size N (the generator's services, seed 1):
 //! - cold: the planner's full sync from an empty kernel, staged as the
 //!   daemon sends it ([`staged`]: new chains first, in bounded
-//!   transactions), read into ops ([`text::parse_ops`]) and sent
-//!   ([`NetlinkNftables::apply`]), against `nft -f` of the same
-//!   text in another fresh namespace; both tables are then listed and
-//!   compared (`nft list table`), so the figures are of equal work;
+//!   transactions) and sent ([`NetlinkNftables::apply`]), against `nft -f`
+//!   of the same transaction's text in another fresh namespace; both
+//!   tables are then listed and compared (`nft list table`), so the
+//!   figures are of equal work;
 //! - endpoint changes, one at a time: the model's change → the planner's
-//!   partial sync → ops → one transaction acked; wall time and ops;
+//!   partial sync → one transaction acked; wall time and ops;
 //! - one new Service added among the N, the same way.
 
 use std::collections::BTreeSet;
@@ -25,7 +25,7 @@ use crate::bench::gen::{node_ip, ChurnKind, Cluster, ClusterSpec, THIS_NODE};
 use crate::bench::iptables_kernel::{in_new_netns, Figure};
 use crate::bench::stats::quantile;
 use crate::config::KubeProxyConfiguration;
-use crate::kernel::nftables::{text, NetlinkNftables};
+use crate::kernel::nftables::NetlinkNftables;
 use crate::model::Model;
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::iptables::HostFeatures;
@@ -114,21 +114,10 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     let t = Instant::now();
     let delta = planner.full(&model, ctx, &KernelObjects::default());
     let plan_time = t.elapsed();
-    let cold_text = delta.tx.to_string();
-    // As the daemon sends a full sync: the new chains first, in bounded transactions.
-    let t = Instant::now();
-    let steps = staged(delta.tx, &BTreeSet::new(), STAGE_OPS)
-        .iter()
-        .map(|tx| text::parse_ops(&tx.to_string(), FAMILY))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
-    let translate_time = t.elapsed();
-    let cold_ops: usize = steps.iter().map(Vec::len).sum();
-    let cold_transactions = steps.len();
-
-    // The tool, on the same text, in a namespace of its own (not above
-    // `tool_max`: one `nft -f` transaction is quadratic in its length).
+    // The tool, on the same transaction's text, in a namespace of its own
+    // (not above `tool_max`: one `nft -f` transaction is quadratic in its length).
     let tool = if n <= opts.tool_max {
+        let cold_text = delta.tx.to_string();
         Some(in_new_netns(|| {
             let took = time_nft(&cold_text)?;
             Ok((took, list_table()?))
@@ -136,6 +125,12 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     } else {
         None
     };
+    // As the daemon sends a full sync: the new chains first, in bounded transactions.
+    let t = Instant::now();
+    let steps = staged(delta.tx, &BTreeSet::new(), STAGE_OPS);
+    let staging_time = t.elapsed();
+    let cold_ops: usize = steps.iter().map(|tx| tx.ops.len()).sum();
+    let cold_transactions = steps.len();
 
     let changes = opts.changes;
     let compare = tool.is_some();
@@ -144,8 +139,8 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
         rt.block_on(async {
             let nft = NetlinkNftables::new().context("netfilter netlink socket")?;
             let t = Instant::now();
-            for ops in &steps {
-                nft.apply(FAMILY, TABLE, ops).await.map_err(|e| anyhow::anyhow!("cold transaction: {e}"))?;
+            for tx in &steps {
+                nft.apply(FAMILY, TABLE, &tx.ops).await.map_err(|e| anyhow::anyhow!("cold transaction: {e}"))?;
             }
             let apply_time = t.elapsed();
             planner.confirm_applied(Duration::ZERO);
@@ -163,8 +158,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 let delta = planner
                     .partial(model, changed.ports.iter())
                     .ok_or_else(|| anyhow::anyhow!("the planner wants a full sync"))?;
-                let ops = text::parse_ops(&delta.tx.to_string(), FAMILY).map_err(anyhow::Error::msg)?;
-                Ok::<_, anyhow::Error>(ops)
+                Ok::<_, anyhow::Error>(delta.tx.ops)
             };
             for _ in 0..changes {
                 let (_, events) = cluster.next_endpoint_change();
@@ -176,8 +170,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 now += Duration::from_millis(100);
                 planner.confirm_applied(now);
                 if let Some(tx) = planner.delete_due(now) {
-                    let ops = text::parse_ops(&tx.to_string(), FAMILY).map_err(anyhow::Error::msg)?;
-                    nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("stale chains: {e}"))?;
+                    nft.apply(FAMILY, TABLE, &tx.ops).await.map_err(|e| anyhow::anyhow!("stale chains: {e}"))?;
                 }
             }
             for _ in 0..changes.min(50) {
@@ -197,7 +190,8 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
             // Which transactions cost what, at this table size: a plain set
             // element, a verdict-map element with a goto, a chain with a rule
             // without a jump (each added, then deleted: two transactions).
-            use crate::kernel::nftables::{Element, KeyPart, NftOp, Verdict};
+            use crate::msgs::nftables::{Element, Expr, Field, KeyPart, NftOp, Rule, Verdict};
+            use crate::net::Protocol;
             let target = planner
                 .applied()
                 .and_then(|rs| rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next())
@@ -214,20 +208,26 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                     vec![NftOp::AddElements {
                         set: "service-ips".into(),
                         elements: vec![Element::to(
-                            vec![addr(2), KeyPart::Proto(6), KeyPart::Port(80)],
+                            vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)],
                             Verdict::Goto(target),
                         )],
                     }],
                     vec![NftOp::DeleteElements {
                         set: "service-ips".into(),
-                        keys: vec![vec![addr(2), KeyPart::Proto(6), KeyPart::Port(80)]],
+                        keys: vec![vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)]],
                     }],
                 ),
                 (
                     "a chain with a dnat rule (no jump)",
                     vec![
                         NftOp::AddChain { name: "probe".into(), base: None, comment: None },
-                        NftOp::AddRule { chain: "probe".into(), rule: "meta l4proto tcp dnat to 10.255.0.9:80".into() },
+                        NftOp::AddRule {
+                            chain: "probe".into(),
+                            rule: Rule::new(vec![
+                                Expr::Cmp { field: Field::L4proto, neq: false, value: KeyPart::Proto(Protocol::Tcp) },
+                                Expr::Dnat(([10, 255, 0, 9], 80).into()),
+                            ]),
+                        },
                     ],
                     vec![NftOp::FlushChain("probe".into()), NftOp::DeleteChain("probe".into())],
                 ),
@@ -255,7 +255,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
         );
     }
 
-    let ours = plan_time + translate_time + apply_time;
+    let ours = plan_time + staging_time + apply_time;
     figure(out, n, "cold: ops", cold_ops as f64, "ops", None);
     figure(
         out,
@@ -266,20 +266,27 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
         None,
     );
     figure(out, n, "cold: plan (full sync)", ms(plan_time), "ms", None);
-    figure(out, n, "cold: text → ops", ms(translate_time), "ms", None);
+    figure(out, n, "cold: staged into transactions", ms(staging_time), "ms", None);
     figure(out, n, "cold: the netlink transactions, sent → acked", ms(apply_time), "ms", None);
     if let Some((tool_time, _)) = tool {
         figure(out, n, "cold: `nft -f` of the same text", ms(tool_time), "ms", None);
         figure(
             out,
             n,
-            "cold: ours (plan + ops + transactions) / nft -f",
+            "cold: ours (plan + staging + transactions) / nft -f",
             ours.as_secs_f64() / tool_time.as_secs_f64(),
             "×",
             Some(1.0),
         );
     } else {
-        figure(out, n, "cold: ours (plan + ops + transactions), no `nft -f` above --tool-max", ms(ours), "ms", None);
+        figure(
+            out,
+            n,
+            "cold: ours (plan + staging + transactions), no `nft -f` above --tool-max",
+            ms(ours),
+            "ms",
+            None,
+        );
     }
     let mut t: Vec<f64> = change_times.iter().map(|d| ms(*d)).collect();
     t.sort_by(f64::total_cmp);

@@ -25,6 +25,7 @@ use std::net::IpAddr;
 
 use std::future::Future;
 
+use crate::msgs::nftables::Transaction;
 use crate::msgs::{
     DestKey, DestSpec, IpsetOp, IptablesOp, IpvsOp, LinkOp, ReconcileConntrack, Reconciled, SetEntry, SetSpec, VsKey,
     VsSpec,
@@ -94,6 +95,12 @@ pub trait Subsystem: Clone + Unpin + 'static {
     fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
         async { false }
     }
+
+    /// How many kernel operations `op` carries, for the actor's ops
+    /// counter: one, or for a transaction, its ops.
+    fn kernel_ops(_op: &Self::Op) -> usize {
+        1
+    }
 }
 
 /// IPVS: virtual and real servers.
@@ -123,6 +130,13 @@ pub trait ConntrackKernel: Clone + Unpin + 'static {
     /// calls stale ([`conntrack::filter::is_stale`]). Fails if the dump or
     /// a delete failed (the other deletes are done all the same).
     fn reconcile(&self, rc: ReconcileConntrack) -> impl Future<Output = KResult<Reconciled>> + 'static;
+}
+
+/// One family's nf_tables table: its ops are whole transactions.
+pub trait NftablesKernel: Subsystem<Op = std::sync::Arc<Transaction>> {
+    /// The table's chains and sets (nothing when there is no table), read
+    /// before a full sync is planned.
+    fn list(&self) -> impl Future<Output = KResult<nftables::Listed>> + 'static;
 }
 
 /// Ops that turn `have` into `want` for a set-like state: adds for what's

@@ -11,6 +11,7 @@ pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod link;
+pub mod nftables;
 pub mod source;
 
 pub use conntrack::{Backends, Frontends, ReconcileConntrack, Reconciled, ServingFrontends};

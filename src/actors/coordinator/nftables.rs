@@ -39,18 +39,26 @@
 //!   rule changes at its next full sync.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
+use actix::Recipient;
 use futures::FutureExt;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use super::{conntrack_finished, AddrSource, ConntrackAnswer, ConntrackTarget, Dataplane, Finished, Planned, Prepare};
-use crate::actors::nftables::{translate, NftSyncError, NftablesTarget};
+use super::{
+    batch, conntrack_finished, AddrSource, ConntrackAnswer, ConntrackTarget, Dataplane, Finished, Planned, Prepare,
+    Target,
+};
+use crate::actors::nftables::ListTable;
+use crate::kernel::KernelError;
 use crate::model::{Model, ModelChanges, NodeInfo};
+use crate::msgs::nftables::{NftOp, Transaction};
+use crate::msgs::{Ack, SyncMode};
 use crate::net::IpFamily;
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::LocalAddr;
-use crate::plan::nftables::{staged, KernelObjects, NftOp, NftablesContext, NftablesPlanner, STAGE_OPS};
+use crate::plan::nftables::{staged, KernelObjects, NftablesContext, NftablesPlanner, STAGE_OPS};
 use crate::schedule::SyncKind;
 
 /// Builds the planner's context from the Node, the family's ServiceCIDRs
@@ -58,9 +66,71 @@ use crate::schedule::SyncKind;
 pub type NftContextBuilder = Box<dyn Fn(&NodeInfo, &[IpNet], &[LocalAddr]) -> NftablesContext + Send>;
 
 /// The actors of nftables mode.
+#[derive(Clone)]
 pub struct NftablesTargets {
-    pub nftables: NftablesTarget,
+    /// The table's actor: its batches carry transactions.
+    pub nftables: Target<Arc<Transaction>>,
+    /// The same actor, for listings.
+    pub list: Recipient<ListTable>,
     pub conntrack: ConntrackTarget,
+}
+
+impl NftablesTargets {
+    /// Applies `tx` as one transaction.
+    fn apply(&self, generation: u64, tx: Transaction) -> impl std::future::Future<Output = Result<(), NftSyncError>> {
+        let sent = self.nftables.send(batch(generation, SyncMode::Incremental, vec![Arc::new(tx)]));
+        async move { acked(sent.await).map_err(NftSyncError::Apply) }
+    }
+
+    /// The syncPeriod's check: `Ok(true)` when somebody changed the table
+    /// since our last transaction.
+    fn check_drift(&self) -> impl std::future::Future<Output = Result<bool, NftSyncError>> {
+        let sent = self.nftables.send(batch(0, SyncMode::Verify, Vec::new()));
+        async move {
+            let ack = sent.await.ok_or(NftSyncError::Unreachable)?;
+            match ack.failed.into_iter().next() {
+                Some((_, e)) => Err(NftSyncError::Check(e)),
+                None => Ok(ack.drift),
+            }
+        }
+    }
+
+    /// The table's chains and sets, as the planner's full sync takes them.
+    fn list(&self) -> impl std::future::Future<Output = Result<KernelObjects, NftSyncError>> {
+        self.nftables.stats.enqueued();
+        let sent = self.list.send(ListTable);
+        async move {
+            match sent.await {
+                Ok(Ok(l)) => Ok(KernelObjects { chains: l.chains, sets: l.sets }),
+                Ok(Err(e)) => Err(NftSyncError::List(e)),
+                Err(_) => Err(NftSyncError::Unreachable),
+            }
+        }
+    }
+}
+
+/// A transaction's ack: `Ok` when applied.
+fn acked(ack: Option<Ack<Arc<Transaction>>>) -> Result<(), KernelError> {
+    match ack {
+        Some(ack) => ack.failed.into_iter().next().map_or(Ok(()), |(_, e)| Err(e)),
+        None => Err(KernelError::unknown("nf_tables transaction", "the nftables actor is unreachable")),
+    }
+}
+
+/// Why a sync's transaction did not apply.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NftSyncError {
+    #[error("listing the table before a full sync: {0}")]
+    List(#[source] KernelError),
+    #[error("checking the table for drift: {0}")]
+    Check(#[source] KernelError),
+    #[error("{0}")]
+    Apply(#[source] KernelError),
+    /// A partial sync was asked of a planner that knows no kernel state (a bug).
+    #[error("a partial sync without a confirmed full sync")]
+    NoConfirmedState,
+    #[error("the nftables actor is unreachable")]
+    Unreachable,
 }
 
 /// What [`Dataplane::prepare`] decided for the sync it prepared.
@@ -130,11 +200,6 @@ impl NftablesDataplane {
     }
 }
 
-/// The table's chains and sets, as the planner's full sync takes them.
-async fn list(nft: &NftablesTarget) -> Result<KernelObjects, NftSyncError> {
-    nft.list().await.map(|l| KernelObjects { chains: l.chains, sets: l.sets })
-}
-
 /// The results of one sync.
 pub struct Outcome {
     /// The stale chains' deletion, if one was sent.
@@ -151,11 +216,11 @@ impl Dataplane for NftablesDataplane {
         let decision = self.decide(kind);
         let full = decision.full;
         self.decision = Some(decision);
-        let nft = self.targets.nftables.clone();
         let family = self.label();
         if full {
+            let listing = self.targets.list();
             let read = async move {
-                let listed = list(&nft).await;
+                let listed = listing.await;
                 Box::new(move |d: &mut NftablesDataplane| d.listed = Some(listed))
                     as Box<dyn FnOnce(&mut NftablesDataplane)>
             };
@@ -166,14 +231,18 @@ impl Dataplane for NftablesDataplane {
         }
         // The syncPeriod's cheap check: two small gets; a listing and a full
         // sync only if somebody changed the table (or the check failed).
+        let check = self.targets.check_drift();
+        let targets = self.targets.clone();
         let read = async move {
-            let drift = match nft.check_drift().await {
-                Ok(None) => return Box::new(|_: &mut NftablesDataplane| ()) as Box<dyn FnOnce(&mut NftablesDataplane)>,
-                Ok(Some(what)) => what,
+            let drift = match check.await {
+                Ok(false) => {
+                    return Box::new(|_: &mut NftablesDataplane| ()) as Box<dyn FnOnce(&mut NftablesDataplane)>;
+                }
+                Ok(true) => "the nftables actor saw somebody change the table".to_string(),
                 Err(e) => e.to_string(),
             };
             tracing::info!(ip_family = family, drift = %drift, "the nftables table drifted: full resync");
-            let listed = list(&nft).await;
+            let listed = targets.list().await;
             Box::new(move |d: &mut NftablesDataplane| {
                 d.listed = Some(listed);
                 if let Some(decision) = d.decision.as_mut() {
@@ -221,20 +290,13 @@ impl Dataplane for NftablesDataplane {
         };
         let plan_ops = delta.tx.len();
         // A full sync's new per-service chains go first, in bounded transactions.
-        let txs = match existing {
+        let steps = match existing {
             Some(existing) => staged(delta.tx, &existing, STAGE_OPS),
             None => vec![delta.tx],
         };
-        let steps = match txs.iter().map(translate).collect::<Result<Vec<_>, _>>() {
-            Ok(steps) => steps,
-            Err(e) => return self.not_sent(NftSyncError::Translate(e), full),
-        };
-        let cleanup = match cleanup.as_ref().map(translate).transpose() {
-            Ok(ops) => ops,
-            Err(e) => return self.not_sent(NftSyncError::Translate(e), full),
-        };
-        let ops = steps.iter().map(Vec::len).sum::<usize>()
-            + cleanup.as_ref().map_or(0, Vec::len)
+        let kernel_ops = |tx: &Transaction| tx.ops.len();
+        let ops = steps.iter().map(kernel_ops).sum::<usize>()
+            + cleanup.as_ref().map_or(0, kernel_ops)
             + usize::from(reconcile.is_some());
         tracing::debug!(
             ip_family = self.label(),
@@ -245,10 +307,10 @@ impl Dataplane for NftablesDataplane {
             stale = delta.stale_chains.len(),
             "nftables transaction planned"
         );
-        let (nft, ct) = (self.targets.nftables.clone(), self.targets.conntrack.clone());
+        let (nft, ct) = (self.targets.clone(), self.targets.conntrack.clone());
         let run = async move {
             let cleanup = match cleanup {
-                Some(ops) => Some(nft.apply(generation, ops).await),
+                Some(tx) => Some(nft.apply(generation, tx).await),
                 None => None,
             };
             let mut main = Ok(());

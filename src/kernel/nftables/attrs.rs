@@ -3,7 +3,7 @@
 
 use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
 
-use super::types::Verdict;
+use crate::msgs::nftables::Verdict;
 
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;

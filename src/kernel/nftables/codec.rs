@@ -1,9 +1,10 @@
 //! The nf_tables ops of one transaction, as `netlink-packet-netfilter`
-//! messages. Pure: ops in, messages out.
+//! messages with their netlink flags. Pure: typed ops in, messages out
+//! (rules through [`super::expr`]).
 //!
 //! Encodings follow the kernel (include/uapi/linux/netfilter/nf_tables.h)
 //! and what `nft` sends, so `nft list` prints what we write:
-//! - A set's key is a concatenation of [`KeyType`]s: its type is nft's
+//! - A set's key is a concatenation of key types: its type is nft's
 //!   datatype ids chained 6 bits apart, its length the fields each padded
 //!   to 4 bytes (a 32-bit register); as with `nft`, no concatenation flag
 //!   or field lengths (`NFTA_SET_DESC_CONCAT`: interval sets only), see
@@ -12,7 +13,7 @@
 //! - Comments go in the object's user data as libnftnl writes them: one
 //!   TLV (type, length, the text with its NUL).
 
-use std::fmt;
+use std::net::IpAddr;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
@@ -23,8 +24,9 @@ use netlink_packet_netfilter::nftables::{
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
-use super::rule::{self, AnonKey, AnonSet, RuleError};
-pub use super::types::{key_bytes, KeyPart, KeyType, Verdict};
+use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError, Unencodable};
+use super::types::{field_len, type_id};
+use crate::msgs::nftables::{ChainHook, Element, KeyPart, NftOp, SetFlag, SetSpec, Verdict};
 use crate::net::IpFamily;
 
 /// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
@@ -40,147 +42,6 @@ const UDATA_ELEM_COMMENT: u8 = 0;
 /// Netfilter's verdicts accept and drop (NF_ACCEPT, NF_DROP).
 const NF_ACCEPT: u32 = 1;
 const NF_DROP: u32 = 0;
-
-/// The hook of a base chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ChainHook {
-    Prerouting,
-    Input,
-    Forward,
-    Output,
-    Postrouting,
-}
-
-/// A base chain's type, hook and priority (`type nat hook prerouting priority -100`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BaseChain {
-    /// "filter" or "nat".
-    pub kind: &'static str,
-    pub hook: ChainHook,
-    pub priority: i32,
-}
-
-/// An element of a set or verdict map.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Element {
-    pub key: Vec<KeyPart>,
-    /// The verdict, in a verdict map.
-    pub verdict: Option<Verdict>,
-    pub comment: Option<String>,
-}
-
-impl Element {
-    /// A set member.
-    pub fn key(key: Vec<KeyPart>) -> Element {
-        Element { key, verdict: None, comment: None }
-    }
-
-    /// A verdict map entry.
-    pub fn to(key: Vec<KeyPart>, verdict: Verdict) -> Element {
-        Element { key, verdict: Some(verdict), comment: None }
-    }
-}
-
-/// One op of a transaction on one table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NftOp {
-    /// `add table` (an existing table is kept).
-    AddTable {
-        comment: Option<String>,
-    },
-    DeleteTable,
-    /// `add chain` (an existing chain is kept).
-    AddChain {
-        name: String,
-        base: Option<BaseChain>,
-        comment: Option<String>,
-    },
-    /// `flush chain`: its rules go, the chain stays.
-    FlushChain(String),
-    DeleteChain(String),
-    /// `add set` / `add map NAME { type K : verdict }`; with a timeout
-    /// (seconds), `flags dynamic,timeout` (the affinity sets).
-    AddSet {
-        name: String,
-        key: Vec<KeyType>,
-        verdict_map: bool,
-        timeout: Option<u32>,
-        comment: Option<String>,
-    },
-    DeleteSet(String),
-    /// `flush set` / `flush map`: every element goes, the set stays.
-    FlushSet(String),
-    /// `add element`: keys, with their verdicts in a verdict map.
-    AddElements {
-        set: String,
-        elements: Vec<Element>,
-    },
-    /// `delete element`.
-    DeleteElements {
-        set: String,
-        keys: Vec<Vec<KeyPart>>,
-    },
-    /// `add rule CHAIN TEXT`: upstream's rule syntax ([`super::rule`]), a
-    /// trailing `comment "..."` included.
-    AddRule {
-        chain: String,
-        rule: String,
-    },
-}
-
-impl NftOp {
-    /// The netlink flags besides `NLM_F_REQUEST`: every op asks for its ack.
-    pub fn flags(&self) -> u16 {
-        match self {
-            NftOp::AddTable { .. } | NftOp::AddChain { .. } | NftOp::AddSet { .. } | NftOp::AddElements { .. } => {
-                NLM_F_CREATE | NLM_F_ACK
-            }
-            NftOp::AddRule { .. } => NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK,
-            _ => NLM_F_ACK,
-        }
-    }
-}
-
-fn key_text(key: &[KeyPart]) -> String {
-    key.iter().map(ToString::to_string).collect::<Vec<_>>().join(" . ")
-}
-
-impl fmt::Display for NftOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NftOp::AddTable { .. } => f.write_str("add table"),
-            NftOp::DeleteTable => f.write_str("delete table"),
-            NftOp::AddChain { name, .. } => write!(f, "add chain {name}"),
-            NftOp::FlushChain(name) => write!(f, "flush chain {name}"),
-            NftOp::DeleteChain(name) => write!(f, "delete chain {name}"),
-            NftOp::AddSet { name, verdict_map, .. } => {
-                write!(f, "add {} {name}", if *verdict_map { "map" } else { "set" })
-            }
-            NftOp::DeleteSet(name) => write!(f, "delete set {name}"),
-            NftOp::FlushSet(name) => write!(f, "flush set {name}"),
-            NftOp::AddElements { set, elements } => {
-                let first = elements.first().map(|e| match &e.verdict {
-                    Some(v) => format!("{} : {v}", key_text(&e.key)),
-                    None => key_text(&e.key),
-                });
-                write!(f, "add element {set} {{ {}{} }}", first.unwrap_or_default(), more(elements.len()))
-            }
-            NftOp::DeleteElements { set, keys } => {
-                let first = keys.first().map(|k| key_text(k)).unwrap_or_default();
-                write!(f, "delete element {set} {{ {first}{} }}", more(keys.len()))
-            }
-            NftOp::AddRule { chain, rule } => write!(f, "add rule {chain} {rule}"),
-        }
-    }
-}
-
-fn more(n: usize) -> String {
-    if n > 1 {
-        format!(", ... ({n} elements)")
-    } else {
-        String::new()
-    }
-}
 
 /// What a dump lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,34 +180,62 @@ pub fn batch_end() -> NetfilterMessage {
     )
 }
 
-/// The messages of `op` on table `table` of `family`: one, or for a rule
-/// with anonymous sets, those sets and their elements first. `next_id`
-/// numbers the anonymous sets of one transaction.
-pub fn messages(
-    family: IpFamily,
-    table: &str,
-    op: &NftOp,
-    next_id: &mut u32,
-) -> Result<Vec<NetfilterMessage>, RuleError> {
-    let proto = proto_family(family);
-    let wrap = |inner: NfTablesMessage| NetfilterMessage::new(NetfilterHeader::new(proto, 0, 0), inner);
-    if let NftOp::AddRule { chain, rule } = op {
-        let compiled = rule::compile(family, rule, next_id)?;
-        let mut out: Vec<NetfilterMessage> =
-            compiled.anon.iter().flat_map(|a| anon_set_messages(table, a)).map(wrap).collect();
-        let exprs = compiled.exprs.into_iter().map(ListAttribute::<ExpressionAttribute>::from).collect();
-        let mut attributes = vec![
-            RuleAttribute::Table(table.to_string()),
-            RuleAttribute::Chain(chain.clone()),
-            RuleAttribute::Expressions(exprs),
-        ];
-        if let Some(c) = &compiled.comment {
-            attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
+/// One message of a transaction: what it is, its netlink flags besides
+/// `NLM_F_REQUEST`, and the op it belongs to (a rule brings its anonymous
+/// sets and their elements).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub msg: NetfilterMessage,
+    pub flags: u16,
+    pub op: usize,
+}
+
+/// The messages of `ops` on table `table` of `family`, in order. Ops ask
+/// no ack (as `nft`'s: only refusals come back); `next_id` numbers the
+/// anonymous sets.
+pub fn requests(family: IpFamily, table: &str, ops: &[NftOp], next_id: &mut u32) -> Result<Vec<Request>, EncodeError> {
+    let mut out = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let flags = op_flags(op) & !NLM_F_ACK;
+        if let NftOp::AddRule { chain, rule } = op {
+            let compiled = expr::compile(family, rule, next_id)?;
+            for a in &compiled.anon {
+                for msg in anon_set_messages(table, a) {
+                    // Created as `nft` creates a rule's anonymous sets.
+                    out.push(Request { msg: wrap(family, msg), flags: NLM_F_CREATE, op: i });
+                }
+            }
+            let exprs = compiled.exprs.into_iter().map(ListAttribute::<ExpressionAttribute>::from).collect();
+            let mut attributes = vec![
+                RuleAttribute::Table(table.to_string()),
+                RuleAttribute::Chain(chain.clone()),
+                RuleAttribute::Expressions(exprs),
+            ];
+            if let Some(c) = &rule.comment {
+                attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
+            }
+            out.push(Request { msg: wrap(family, NfTablesMessage::NewRule(RuleMessage { attributes })), flags, op: i });
+        } else {
+            let msg = object_message(table, op).map_err(|why| EncodeError { what: op.to_string(), why })?;
+            out.push(Request { msg: wrap(family, msg), flags, op: i });
         }
-        out.push(wrap(NfTablesMessage::NewRule(RuleMessage { attributes })));
-        return Ok(out);
     }
-    Ok(object_message(table, op).map(wrap).into_iter().collect())
+    Ok(out)
+}
+
+/// The netlink flags `nft` sends `op` with.
+fn op_flags(op: &NftOp) -> u16 {
+    match op {
+        NftOp::AddTable { .. } | NftOp::AddChain { .. } | NftOp::AddSet(_) | NftOp::AddElements { .. } => {
+            NLM_F_CREATE | NLM_F_ACK
+        }
+        NftOp::AddRule { .. } => NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK,
+        _ => NLM_F_ACK,
+    }
+}
+
+fn wrap(family: IpFamily, inner: NfTablesMessage) -> NetfilterMessage {
+    NetfilterMessage::new(NetfilterHeader::new(proto_family(family), 0, 0), inner)
 }
 
 fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
@@ -361,11 +250,11 @@ fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
     let (flags, key_type, key_len, map) = match a.key {
         AnonKey::Integer => (SetFlags::Anonymous | SetFlags::Constant | SetFlags::Map, 4u32, 4u32, true),
         AnonKey::Addr(f) => {
-            let (t, l) = if f == IpFamily::V4 { (KeyType::Ipv4Addr.id(), 4) } else { (KeyType::Ipv6Addr.id(), 16) };
-            (SetFlags::Anonymous | SetFlags::Constant | SetFlags::Interval, t, l, false)
+            let k = crate::msgs::nftables::KeyType::addr(f);
+            (SetFlags::Anonymous | SetFlags::Constant | SetFlags::Interval, type_id(k), field_len(k), false)
         }
     };
-    let name = rule::anon_name(a.key, a.id);
+    let name = anon_name(a.key, a.id);
     let mut attributes = vec![
         SetAttribute::Table(table.to_string()),
         SetAttribute::Name(name.clone()),
@@ -384,12 +273,12 @@ fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
     let elements = a
         .elements
         .iter()
-        .map(|(key, verdict, end)| {
-            let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key.clone()))];
-            if let Some(v) = verdict {
+        .map(|e| {
+            let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(e.key.clone()))];
+            if let Some(v) = &e.verdict {
                 attrs.push(SetElementAttribute::Data(verdict_data(v)));
             }
-            if *end {
+            if e.interval_end {
                 attrs.push(SetElementAttribute::Flags(SetElementFlags::IntervalEnd));
             }
             ListAttribute::Element(attrs)
@@ -408,8 +297,8 @@ fn anon_set_messages(table: &str, a: &AnonSet) -> Vec<NfTablesMessage> {
     ]
 }
 
-/// The message of `op` on table `table`; `None` for a rule (compiled by [`messages`]).
-fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
+/// The message of `op` (not a rule: [`requests`] compiles those) on table `table`.
+fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, Unencodable> {
     let t = || table.to_string();
     let inner = match op {
         NftOp::AddTable { comment } => {
@@ -444,18 +333,16 @@ fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
         NftOp::DeleteChain(name) => NfTablesMessage::DeleteChain(ChainMessage {
             attributes: vec![ChainAttribute::Table(t()), ChainAttribute::Name(name.clone())],
         }),
-        NftOp::AddSet { name, key, verdict_map, timeout, comment } => NfTablesMessage::NewSet(SetMessage {
-            attributes: set_attributes(t(), name, key, *verdict_map, *timeout, comment),
-        }),
-        NftOp::DeleteSet(name) => NfTablesMessage::DeleteSet(SetMessage {
+        NftOp::AddSet(spec) => NfTablesMessage::NewSet(SetMessage { attributes: set_attributes(t(), spec) }),
+        NftOp::DeleteSet { name, .. } => NfTablesMessage::DeleteSet(SetMessage {
             attributes: vec![SetAttribute::Table(t()), SetAttribute::Name(name.clone())],
         }),
-        // A element delete without elements flushes the set.
-        NftOp::FlushSet(name) => NfTablesMessage::DeleteSetElement(SetElementMessage {
+        // An element delete without elements flushes the set.
+        NftOp::FlushSet { name, .. } => NfTablesMessage::DeleteSetElement(SetElementMessage {
             attributes: vec![SetElementList::Table(t()), SetElementList::Set(name.clone())],
         }),
         NftOp::AddElements { set, elements } => {
-            let list = elements.iter().map(|e| element(&e.key, e.verdict.as_ref(), e.comment.as_deref())).collect();
+            let list = elements.iter().map(element).collect::<Result<_, _>>()?;
             NfTablesMessage::NewSetElement(SetElementMessage {
                 attributes: vec![
                     SetElementList::Table(t()),
@@ -465,7 +352,7 @@ fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
             })
         }
         NftOp::DeleteElements { set, keys } => {
-            let list = keys.iter().map(|k| element(k, None, None)).collect();
+            let list = keys.iter().map(|k| element(&Element::key(k.clone()))).collect::<Result<_, _>>()?;
             NfTablesMessage::DeleteSetElement(SetElementMessage {
                 attributes: vec![
                     SetElementList::Table(t()),
@@ -474,9 +361,9 @@ fn object_message(table: &str, op: &NftOp) -> Option<NfTablesMessage> {
                 ],
             })
         }
-        NftOp::AddRule { .. } => return None,
+        NftOp::AddRule { .. } => return Err(Unencodable::RuleAsObject),
     };
-    Some(inner)
+    Ok(inner)
 }
 
 fn hook_number(h: ChainHook) -> InetHookNumber {
@@ -502,53 +389,68 @@ fn set_id(name: &str) -> u32 {
 /// theirs, only if both send the same. `nft` marks a concatenated key
 /// (`NFT_SET_CONCAT`, `NFTA_SET_DESC_CONCAT`) only in interval sets, and
 /// these are not.
-fn set_attributes(
-    table: String,
-    name: &str,
-    key: &[KeyType],
-    verdict_map: bool,
-    timeout: Option<u32>,
-    comment: &Option<String>,
-) -> Vec<SetAttribute> {
-    let key_type = key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | k.id());
-    let key_len: u32 = key.iter().map(|k| k.field_len().next_multiple_of(4)).sum();
+fn set_attributes(table: String, spec: &SetSpec) -> Vec<SetAttribute> {
+    let key_type = spec.key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | type_id(*k));
+    let key_len: u32 = spec.key.iter().map(|k| field_len(*k).next_multiple_of(4)).sum();
     let mut flags = SetFlags::empty();
-    if verdict_map {
+    if spec.is_map() {
         flags |= SetFlags::Map;
     }
-    if timeout.is_some() {
-        flags |= SetFlags::Timeout | SetFlags::Eval;
+    for f in &spec.flags {
+        flags |= match f {
+            SetFlag::Dynamic => SetFlags::Eval,
+            SetFlag::Timeout => SetFlags::Timeout,
+        };
     }
     let mut attributes = vec![
         SetAttribute::Table(table),
-        SetAttribute::Name(name.to_string()),
+        SetAttribute::Name(spec.name.clone()),
         SetAttribute::Flags(flags),
         SetAttribute::KeyType(key_type),
         SetAttribute::KeyLen(key_len),
-        SetAttribute::Id(set_id(name)),
+        SetAttribute::Id(set_id(&spec.name)),
     ];
-    if verdict_map {
+    if spec.is_map() {
         // NFT_DATA_VERDICT; the kernel sets the length itself.
         attributes.push(SetAttribute::DataType(0xffff_ff00));
     }
-    if let Some(secs) = timeout {
+    if let Some(secs) = spec.timeout {
         attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
     }
-    if let Some(c) = comment {
+    if let Some(c) = &spec.comment {
         attributes.push(SetAttribute::UserData(comment_udata(UDATA_SET_COMMENT, c)));
     }
     attributes
 }
 
-fn element(key: &[KeyPart], verdict: Option<&Verdict>, comment: Option<&str>) -> ListAttribute<SetElementAttribute> {
-    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(key)))];
-    if let Some(v) = verdict {
+fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, Unencodable> {
+    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(&e.key)?))];
+    if let Some(v) = &e.value {
         attrs.push(SetElementAttribute::Data(verdict_data(v)));
     }
-    if let Some(c) = comment {
+    if let Some(c) = &e.comment {
         attrs.push(SetElementAttribute::UserData(comment_udata(UDATA_ELEM_COMMENT, c)));
     }
-    ListAttribute::Element(attrs)
+    Ok(ListAttribute::Element(attrs))
+}
+
+/// An element's key: each field in network order, padded to 4 bytes. A
+/// CIDR is not a key of the sets here (no interval sets).
+pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, Unencodable> {
+    let mut out = Vec::with_capacity(key.len() * 4);
+    for part in key {
+        match part {
+            KeyPart::Addr(IpAddr::V4(a)) => out.extend_from_slice(&a.octets()),
+            KeyPart::Addr(IpAddr::V6(a)) => out.extend_from_slice(&a.octets()),
+            KeyPart::Proto(p) => out.extend_from_slice(&[p.number(), 0, 0, 0]),
+            KeyPart::Port(p) => {
+                out.extend_from_slice(&p.to_be_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
+            KeyPart::Net(n) => return Err(Unencodable::IntervalKey { key: *n }),
+        }
+    }
+    Ok(out)
 }
 
 fn verdict_data(v: &Verdict) -> DataAttribute {
@@ -573,6 +475,8 @@ fn comment_udata(kind: u8, comment: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::msgs::nftables::KeyType;
+    use crate::net::Protocol;
 
     /// A message's bytes after the netlink header, as the kernel would send them.
     fn payload(msg: NetfilterMessage) -> Vec<u8> {
@@ -617,34 +521,35 @@ mod tests {
 
     #[test]
     fn concatenated_keys_pad_each_field_to_a_register() {
-        let key = [KeyPart::Addr("10.96.0.10".parse().unwrap()), KeyPart::Proto(17), KeyPart::Port(53)];
-        assert_eq!(key_bytes(&key), [10, 96, 0, 10, 17, 0, 0, 0, 0, 53, 0, 0]);
-        let attrs = set_attributes(
-            "kube-proxy".into(),
-            "service-ips",
-            &[KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
-            true,
-            None,
-            &None,
-        );
+        let key = [KeyPart::Addr("10.96.0.10".parse().unwrap()), KeyPart::Proto(Protocol::Udp), KeyPart::Port(53)];
+        assert_eq!(key_bytes(&key).unwrap(), [10, 96, 0, 10, 17, 0, 0, 0, 0, 53, 0, 0]);
+        let concat = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+        let attrs = set_attributes("kube-proxy".into(), &SetSpec::verdict_map("service-ips", concat, None));
         assert!(attrs.contains(&SetAttribute::KeyType((7 << 12) | (12 << 6) | 13)));
         assert!(attrs.contains(&SetAttribute::KeyLen(12)));
+        // A CIDR is not a named set's key here (no interval sets).
+        assert!(key_bytes(&[KeyPart::Net("10.0.0.0/8".parse().unwrap())]).is_err());
     }
 
     /// What `nft` sends for upstream's maps and sets (`nft --debug=netlink`
     /// prints flags 8 for `service-ips`): a map flag, no concatenation flag
     /// and no field lengths (those are for interval sets). With them the
-    /// kernel refused our `add map service-ips` over a table `nft -f` wrote
-    /// (EEXIST), and every full sync over upstream's table failed.
+    /// kernel would refuse our `add map service-ips` over a table `nft -f`
+    /// wrote (EEXIST), so every full sync over upstream's table would fail.
     #[test]
     fn sets_are_defined_as_nft_defines_them() {
-        let concat = [KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
-        let map = set_attributes("kube-proxy".into(), "service-ips", &concat, true, None, &None);
+        let concat = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+        let map = set_attributes("kube-proxy".into(), &SetSpec::verdict_map("service-ips", concat, None));
         assert!(map.contains(&SetAttribute::Flags(SetFlags::Map)), "{map:?}");
         assert!(!map.iter().any(|a| matches!(a, SetAttribute::Description(_))), "{map:?}");
-        let affinity = set_attributes("kube-proxy".into(), "affinity-X", &[KeyType::Ipv4Addr], false, Some(600), &None);
+        let spec = SetSpec {
+            flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
+            timeout: Some(600),
+            ..SetSpec::set("affinity-X", vec![KeyType::Ipv4Addr], None)
+        };
+        let affinity = set_attributes("kube-proxy".into(), &spec);
         assert!(affinity.contains(&SetAttribute::Flags(SetFlags::Timeout | SetFlags::Eval)), "{affinity:?}");
-        let plain = set_attributes("kube-proxy".into(), "cluster-ips", &[KeyType::Ipv4Addr], false, None, &None);
+        let plain = set_attributes("kube-proxy".into(), &SetSpec::set("cluster-ips", vec![KeyType::Ipv4Addr], None));
         assert!(plain.contains(&SetAttribute::Flags(SetFlags::empty())), "{plain:?}");
     }
 
@@ -653,15 +558,20 @@ mod tests {
         assert_eq!(comment_udata(UDATA_TABLE_COMMENT, "ab"), [0, 3, b'a', b'b', 0]);
     }
 
+    /// A rule's anonymous sets come before it, created without an ack; the
+    /// other messages carry their op's flags, no op asks an ack.
     #[test]
-    fn ops_name_themselves_for_errors() {
-        let op = NftOp::AddElements {
-            set: "service-ips".into(),
-            elements: vec![Element::to(
-                vec![KeyPart::Addr("10.96.0.10".parse().unwrap()), KeyPart::Proto(6), KeyPart::Port(53)],
-                Verdict::Goto("service-X".into()),
-            )],
-        };
-        assert_eq!(op.to_string(), "add element service-ips { 10.96.0.10 . tcp . 53 : goto service-X }");
+    fn a_rules_anonymous_sets_come_first_and_no_op_asks_an_ack() {
+        use crate::msgs::nftables::{Expr, Rule};
+        let rule = Rule::new(vec![Expr::NumgenVmap(vec![Verdict::Goto("a".into()), Verdict::Goto("b".into())])]);
+        let ops = [
+            NftOp::AddChain { name: "s".into(), base: None, comment: None },
+            NftOp::AddRule { chain: "s".into(), rule },
+            NftOp::FlushChain("s".into()),
+        ];
+        let reqs = requests(IpFamily::V4, "kube-proxy", &ops, &mut 0).unwrap();
+        let shape: Vec<(usize, u16)> = reqs.iter().map(|r| (r.op, r.flags)).collect();
+        let (create, append) = (NLM_F_CREATE, NLM_F_APPEND);
+        assert_eq!(shape, [(0, create), (1, create), (1, create), (1, create | append), (2, 0)]);
     }
 }

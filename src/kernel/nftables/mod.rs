@@ -1,66 +1,111 @@
-//! nf_tables over netlink: the transaction the nftables mode's actor will
-//! send, one per sync, carrying only what changed (issue 17).
+//! nf_tables over netlink: the transactions nftables mode's actor sends,
+//! carrying only what changed, as typed ops ([`crate::msgs::nftables`]).
 //!
 //! - Codec: `netlink-packet-netfilter` (rust-netlink, MIT; already the
 //!   ctnetlink codec here) has nf_tables' tables, chains, sets, set
 //!   elements, rules and the batch markers; expressions it does not model
 //!   go through its `Expressions::Other` (name and attributes). The ops are
-//!   built in [`codec`]; this module sends them.
+//!   encoded in [`codec`] (rules in [`expr`]); this module sends them.
+//! - [`NftablesTable`] is the actor's handle on one family's table, over
+//!   [`NfTables`]: this socket, or the in-memory kernel in tests.
 //! - One [`NetlinkNftables::apply`] is one transaction: `NFNL_MSG_BATCH_BEGIN`,
 //!   the ops, `NFNL_MSG_BATCH_END`, in one datagram on a socket of its own.
 //!   The kernel applies all or nothing; ops ask no ack (as `nft`), every
 //!   refusal comes back and names the op ([`TransactionError`]).
 //! - [`NetlinkNftables::generation`] and [`NetlinkNftables::table_info`]
 //!   are the cheap drift check: two small gets, no listing.
+//! - [`ruleset`]: two blocking reads of the whole ruleset (its generation,
+//!   one table's chain names) for the iptables handle and start-up's probe.
 
 mod attrs;
 pub mod codec;
-pub mod rule;
+pub mod expr;
 pub mod ruleset;
-pub mod text;
+pub mod table;
 pub mod types;
 
-use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::NetfilterMessage;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
-pub use self::codec::{BaseChain, ChainHook, Element, KeyPart, KeyType, NftOp, TableInfo, Verdict};
+pub use self::codec::TableInfo;
+pub use self::expr::EncodeError;
+pub use self::table::NftablesTable;
 use crate::kernel::netlink::{Client, Errno, RawNfnl};
+pub use crate::msgs::nftables::NftOp;
+use crate::msgs::nftables::Transaction;
 use crate::net::IpFamily;
 
-/// Why a transaction changed nothing.
-#[derive(Debug, Clone)]
+/// Why a transaction (or a get) changed nothing, or may have.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TransactionError {
     /// The kernel refused op `index` (the first refused one) with `errno`;
     /// the whole transaction was aborted.
+    #[error("nf_tables refused op {index} ({op}): {errno}; nothing of the transaction applied")]
     Refused { index: usize, op: String, errno: Errno },
     /// No answer, or not one per op: whether it was committed is unknown.
-    Unknown(String),
-    /// A rule is not in upstream's grammar; nothing was sent.
-    Rule(rule::RuleError),
+    #[error("nf_tables {what}: outcome unknown: {why}")]
+    Unknown { what: String, why: String },
+    /// The socket failed while sending or reading: outcome unknown.
+    #[error("nf_tables {what}: {source}; outcome unknown")]
+    Io {
+        what: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// An op the codec cannot encode; nothing was sent.
+    #[error("{0}; nothing sent")]
+    Encode(#[from] EncodeError),
     /// The datagram was refused whole (larger than the socket may send,
     /// e.g. without CAP_NET_ADMIN to raise its buffer): nothing applied.
-    TooLarge { ops: usize, error: String },
+    #[error("nf_tables transaction of {ops} ops refused whole ({source}); nothing applied")]
+    TooLarge {
+        ops: usize,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
 }
 
-impl fmt::Display for TransactionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TransactionError::Refused { index, op, errno } => {
-                write!(f, "nf_tables refused op {index} ({op}): {errno}; nothing of the transaction applied")
-            }
-            TransactionError::Unknown(why) => write!(f, "nf_tables transaction outcome unknown: {why}"),
-            TransactionError::Rule(e) => write!(f, "{e}; nothing sent"),
-            TransactionError::TooLarge { ops, error } => {
-                write!(f, "nf_tables transaction of {ops} ops refused whole ({error}); nothing applied")
-            }
-        }
+impl TransactionError {
+    /// Whether nothing of it took effect (else the outcome is unknown).
+    pub fn outcome_known(&self) -> bool {
+        !matches!(self, TransactionError::Unknown { .. } | TransactionError::Io { .. })
+    }
+
+    fn unknown(what: impl Into<String>, why: impl Into<String>) -> TransactionError {
+        TransactionError::Unknown { what: what.into(), why: why.into() }
     }
 }
 
-impl std::error::Error for TransactionError {}
+/// The nf_tables calls one family's table handle ([`NftablesTable`])
+/// makes: the kernel's over netlink ([`NetlinkNftables`]), or an in-memory
+/// kernel's in tests.
+pub trait NfTables: Clone + Unpin + 'static {
+    /// Applies `tx` to table `table` of its family as one transaction.
+    fn transact(
+        &self,
+        table: &str,
+        tx: Arc<Transaction>,
+    ) -> impl Future<Output = Result<(), TransactionError>> + 'static;
+
+    /// The chains and sets (maps included; anonymous sets left out) of
+    /// table `table` of `family`. A missing table lists nothing.
+    fn list(&self, family: IpFamily, table: &str) -> impl Future<Output = Result<Listed, TransactionError>> + 'static;
+
+    /// The ruleset's generation: it moves on with every commit in this
+    /// network namespace, ours or anybody's.
+    fn generation(&self) -> impl Future<Output = Result<u32, TransactionError>> + 'static;
+
+    /// Table `table` of `family` as a get reports it (`None`: no such table).
+    fn table_info(
+        &self,
+        family: IpFamily,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static;
+}
 
 /// A netfilter netlink socket for nf_tables, in the network namespace of
 /// the thread that opened it. Cheap to clone.
@@ -70,7 +115,7 @@ pub struct NetlinkNftables {
     sender: std::sync::Arc<Sender>,
     seq: std::sync::Arc<std::sync::atomic::AtomicU32>,
     /// The last anonymous set id used: ids (and so the sets' names, see
-    /// [`rule::anon_name`]) stay unique in the table across transactions.
+    /// [`expr::anon_name`]) stay unique in the table across transactions.
     anon_ids: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
@@ -90,45 +135,20 @@ impl NetlinkNftables {
         self.client.messages_sent()
     }
 
-    /// Applies `ops` to table `table` of `family` as one transaction.
+    /// Applies `ops` to table `table` of `family` as one transaction (an
+    /// op the codec cannot encode: nothing is sent).
     pub async fn apply(&self, family: IpFamily, table: &str, ops: &[NftOp]) -> Result<(), TransactionError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        // Each message and the op it belongs to (a rule brings its anonymous sets).
-        let mut msgs: Vec<NetlinkMessage<RawNfnl>> = Vec::with_capacity(ops.len());
-        let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
-        // One transaction at a time per socket (the actor's), so the ids it takes are its own.
-        let mut next_id = self.anon_ids.load(std::sync::atomic::Ordering::Relaxed);
-        for (i, op) in ops.iter().enumerate() {
-            let built = codec::messages(family, table, op, &mut next_id).map_err(TransactionError::Rule)?;
-            for m in built {
-                msgs.push(request(&m, flags_of(op, &m) & !netlink_packet_core::NLM_F_ACK));
-                owner.push(i);
-            }
-        }
-        self.anon_ids.store(next_id, std::sync::atomic::Ordering::Relaxed);
-        let mut batch = Vec::new();
-        let begin = request(&codec::batch_begin(), 0);
-        let end = request(&codec::batch_end(), 0);
-        let seq0 = self.next_seq(msgs.len() as u32 + 2);
-        for (i, mut m) in std::iter::once(begin).chain(msgs).chain(std::iter::once(end)).enumerate() {
-            m.header.sequence_number = seq0.wrapping_add(i as u32);
-            m.finalize();
-            let at = batch.len();
-            batch.resize(at + m.buffer_len(), 0);
-            m.serialize(&mut batch[at..]);
-        }
+        let Some(Encoded { batch, seq0, owner }) = self.encode(family, table, ops)? else { return Ok(()) };
         let sender = self.sender.clone();
         let errors = tokio::task::spawn_blocking(move || sender.send(&batch))
             .await
-            .map_err(|e| TransactionError::Unknown(format!("the sending thread: {e}")))?
+            .map_err(|e| TransactionError::unknown("transaction", format!("the sending thread: {e}")))?
             .map_err(|e| match e.raw_os_error() {
                 // Refused whole before any op ran: nothing applied.
                 Some(libc::EMSGSIZE) | Some(libc::ENOBUFS) => {
-                    TransactionError::TooLarge { ops: ops.len(), error: e.to_string() }
+                    TransactionError::TooLarge { ops: ops.len(), source: Arc::new(e) }
                 }
-                _ => TransactionError::Unknown(format!("sending the transaction: {e}")),
+                _ => TransactionError::Io { what: "sending the transaction".into(), source: Arc::new(e) },
             })?;
         // The first refused message (the batch markers are not ops).
         let refused = errors
@@ -138,12 +158,41 @@ impl NetlinkNftables {
             .min();
         match refused {
             None if errors.is_empty() => Ok(()),
-            None => Err(TransactionError::Unknown(format!("the kernel refused the batch itself: {errors:?}"))),
+            None => Err(TransactionError::unknown(
+                "transaction",
+                format!("the kernel refused the batch itself: {errors:?}"),
+            )),
             Some((m, code)) => {
                 let index = owner[m];
                 Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(code) })
             }
         }
+    }
+
+    /// The datagram of one transaction: the batch markers around the ops'
+    /// messages, numbered from `seq0`; `None` for no ops.
+    fn encode(&self, family: IpFamily, table: &str, ops: &[NftOp]) -> Result<Option<Encoded>, TransactionError> {
+        if ops.is_empty() {
+            return Ok(None);
+        }
+        // One transaction at a time per socket (the actor's), so the ids it takes are its own.
+        let mut next_id = self.anon_ids.load(std::sync::atomic::Ordering::Relaxed);
+        let requests = codec::requests(family, table, ops, &mut next_id)?;
+        self.anon_ids.store(next_id, std::sync::atomic::Ordering::Relaxed);
+        let owner: Vec<usize> = requests.iter().map(|r| r.op).collect();
+        let begin = request(&codec::batch_begin(), 0);
+        let end = request(&codec::batch_end(), 0);
+        let msgs = requests.iter().map(|r| request(&r.msg, r.flags));
+        let seq0 = self.next_seq(owner.len() as u32 + 2);
+        let mut batch = Vec::new();
+        for (i, mut m) in std::iter::once(begin).chain(msgs).chain(std::iter::once(end)).enumerate() {
+            m.header.sequence_number = seq0.wrapping_add(i as u32);
+            m.finalize();
+            let at = batch.len();
+            batch.resize(at + m.buffer_len(), 0);
+            m.serialize(&mut batch[at..]);
+        }
+        Ok(Some(Encoded { batch, seq0, owner }))
     }
 
     fn next_seq(&self, n: u32) -> u32 {
@@ -227,18 +276,12 @@ fn set_buffer(socket: &netlink_sys::Socket, option: libc::c_int, bytes: usize) {
     }
 }
 
-/// An op's flags; an anonymous set of a rule is created as `nft` does.
-fn flags_of(op: &NftOp, msg: &NetfilterMessage) -> u16 {
-    use netlink_packet_netfilter::nftables::NfTablesMessage;
-    use netlink_packet_netfilter::NetfilterMessageInner;
-    match &msg.inner {
-        NetfilterMessageInner::NfTables(NfTablesMessage::NewSet(_) | NfTablesMessage::NewSetElement(_))
-            if matches!(op, NftOp::AddRule { .. }) =>
-        {
-            netlink_packet_core::NLM_F_CREATE | netlink_packet_core::NLM_F_ACK
-        }
-        _ => op.flags(),
-    }
+/// A transaction ready to send: its datagram, its first sequence number,
+/// the op of each message.
+struct Encoded {
+    batch: Vec<u8>,
+    seq0: u32,
+    owner: Vec<usize>,
 }
 
 /// The names of a table's chains and sets, as a dump lists them.
@@ -265,7 +308,7 @@ impl NetlinkNftables {
         reply
             .as_ref()
             .and_then(|r| codec::generation_id(r.payload()))
-            .ok_or_else(|| TransactionError::Unknown(format!("{what}: no generation in the reply")))
+            .ok_or_else(|| TransactionError::unknown(what, "no generation in the reply"))
     }
 
     /// Table `table` of `family` as a get reports it (`None`: no such table).
@@ -275,7 +318,7 @@ impl NetlinkNftables {
             None => Ok(None),
             Some(r) => codec::table_info(r.payload())
                 .map(Some)
-                .ok_or_else(|| TransactionError::Unknown(format!("{what}: no handle or use count in the reply"))),
+                .ok_or_else(|| TransactionError::unknown(what.clone(), "no handle or use count in the reply")),
         }
     }
 
@@ -284,7 +327,7 @@ impl NetlinkNftables {
         let mut replies = self
             .client
             .request(vec![request(&msg, 0)])
-            .map_err(|e| TransactionError::Unknown(format!("{what}: netlink connection closed: {e}")))?;
+            .map_err(|e| TransactionError::unknown(what.to_string(), format!("netlink connection closed: {e}")))?;
         match replies.next().await {
             Ok(Some(m)) => match m.payload {
                 NetlinkPayload::InnerMessage(raw) => Ok(Some(raw)),
@@ -295,10 +338,10 @@ impl NetlinkNftables {
                     }
                     Err(TransactionError::Refused { index: 0, op: what.to_string(), errno })
                 }
-                other => Err(TransactionError::Unknown(format!("{what}: unexpected reply {other:?}"))),
+                other => Err(TransactionError::unknown(what, format!("unexpected reply {other:?}"))),
             },
-            Ok(None) => Err(TransactionError::Unknown(format!("{what}: no reply"))),
-            Err(_) => Err(TransactionError::Unknown(format!("{what}: no reply in time"))),
+            Ok(None) => Err(TransactionError::unknown(what, "no reply")),
+            Err(_) => Err(TransactionError::unknown(what, "no reply in time")),
         }
     }
 
@@ -313,13 +356,13 @@ impl NetlinkNftables {
         let mut replies = self
             .client
             .request(vec![dump])
-            .map_err(|e| TransactionError::Unknown(format!("{what}: netlink connection closed: {e}")))?;
+            .map_err(|e| TransactionError::unknown(what.to_string(), format!("netlink connection closed: {e}")))?;
         let mut names = Vec::new();
         loop {
             let msg = match replies.next().await {
                 Ok(Some(m)) => m,
-                Ok(None) => return Err(TransactionError::Unknown(format!("{what}: the dump ended early"))),
-                Err(_) => return Err(TransactionError::Unknown(format!("{what}: no reply in time"))),
+                Ok(None) => return Err(TransactionError::unknown(what, "the dump ended early")),
+                Err(_) => return Err(TransactionError::unknown(what, "no reply in time")),
             };
             match msg.payload {
                 NetlinkPayload::InnerMessage(raw) => {
@@ -349,4 +392,34 @@ fn request(msg: &NetfilterMessage, flags: u16) -> NetlinkMessage<RawNfnl> {
     nl.header.flags = netlink_packet_core::NLM_F_REQUEST | flags;
     nl.finalize();
     nl
+}
+
+impl NfTables for NetlinkNftables {
+    fn transact(
+        &self,
+        table: &str,
+        tx: Arc<Transaction>,
+    ) -> impl Future<Output = Result<(), TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.apply(tx.family, &table, &tx.ops).await }
+    }
+
+    fn list(&self, family: IpFamily, table: &str) -> impl Future<Output = Result<Listed, TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.list(family, &table).await }
+    }
+
+    fn generation(&self) -> impl Future<Output = Result<u32, TransactionError>> + 'static {
+        let me = self.clone();
+        async move { me.generation().await }
+    }
+
+    fn table_info(
+        &self,
+        family: IpFamily,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static {
+        let (me, table) = (self.clone(), table.to_string());
+        async move { me.table_info(family, &table).await }
+    }
 }

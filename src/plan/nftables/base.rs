@@ -5,7 +5,11 @@
 
 use super::context::{NftablesContext, NodePorts};
 use super::names::*;
-use super::ruleset::{addr_type, nft_family, Chain, Element, Hook, Objects, Rule, Set};
+use super::ruleset::{Chain, Objects, SetElement};
+use crate::msgs::nftables::{
+    AnonSet, BaseChain, ChainHook, ChainType, CtState, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, MarkOp,
+    Rule, SetSpec, Verdict,
+};
 use crate::net::IpFamily;
 
 /// dstnat, as knftables numbers it.
@@ -16,46 +20,58 @@ const SRCNAT: i32 = 100;
 const FILTER: i32 = 0;
 
 /// Upstream's nftablesBaseChains: (name, type, hook, priority).
-pub const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
-    (FILTER_PREROUTING_PRE_DNAT, "filter", "prerouting", DSTNAT - 10),
-    (FILTER_OUTPUT_PRE_DNAT, "filter", "output", DSTNAT - 10),
-    (FILTER_INPUT, "filter", "input", FILTER),
-    (FILTER_FORWARD, "filter", "forward", FILTER),
-    (FILTER_OUTPUT, "filter", "output", FILTER),
-    (NAT_PREROUTING, "nat", "prerouting", DSTNAT),
-    (NAT_OUTPUT, "nat", "output", DSTNAT),
-    (NAT_POSTROUTING, "nat", "postrouting", SRCNAT),
+pub const BASE_CHAINS: [(&str, ChainType, ChainHook, i32); 8] = [
+    (FILTER_PREROUTING_PRE_DNAT, ChainType::Filter, ChainHook::Prerouting, DSTNAT - 10),
+    (FILTER_OUTPUT_PRE_DNAT, ChainType::Filter, ChainHook::Output, DSTNAT - 10),
+    (FILTER_INPUT, ChainType::Filter, ChainHook::Input, FILTER),
+    (FILTER_FORWARD, ChainType::Filter, ChainHook::Forward, FILTER),
+    (FILTER_OUTPUT, ChainType::Filter, ChainHook::Output, FILTER),
+    (NAT_PREROUTING, ChainType::Nat, ChainHook::Prerouting, DSTNAT),
+    (NAT_OUTPUT, ChainType::Nat, ChainHook::Output, DSTNAT),
+    (NAT_POSTROUTING, ChainType::Nat, ChainHook::Postrouting, SRCNAT),
 ];
 
-/// Upstream's nftablesJumpChains: (to, from, match), in rule order.
-const JUMPS: [(&str, &str, &str); 11] = [
-    (NODEPORT_ENDPOINTS_CHECK, FILTER_INPUT, "ct state new"),
-    (SERVICE_ENDPOINTS_CHECK, FILTER_INPUT, "ct state new"),
-    (SERVICE_ENDPOINTS_CHECK, FILTER_FORWARD, "ct state new"),
-    (SERVICE_ENDPOINTS_CHECK, FILTER_OUTPUT, "ct state new"),
-    (FIREWALL_CHECK, FILTER_PREROUTING_PRE_DNAT, "ct state new"),
-    (FIREWALL_CHECK, FILTER_OUTPUT_PRE_DNAT, "ct state new"),
-    (SERVICES, NAT_OUTPUT, ""),
-    (SERVICES, NAT_PREROUTING, ""),
-    (MASQUERADING, NAT_POSTROUTING, ""),
-    (CLUSTER_IPS_CHECK, FILTER_FORWARD, "ct state new"),
-    (CLUSTER_IPS_CHECK, FILTER_OUTPUT, "ct state new"),
+/// Upstream's nftablesJumpChains: (to, from, only new connections), in rule order.
+const JUMPS: [(&str, &str, bool); 11] = [
+    (NODEPORT_ENDPOINTS_CHECK, FILTER_INPUT, true),
+    (SERVICE_ENDPOINTS_CHECK, FILTER_INPUT, true),
+    (SERVICE_ENDPOINTS_CHECK, FILTER_FORWARD, true),
+    (SERVICE_ENDPOINTS_CHECK, FILTER_OUTPUT, true),
+    (FIREWALL_CHECK, FILTER_PREROUTING_PRE_DNAT, true),
+    (FIREWALL_CHECK, FILTER_OUTPUT_PRE_DNAT, true),
+    (SERVICES, NAT_OUTPUT, false),
+    (SERVICES, NAT_PREROUTING, false),
+    (MASQUERADING, NAT_POSTROUTING, false),
+    (CLUSTER_IPS_CHECK, FILTER_FORWARD, true),
+    (CLUSTER_IPS_CHECK, FILTER_OUTPUT, true),
 ];
 
-/// Rules matching no destination but loopback (`ip daddr != 127.0.0.0/8`).
-fn no_localhost(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip daddr != 127.0.0.0/8",
-        IpFamily::V6 => "ip6 daddr != ::1",
-    }
+/// Matching no destination but loopback (`ip daddr != 127.0.0.0/8`, `ip6 daddr != ::1`).
+fn no_localhost(family: IpFamily) -> Expr {
+    let value = match family {
+        IpFamily::V4 => KeyPart::Net(ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).into()),
+        IpFamily::V6 => KeyPart::Addr(std::net::Ipv6Addr::LOCALHOST.into()),
+    };
+    Expr::Cmp { field: Field::Daddr(family), neq: true, value }
 }
 
-fn set(name: &str, key_type: String, comment: &str) -> Set {
-    Set { name: name.into(), map: false, key_type, flags: vec![], timeout: None, comment: Some(comment.into()) }
+/// The fields the dispatch maps are keyed by: `ip daddr . meta l4proto . th dport`.
+pub fn dispatch_key(family: IpFamily) -> Vec<Field> {
+    vec![Field::Daddr(family), Field::L4proto, Field::Dport]
 }
 
-fn vmap(name: &str, key_type: &str, comment: &str) -> Set {
-    Set { map: true, ..set(name, format!("{key_type} : verdict"), comment) }
+/// `meta l4proto . th dport`.
+fn port_key() -> Vec<Field> {
+    vec![Field::L4proto, Field::Dport]
+}
+
+fn vmap(key: Vec<Field>, map: &str) -> Expr {
+    Expr::Vmap { key, map: map.to_string() }
+}
+
+/// `nodeport-ips`: the addresses that accept NodePorts.
+pub fn nodeport_ips_set(family: IpFamily) -> SetSpec {
+    SetSpec::set(NODEPORT_IPS, vec![KeyType::addr(family)], Some("IPs that accept NodePort traffic"))
 }
 
 /// The top-level objects for `ctx`.
@@ -66,98 +82,108 @@ pub fn top_level(ctx: &NftablesContext) -> Objects {
 
 /// The base chains and the top-level regular chains, with their rules.
 fn chains(ctx: &NftablesContext) -> Vec<Chain> {
-    let ip = nft_family(ctx.family);
+    let family = ctx.family;
+    let daddr = Field::Daddr(family);
     let mut chains: Vec<Chain> = BASE_CHAINS
         .iter()
         .map(|(name, kind, hook, priority)| Chain {
             name: name.to_string(),
-            hook: Some(Hook { kind, hook, priority: *priority }),
+            base: Some(BaseChain { kind: *kind, hook: *hook, priority: *priority }),
             comment: None,
             rules: vec![],
         })
         .collect();
     let mut regular = |name: &str, rules: Vec<Rule>| chains.push(Chain::regular(name, rules));
     let mut cluster_ips_check = vec![Rule::commented(
-        format!("{ip} daddr @{CLUSTER_IPS} reject"),
+        vec![Expr::Lookup { key: vec![daddr], set: CLUSTER_IPS.into() }, Expr::Reject],
         "Reject traffic to invalid ports of ClusterIPs",
     )];
     if !ctx.service_cidrs.is_empty() {
-        let cidrs: Vec<String> = ctx.service_cidrs.iter().map(|c| c.to_string()).collect();
+        let items = ctx.service_cidrs.iter().map(|c| KeyPart::Net(*c)).collect();
+        let unallocated = Expr::InAnon { field: daddr, neq: false, set: AnonSet { items, sep: ListSep::Comma } };
         cluster_ips_check.push(Rule::commented(
-            format!("{ip} daddr {{ {} }} drop", cidrs.join(",")),
+            vec![unallocated, Expr::Verdict(Verdict::Drop)],
             "Drop traffic to unallocated ClusterIPs",
         ));
     }
     regular(CLUSTER_IPS_CHECK, cluster_ips_check);
-    regular(FIREWALL_CHECK, vec![Rule::new(format!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"))]);
-    regular(MARK_MASQ, vec![Rule::new(format!("mark set mark or {}", ctx.mark))]);
+    regular(FIREWALL_CHECK, vec![Rule::new(vec![vmap(dispatch_key(family), FIREWALL_IPS)])]);
+    regular(MARK_MASQ, vec![Rule::new(vec![Expr::MarkSet { op: MarkOp::Or, bits: ctx.mark }])]);
     regular(
         MASQUERADING,
         vec![
-            Rule::new(format!("mark and {} == 0 return", ctx.mark)),
-            Rule::new(format!("mark set mark xor {}", ctx.mark)),
-            Rule::new("masquerade fully-random"),
+            Rule::new(vec![Expr::MarkTest { mask: ctx.mark, value: 0 }, Expr::Verdict(Verdict::Return)]),
+            Rule::new(vec![Expr::MarkSet { op: MarkOp::Xor, bits: ctx.mark }]),
+            Rule::new(vec![Expr::Masquerade { fully_random: true }]),
         ],
     );
     let (np_check, np_dispatch) = match ctx.node_ports {
-        NodePorts::All => {
-            let nl = no_localhost(ctx.family);
-            (format!("{nl} meta l4proto . th dport"), format!("fib daddr type local {nl} meta l4proto . th dport"))
-        }
+        NodePorts::All => (vec![no_localhost(family)], vec![Expr::FibLocal(FibKey::Daddr), no_localhost(family)]),
         NodePorts::Ips(_) => {
-            let m = format!("{ip} daddr @{NODEPORT_IPS} meta l4proto . th dport");
-            (m.clone(), m)
+            let m = Expr::Lookup { key: vec![daddr], set: NODEPORT_IPS.into() };
+            (vec![m.clone()], vec![m])
         }
     };
-    regular(NODEPORT_ENDPOINTS_CHECK, vec![Rule::new(format!("{np_check} vmap @{NO_ENDPOINT_NODEPORTS}"))]);
+    let with_vmap = |mut matches: Vec<Expr>, map: &str| {
+        matches.push(vmap(port_key(), map));
+        Rule::new(matches)
+    };
+    regular(NODEPORT_ENDPOINTS_CHECK, vec![with_vmap(np_check, NO_ENDPOINT_NODEPORTS)]);
     regular(
         SERVICES,
-        vec![
-            Rule::new(format!("{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}")),
-            Rule::new(format!("{np_dispatch} vmap @{SERVICE_NODEPORTS}")),
-        ],
+        vec![Rule::new(vec![vmap(dispatch_key(family), SERVICE_IPS)]), with_vmap(np_dispatch, SERVICE_NODEPORTS)],
     );
-    regular(
-        SERVICE_ENDPOINTS_CHECK,
-        vec![Rule::new(format!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"))],
-    );
+    regular(SERVICE_ENDPOINTS_CHECK, vec![Rule::new(vec![vmap(dispatch_key(family), NO_ENDPOINT_SERVICES)])]);
     chains.push(Chain {
         name: REJECT_CHAIN.into(),
-        hook: None,
+        base: None,
         comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
-        rules: vec![Rule::new("reject")],
+        rules: vec![Rule::new(vec![Expr::Reject])],
     });
-    for (to, from, m) in JUMPS {
-        let text = if m.is_empty() { format!("jump {to}") } else { format!("{m} jump {to}") };
+    for (to, from, new_only) in JUMPS {
+        let mut exprs = Vec::with_capacity(2);
+        if new_only {
+            exprs.push(Expr::CtState(CtState::New));
+        }
+        exprs.push(Expr::Verdict(Verdict::Jump(to.to_string())));
         if let Some(c) = chains.iter_mut().find(|c| c.name == from) {
-            c.rules.push(Rule::new(text));
+            c.rules.push(Rule::new(exprs));
         }
     }
     chains
 }
 
 /// The sets and maps, and the members of `nodeport-ips`.
-fn containers(ctx: &NftablesContext) -> (Vec<Set>, Vec<Element>) {
-    let addr = addr_type(ctx.family);
-    let dispatch = format!("{addr} . inet_proto . inet_service");
+fn containers(ctx: &NftablesContext) -> (Vec<SetSpec>, Vec<SetElement>) {
+    let addr = KeyType::addr(ctx.family);
+    let dispatch = vec![addr, KeyType::InetProto, KeyType::InetService];
+    let ports = vec![KeyType::InetProto, KeyType::InetService];
     let mut sets = vec![
-        set(CLUSTER_IPS, addr.to_string(), "Active ClusterIPs"),
-        vmap(NO_ENDPOINT_SERVICES, &dispatch, "vmap to drop or reject packets to services with no endpoints"),
-        vmap(
-            NO_ENDPOINT_NODEPORTS,
-            "inet_proto . inet_service",
-            "vmap to drop or reject packets to service nodeports with no endpoints",
+        SetSpec::set(CLUSTER_IPS, vec![addr], Some("Active ClusterIPs")),
+        SetSpec::verdict_map(
+            NO_ENDPOINT_SERVICES,
+            dispatch.clone(),
+            Some("vmap to drop or reject packets to services with no endpoints"),
         ),
-        vmap(FIREWALL_IPS, &dispatch, "destinations that are subject to LoadBalancerSourceRanges"),
-        vmap(SERVICE_IPS, &dispatch, "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        vmap(SERVICE_NODEPORTS, "inet_proto . inet_service", "NodePort traffic"),
+        SetSpec::verdict_map(
+            NO_ENDPOINT_NODEPORTS,
+            ports.clone(),
+            Some("vmap to drop or reject packets to service nodeports with no endpoints"),
+        ),
+        SetSpec::verdict_map(
+            FIREWALL_IPS,
+            dispatch.clone(),
+            Some("destinations that are subject to LoadBalancerSourceRanges"),
+        ),
+        SetSpec::verdict_map(SERVICE_IPS, dispatch, Some("ClusterIP, ExternalIP and LoadBalancer IP traffic")),
+        SetSpec::verdict_map(SERVICE_NODEPORTS, ports, Some("NodePort traffic")),
     ];
     let mut elements = vec![];
     if let NodePorts::Ips(ips) = &ctx.node_ports {
-        sets.push(set(NODEPORT_IPS, addr.to_string(), "IPs that accept NodePort traffic"));
+        sets.push(nodeport_ips_set(ctx.family));
         elements = ips
             .iter()
-            .map(|ip| Element { set: NODEPORT_IPS.into(), key: vec![ip.to_string()], value: vec![], comment: None })
+            .map(|ip| SetElement { set: NODEPORT_IPS.into(), element: Element::key(vec![KeyPart::Addr(*ip)]) })
             .collect();
     }
     (sets, elements)

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::model::NodeInfo;
+use crate::msgs::nftables::{Expr, Field, Hex, KeyPart};
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::context::{node_ip, NodePortFilter};
 use crate::plan::iptables::context::node_port_cidrs;
@@ -53,16 +54,16 @@ pub struct NftablesContext {
     /// reach the LB VIP (upstream's allowFromNode).
     pub node_ip: Option<IpAddr>,
     pub masquerade_all: bool,
-    /// The masquerade mark as upstream formats it (`%#08x`: `0x004000`).
-    pub mark: String,
+    /// The masquerade mark, printed as upstream formats it (`%#08x`: `0x004000`).
+    pub mark: Hex,
     pub local: LocalDetector,
     pub node_ports: NodePorts,
     pub service_cidrs: Vec<IpNet>,
 }
 
-/// Upstream's `fmt.Sprintf("%#08x", 1<<bit)`.
-pub fn mark(bit: u32) -> String {
-    format!("{:#08x}", 1u32 << bit.min(31))
+/// The mark of `bit`, written as upstream's `fmt.Sprintf("%#08x", 1<<bit)`.
+pub fn mark(bit: u32) -> Hex {
+    Hex { value: 1u32 << bit.min(31), width: 8 }
 }
 
 /// Builds the context from settings, the Node and the node's interface
@@ -96,22 +97,21 @@ pub fn nftables_context(s: &NftablesSettings, node: &NodeInfo, addrs: &[LocalAdd
 }
 
 /// The detector's "from a pod" match (upstream's IfLocalNFT).
-pub fn if_local(family: IpFamily, d: &LocalDetector) -> Option<String> {
-    match d {
-        LocalDetector::None => None,
-        LocalDetector::Cidr(c) => Some(format!("{} saddr {c}", super::ruleset::nft_family(family))),
-        LocalDetector::BridgeInterface(b) => Some(format!("iif {b}")),
-        LocalDetector::InterfacePrefix(p) => Some(format!("iif {p}*")),
-    }
+pub fn if_local(family: IpFamily, d: &LocalDetector) -> Option<Expr> {
+    detector_match(family, d, false)
 }
 
 /// The detector's "not from a pod" match (upstream's IfNotLocalNFT).
-pub fn if_not_local(family: IpFamily, d: &LocalDetector) -> Option<String> {
+pub fn if_not_local(family: IpFamily, d: &LocalDetector) -> Option<Expr> {
+    detector_match(family, d, true)
+}
+
+fn detector_match(family: IpFamily, d: &LocalDetector, neq: bool) -> Option<Expr> {
     match d {
         LocalDetector::None => None,
-        LocalDetector::Cidr(c) => Some(format!("{} saddr != {c}", super::ruleset::nft_family(family))),
-        LocalDetector::BridgeInterface(b) => Some(format!("iif != {b}")),
-        LocalDetector::InterfacePrefix(p) => Some(format!("iif != {p}*")),
+        LocalDetector::Cidr(c) => Some(Expr::Cmp { field: Field::Saddr(family), neq, value: KeyPart::Net(*c) }),
+        LocalDetector::BridgeInterface(b) => Some(Expr::Iif { name: b.clone(), neq }),
+        LocalDetector::InterfacePrefix(p) => Some(Expr::Iif { name: format!("{p}*"), neq }),
     }
 }
 
@@ -141,9 +141,9 @@ mod tests {
 
     #[test]
     fn the_mark_is_formatted_as_upstreams_percent_hash_08x() {
-        assert_eq!(mark(14), "0x004000");
-        assert_eq!(mark(0), "0x000001");
-        assert_eq!(mark(31), "0x80000000");
+        assert_eq!(mark(14).to_string(), "0x004000");
+        assert_eq!(mark(0).to_string(), "0x000001");
+        assert_eq!(mark(31).to_string(), "0x80000000");
     }
 
     #[test]
@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(c.node_ports, NodePorts::Ips(vec!["172.16.0.2".parse().unwrap()]));
         let c = nftables_context(&settings(IpFamily::V4, NodePortFilter::All), &NodeInfo::default(), &addrs());
         assert_eq!(c.node_ports, NodePorts::All);
-        assert_eq!(c.mark, "0x004000");
+        assert_eq!(c.mark.to_string(), "0x004000");
     }
 
     #[test]
@@ -167,13 +167,15 @@ mod tests {
 
     #[test]
     fn local_detectors_in_nft_syntax() {
+        let text = |e: Option<Expr>| e.map(|e| e.to_string());
         let cidr = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
-        assert_eq!(if_not_local(IpFamily::V4, &cidr).unwrap(), "ip saddr != 10.0.0.0/8");
-        assert_eq!(if_local(IpFamily::V4, &cidr).unwrap(), "ip saddr 10.0.0.0/8");
+        assert_eq!(text(if_not_local(IpFamily::V4, &cidr)).unwrap(), "ip saddr != 10.0.0.0/8");
+        assert_eq!(text(if_local(IpFamily::V4, &cidr)).unwrap(), "ip saddr 10.0.0.0/8");
         let v6 = LocalDetector::Cidr("fd00:10::/64".parse().unwrap());
-        assert_eq!(if_local(IpFamily::V6, &v6).unwrap(), "ip6 saddr fd00:10::/64");
-        assert_eq!(if_local(IpFamily::V4, &LocalDetector::BridgeInterface("cbr0".into())).unwrap(), "iif cbr0");
-        assert_eq!(if_not_local(IpFamily::V4, &LocalDetector::InterfacePrefix("veth".into())).unwrap(), "iif != veth*");
+        assert_eq!(text(if_local(IpFamily::V6, &v6)).unwrap(), "ip6 saddr fd00:10::/64");
+        assert_eq!(text(if_local(IpFamily::V4, &LocalDetector::BridgeInterface("cbr0".into()))).unwrap(), "iif cbr0");
+        let prefix = LocalDetector::InterfacePrefix("veth".into());
+        assert_eq!(text(if_not_local(IpFamily::V4, &prefix)).unwrap(), "iif != veth*");
         assert_eq!(if_local(IpFamily::V4, &LocalDetector::None), None);
     }
 }

@@ -3,18 +3,22 @@
 //! the model, with upstream's table, chain, set and map names, rule text and
 //! hashed per-service names, so a node can switch between upstream and us.
 //!
-//! - [`desired`] renders one family's whole `kube-proxy` table as data
-//!   ([`Ruleset`]): the top-level objects apart from each service port's,
-//!   so [`update`] re-renders only the service ports that changed.
-//! - [`diff::full_sync`], [`diff::partial_sync`] and [`diff::groups_sync`]
-//!   turn desired states into one transaction ([`diff::Transaction`]:
-//!   add/flush/delete chain, add rule, add/delete set and element) with
+//! - [`desired`] renders one family's whole `kube-proxy` table as typed
+//!   data ([`Ruleset`]: chains of typed rules, sets with typed keys,
+//!   elements; the values of [`crate::msgs::nftables`]): the top-level
+//!   objects apart from each service port's, so [`update`] re-renders only
+//!   the service ports that changed.
+//! - [`transactions::full_sync`], [`transactions::partial_sync`] and
+//!   [`transactions::groups_sync`] turn desired states into one
+//!   transaction ([`Transaction`]: add/flush/delete chain, add rule,
+//!   add/delete set and element) with
 //!   upstream's partial-sync semantics: a changed service port's chains are
 //!   rewritten whole, map elements are added and deleted one by one (an
 //!   element several service ports hold, a ClusterIP, goes with the last),
 //!   chains no longer used are flushed now and deleted by a later
-//!   transaction ([`diff::delete_stale`], upstream waits at least 1 s),
-//!   stale affinity sets are deleted at once.
+//!   transaction ([`transactions::delete_stale`], upstream waits at least
+//!   1 s), stale affinity sets are deleted at once; [`staged`] cuts a full
+//!   sync into the bounded transactions the actor sends.
 //! - [`NftablesPlanner`] keeps the state between syncs: what the kernel
 //!   holds once a transaction is acknowledged, whether the next sync must be
 //!   full, and when stale chains are due for deletion (time is an
@@ -37,24 +41,31 @@
 
 pub mod base;
 pub mod context;
-pub mod diff;
 pub mod names;
 pub mod planner;
 pub mod ruleset;
 pub mod service;
+pub mod staging;
+pub mod transactions;
 
 #[cfg(test)]
-mod tests;
+mod encoding_tests;
 #[cfg(test)]
-mod trace_tests;
+mod planner_tests;
+#[cfg(test)]
+pub(crate) mod tests;
+#[cfg(test)]
+pub(crate) mod trace;
 
 pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
-pub use diff::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, staged, Delta, ElementRefs, KernelObjects, NftOp,
-    Transaction, STAGES, STAGE_OPS,
-};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
-pub use ruleset::{Chain, Element, Objects, Rule, Ruleset, Set};
+pub use ruleset::{Chain, Objects, Ruleset, SetElement};
+pub use staging::{staged, STAGES, STAGE_OPS};
+pub use transactions::{
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+};
+
+pub use crate::msgs::nftables::{NftOp, Transaction};
 
 use crate::model::{Model, ServicePortName};
 

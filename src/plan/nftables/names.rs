@@ -10,10 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::model::{Endpoint, ServicePortName};
 use crate::plan::iptables::names::base32;
 
-/// The table, one per family (`ip kube-proxy`, `ip6 kube-proxy`).
-pub const TABLE: &str = "kube-proxy";
-/// The table's comment.
-pub const TABLE_COMMENT: &str = "rules for kube-proxy";
+pub use crate::msgs::nftables::{TABLE, TABLE_COMMENT};
 
 // Base chains.
 pub const FILTER_PREROUTING_PRE_DNAT: &str = "filter-prerouting-pre-dnat";

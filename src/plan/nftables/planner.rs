@@ -17,11 +17,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
-use super::diff::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects, Transaction,
-};
 use super::ruleset::{Objects, Ruleset};
+use super::transactions::{
+    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+};
 use crate::model::{Model, ServicePortName};
+use crate::msgs::nftables::Transaction;
 
 /// How long a flushed chain waits before it is deleted (upstream: a
 /// second; kernels before 6.2 notice late that a map element no longer

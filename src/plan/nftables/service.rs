@@ -1,12 +1,19 @@
 //! One service port's objects: the body of upstream's per-service loop in
 //! the nftables proxier's syncProxyRules, and writeServiceToEndpointRules
-//! (pkg/proxy/nftables/proxier.go). Rule text is upstream's, token for token.
+//! (pkg/proxy/nftables/proxier.go). Rules are upstream's, printed token
+//! for token.
+
+use std::net::{IpAddr, SocketAddr};
 
 use super::context::{if_local, if_not_local, NftablesContext};
 use super::names::*;
-use super::ruleset::{addr_type, nft_family, Chain, Element, Objects, Rule, Set};
+use super::ruleset::{Chain, Objects, SetElement};
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
+use crate::msgs::nftables::{
+    AnonSet, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
+};
+use crate::net::{IpFamily, Protocol};
 
 /// Endpoints in upstream's order: sorted by their `ip:port` string.
 fn by_endpoint_string(mut eps: Vec<&Endpoint>) -> Vec<&Endpoint> {
@@ -19,8 +26,8 @@ struct Plan<'a> {
     ctx: &'a NftablesContext,
     sp: &'a ServicePort,
     spn: String,
-    proto: &'static str,
-    ip: &'static str,
+    proto: Protocol,
+    family: IpFamily,
     chains: ServiceChains,
     cluster: Vec<&'a Endpoint>,
     local: Vec<&'a Endpoint>,
@@ -32,8 +39,9 @@ struct Plan<'a> {
     uses_fw: bool,
     internal_chain: String,
     external_policy_chain: String,
-    internal_verdict: String,
-    external_verdict: String,
+    /// The no-endpoint maps' verdict: reject without endpoints, drop
+    /// when a Local policy finds none on this node.
+    no_endpoints: Verdict,
 }
 
 fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpoint]) -> Plan<'a> {
@@ -42,26 +50,15 @@ fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpo
     let has = cat.has_any;
     let has_internal = has && !(sp.internal_policy_local && cat.local.is_empty());
     let has_external = has && !(sp.external_policy_local && cat.local.is_empty());
-    let reject = format!("goto {REJECT_CHAIN}");
-    let verdict = |has_eps: bool| {
-        if !has {
-            reject.clone()
-        } else if has_eps {
-            String::new()
-        } else {
-            "drop".into()
-        }
-    };
     Plan {
         ctx,
         sp,
         spn: sp.name.to_string(),
-        proto: sp.protocol().lower(),
-        ip: nft_family(ctx.family),
+        proto: sp.protocol(),
+        family: ctx.family,
         internal_chain: if sp.internal_policy_local { chains.local.clone() } else { chains.cluster.clone() },
         external_policy_chain: if sp.external_policy_local { chains.local.clone() } else { chains.cluster.clone() },
-        internal_verdict: verdict(has_internal),
-        external_verdict: verdict(has_external),
+        no_endpoints: if has { Verdict::Drop } else { Verdict::Goto(REJECT_CHAIN.into()) },
         cluster: by_endpoint_string(cat.cluster),
         local: by_endpoint_string(cat.local),
         reachable: by_endpoint_string(cat.all_reachable),
@@ -101,13 +98,10 @@ pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoin
     for ep in &p.reachable {
         let (chain, affinity) = endpoint_names(&sp.name, ep);
         if let Some(timeout) = sp.affinity_timeout {
-            out.sets.push(Set {
-                name: affinity.clone(),
-                map: false,
-                key_type: addr_type(ctx.family).into(),
-                flags: vec!["dynamic", "timeout"],
+            out.sets.push(SetSpec {
+                flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
                 timeout: Some(timeout),
-                comment: None,
+                ..SetSpec::set(&affinity, vec![KeyType::addr(ctx.family)], None)
             });
         }
         out.chains.push(endpoint_chain(&p, ep, chain, &affinity));
@@ -115,52 +109,66 @@ pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoin
     out
 }
 
-fn element(set: &str, key: Vec<String>, value: String, comment: Option<&str>) -> Element {
-    Element { set: set.into(), key, value: vec![value], comment: comment.map(str::to_string) }
+fn element(set: &str, key: Vec<KeyPart>, value: Verdict, comment: Option<&str>) -> SetElement {
+    SetElement { set: set.into(), element: Element { key, value: Some(value), comment: comment.map(str::to_string) } }
 }
 
 /// The port's elements in cluster-ips and the dispatch, no-endpoint and firewall maps.
-fn elements(p: &Plan, out: &mut Vec<Element>) {
+fn elements(p: &Plan, out: &mut Vec<SetElement>) {
     let sp = p.sp;
-    let key = |ip: &dyn ToString| vec![ip.to_string(), p.proto.to_string(), sp.port.to_string()];
+    let key = |ip: IpAddr| vec![KeyPart::Addr(ip), KeyPart::Proto(p.proto), KeyPart::Port(sp.port)];
     let comment = Some(p.spn.as_str());
-    out.push(Element { set: CLUSTER_IPS.into(), key: vec![sp.cluster_ip.to_string()], value: vec![], comment: None });
+    let no_endpoints = || p.no_endpoints.clone();
+    let cluster_ip = Element::key(vec![KeyPart::Addr(sp.cluster_ip)]);
+    out.push(SetElement { set: CLUSTER_IPS.into(), element: cluster_ip });
     if p.has_internal {
-        out.push(element(SERVICE_IPS, key(&sp.cluster_ip), format!("goto {}", p.internal_chain), None));
+        out.push(element(SERVICE_IPS, key(sp.cluster_ip), Verdict::Goto(p.internal_chain.clone()), None));
     } else {
-        out.push(element(NO_ENDPOINT_SERVICES, key(&sp.cluster_ip), p.internal_verdict.clone(), comment));
+        out.push(element(NO_ENDPOINT_SERVICES, key(sp.cluster_ip), no_endpoints(), comment));
     }
-    let external = format!("goto {}", p.chains.external);
+    let external = Verdict::Goto(p.chains.external.clone());
     for ip in &sp.external_ips {
         if p.has_endpoints {
-            out.push(element(SERVICE_IPS, key(ip), external.clone(), None));
+            out.push(element(SERVICE_IPS, key(*ip), external.clone(), None));
         }
         if !p.has_external {
-            out.push(element(NO_ENDPOINT_SERVICES, key(ip), p.external_verdict.clone(), comment));
+            out.push(element(NO_ENDPOINT_SERVICES, key(*ip), no_endpoints(), comment));
         }
     }
     for ip in &sp.load_balancer_vips {
         if p.has_endpoints {
-            out.push(element(SERVICE_IPS, key(ip), external.clone(), None));
+            out.push(element(SERVICE_IPS, key(*ip), external.clone(), None));
         }
         if p.uses_fw {
-            out.push(element(FIREWALL_IPS, key(ip), format!("goto {}", p.chains.firewall), None));
+            out.push(element(FIREWALL_IPS, key(*ip), Verdict::Goto(p.chains.firewall.clone()), None));
         }
     }
     if !p.has_external {
         for ip in &sp.load_balancer_vips {
-            out.push(element(NO_ENDPOINT_SERVICES, key(ip), p.external_verdict.clone(), comment));
+            out.push(element(NO_ENDPOINT_SERVICES, key(*ip), no_endpoints(), comment));
         }
     }
     if sp.node_port != 0 {
-        let np = vec![p.proto.to_string(), sp.node_port.to_string()];
+        let np = vec![KeyPart::Proto(p.proto), KeyPart::Port(sp.node_port)];
         if p.has_endpoints {
             out.push(element(SERVICE_NODEPORTS, np.clone(), external, None));
         }
         if !p.has_external {
-            out.push(element(NO_ENDPOINT_NODEPORTS, np, p.external_verdict.clone(), comment));
+            out.push(element(NO_ENDPOINT_NODEPORTS, np, no_endpoints(), comment));
         }
     }
+}
+
+fn jump(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(chain.to_string()))
+}
+
+fn goto(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Goto(chain.to_string()))
+}
+
+fn addr_is(field: Field, ip: IpAddr) -> Expr {
+    Expr::Cmp { field, neq: false, value: KeyPart::Addr(ip) }
 }
 
 /// Masquerade off-cluster traffic to the ClusterIP (the first rule of the
@@ -169,13 +177,13 @@ fn internal_masquerade(p: &Plan) -> Option<Rule> {
     if !p.has_internal {
         return None;
     }
-    let head = format!("{} daddr {}", p.ip, p.sp.cluster_ip);
+    let head = addr_is(Field::Daddr(p.family), p.sp.cluster_ip);
     if p.ctx.masquerade_all {
         // Upstream's text before and (as far as its PR 131492 says: it
         // simplified the masqueradeAll=false rule only) after that change.
-        Some(Rule::new(format!("{head} {} dport {} jump {MARK_MASQ}", p.proto, p.sp.port)))
+        Some(Rule::new(vec![head, Expr::ProtoDport { proto: p.proto, port: p.sp.port }, jump(MARK_MASQ)]))
     } else {
-        if_not_local(p.ctx.family, &p.ctx.local).map(|m| Rule::new(format!("{head} {m} jump {MARK_MASQ}")))
+        if_not_local(p.family, &p.ctx.local).map(|m| Rule::new(vec![head, m, jump(MARK_MASQ)]))
     }
 }
 
@@ -189,11 +197,12 @@ fn policy_chain(p: &Plan, name: &str, eps: &[&Endpoint]) -> Chain {
     let names: Vec<(String, String)> = eps.iter().map(|ep| endpoint_names(&p.sp.name, ep)).collect();
     if p.sp.affinity_timeout.is_some() {
         for (chain, affinity) in &names {
-            rules.push(Rule::new(format!("{} saddr @{affinity} goto {chain}", p.ip)));
+            let seen = Expr::Lookup { key: vec![Field::Saddr(p.family)], set: affinity.clone() };
+            rules.push(Rule::new(vec![seen, goto(chain)]));
         }
     }
-    let arms: Vec<String> = names.iter().enumerate().map(|(i, (chain, _))| format!("{i} : goto {chain}")).collect();
-    rules.push(Rule::new(format!("numgen random mod {} vmap {{ {} }}", eps.len(), arms.join(" , "))));
+    let arms = names.into_iter().map(|(chain, _)| Verdict::Goto(chain)).collect();
+    rules.push(Rule::new(vec![Expr::NumgenVmap(arms)]));
     Chain::regular(name, rules)
 }
 
@@ -203,16 +212,17 @@ fn external_chain(p: &Plan) -> Chain {
     let mut rules = vec![];
     let cluster = &p.chains.cluster;
     if !p.sp.external_policy_local {
-        rules.push(Rule::new(format!("jump {MARK_MASQ}")));
+        rules.push(Rule::new(vec![jump(MARK_MASQ)]));
     } else {
-        if let Some(local) = if_local(p.ctx.family, &p.ctx.local) {
-            rules.push(Rule::commented(format!("{local} goto {cluster}"), "short-circuit pod traffic"));
+        if let Some(local) = if_local(p.family, &p.ctx.local) {
+            rules.push(Rule::commented(vec![local, goto(cluster)], "short-circuit pod traffic"));
         }
-        rules.push(Rule::commented(format!("fib saddr type local jump {MARK_MASQ}"), "masquerade local traffic"));
-        rules.push(Rule::commented(format!("fib saddr type local goto {cluster}"), "short-circuit local traffic"));
+        let from_node = || Expr::FibLocal(FibKey::Saddr);
+        rules.push(Rule::commented(vec![from_node(), jump(MARK_MASQ)], "masquerade local traffic"));
+        rules.push(Rule::commented(vec![from_node(), goto(cluster)], "short-circuit local traffic"));
     }
     if p.has_external {
-        rules.push(Rule::new(format!("goto {}", p.external_policy_chain)));
+        rules.push(Rule::new(vec![goto(&p.external_policy_chain)]));
     }
     Chain::regular(p.chains.external.clone(), rules)
 }
@@ -220,25 +230,29 @@ fn external_chain(p: &Plan) -> Chain {
 /// The `firewall-…` chain for loadBalancerSourceRanges; without a range
 /// (fail closed, see `ServicePort::source_ranges_fail_closed`) it drops all.
 fn firewall_chain(p: &Plan) -> Chain {
-    let mut sources: Vec<String> = p.sp.load_balancer_source_ranges.iter().map(|c| c.to_string()).collect();
-    let from_node = p.ctx.node_ip.is_some_and(|ip| p.sp.load_balancer_source_ranges.iter().any(|c| c.contains(&ip)));
+    let ranges = &p.sp.load_balancer_source_ranges;
+    let mut items: Vec<KeyPart> = ranges.iter().map(|c| KeyPart::Net(*c)).collect();
+    let from_node = p.ctx.node_ip.is_some_and(|ip| ranges.iter().any(|c| c.contains(&ip)));
     if from_node {
-        sources.extend(p.sp.load_balancer_vips.iter().map(|ip| ip.to_string()));
+        items.extend(p.sp.load_balancer_vips.iter().map(|ip| KeyPart::Addr(*ip)));
     }
-    let rule = if sources.is_empty() {
-        "drop".to_string()
-    } else {
-        format!("{} saddr != {{ {} }} drop", p.ip, sources.join(" , "))
-    };
-    Chain::regular(p.chains.firewall.clone(), vec![Rule::new(rule)])
+    let mut exprs = Vec::with_capacity(2);
+    if !items.is_empty() {
+        let set = AnonSet { items, sep: ListSep::SpacedComma };
+        exprs.push(Expr::InAnon { field: Field::Saddr(p.family), neq: true, set });
+    }
+    exprs.push(Expr::Verdict(Verdict::Drop));
+    Chain::regular(p.chains.firewall.clone(), vec![Rule::new(exprs)])
 }
 
 /// An `endpoint-…` chain: hairpin masquerade, affinity update, DNAT.
 fn endpoint_chain(p: &Plan, ep: &Endpoint, name: String, affinity: &str) -> Chain {
-    let mut rules = vec![Rule::new(format!("{} saddr {} jump {MARK_MASQ}", p.ip, ep.ip))];
+    let saddr = Field::Saddr(p.family);
+    let mut rules = vec![Rule::new(vec![addr_is(saddr, ep.ip), jump(MARK_MASQ)])];
     if p.sp.affinity_timeout.is_some() {
-        rules.push(Rule::new(format!("update @{affinity} {{ {} saddr }}", p.ip)));
+        rules.push(Rule::new(vec![Expr::Update { set: affinity.to_string(), key: saddr }]));
     }
-    rules.push(Rule::new(format!("meta l4proto {} dnat to {ep}", p.proto)));
+    let proto = Expr::Cmp { field: Field::L4proto, neq: false, value: KeyPart::Proto(p.proto) };
+    rules.push(Rule::new(vec![proto, Expr::Dnat(SocketAddr::new(ep.ip, ep.port))]));
     Chain::regular(name, rules)
 }

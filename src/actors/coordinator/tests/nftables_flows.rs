@@ -1,23 +1,22 @@
 //! Upstream's packet-flow tests (pkg/proxy/nftables/proxier_test.go with
-//! the tracer of helpers_test.go) over our rulesets: the same services, the
-//! same packets, the same expected destinations and masquerading.
-//!
-//! The tracer follows upstream's: it runs `filter-prerouting-pre-dnat`,
-//! then `nat-prerouting` (a DNAT there changes the destination the later
-//! chains see), then `filter-forward` and `filter-input`; every endpoint of a
-//! `numgen` vmap is followed, so the output lists all reachable endpoints;
-//! `jump mark-for-masquerade` counts as masquerading; affinity sets are
-//! empty.
+//! the tracer of helpers_test.go) through nftables mode's dataplane: the
+//! same services sent to the coordinator, synced by the planner and the
+//! nftables actor into the in-memory nf_tables, and the same packets traced
+//! ([`crate::plan::nftables::trace`]) through what that kernel then holds,
+//! with the same expected destinations and masquerading.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
 use serde_json::json;
 
-use super::tests::{eps, fake_ctx, model_with, no_node, svc};
+use super::nftables::start_nftables;
 use super::*;
 use crate::fixtures::{applied_slice, ep, slice, Ep};
+use crate::kernel::mem::MemTable;
+use crate::net::Protocol;
+use crate::plan::nftables::tests::{eps, fake_ctx, no_node, svc};
+use crate::plan::nftables::trace::{trace, Packet};
+use crate::plan::nftables::{NftablesContext, NodePorts};
 use crate::plan::rules_ipvs::LocalDetector;
 
 /// Upstream's testNodeIPs (IPv4 ones).
@@ -26,210 +25,56 @@ const NODE: &str = "test-node";
 const EXTERNAL_CLIENT: &str = "203.0.113.2";
 const EXTERNAL_CLIENT_BLOCKED: &str = "203.0.113.130";
 
-struct Tracer<'a> {
-    chains: HashMap<&'a str, &'a Chain>,
-    elements: HashMap<&'a str, Vec<&'a Element>>,
-    outputs: Vec<String>,
-    masq: bool,
+/// The table the in-memory kernel holds once the coordinator synced
+/// `events` on node `test-node` with the planner's context `ctx`.
+fn synced_table(ctx: NftablesContext, events: &[SourceEvent]) -> MemTable {
+    let mut all = synced();
+    all.extend(events.iter().cloned());
+    let sys = actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().expect("tokio runtime")
+    });
+    sys.block_on(async move {
+        let h = start_nftables(NODE, &MemNftables::default(), Box::new(move |_, _, _| ctx.clone()));
+        h.send(all).await;
+        sleep(MS).await;
+        h.table()
+    })
 }
 
-fn addr_matches(ip: &str, want: bool, rule_addr: &str) -> bool {
-    let ip: IpAddr = ip.parse().expect("test IP");
-    let hit = match rule_addr.parse::<IpNet>() {
-        Ok(net) => net.contains(&ip),
-        Err(_) => rule_addr.parse::<IpAddr>().is_ok_and(|a| a == ip),
-    };
-    hit == want
-}
-
-/// `!= ` prefix: (wanted match, rest).
-fn negation(rest: &str) -> (bool, &str) {
-    match rest.strip_prefix("!= ") {
-        Some(r) => (false, r),
-        None => (true, rest),
+/// The table's rules, a chain at a time, for failure messages.
+fn listing(table: &MemTable) -> String {
+    let mut out = String::new();
+    for (name, chain) in &table.chains {
+        out.push_str(&format!("chain {name}\n"));
+        chain.rules.iter().for_each(|r| out.push_str(&format!("\t{r}\n")));
     }
-}
-
-/// The next word and the rest.
-fn word(s: &str) -> (&str, &str) {
-    s.split_once(' ').unwrap_or((s, ""))
-}
-
-impl<'a> Tracer<'a> {
-    fn new(rs: &'a Ruleset) -> Tracer<'a> {
-        let mut elements: HashMap<&str, Vec<&Element>> = HashMap::new();
-        for e in rs.elements() {
-            elements.entry(e.set.as_str()).or_default().push(e);
-        }
-        Tracer { chains: rs.chains().map(|c| (c.name.as_str(), c)).collect(), elements, outputs: vec![], masq: false }
-    }
-
-    fn lookup(&self, set: &str, key: &[&str]) -> Option<&'a Element> {
-        self.elements.get(set)?.iter().copied().find(|e| e.key.iter().map(String::as_str).eq(key.iter().copied()))
-    }
-
-    /// Runs `chain`; true when the packet reached a terminal verdict.
-    fn run(&mut self, chain: &str, p: &Packet) -> bool {
-        let c = *self.chains.get(chain).unwrap_or_else(|| panic!("unknown chain {chain}"));
-        for r in &c.rules {
-            let mut rule = r.text.clone();
-            loop {
-                let text = rule.trim_start().to_string();
-                if text.is_empty() {
-                    break;
-                }
-                match self.step(&text, p) {
-                    Step::Continue(rest) => rule = rest,
-                    Step::NoMatch => break,
-                    Step::Return => return false,
-                    Step::Terminal => return true,
-                }
-            }
-        }
-        false
-    }
-
-    fn step(&mut self, t: &str, p: &Packet) -> Step {
-        let fam = if t.starts_with("ip6 ") { "ip6 " } else { "ip " };
-        if let Some(rest) = t.strip_prefix("ct state new") {
-            return Step::Continue(rest.into());
-        }
-        if let Some(rest) = t.strip_prefix(&format!("{fam}daddr . meta l4proto . th dport vmap @")) {
-            return self.verdict(self.lookup(rest, &[&p.dst, &p.proto, &p.port]), p);
-        }
-        if let Some(rest) = t.strip_prefix("meta l4proto . th dport vmap @") {
-            return self.verdict(self.lookup(rest, &[&p.proto, &p.port]), p);
-        }
-        if let Some(rest) = t.strip_prefix(&format!("{fam}daddr @")) {
-            let (set, rest) = word(rest);
-            return if self.lookup(set, &[&p.dst]).is_some() { Step::Continue(rest.into()) } else { Step::NoMatch };
-        }
-        for (prefix, ip) in [(format!("{fam}daddr "), &p.dst), (format!("{fam}saddr "), &p.src)] {
-            if let Some(rest) = t.strip_prefix(prefix.as_str()) {
-                let (want, rest) = negation(rest);
-                let (matched, rest) = if let Some(set) = rest.strip_prefix("{ ") {
-                    let (set, rest) = set.split_once(" }").expect("closed set");
-                    let addrs: Vec<&str> = set.split([',', ' ']).filter(|a| !a.is_empty()).collect();
-                    (addrs.iter().any(|a| addr_matches(ip, true, a)) == want, rest)
-                } else if rest.starts_with('@') {
-                    (false, "") // affinity sets: empty
-                } else {
-                    let (a, rest) = word(rest);
-                    (addr_matches(ip, want, a), rest)
-                };
-                return if matched { Step::Continue(rest.into()) } else { Step::NoMatch };
-            }
-        }
-        for (prefix, ip) in [("fib daddr type local", &p.dst), ("fib saddr type local", &p.src)] {
-            if let Some(rest) = t.strip_prefix(prefix) {
-                return if NODE_IPS.contains(&ip.as_str()) { Step::Continue(rest.into()) } else { Step::NoMatch };
-            }
-        }
-        if let Some(rest) = t.strip_prefix(&format!("{} dport ", p.proto)) {
-            let (port, rest) = word(rest);
-            return if port == p.port { Step::Continue(rest.into()) } else { Step::NoMatch };
-        }
-        if ["tcp dport", "udp dport", "sctp dport"].iter().any(|x| t.starts_with(x)) {
-            return Step::NoMatch;
-        }
-        if t == "jump mark-for-masquerade" {
-            self.masq = true;
-            return Step::Continue(String::new());
-        }
-        if let Some(target) = t.strip_prefix("jump ").or_else(|| t.strip_prefix("goto ")) {
-            return if self.run(target, p) {
-                Step::Terminal
-            } else if t.starts_with("goto") {
-                Step::Return
-            } else {
-                Step::Continue(String::new())
-            };
-        }
-        match t {
-            "drop" | "reject" => {
-                self.outputs.push(t.to_uppercase());
-                return Step::Terminal;
-            }
-            "return" => return Step::Return,
-            _ => {}
-        }
-        if let Some(rest) = t.strip_prefix("meta l4proto ") {
-            let (_, rest) = word(rest);
-            let to = rest.strip_prefix("dnat to ").expect("dnat");
-            self.outputs.push(to.to_string());
-            return Step::Terminal;
-        }
-        if let Some(rest) = t.strip_prefix("numgen random mod ") {
-            for arm in rest.split(" , ") {
-                let target = arm.split("goto ").nth(1).expect("vmap arm").trim_end_matches(" }");
-                self.run(target, p);
-            }
-            return Step::Terminal;
-        }
-        if t.starts_with("update @") {
-            return Step::Continue(String::new());
-        }
-        panic!("unmatched rule text: {t}")
-    }
-
-    /// A map lookup's verdict (`goto X`, `drop`, …) run as a rule.
-    fn verdict(&mut self, e: Option<&'a Element>, p: &Packet) -> Step {
-        match e {
-            None => Step::NoMatch,
-            Some(e) => self.step(&e.value.join(" . "), p),
-        }
-    }
-}
-
-enum Step {
-    Continue(String),
-    NoMatch,
-    Return,
-    Terminal,
-}
-
-struct Packet {
-    src: String,
-    proto: String,
-    dst: String,
-    port: String,
-}
-
-/// Upstream's tracePacket: (destinations joined by ", ", masqueraded).
-fn trace(rs: &Ruleset, src: &str, proto: &str, dst: &str, port: u16) -> (String, bool) {
-    let mut t = Tracer::new(rs);
-    let mut p = Packet { src: src.into(), proto: proto.into(), dst: dst.into(), port: port.to_string() };
-    if !t.run(names::FILTER_PREROUTING_PRE_DNAT, &p) {
-        t.run(names::NAT_PREROUTING, &p);
-        if let Some(first) = t.outputs.first() {
-            if let Some((host, _)) = first.rsplit_once(':') {
-                p.dst = host.trim_matches(['[', ']']).to_string();
-            }
-        }
-        if !t.run(names::FILTER_FORWARD, &p) {
-            t.run(names::FILTER_INPUT, &p);
-        }
-    }
-    (t.outputs.join(", "), t.masq)
+    out
 }
 
 /// (name, source, protocol, destination, port, output, masqueraded).
 type Flow<'a> = (&'a str, &'a str, &'a str, &'a str, u16, &'a str, bool);
 
-fn run_flows(rs: &Ruleset, flows: &[Flow]) {
-    run_case("", rs, flows);
+fn run_flows(table: &MemTable, flows: &[Flow]) {
+    run_case("", table, flows);
 }
 
 /// [`run_flows`] for one of a test's cases, named in failures.
-fn run_case(case: &str, rs: &Ruleset, flows: &[Flow]) {
+fn run_case(case: &str, table: &MemTable, flows: &[Flow]) {
+    let node_ips: Vec<IpAddr> = NODE_IPS.iter().map(|ip| ip.parse().expect("node IP")).collect();
     let mut failed = vec![];
     for (name, src, proto, dst, port, want, masq) in flows {
-        let got = trace(rs, src, proto, dst, *port);
+        let packet = Packet {
+            src: src.parse().expect("source IP"),
+            proto: Protocol::ALL.into_iter().find(|p| p.lower() == *proto).expect("protocol"),
+            dst: dst.parse().expect("destination IP"),
+            port: *port,
+        };
+        let got = trace(table, &node_ips, packet);
         if got != (want.to_string(), *masq) {
             failed.push(format!("{case} {name}: {src} -> {dst}:{port}/{proto}: got {got:?}, want ({want:?}, {masq})"));
         }
     }
-    assert!(failed.is_empty(), "{}\n\n{}", failed.join("\n"), rs.dump());
+    assert!(failed.is_empty(), "{}\n\n{}", failed.join("\n"), listing(table));
 }
 
 fn local(ip: &str) -> Ep {
@@ -246,9 +91,9 @@ fn upstream_no_endpoints_reject() {
                "ports": [{"name": "p80", "protocol": "TCP", "port": 80, "nodePort": 3001}]}),
         json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}),
     );
-    let rs = desired(&model_with(&[s]), &fake_ctx());
+    let table = synced_table(fake_ctx(), &[s]);
     run_flows(
-        &rs,
+        &table,
         &[
             ("pod to cluster IP with no endpoints", "10.0.0.2", "tcp", "172.30.0.41", 80, "REJECT", false),
             ("external to external IP with no endpoints", EXTERNAL_CLIENT, "tcp", "192.168.99.11", 80, "REJECT", false),
@@ -289,9 +134,9 @@ fn upstream_cluster_ip_general() {
             &[local("10.180.0.1"), ep("10.180.2.1", "node2")],
         )),
     ];
-    let rs = desired(&model_with(&events), &fake_ctx());
+    let table = synced_table(fake_ctx(), &events);
     run_flows(
-        &rs,
+        &table,
         &[
             ("simple clusterIP", "10.180.0.2", "tcp", "172.30.0.41", 80, "10.180.0.1:80", false),
             ("hairpin to cluster IP", "10.180.0.1", "tcp", "172.30.0.41", 80, "10.180.0.1:80", true),
@@ -334,10 +179,10 @@ fn upstream_load_balancer() {
                "loadBalancerSourceRanges": ["192.168.0.0/24", " 203.0.113.0/25"]}),
         json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}, {"ip": "5.6.7.8"}]}}),
     );
-    let rs = desired(&model_with(&[s, eps("ns1", "svc1", 80, &[no_node("10.180.0.1")])]), &fake_ctx());
+    let table = synced_table(fake_ctx(), &[s, eps("ns1", "svc1", 80, &[no_node("10.180.0.1")])]);
     let ep = "10.180.0.1:80";
     run_flows(
-        &rs,
+        &table,
         &[
             ("pod to cluster IP", "10.0.0.2", "tcp", "172.30.0.41", 80, ep, false),
             ("external to nodePort", EXTERNAL_CLIENT, "tcp", "192.168.0.2", 3001, ep, true),
@@ -379,10 +224,10 @@ fn lb_service(policy: &str) -> Vec<crate::msgs::SourceEvent> {
 /// Upstream's TestExternalTrafficPolicyLocal.
 #[test]
 fn upstream_external_traffic_policy_local() {
-    let rs = desired(&model_with(&lb_service("Local")), &fake_ctx());
+    let table = synced_table(fake_ctx(), &lb_service("Local"));
     let (both, one) = ("10.180.0.1:80, 10.180.2.1:80", "10.180.2.1:80");
     run_flows(
-        &rs,
+        &table,
         &[
             ("pod to cluster IP hits both endpoints, unmasqueraded", "10.0.0.2", "tcp", "172.30.0.41", 80, both, false),
             (
@@ -422,10 +267,10 @@ fn upstream_external_traffic_policy_local() {
 /// Upstream's TestExternalTrafficPolicyCluster.
 #[test]
 fn upstream_external_traffic_policy_cluster() {
-    let rs = desired(&model_with(&lb_service("Cluster")), &fake_ctx());
+    let table = synced_table(fake_ctx(), &lb_service("Cluster"));
     let both = "10.180.0.1:80, 10.180.2.1:80";
     run_flows(
-        &rs,
+        &table,
         &[
             ("pod to cluster IP hits both endpoints, unmasqueraded", "10.0.0.2", "tcp", "172.30.0.41", 80, both, false),
             ("pod to external IP hits both endpoints, masqueraded", "10.0.0.2", "tcp", "192.168.99.11", 80, both, true),
@@ -472,9 +317,9 @@ fn upstream_node_ports() {
         (NodePorts::Ips(vec!["192.168.0.2".parse().unwrap(), "192.168.1.2".parse().unwrap()]), both),
     ] {
         let ctx = NftablesContext { node_ports, ..fake_ctx() };
-        let rs = desired(&model_with(&events), &ctx);
+        let table = synced_table(ctx, &events);
         run_flows(
-            &rs,
+            &table,
             &[
                 ("pod to cluster IP", "10.0.0.2", "tcp", "172.30.0.41", 80, both, false),
                 ("external to nodePort", EXTERNAL_CLIENT, "tcp", "192.168.0.2", 3001, both, true),
@@ -535,18 +380,18 @@ fn upstream_terminating_endpoints() {
     ];
     for (name, endpoints, want) in cases {
         let slice = applied_slice(slice("ns1", "svc1-1", "svc1", &[("", "TCP", 80)], &endpoints));
-        let rs = desired(&model_with(&[service(), slice]), &fake_ctx());
+        let table = synced_table(fake_ctx(), &[service(), slice]);
         let masq = want != "REJECT";
         run_flows(
-            &rs,
+            &table,
             &[
                 (name, "10.0.0.2", "tcp", "172.30.1.1", 80, want, false),
                 (name, EXTERNAL_CLIENT, "tcp", "1.2.3.4", 80, want, masq),
             ],
         );
-        let rs = desired(&model_with(&[service()]), &fake_ctx());
+        let table = synced_table(fake_ctx(), &[service()]);
         run_flows(
-            &rs,
+            &table,
             &[
                 ("pod to clusterIP after endpoints deleted", "10.0.0.2", "tcp", "172.30.1.1", 80, "REJECT", false),
                 ("external to LB after endpoints deleted", EXTERNAL_CLIENT, "tcp", "1.2.3.4", 80, "REJECT", false),
@@ -645,7 +490,7 @@ fn upstream_internal_external_masquerade() {
     for (case, masquerade_all, detector, flip_masq, local_only) in cases {
         let local = if detector { fake_ctx().local } else { LocalDetector::None };
         let ctx = NftablesContext { masquerade_all, local, ..fake_ctx() };
-        let rs = desired(&model_with(&events), &ctx);
+        let table = synced_table(ctx, &events);
         let case_flows: Vec<Flow> = flows
             .iter()
             .map(|f| {
@@ -659,6 +504,6 @@ fn upstream_internal_external_masquerade() {
                 f
             })
             .collect();
-        run_case(case, &rs, &case_flows);
+        run_case(case, &table, &case_flows);
     }
 }

@@ -20,6 +20,12 @@ use crate::plan::context::NodePortFilter;
 use crate::plan::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
 
+mod conntrack;
+mod dataplanes;
+mod iptables;
+mod nftables;
+mod nftables_flows;
+
 const MS: Duration = Duration::from_millis(1);
 
 fn run_paused<F: Future<Output = ()>>(f: impl FnOnce() -> F) {
@@ -152,6 +158,18 @@ fn synced() -> Vec<SourceEvent> {
 
 fn web_svc(name: &str, ip: &str) -> SourceEvent {
     applied_service(service("default", name, ip, &[("http", "TCP", 80, 0)]))
+}
+
+/// Two ClusterIP services, web and api, one endpoint each, with the sources' synced markers.
+fn two_services() -> Vec<SourceEvent> {
+    let mut ev = synced();
+    ev.extend([
+        web_svc("web", "10.96.0.20"),
+        web_slice("web", &["10.244.1.1"]),
+        web_svc("api", "10.96.0.21"),
+        web_slice("api", &["10.244.1.2"]),
+    ]);
+    ev
 }
 
 fn web_slice(name: &str, ips: &[&str]) -> SourceEvent {
@@ -542,98 +560,6 @@ fn a_scheduler_annotation_change_edits_the_virtual_server_in_place() {
 }
 
 #[test]
-fn conntrack_waits_for_a_failed_real_server_removal() {
-    run_paused(|| async {
-        let (h, flow) = dns_with_a_flow().await;
-        remove_endpoint_with_a_failure(&h, "-d -u 10.96.0.10:53 -r 10.244.1.5:53").await;
-        assert!(h.at(&deletion(&flow)).is_empty(), "no deletion while the real server may still be there");
-        assert_eq!(h.at("conntrack -L").len(), 1, "the first sync's dump only");
-        sleep(Duration::from_secs(2)).await;
-        let j = &h.k.journal;
-        let del = j.lines().iter().rposition(|l| l == "ipvs -d -u 10.96.0.10:53 -r 10.244.1.5:53").expect("retried");
-        let flush = j.pos(&deletion(&flow)).expect("deleted after the retry");
-        assert!(del < flush);
-        assert!(h.k.conntrack.snapshot().is_empty());
-    });
-}
-
-/// Entries a stopped daemon left (an endpoint removed meanwhile) go at the
-/// first sync; later syncs dump the table only after a UDP change.
-#[test]
-fn the_first_sync_reconciles_conntrack_and_later_ones_only_after_udp_changes() {
-    run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let to_removed = udp_flow(40001, "10.96.0.10:53", "10.244.9.9:53");
-        let to_serving = udp_flow(40002, "10.96.0.10:53", "10.244.1.5:53");
-        let other_port = udp_flow(40003, "10.96.0.10:54", "10.244.9.9:53");
-        for e in [to_removed, to_serving, other_port] {
-            h.k.conntrack.insert(e);
-        }
-        let mut first = synced();
-        first.extend([applied_service(dns_service()), dns_slice(&["10.244.1.5"]), web_svc("web", "10.96.0.20")]);
-        h.send(first).await;
-        sleep(MS).await;
-        assert_eq!(flows_left(&h.k.conntrack), [40002, 40003]);
-        assert_eq!(h.at("conntrack -L -f ipv4").len(), 1);
-        h.send(vec![web_slice("web", &["10.244.1.1"])]).await;
-        sleep(Duration::from_secs(65)).await;
-        assert_eq!(h.at("conntrack -L").len(), 1, "a TCP change and periodic syncs dump nothing");
-        h.send(vec![dns_slice(&["10.244.1.5", "10.244.2.5"])]).await;
-        sleep(MS).await;
-        assert_eq!(h.at("conntrack -L").len(), 2, "a UDP endpoint change does");
-    });
-}
-
-/// A deleted UDP NodePort Service: its DNATed entries go, to the ClusterIP
-/// and to the NodePort on any node address; entries it did not DNAT and
-/// another Service's stay.
-#[test]
-fn a_deleted_udp_services_entries_go() {
-    run_paused(|| async {
-        let h = start(Duration::ZERO, Duration::from_secs(30));
-        let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 30053)]);
-        let other = service("default", "syslog", "10.96.0.11", &[("dns", "UDP", 53, 0)]);
-        let eps = [ep("10.244.1.5", "node-b")];
-        let mut first = synced();
-        first.extend([
-            applied_service(dns.clone()),
-            dns_slice(&["10.244.1.5"]),
-            applied_service(other),
-            applied_slice(slice("default", "syslog-1", "syslog", &[("dns", "UDP", 53)], &eps)),
-        ]);
-        h.send(first).await;
-        sleep(MS).await;
-        let flows = [
-            udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53"),
-            udp_flow(40002, "192.168.50.2:30053", "10.244.1.5:53"),
-            udp_flow(40003, "10.0.0.5:30053", "10.244.1.5:53"),
-            udp_flow(40004, "10.0.0.5:30053", "10.0.0.5:30053"),
-            udp_flow(40005, "10.96.0.11:53", "10.244.1.5:53"),
-        ];
-        for e in flows {
-            h.k.conntrack.insert(e);
-        }
-        h.send(vec![deleted_service(dns), deleted_slice(slice("kube-system", "dns-1", "dns", &[], &[]))]).await;
-        sleep(MS).await;
-        assert_eq!(flows_left(&h.k.conntrack), [40004, 40005]);
-        assert!(h.syncs().await.iter().all(|s| s.failed == 0));
-    });
-}
-
-/// A reconcile whose delete failed is counted and done again by the retry.
-#[test]
-fn a_failed_conntrack_reconcile_is_retried() {
-    run_paused(|| async {
-        let (h, flow) = dns_with_a_flow().await;
-        remove_endpoint_with_a_failure(&h, "conntrack -D").await;
-        assert_eq!(h.syncs().await[1].failed, 1);
-        assert_eq!(h.k.conntrack.snapshot(), [flow], "kept by the failed delete");
-        sleep(Duration::from_secs(2)).await;
-        assert!(h.k.conntrack.snapshot().is_empty(), "{:?}", h.k.journal.lines());
-    });
-}
-
-#[test]
 fn a_failing_ipset_does_not_block_ipvs() {
     run_paused(|| async {
         let h = start(Duration::ZERO, Duration::from_secs(30));
@@ -700,183 +626,6 @@ fn shutdown_waits_for_the_sync_in_flight_and_then_takes_no_events() {
     });
 }
 
-mod iptables_mode {
-    //! The same coordinator driving iptables mode's dataplane.
-
-    use super::*;
-    use crate::actors::wiring::start_iptables_actors;
-    use crate::plan::iptables::iptables_context;
-
-    struct Ipt {
-        coord: Addr<Coordinator<IptablesDataplane>>,
-        iptables: MemIptables,
-        conntrack: MemConntrack,
-        journal: Journal,
-    }
-
-    fn start_iptables(kernel_chains: &[String]) -> Ipt {
-        let journal = Journal::default();
-        let iptables = MemIptables::new(&journal);
-        let settings = crate::fixtures::iptables_settings(IpFamily::V4, "node-a", NodePortFilter::All);
-        let context: ContextBuilder = Box::new(move |node, addrs| iptables_context(&settings, node, addrs));
-        let addrs: AddrSource = Box::new(Vec::new);
-        let settings = unlimited_settings();
-        let conntrack = MemConntrack::new(&journal);
-        let coord = Coordinator::create(|ctx| {
-            let targets = start_iptables_actors(
-                iptables.clone(),
-                conntrack.clone(),
-                &StatsRegistry::default(),
-                ctx.address().recipient(),
-            );
-            Coordinator::with_dataplane(settings, IptablesDataplane::new(targets, addrs, context, kernel_chains))
-        });
-        Ipt { coord, iptables, conntrack, journal }
-    }
-
-    impl Ipt {
-        async fn send(&self, events: Vec<SourceEvent>) {
-            self.coord.send(SourceBatch(events)).await.expect("coordinator alive");
-        }
-
-        fn restores(&self) -> Vec<String> {
-            self.iptables.restores.lock().unwrap().clone()
-        }
-
-        async fn syncs(&self) -> Vec<SyncRecord> {
-            self.coord.send(GetSyncHistory).await.expect("coordinator alive")
-        }
-    }
-
-    /// The per-service chains a restore writes (declared and filled).
-    fn service_chains(text: &str) -> Vec<&str> {
-        text.lines()
-            .filter_map(|l| l.strip_prefix(":KUBE-SVC-").map(|_| &l[1..l.find(' ').unwrap_or(l.len())]))
-            .collect()
-    }
-
-    fn two_services() -> Vec<SourceEvent> {
-        let mut ev = synced();
-        ev.extend([
-            web_svc("web", "10.96.0.20"),
-            web_slice("web", &["10.244.1.1"]),
-            web_svc("api", "10.96.0.21"),
-            web_slice("api", &["10.244.1.2"]),
-        ]);
-        ev
-    }
-
-    #[test]
-    fn full_sync_first_then_a_change_rewrites_only_its_services_chains() {
-        run_paused(|| async {
-            let h = start_iptables(&[]);
-            h.send(two_services()).await;
-            sleep(MS).await;
-            h.send(vec![web_slice("web", &["10.244.1.1", "10.244.1.3"])]).await;
-            sleep(MS).await;
-            let r = h.restores();
-            assert_eq!(r.len(), 2, "{r:?}");
-            assert_eq!(service_chains(&r[0]).len(), 2, "both services in the full sync:\n{}", r[0]);
-            assert!(r[0].contains(":KUBE-PROXY-CANARY"), "the full sync declares the canary");
-            assert_eq!(service_chains(&r[1]).len(), 1, "only web's chain:\n{}", r[1]);
-            assert!(r[1].contains("10.244.1.3") && !r[1].contains("-j DNAT --to-destination 10.244.1.2:8080"));
-            assert!(!r[1].contains(":KUBE-PROXY-CANARY"), "partial syncs leave the canary alone");
-            let full: Vec<bool> = h.syncs().await.iter().map(|s| s.full).collect();
-            assert_eq!(full, vec![true, false]);
-        });
-    }
-
-    #[test]
-    fn a_failed_restore_defers_conntrack_and_makes_the_next_sync_full() {
-        run_paused(|| async {
-            let h = start_iptables(&[]);
-            let mut first = synced();
-            first.extend([
-                applied_service(dns_service()),
-                dns_slice(&["10.244.1.5", "10.244.2.5"]),
-                web_svc("web", "10.96.0.20"),
-            ]);
-            h.send(first).await;
-            sleep(MS).await;
-            let flow = udp_flow(40001, "10.96.0.10:53", "10.244.1.5:53");
-            h.conntrack.insert(flow);
-            h.journal.clear();
-            h.journal.fail("iptables-restore", 1);
-            h.send(vec![dns_slice(&["10.244.2.5"])]).await;
-            sleep(10 * MS).await;
-            assert!(
-                h.journal.pos("conntrack").is_none(),
-                "no reconcile after a failed restore: {:?}",
-                h.journal.lines()
-            );
-            sleep(Duration::from_secs(2)).await;
-            let restore = h.journal.lines().iter().rposition(|l| l.starts_with("iptables-restore")).expect("retried");
-            let flush = h.journal.pos(&deletion(&flow)).expect("deleted after the retry");
-            assert!(restore < flush, "{:?}", h.journal.lines());
-            let syncs = h.syncs().await;
-            assert!(syncs[1].failed > 0 && !syncs[1].full);
-            assert!(syncs[2].full && syncs[2].failed == 0, "the retry is a full sync: {syncs:?}");
-            let last = h.restores().pop().unwrap();
-            assert!(last.contains(":KUBE-PROXY-CANARY") && last.contains("has no endpoints"), "a full sync:\n{last}");
-            assert_eq!(last.matches("\n-X KUBE-SEP-").count(), 1, "the removed endpoint's chain, still stale:\n{last}");
-        });
-    }
-
-    #[test]
-    fn the_sync_period_writes_no_restore_on_a_quiet_cluster_and_the_hour_brings_a_full_one() {
-        run_paused(|| async {
-            let h = start_iptables(&[]);
-            h.send(two_services()).await;
-            sleep(Duration::from_secs(95)).await;
-            assert_eq!(h.restores().len(), 1, "only the first, full, restore");
-            let syncs = h.syncs().await;
-            assert_eq!(syncs.iter().map(|s| s.periodic).collect::<Vec<_>>(), vec![false, true, true, true]);
-            assert!(syncs.iter().skip(1).all(|s| !s.full && s.ops == 0));
-            sleep(crate::schedule::FULL_SYNC_PERIOD).await;
-            let r = h.restores();
-            assert_eq!(r.len(), 2, "one full restore in the hour");
-            assert_eq!(service_chains(&r[1]).len(), 2, "every service's chains:\n{}", r[1]);
-            assert!(h.syncs().await.iter().any(|s| s.full && s.generation > 1));
-        });
-    }
-
-    #[test]
-    fn large_cluster_mode_has_no_hourly_full_sync() {
-        run_paused(|| async {
-            let h = start_iptables(&[]);
-            let mut first = synced();
-            for i in 0..11u32 {
-                let name = format!("svc-{i}");
-                first.push(web_svc(&name, &format!("10.96.1.{i}")));
-                let ips: Vec<String> = (0..100u32).map(|j| format!("10.244.{i}.{j}")).collect();
-                first.push(web_slice(&name, &ips.iter().map(String::as_str).collect::<Vec<_>>()));
-            }
-            h.send(first).await;
-            sleep(crate::schedule::FULL_SYNC_PERIOD * 2).await;
-            assert_eq!(h.restores().len(), 1, "1,100 endpoints: large-cluster mode, no periodic full restore");
-            h.send(vec![web_slice("svc-0", &["10.244.0.1"])]).await;
-            sleep(MS).await;
-            assert_eq!(h.restores().len(), 2, "a change is still written");
-        });
-    }
-
-    #[test]
-    fn chains_found_in_the_kernel_at_start_are_deleted_once() {
-        run_paused(|| async {
-            let stale = "KUBE-SVC-AAAAAAAAAAAAAAAA".to_string();
-            let h = start_iptables(&[stale.clone(), "KUBE-SERVICES".into(), "MY-CHAIN".into()]);
-            h.send(two_services()).await;
-            sleep(MS).await;
-            h.send(vec![web_slice("web", &["10.244.1.9"])]).await;
-            sleep(MS).await;
-            let r = h.restores();
-            assert!(r[0].contains(&format!("-X {stale}")), "{}", r[0]);
-            assert!(!r[0].contains("MY-CHAIN"), "a foreign chain is not ours");
-            assert!(!r[1].contains(&stale), "gone after the first restore:\n{}", r[1]);
-        });
-    }
-}
-
 /// Dual-stack: the two families' proxiers get the same events; the IPv6
 /// one's IPVS refuses everything, and the IPv4 one syncs on time regardless
 /// (its own schedule, no waiting on the other family's acks or retries).
@@ -913,37 +662,6 @@ fn a_failing_family_does_not_hold_back_the_other() {
     });
 }
 
-/// A dataplane that reads the kernel before it plans (as nftables mode lists
-/// its table before a full sync), on a 10 ms read: records what it is called with.
-struct Reading {
-    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Dataplane for Reading {
-    type Outcome = ();
-    type Config = ();
-
-    fn prepare(&mut self, kind: SyncKind) -> Option<Prepare<Self>> {
-        self.log.lock().unwrap().push(format!("prepare {kind:?}"));
-        let read = async {
-            sleep(10 * MS).await;
-            Box::new(|d: &mut Reading| d.log.lock().unwrap().push("read".into())) as Box<dyn FnOnce(&mut Reading)>
-        };
-        Some(Box::pin(read))
-    }
-
-    fn sync(&mut self, _: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
-        self.log.lock().unwrap().push(format!("sync {generation} {kind:?} ports={}", changes.ports.len()));
-        Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(async {}) }
-    }
-
-    fn finished(&mut self, _: ()) -> Finished {
-        Finished::default()
-    }
-
-    fn reconfigure(&mut self, _: ()) {}
-}
-
 /// IPv4 on node-a, every NodePort address, no minSyncPeriod, syncPeriod 30 s.
 fn unlimited_settings() -> Settings {
     let plan = PlanSettings {
@@ -970,79 +688,4 @@ async fn started_with_web<D: Dataplane + 'static>(dataplane: D) -> Addr<Coordina
     coord.send(SourceBatch(first)).await.unwrap();
     sleep(5 * MS).await;
     coord
-}
-
-#[test]
-fn a_sync_is_planned_after_its_kernel_read_and_events_during_the_read_join_the_next() {
-    run_paused(|| async {
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let coord = started_with_web(Reading { log: log.clone() }).await;
-        // Mid-read: a second service is recorded, not planned into this sync.
-        coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
-        sleep(50 * MS).await;
-        let lines = log.lock().unwrap().clone();
-        assert_eq!(
-            lines[..6],
-            ["prepare Full", "read", "sync 1 Full ports=1", "prepare Partial", "read", "sync 2 Partial ports=1"],
-            "{lines:?}"
-        );
-        let syncs = coord.send(GetSyncHistory).await.unwrap();
-        assert_eq!(syncs.len(), 2, "{syncs:?}");
-    });
-}
-
-/// A dataplane that records each sync's kind, the family's ServiceCIDRs
-/// and whether they changed (nftables mode rewrites its top-level chains then).
-struct CidrSensitive {
-    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Dataplane for CidrSensitive {
-    type Outcome = ();
-    type Config = ();
-
-    fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
-        let cidrs: Vec<String> = model.service_cidrs().iter().map(ToString::to_string).collect();
-        let changed = changes.service_cidrs_changed;
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("sync {generation} {kind:?} cidrs={} changed={changed}", cidrs.join(",")));
-        Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(async {}) }
-    }
-
-    fn finished(&mut self, _: ()) -> Finished {
-        Finished::default()
-    }
-
-    fn reconfigure(&mut self, _: ()) {}
-}
-
-/// A change of the family's ServiceCIDRs brings a sync at once, a partial
-/// one that says so; another family's ranges bring none.
-#[test]
-fn a_service_cidr_change_brings_a_sync_that_knows_it() {
-    run_paused(|| async {
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let coord = started_with_web(CidrSensitive { log: log.clone() }).await;
-        coord.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
-        sleep(5 * MS).await;
-        coord.send(SourceBatch(vec![applied_service_cidr("kubernetes", &["10.96.0.0/16"])])).await.unwrap();
-        sleep(5 * MS).await;
-        coord.send(SourceBatch(vec![applied_service_cidr("v6", &["fd00:96::/112"])])).await.unwrap();
-        sleep(5 * MS).await;
-        coord.send(SourceBatch(vec![deleted_service_cidr("kubernetes")])).await.unwrap();
-        sleep(5 * MS).await;
-        let lines = log.lock().unwrap().clone();
-        assert_eq!(
-            lines,
-            [
-                "sync 1 Full cidrs= changed=false",
-                "sync 2 Partial cidrs= changed=false",
-                "sync 3 Partial cidrs=10.96.0.0/16 changed=true",
-                "sync 4 Partial cidrs= changed=true",
-            ],
-            "the IPv6 range brought no sync to the IPv4 proxier"
-        );
-    });
 }

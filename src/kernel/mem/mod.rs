@@ -1,9 +1,12 @@
 //! In-memory kernels for actor tests. They behave like the kernel where it
 //! matters to us (adding what exists and deleting what is gone are
-//! idempotent; a dest needs its service), record every op in a journal
-//! shared by all of them (so tests can assert cross-actor ordering), and
-//! fail ops on request.
+//! idempotent; a dest needs its service; nf_tables transactions are all or
+//! nothing, [`nftables`]), record every op in a journal shared by all of
+//! them (so tests can assert cross-actor ordering), and fail ops on request.
 
+mod nftables;
+
+pub use self::nftables::{MemChain, MemNftables, MemSet, MemTable, MemTables};
 use crate::mutex::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -52,8 +55,9 @@ impl Journal {
         lock(&self.faults).push((pattern.to_string(), times));
     }
 
-    /// The next `times` IPVS ops whose journal line contains `pattern`
-    /// take effect, but their reply is lost: they fail with an unknown outcome.
+    /// The next `times` IPVS ops (or nf_tables transactions, by one of
+    /// their ops) whose journal line contains `pattern` take effect, but
+    /// their reply is lost: they fail with an unknown outcome.
     pub fn lose(&self, pattern: &str, times: u32) {
         lock(&self.lost).push((pattern.to_string(), times));
     }
@@ -64,16 +68,19 @@ impl Journal {
         hit.map(|f| f.1 -= 1).is_some()
     }
 
+    /// Whether an injected fault matches `line` (it is used up).
+    fn faulted(&self, line: &str) -> bool {
+        let mut faults = lock(&self.faults);
+        let hit = faults.iter_mut().find(|(p, n)| *n > 0 && line.contains(p.as_str()));
+        hit.map(|f| f.1 -= 1).is_some()
+    }
+
     /// Checks for an injected fault; records the op if it goes through.
     fn attempt(&self, line: String) -> KResult<()> {
-        let mut faults = lock(&self.faults);
-        if let Some(f) = faults.iter_mut().find(|(p, n)| *n > 0 && line.contains(p.as_str())) {
-            f.1 -= 1;
-            drop(faults);
+        if self.faulted(&line) {
             self.record(format!("FAILED {line}"));
             return Err(KernelError::errno(line, 5));
         }
-        drop(faults);
         self.record(line);
         Ok(())
     }

@@ -1,0 +1,246 @@
+//! The nftables planner's state between syncs and the transactions it
+//! plans: stale chains deleted a second later, a full sync after a failure,
+//! partial syncs costing what changed, elements shared by service ports,
+//! a full sync staged, a ServiceCIDR change.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::json;
+
+use super::tests::{cluster_ip, deleted, eps, fake_ctx, model_with, no_node, port, repeated_events, step, svc};
+use super::*;
+use crate::model::{NamespacedName, ServicePortName};
+use crate::net::Protocol;
+
+/// The planner's state: partial syncs only over a confirmed state, stale
+/// chains deleted a second after the sync that flushed them (not if used
+/// again), a failure forcing a full sync.
+#[test]
+fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure() {
+    let s = |secs: u64| std::time::Duration::from_secs(secs);
+    let mut model = model_with(&repeated_events());
+    let mut p = NftablesPlanner::new(fake_ctx());
+    assert!(p.needs_full() && p.partial(&model, []).is_none());
+    let d = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(d
+        .tx
+        .to_string()
+        .contains("add chain ip kube-proxy nat-prerouting\ndelete chain ip kube-proxy nat-prerouting\n"));
+    p.confirm_applied(s(0));
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
+
+    // svc1's endpoint moves: its old endpoint chain is stale.
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
+    let changed = model.apply().ports;
+    let d = p.partial(&model, &changed).unwrap();
+    assert_eq!(d.stale_chains, ["endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80"]);
+    assert!(p.stale_chains().is_empty(), "not before the kernel has it");
+    p.confirm_applied(s(10));
+    assert_eq!(p.stale_chains(), d.stale_chains);
+    assert_eq!(p.next_delete_due(), Some(s(11)));
+    assert!(p.delete_due(s(10)).is_none(), "not within a second");
+    let del = p.delete_due(s(11)).unwrap();
+    assert_eq!(del.to_string(), "delete chain ip kube-proxy endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80\n");
+    assert!(p.stale_chains().is_empty());
+    assert_eq!(p.next_delete_due(), None);
+
+    // Flushed, then used again before it is due: not deleted.
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.1")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    assert_eq!(p.stale_chains(), ["endpoint-5TPGNJF2-ns1/svc1/tcp/p80__10.0.1.1/80"]);
+    model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.1")])).unwrap();
+    let changed = model.apply().ports;
+    p.partial(&model, &changed).unwrap();
+    p.confirm_applied(s(20));
+    assert!(p.delete_due(s(30)).is_some_and(|t| !t.to_string().contains("10.0.1.1/80")));
+
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())), "partial syncs commit what they wrote");
+
+    // A failure: the next sync must be full, and it does not re-create the base chains.
+    p.failed();
+    assert!(p.needs_full() && p.partial(&model, &changed).is_none());
+    let d = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(!d.tx.to_string().contains("delete chain"), "{}", d.tx);
+}
+
+/// One endpoint change among 2,000 services is a transaction of a few ops
+/// (its service's chains), and the planner renders that service only.
+#[test]
+fn an_endpoint_change_costs_the_same_at_any_cluster_size() {
+    let mut events = vec![];
+    for i in 0..2000 {
+        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
+        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
+        events.push(eps("ns", &name, 80, &[no_node(&format!("10.1.{a}.{b}"))]));
+    }
+    let mut model = model_with(&events);
+    let mut p = NftablesPlanner::new(fake_ctx());
+    let full = p.full(&model, fake_ctx(), &KernelObjects::default());
+    assert!(full.tx.len() > 2000 * 10, "{}", full.tx.len());
+    p.confirm_applied(std::time::Duration::ZERO);
+    model.record(&eps("ns", "svc7", 80, &[no_node("10.9.9.9")])).unwrap();
+    let changed = model.apply().ports;
+    let d = p.partial(&model, &changed).unwrap();
+    // Service chain and new endpoint chain: add, flush, 2 rules each; the old one flushed.
+    assert_eq!(d.tx.len(), 9, "{}", d.tx);
+    p.confirm_applied(std::time::Duration::ZERO);
+    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
+}
+
+/// A ClusterIP is in `cluster-ips` once, for all the ports of its service,
+/// and leaves it with the last of them.
+#[test]
+fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
+    let two = json!({"type": "ClusterIP", "clusterIP": "172.30.0.41", "ports": [port(80, 0), port(443, 0)]});
+    let one = json!({"type": "ClusterIP", "clusterIP": "172.30.0.41", "ports": [port(80, 0)]});
+    let mut model = model_with(&[svc("ns1", "svc1", two, json!({}))]);
+    let dump = dry_run(&model, &fake_ctx());
+    assert_eq!(dump.matches("add element ip kube-proxy cluster-ips { 172.30.0.41 }").count(), 1, "{dump}");
+    let mut p = NftablesPlanner::new(fake_ctx());
+    let full = p.full(&model, fake_ctx(), &KernelObjects::default()).tx.to_string();
+    assert_eq!(full.matches("add element ip kube-proxy cluster-ips { 172.30.0.41 }").count(), 1, "{full}");
+    p.confirm_applied(std::time::Duration::ZERO);
+    let mut rs = desired(&model, &fake_ctx());
+
+    // One port goes: its no-endpoint element only.
+    let d = step(&mut model, &mut rs, &[svc("ns1", "svc1", one, json!({}))]);
+    assert_eq!(d.tx.to_string(), "delete element ip kube-proxy no-endpoint-services { 172.30.0.41 . tcp . 443 }\n");
+    let changed: Vec<ServicePortName> = rs
+        .services
+        .keys()
+        .cloned()
+        .chain([ServicePortName {
+            service: NamespacedName::new("ns1", "svc1"),
+            port: "p443".into(),
+            protocol: Protocol::Tcp,
+        }])
+        .collect();
+    assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
+    p.confirm_applied(std::time::Duration::ZERO);
+
+    // The last one goes: the ClusterIP too.
+    let d = step(&mut model, &mut rs, &[deleted("ns1", "svc1")]);
+    let text = d.tx.to_string();
+    assert!(text.contains("delete element ip kube-proxy cluster-ips { 172.30.0.41 }\n"), "{text}");
+    assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
+}
+
+/// A full sync staged: per-service chains declared first (new ones), then
+/// written in bounded transactions, endpoint chains before the chains that
+/// jump to them, each chain whole in one transaction (flushed first if the
+/// kernel holds it); everything else last. No op is lost.
+#[test]
+fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
+    let rs = desired(&model_with(&repeated_events()), &fake_ctx());
+    let tx = full_sync(&rs, &KernelObjects::default(), true).tx;
+    let service_chain = |w: &str| names::is_service_chain(w) && w.starts_with(|c: char| c.is_ascii_alphabetic());
+    let chain_of = |op: &NftOp| match op {
+        NftOp::AddRule { chain, .. } | NftOp::FlushChain(chain) => Some(chain.clone()),
+        _ => None,
+    };
+    let all_chains: BTreeSet<String> = tx
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            NftOp::AddChain { name, .. } if service_chain(name) => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    for existing in [BTreeSet::new(), all_chains.clone()] {
+        let steps = staged(tx.clone(), &existing, 3);
+        assert!(steps.len() > 3, "{}", steps.len());
+        let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
+        let middle = &steps[1..steps.len() - 1];
+        let declared: BTreeSet<String> = declare
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                NftOp::AddChain { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        let exists = |c: &str| declared.contains(c) || existing.contains(c);
+        // Where each chain's ops are, and that a chain is whole in one transaction.
+        let mut at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        let mut largest: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, t) in middle.iter().enumerate() {
+            for (j, op) in t.ops.iter().enumerate() {
+                let chain = chain_of(op).unwrap_or_else(|| panic!("only flushes and rules: {op:?}"));
+                assert!(service_chain(&chain) && exists(&chain), "{chain}");
+                let first = *at.entry(chain.clone()).or_insert((i, j));
+                assert_eq!(first.0, i, "{chain} split between transactions");
+                *largest.entry(chain.clone()).or_default() += 1;
+                if matches!(op, NftOp::FlushChain(_)) {
+                    assert!(existing.contains(&chain), "only chains the kernel holds are flushed: {chain}");
+                }
+            }
+        }
+        // Bounded: a transaction closes once it holds 3 ops, at a chain's end.
+        let biggest_chain = largest.values().copied().max().unwrap_or(0);
+        assert!(
+            middle.iter().all(|t| t.len() <= 3 + biggest_chain),
+            "{:?}",
+            middle.iter().map(|t| t.len()).collect::<Vec<_>>()
+        );
+        // Leaves first: a chain a rule jumps to is written before the rule.
+        for (i, t) in middle.iter().enumerate() {
+            for (j, op) in t.ops.iter().enumerate() {
+                let NftOp::AddRule { rule, .. } = op else { continue };
+                for target in rule.chains().filter(|c| service_chain(c)) {
+                    assert!(at.get(target).is_some_and(|w| *w < (i, j)), "{target} after {rule}");
+                }
+                if rule.chains().any(|c| c == "mark-for-masquerade") {
+                    assert!(exists("mark-for-masquerade"));
+                }
+            }
+        }
+        // Nothing of the per-service chains is left for the last transaction, and nothing else is lost.
+        assert!(!rest.ops.iter().any(|op| match op {
+            NftOp::AddChain { name, .. } => service_chain(name),
+            NftOp::AddRule { chain, .. } => service_chain(chain),
+            NftOp::FlushChain(c) => all_chains.contains(c),
+            _ => false,
+        }));
+        let sent: Vec<&NftOp> = steps.iter().flat_map(|t| &t.ops).collect();
+        for op in &tx.ops {
+            let dropped = matches!(op, NftOp::FlushChain(c) if all_chains.contains(c) && !existing.contains(c))
+                || matches!(op, NftOp::AddChain { name, .. } if existing.contains(name));
+            assert!(dropped || sent.contains(&op), "{op:?} lost");
+        }
+    }
+    // Nothing per-service: the transaction as it was.
+    let empty = full_sync(&desired(&model_with(&[]), &fake_ctx()), &KernelObjects::default(), false).tx;
+    assert_eq!(staged(empty.clone(), &BTreeSet::new(), 3), vec![empty]);
+}
+
+/// A ServiceCIDR change after a confirmed full sync: a partial sync that
+/// rewrites the top level's chains (the drop rule in `cluster-ips-check`)
+/// and no service port's, then, confirmed, nothing more to do.
+#[test]
+fn a_service_cidr_change_rewrites_the_top_level_only() {
+    let model = model_with(&repeated_events());
+    let mut planner = NftablesPlanner::new(fake_ctx());
+    let ctx = NftablesContext { service_cidrs: vec![], ..fake_ctx() };
+    planner.full(&model, ctx.clone(), &KernelObjects::default());
+    planner.confirm_applied(std::time::Duration::ZERO);
+    let with = NftablesContext { service_cidrs: vec!["172.30.0.0/16".parse().unwrap()], ..ctx };
+    let delta = planner.partial_with(&model, with.clone()).expect("a confirmed state");
+    let text = delta.tx.to_string();
+    assert!(
+        text.contains("add rule ip kube-proxy cluster-ips-check ip daddr { 172.30.0.0/16 } drop comment \"Drop traffic to unallocated ClusterIPs\"\n"),
+        "{text}"
+    );
+    // No per-service chain (their names hold the service's namespace/name).
+    let chain_names = text.lines().filter_map(|l| l.strip_prefix("add chain ip kube-proxy "));
+    assert!(!chain_names.map(|c| c.split(' ').next().unwrap_or(c)).any(names::is_service_chain), "{text}");
+    assert!(delta.stale_chains.is_empty());
+    planner.confirm_applied(std::time::Duration::ZERO);
+    let again = planner.partial_with(&model, with).expect("a confirmed state");
+    assert!(again.tx.is_empty(), "{}", again.tx);
+}

@@ -1,0 +1,208 @@
+//! Desired states → one nf_tables transaction: what the nftables actor
+//! sends and what `nft -f` takes (printed).
+//!
+//! Upstream's semantics (pkg/proxy/nftables/proxier.go): a full sync adds
+//! and flushes every chain and writes every rule, resets (flushes) the sets
+//! and maps and adds every element; a partial sync rewrites the chains of
+//! changed service ports only (add + flush + rules), adds and deletes map
+//! elements one by one (a changed value: delete, then add), flushes chains
+//! no longer used and leaves their deletion to a later transaction (with
+//! kernels before 6.2 a chain a just-deleted element pointed to cannot be
+//! deleted at once), and deletes affinity sets no longer used at once.
+//!
+//! Within a transaction, objects are added before anything names them:
+//! sets, then chains (add + flush), then rules, then element deletes and
+//! adds, then set deletes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::base::nodeport_ips_set;
+use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS};
+use super::ruleset::{Chain, Objects, Ruleset, SetElement};
+use crate::msgs::nftables::{push, KeyPart, NftOp, Transaction};
+use crate::net::IpFamily;
+
+/// A transaction and the chains it flushed because nothing uses them any
+/// more: delete them with [`delete_stale`] in a later transaction (upstream:
+/// at least 1 s later), unless a later sync uses them again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub tx: Transaction,
+    pub stale_chains: Vec<String>,
+}
+
+/// What the kernel's table holds, by name (listed at start-up or on a full
+/// resync; empty for a kernel without the table).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KernelObjects {
+    pub chains: Vec<String>,
+    pub sets: Vec<String>,
+}
+
+/// The ops of a transaction in their groups, joined in a valid order.
+#[derive(Default)]
+struct Ops {
+    sets: Vec<NftOp>,
+    chains: Vec<NftOp>,
+    stale: Vec<NftOp>,
+    rules: Vec<NftOp>,
+    element_deletes: Vec<NftOp>,
+    element_adds: Vec<NftOp>,
+    set_deletes: Vec<NftOp>,
+}
+
+impl Ops {
+    /// Add + flush `c`, and its rules.
+    fn rewrite(&mut self, c: &Chain) {
+        self.chains.push(c.add_op());
+        self.chains.push(NftOp::FlushChain(c.name.clone()));
+        self.rules.extend(c.rules.iter().map(|r| NftOp::AddRule { chain: c.name.clone(), rule: r.clone() }));
+    }
+
+    fn into_tx(self, family: IpFamily, head: Vec<NftOp>) -> Transaction {
+        let ops = head
+            .into_iter()
+            .chain(self.sets)
+            .chain(self.chains)
+            .chain(self.stale)
+            .chain(self.rules)
+            .chain(self.element_deletes)
+            .chain(self.element_adds)
+            .chain(self.set_deletes)
+            .collect();
+        Transaction { family, ops }
+    }
+}
+
+/// A full sync of `new` over a kernel holding `kernel` (upstream's sync with
+/// needFullSync): the table, every set and map (reset), every chain
+/// (add + flush) and rule, every element; per-service chains in the kernel
+/// that `new` does not use are flushed (stale), affinity sets it does not
+/// use deleted. `recreate_base` adds and deletes the base chains first, so
+/// a changed hook or priority takes (upstream does so once per process).
+pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> Delta {
+    let mut head = vec![NftOp::add_table()];
+    if recreate_base {
+        for c in new.top.chains.iter().filter(|c| c.base.is_some()) {
+            head.push(Chain::regular(c.name.clone(), vec![]).add_op());
+            head.push(NftOp::DeleteChain(c.name.clone()));
+        }
+    }
+    let mut ops = Ops::default();
+    for s in new.sets() {
+        ops.sets.push(NftOp::AddSet(s.clone()));
+    }
+    for s in &new.top.sets {
+        ops.sets.push(NftOp::FlushSet { name: s.name.clone(), map: s.is_map() });
+    }
+    new.chains().for_each(|c| ops.rewrite(c));
+    let active: BTreeSet<&str> = new.chains().map(|c| c.name.as_str()).collect();
+    let stale: Vec<String> =
+        kernel.chains.iter().filter(|c| is_service_chain(c) && !active.contains(c.as_str())).cloned().collect();
+    ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
+    let mut seen: BTreeSet<(String, Vec<KeyPart>)> = BTreeSet::new();
+    for e in new.elements().filter(|e| seen.insert(e.id())) {
+        push(&mut ops.element_adds, e.add_op());
+    }
+    if !new.top.sets.iter().any(|s| s.name == NODEPORT_IPS) {
+        // Upstream's add + delete: gone whether or not it was there.
+        ops.set_deletes.push(NftOp::AddSet(nodeport_ips_set(new.family)));
+        ops.set_deletes.push(NftOp::DeleteSet { name: NODEPORT_IPS.into(), map: false });
+    }
+    let sets: BTreeSet<&str> = new.sets().map(|s| s.name.as_str()).collect();
+    for s in kernel.sets.iter().filter(|s| is_affinity_set(s) && !sets.contains(s.as_str())) {
+        ops.set_deletes.push(NftOp::DeleteSet { name: s.clone(), map: false });
+    }
+    Delta { tx: ops.into_tx(new.family, head), stale_chains: stale }
+}
+
+/// How many groups of a ruleset hold each element (by `(set, key)`): a
+/// ClusterIP is in `cluster-ips` once per port of its service, and stays
+/// there until the last of them goes.
+pub type ElementRefs = HashMap<(String, Vec<KeyPart>), usize>;
+
+/// The [`ElementRefs`] of `rs`.
+pub fn element_refs(rs: &Ruleset) -> ElementRefs {
+    let mut refs = ElementRefs::new();
+    for e in rs.elements() {
+        *refs.entry(e.id()).or_default() += 1;
+    }
+    refs
+}
+
+/// A partial sync from `old` (what the kernel holds) to `new`: only groups
+/// (the top-level objects, each service port) that differ are written.
+/// Compares every group; a caller that knows what changed uses
+/// [`groups_sync`] with those groups only.
+pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
+    let empty = Objects::default();
+    let mut pairs: Vec<(&Objects, &Objects)> = vec![];
+    if old.top != new.top {
+        pairs.push((&old.top, &new.top));
+    }
+    let names: BTreeSet<_> = old.services.keys().chain(new.services.keys()).collect();
+    for spn in names {
+        let (o, n) = (old.services.get(spn).unwrap_or(&empty), new.services.get(spn).unwrap_or(&empty));
+        if o != n {
+            pairs.push((o, n));
+        }
+    }
+    groups_sync(new.family, pairs, &element_refs(old))
+}
+
+/// The transaction taking each group from its old to its new objects (an
+/// absent group is empty): the new chains rewritten (add + flush + rules),
+/// chains no longer used flushed (stale), sets added or deleted, elements
+/// deleted and added one by one. `refs` counts the groups holding each
+/// element in the kernel's state: an element another group still holds is
+/// not deleted, one already there is not added. Work follows the groups given.
+pub fn groups_sync<'a>(
+    family: IpFamily,
+    pairs: impl IntoIterator<Item = (&'a Objects, &'a Objects)>,
+    refs: &ElementRefs,
+) -> Delta {
+    let mut ops = Ops::default();
+    let mut old_elems: BTreeMap<(String, Vec<KeyPart>), (usize, &SetElement)> = BTreeMap::new();
+    let mut new_elems: BTreeMap<(String, Vec<KeyPart>), (usize, &SetElement)> = BTreeMap::new();
+    let mut old_chains: BTreeSet<&str> = BTreeSet::new();
+    let mut new_chains: BTreeSet<&str> = BTreeSet::new();
+    for (o, n) in pairs {
+        n.chains.iter().for_each(|c| ops.rewrite(c));
+        old_chains.extend(o.chains.iter().map(|c| c.name.as_str()));
+        new_chains.extend(n.chains.iter().map(|c| c.name.as_str()));
+        for s in n.sets.iter().filter(|s| !o.sets.contains(s)) {
+            ops.sets.push(NftOp::AddSet(s.clone()));
+        }
+        for s in o.sets.iter().filter(|s| !n.sets.iter().any(|x| x.name == s.name)) {
+            ops.set_deletes.push(NftOp::DeleteSet { name: s.name.clone(), map: s.is_map() });
+        }
+        for e in &o.elements {
+            old_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+        }
+        for e in &n.elements {
+            new_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+        }
+    }
+    let stale: Vec<String> = old_chains.difference(&new_chains).map(|c| c.to_string()).collect();
+    ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
+    let ids: BTreeSet<&(String, Vec<KeyPart>)> = old_elems.keys().chain(new_elems.keys()).collect();
+    for id in ids {
+        let before = refs.get(id).copied().unwrap_or(0);
+        let (old, new) = (old_elems.get(id), new_elems.get(id));
+        let after = (before + new.map_or(0, |n| n.0)).saturating_sub(old.map_or(0, |o| o.0));
+        let changed = matches!((old, new), (Some(o), Some(n)) if o.1 != n.1);
+        if before > 0 && (after == 0 || changed) {
+            push(&mut ops.element_deletes, NftOp::DeleteElements { set: id.0.clone(), keys: vec![id.1.clone()] });
+        }
+        if let Some((_, e)) = new.filter(|_| before == 0 || changed) {
+            push(&mut ops.element_adds, e.add_op());
+        }
+    }
+    Delta { tx: ops.into_tx(family, vec![]), stale_chains: stale }
+}
+
+/// Deletes chains a sync left stale (flushed); the caller leaves out those a
+/// later sync used again.
+pub fn delete_stale(family: IpFamily, chains: &[String]) -> Transaction {
+    Transaction { family, ops: chains.iter().cloned().map(NftOp::DeleteChain).collect() }
+}
