@@ -12,9 +12,10 @@ use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::conntrack::ConntrackPlanner;
-use crate::plan::context::{plan_context, LocalAddr};
+use crate::plan::context::LocalAddr;
 use crate::plan::iptables::{iptables_context, HostFeatures};
-use crate::plan::{render, IpvsPlanner};
+use crate::plan::ipvs::context::plan_context;
+use crate::plan::ipvs::{render, IpvsPlanner};
 use crate::preview::FamilyPlan;
 use crate::settings::{self, FamilySettings};
 

@@ -42,9 +42,9 @@ use crate::net::IpFamily;
 use crate::nfacct::{self, Nfacct, NfacctRules};
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures};
+use crate::plan::ipvs::{rules as ipvs_rules, IpvsPlanner, IpvsSet};
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::nftables_context;
-use crate::plan::{rules_ipvs, IpvsPlanner, IpvsSet};
 use crate::reload;
 use crate::settings::{self, FamilySettings};
 use crate::startup::init_only;
@@ -443,9 +443,9 @@ impl Engine {
 /// there, so a plain restart touches nothing.
 async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
     let others: &[&'static crate::kernel::iptables::chains::ChainProfile] = match mode {
-        ProxyMode::Iptables => &[&rules_ipvs::PROFILE],
+        ProxyMode::Iptables => &[&ipvs_rules::PROFILE],
         ProxyMode::Ipvs => &[&iptables_plan::PROFILE],
-        ProxyMode::Nftables => &[&iptables_plan::PROFILE, &rules_ipvs::PROFILE],
+        ProxyMode::Nftables => &[&iptables_plan::PROFILE, &ipvs_rules::PROFILE],
     };
     let mut found: Vec<&'static crate::kernel::iptables::chains::ChainProfile> = Vec::new();
     for other in others {
@@ -468,7 +468,7 @@ async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
                 Ok(()) => Vec::new(),
                 Err(e) => vec![format!("iptables ({family:?}): {e}")],
             };
-            if found.iter().any(|p| p.mode == rules_ipvs::PROFILE.mode) {
+            if found.iter().any(|p| p.mode == ipvs_rules::PROFILE.mode) {
                 errors.extend(cleanup_ipvs_state(family).await);
             }
             errors
@@ -796,7 +796,7 @@ pub fn cleanup() -> Result<(), StartError> {
         let mut errors = Vec::new();
         for family in [IpFamily::V4, IpFamily::V6] {
             // Both modes' chains in one restore: they share chains that the other's may reference.
-            let both = [&iptables_plan::PROFILE, &rules_ipvs::PROFILE];
+            let both = [&iptables_plan::PROFILE, &ipvs_rules::PROFILE];
             if let Err(e) = IptablesHandle::new(family).cleanup_modes(&both).await {
                 errors.push(format!("iptables ({family:?}): {e}"));
             }

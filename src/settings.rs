@@ -13,7 +13,8 @@ use crate::model::{ModelGates, NodeInfo};
 use crate::net::IpFamily;
 use crate::plan::context::PlanSettings;
 use crate::plan::iptables::{HostFeatures, IptablesSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::ipvs::rules::IpvsRulesConfig;
+use crate::plan::local::LocalDetector;
 
 /// Syncs the scheduler lets through at once before minSyncPeriod applies
 /// (upstream's BoundedFrequencyRunner burst).

@@ -27,8 +27,8 @@ use crate::msgs::{SourceBatch, SourceEvent};
 use crate::net::{IpFamily, Protocol};
 use crate::plan::context::LocalAddr;
 use crate::plan::iptables::HostFeatures;
+use crate::plan::ipvs::{IpvsPlanner, IpvsSet};
 use crate::plan::trace::{Kernel, Origin, Packet, Set, Tracer, Verdict};
-use crate::plan::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
 
 /// The daemon's flags in the VM (start_daemon).

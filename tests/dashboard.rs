@@ -39,7 +39,7 @@ use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::observe::SyncHooks;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::iptables::HostFeatures;
-use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::plan::ipvs::{IpvsPlanner, IpvsSet};
 use kube_proxy_rs::settings;
 use kube_proxy_rs::stats::StatsRegistry;
 use serde::Deserialize;

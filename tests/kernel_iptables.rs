@@ -24,10 +24,9 @@ use kube_proxy_rs::kernel::nftables::ruleset;
 use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::rules_ipvs::{
-    render, IpvsRulesConfig, LocalDetector, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS,
-};
-use kube_proxy_rs::plan::IpvsSet;
+use kube_proxy_rs::plan::ipvs::rules::{render, IpvsRulesConfig, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS};
+use kube_proxy_rs::plan::ipvs::IpvsSet;
+use kube_proxy_rs::plan::local::LocalDetector;
 
 /// The rules of a cluster with ClusterIPs, LoadBalancers with source
 /// ranges, NodePorts and hairpin endpoints.

@@ -12,7 +12,7 @@ use crate::kernel::nftables::{NfTables, NftablesTable};
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
 use crate::net::IpFamily;
-use crate::plan::IpvsSet;
+use crate::plan::ipvs::IpvsSet;
 use crate::stats::StatsRegistry;
 
 /// The kernel handles of IPVS mode, one per actor.

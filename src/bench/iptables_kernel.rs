@@ -877,7 +877,7 @@ mod tests {
     fn every_jump_target_of_a_generated_cluster_is_declared() {
         use crate::plan::context::NodePortFilter;
         use crate::plan::iptables::iptables_context;
-        use crate::plan::rules_ipvs::LocalDetector;
+        use crate::plan::local::LocalDetector;
         let cluster = Cluster::new(ClusterSpec { services: 1000, endpoints_per_service: 10, nodes: 100, seed: 1 });
         let mut model = Model::new(IpFamily::V4, THIS_NODE);
         for ev in cluster.expect("cluster").initial_events() {

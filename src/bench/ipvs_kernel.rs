@@ -64,9 +64,9 @@ use crate::model::{Model, NodeInfo};
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::{IpsetOp, IptablesOp, LinkOp, RestoreInput, SourceBatch, SourceEvent};
 use crate::net::IpFamily;
-use crate::plan::context::plan_context;
-use crate::plan::rules_ipvs;
-use crate::plan::{render, IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::plan::ipvs::context::plan_context;
+use crate::plan::ipvs::rules as ipvs_rules;
+use crate::plan::ipvs::{render, IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::stats::{StatsRegistry, StatsSnapshot};
 
 const FAMILY: IpFamily = IpFamily::V4;
@@ -963,7 +963,7 @@ pub fn ip_batch(desired: &IpvsDesired) -> String {
 /// `iptables-restore --noflush` input: what the iptables handle restores on
 /// a fresh node (the rendered rules plus the jumps from the built-in chains).
 pub fn iptables_restore(rules: &str) -> String {
-    restore_input_on_empty_kernel(&rules_ipvs::PROFILE, rules)
+    restore_input_on_empty_kernel(&ipvs_rules::PROFILE, rules)
 }
 
 /// Runs `tool args < file`; its time, or why it failed.
@@ -1108,8 +1108,8 @@ mod tests {
         });
 
         let ipt = iptables_restore(&rules);
-        assert_eq!(ipt.lines().count(), rules.lines().count() + rules_ipvs::JUMPS.len());
-        for j in rules_ipvs::JUMPS {
+        assert_eq!(ipt.lines().count(), rules.lines().count() + ipvs_rules::JUMPS.len());
+        for j in ipvs_rules::JUMPS {
             let lines: Vec<&str> = ipt.lines().collect();
             let at = lines.iter().position(|l| *l == j.insert_line()).unwrap();
             let table = lines[..at].iter().rev().find_map(|l| l.strip_prefix('*'));

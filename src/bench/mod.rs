@@ -12,7 +12,8 @@ pub mod stats;
 
 use crate::net::IpFamily;
 use crate::plan::context::{LocalAddr, NodePortFilter, PlanSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::ipvs::rules::IpvsRulesConfig;
+use crate::plan::local::LocalDetector;
 use gen::{node_ip, THIS_NODE};
 
 const FAMILY: IpFamily = IpFamily::V4;

@@ -33,8 +33,9 @@ use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, M
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::context::{plan_context, LocalAddr};
-use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::plan::context::LocalAddr;
+use kube_proxy_rs::plan::ipvs::context::plan_context;
+use kube_proxy_rs::plan::ipvs::{IpvsPlanner, IpvsSet};
 use kube_proxy_rs::stats::StatsRegistry;
 
 #[derive(Parser)]

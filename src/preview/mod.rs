@@ -43,9 +43,9 @@ use crate::kernel::LinkKernel;
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::{IpvsOp, ReconcileConntrack};
 use crate::net::{IpFamily, Protocol};
+use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
-use crate::plan::IpvsSet;
 use crate::settings::FamilySettings;
 
 use self::diff::{SectionDiff, Tables};

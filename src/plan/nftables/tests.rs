@@ -12,11 +12,11 @@ use crate::fixtures::*;
 use crate::model::{Model, NamespacedName, ServicePortName};
 use crate::msgs::{ResourceKind, SourceEvent};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 const NODE: &str = "test-node";
-const BASE: &str = include_str!("../testdata/nftables-base.txt");
-const OVERALL: &str = include_str!("../testdata/nftables-overall.txt");
+const BASE: &str = include_str!("testdata/nftables-base.txt");
+const OVERALL: &str = include_str!("testdata/nftables-overall.txt");
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

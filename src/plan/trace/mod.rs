@@ -32,7 +32,7 @@ use std::net::{IpAddr, SocketAddr};
 pub use rules::Set;
 use rules::{Env, Pkt, Tables, Target};
 
-use super::rules_ipvs::JUMPS;
+use super::ipvs::rules::JUMPS;
 use crate::kernel::iptables::chains::Jump;
 use crate::kernel::IpvsTable;
 use crate::msgs::VsKey;
