@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::addrs;
+use crate::model::intake::Intake;
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
@@ -84,11 +85,6 @@ pub fn primary_family(cfg: &KubeProxyConfiguration, node: Option<&NodeInfo>) -> 
         .or_else(|| node.and_then(|n| n.addresses.first().copied()))
         .map(|ip| IpFamily::of(&ip))
         .unwrap_or_default()
-}
-
-/// Warns of a value skipped inside an object (the daemon and `--dry-run`).
-pub fn warn_ignored_value(v: &crate::model::notice::IgnoredValue) {
-    tracing::warn!(kind = v.kind, object = %v.object, field = v.value.field, reason = %v.value.detail(), "ignoring a value");
 }
 
 /// The families this daemon runs a proxier for: the primary one, and the
@@ -319,14 +315,13 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
         Families::single(primary_family(cfg, node.as_ref()))
     });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
-    // Said once, not once per family, as the daemon does.
-    for v in events.iter().flat_map(|ev| crate::model::notice::ignored_values(ev, &node_name)) {
-        warn_ignored_value(&v);
+    // The daemon's intake, once for every family, as the daemon does it.
+    let mut intake = Intake::new(&node_name, cfg.proxy_mode() == ProxyMode::Ipvs);
+    let (events, notices) = intake.take(events.to_vec());
+    for n in &notices {
+        n.log();
     }
-    let refused = events.iter().filter_map(crate::model::notice::ipvs_scheduler_refused);
-    for n in refused.filter(|_| cfg.proxy_mode() == ProxyMode::Ipvs) {
-        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
-    }
+    let events = events.as_slice();
     let mut plans = Vec::new();
     for family in families.all() {
         let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();

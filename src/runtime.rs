@@ -35,6 +35,7 @@ use crate::kernel::netlink::Errno;
 use crate::kernel::nftables::{self as nft_kernel, NetlinkNftables, TransactionError};
 use crate::kernel::{addrs, sysctl};
 use crate::metrics::ProxyMetrics;
+use crate::model::intake::Intake;
 use crate::model::node_change::{NodeBaseline, NodeRestart};
 use crate::model::NodeInfo;
 use crate::msgs::SourceBatch;
@@ -258,14 +259,8 @@ async fn run_async(
     let ipvs_mode = ipvs.is_some();
     let (restart_tx, mut restart) = tokio::sync::mpsc::unbounded_channel();
     let node_watch = NodeWatch::new(baseline, restart_tx);
-    let fanout = Arc::new(Fanout {
-        sinks,
-        metrics,
-        claims: std::sync::Mutex::default(),
-        ipvs_mode,
-        node_name: node_name.clone(),
-        node_watch,
-    });
+    let intake = std::sync::Mutex::new(Intake::new(&node_name, ipvs_mode));
+    let fanout = Arc::new(Fanout { sinks, metrics, intake, node_watch });
     let source_metrics = live.observe.metrics.clone();
     let running = match ready {
         Ready::Api(client) => {
@@ -297,15 +292,12 @@ async fn run_async(
 }
 
 /// The sources' batches to every family's coordinator, after the Node
-/// check, the metrics of ignored objects and the nodePort claims (shared by
-/// the families).
+/// check and the proxiers' intake ([`Intake`]: shared by the families),
+/// whose notices are logged and counted here.
 struct Fanout {
     sinks: Vec<Recipient<SourceBatch>>,
     metrics: Arc<ProxyMetrics>,
-    claims: std::sync::Mutex<crate::model::node_ports::NodePortClaims>,
-    ipvs_mode: bool,
-    /// The Node whose values count (the one the proxiers read).
-    node_name: String,
+    intake: std::sync::Mutex<Intake>,
     node_watch: NodeWatch,
 }
 
@@ -315,9 +307,11 @@ impl Fanout {
         if !self.node_watch.admit(&b) {
             return None;
         }
-        report_ignored(&b, &self.metrics, self.ipvs_mode, &self.node_name);
-        let (events, conflicts) = crate::mutex::lock(&self.claims).filter(b.0);
-        report_conflicts(&conflicts, &self.metrics);
+        let (events, notices) = crate::mutex::lock(&self.intake).take(b.0);
+        for n in &notices {
+            n.log();
+            self.metrics.notice(n);
+        }
         Some(SourceBatch(events))
     }
 
@@ -338,39 +332,6 @@ impl Fanout {
                 tracing::debug!("a coordinator is gone; its source batch is dropped");
             }
         }
-    }
-}
-
-/// Logs and counts the objects every proxier ignores and the values they
-/// skip inside the objects they take, once each (not once per family), and
-/// in IPVS mode the Services' refused scheduler annotations.
-fn report_ignored(batch: &SourceBatch, metrics: &ProxyMetrics, ipvs_mode: bool, node_name: &str) {
-    use crate::model::notice::{ignored, ignored_values, ipvs_scheduler_refused};
-    for v in batch.0.iter().flat_map(|ev| ignored_values(ev, node_name)) {
-        daemon::warn_ignored_value(&v);
-        metrics.value_ignored(v.kind, &v.object, v.value.field, &v.value.path, &v.value.detail());
-    }
-    for n in batch.0.iter().filter_map(ignored) {
-        if n.warn {
-            tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
-        } else {
-            tracing::debug!(kind = n.kind, object = %n.object, reason = %n.detail, "ignoring object");
-        }
-        metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
-    }
-    let annotated = if ipvs_mode { batch.0.as_slice() } else { &[] };
-    for n in annotated.iter().filter_map(ipvs_scheduler_refused) {
-        tracing::warn!(kind = n.kind, object = %n.object, reason = %n.detail, "refusing a Service's IPVS scheduler");
-        metrics.object_ignored(n.kind, &n.object, n.reason, &n.detail);
-    }
-}
-
-/// Logs and counts the nodePorts refused because another Service holds them.
-fn report_conflicts(conflicts: &[crate::model::node_ports::Conflict], metrics: &ProxyMetrics) {
-    for c in conflicts {
-        let detail = format!("port {}: nodePort {} is already used by Service {}", c.port, c.node_port, c.holder);
-        tracing::warn!(kind = "Service", object = %c.service, reason = %detail, "refusing a nodePort");
-        metrics.object_ignored("Service", &c.service, "node_port_conflict", &detail);
     }
 }
 
