@@ -14,8 +14,7 @@ use crate::msgs::{Change, SourceEvent};
 use crate::net::IpFamily;
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::LocalAddr;
-use crate::plan::iptables::{iptables_context, HostFeatures};
-use crate::plan::ipvs::context::plan_context;
+use crate::plan::iptables::HostFeatures;
 use crate::plan::ipvs::{render, IpvsPlanner};
 use crate::preview::FamilyPlan;
 use crate::settings::{self, FamilySettings};
@@ -400,21 +399,19 @@ fn dry_run_model(s: &FamilySettings, events: &[SourceEvent]) -> Model {
 fn render_model(s: &FamilySettings, mode: ProxyMode, model: &Model, addrs: &[LocalAddr]) -> String {
     match mode {
         ProxyMode::Ipvs => {
-            let mut planner = IpvsPlanner::new(plan_context(&s.plan, model.node(), addrs));
+            let mut planner = IpvsPlanner::new(s.ipvs_context(model.node(), addrs));
             let ports: Vec<_> = model.service_ports().map(|sp| sp.name.clone()).collect();
             planner.update(model, &ports);
             let rules = planner.rules(&s.rules_config(model.node()));
             render::ipvs_mode(&planner.desired(), s.family, &rules)
         }
         ProxyMode::Iptables => {
-            let ctx = iptables_context(&s.iptables_settings(model.node()), model.node(), addrs);
-            let text = crate::plan::iptables::dry_run(model, ctx);
+            let text = crate::plan::iptables::dry_run(model, s.iptables_context(model.node(), addrs));
             let text = crate::kernel::iptables::restore_input_on_empty_kernel(&crate::plan::iptables::PROFILE, &text);
             format!("# iptables\n{text}")
         }
         ProxyMode::Nftables => {
-            let settings = s.nftables_settings(model.node(), model.service_cidrs());
-            let ctx = crate::plan::nftables::nftables_context(&settings, model.node(), addrs);
+            let ctx = s.nftables_context(model.node(), model.service_cidrs(), addrs);
             format!("# nftables\n{}", crate::plan::nftables::dry_run(model, &ctx))
         }
     }

@@ -42,10 +42,9 @@ use crate::msgs::SourceBatch;
 use crate::net::IpFamily;
 use crate::nfacct::{self, Nfacct, NfacctRules};
 use crate::observe::SyncHooks;
-use crate::plan::iptables::{self as iptables_plan, iptables_context, HostFeatures};
+use crate::plan::iptables::{self as iptables_plan, HostFeatures};
 use crate::plan::ipvs::{rules as ipvs_rules, IpvsPlanner, IpvsSet};
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
-use crate::plan::nftables::nftables_context;
 use crate::reload;
 use crate::settings::{self, FamilySettings};
 use crate::startup::init_only;
@@ -557,7 +556,7 @@ fn start_nftables(
 pub fn nft_context_builder(s: &FamilySettings) -> NftContextBuilder {
     let s = s.clone();
     Box::new(move |node: &NodeInfo, cidrs: &[ipnet::IpNet], addrs: &[crate::net::LocalAddr]| {
-        nftables_context(&s.nftables_settings(node, cidrs), node, addrs)
+        s.nftables_context(node, cidrs, addrs)
     })
 }
 
@@ -580,7 +579,7 @@ pub fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
 pub fn context_builder(s: &FamilySettings) -> ContextBuilder {
     let s = s.clone();
     Box::new(move |node: &NodeInfo, addrs: &[crate::net::LocalAddr]| {
-        let ctx = iptables_context(&s.iptables_settings(node), node, addrs);
+        let ctx = s.iptables_context(node, addrs);
         if ctx.needs_route_localnet() {
             if let Err(e) = init_only::ensure_route_localnet() {
                 tracing::warn!(error = %e, "cannot enable localhost NodePorts");

@@ -10,7 +10,7 @@ use crate::kernel::{addrs, sysctl, KernelError};
 use crate::model::NodeInfo;
 use crate::net::IpFamily;
 use crate::plan::iptables::context::SYSCTL_ROUTE_LOCALNET;
-use crate::plan::iptables::{iptables_context, HostFeatures};
+use crate::plan::iptables::HostFeatures;
 use crate::settings;
 
 /// Why the node could not be set up.
@@ -51,7 +51,7 @@ pub fn privileged_init(
     let s = settings::derive(cfg, IpFamily::V4, node_name, HostFeatures::default());
     let node = node.cloned().unwrap_or_else(|| NodeInfo { name: node_name.to_string(), ..NodeInfo::default() });
     let addrs = addrs::local_addrs().map_err(InitError::Addresses)?;
-    if iptables_context(&s.iptables_settings(&node), &node, &addrs).needs_route_localnet() {
+    if s.iptables_context(&node, &addrs).needs_route_localnet() {
         ensure_route_localnet().map_err(InitError::RouteLocalnet)?;
     }
     Ok(())
