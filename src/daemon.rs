@@ -66,9 +66,8 @@ pub enum StartError {
     /// Flags that do not go together.
     #[error("{0}")]
     Usage(&'static str),
-    /// `--cleanup` could not remove everything (each part's error).
-    #[error("cleanup incomplete: {}", .0.join("; "))]
-    Cleanup(Vec<String>),
+    #[error(transparent)]
+    Cleanup(#[from] crate::cleanup::CleanupError),
     /// Upstream's conntrack settings could not be applied.
     #[error(transparent)]
     ConntrackSetup(#[from] crate::startup::conntrack::ConntrackSetupError),

@@ -4,6 +4,7 @@
 pub mod actors;
 #[cfg(any(test, feature = "testkit"))]
 pub mod bench;
+pub mod cleanup;
 pub mod config;
 pub mod daemon;
 #[cfg(any(test, feature = "testkit"))]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use kube_proxy_rs::config::{self, Flags};
 use kube_proxy_rs::daemon::{self, StartError};
-use kube_proxy_rs::{http, logging, runtime};
+use kube_proxy_rs::{cleanup, http, logging, runtime};
 
 fn main() -> ExitCode {
     let started = std::time::SystemTime::now();
@@ -52,7 +52,7 @@ fn run(flags: &Flags, started: std::time::SystemTime) -> Result<runtime::Exit, S
         return Ok(runtime::Exit::Stopped);
     }
     if flags.cleanup {
-        return runtime::cleanup().map(|()| runtime::Exit::Stopped);
+        return cleanup::cleanup().map(|()| runtime::Exit::Stopped).map_err(StartError::from);
     }
     let source = match &flags.manifests {
         Some(dir) => runtime::Source::Manifests(dir.clone()),

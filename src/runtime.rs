@@ -29,10 +29,9 @@ use crate::kernel::ipset::netlink::NetlinkIpset;
 use crate::kernel::ipset::IpsetHandle;
 use crate::kernel::iptables::IptablesHandle;
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
-use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
+use crate::kernel::ipvs::netlink::NetlinkIpvs;
 use crate::kernel::link::DummyLink;
-use crate::kernel::netlink::Errno;
-use crate::kernel::nftables::{self as nft_kernel, NetlinkNftables, TransactionError};
+use crate::kernel::nftables::NetlinkNftables;
 use crate::kernel::{addrs, sysctl};
 use crate::metrics::ProxyMetrics;
 use crate::model::intake::Intake;
@@ -43,8 +42,7 @@ use crate::net::IpFamily;
 use crate::nfacct::{self, Nfacct, NfacctRules};
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, HostFeatures};
-use crate::plan::ipvs::{rules as ipvs_rules, IpvsPlanner, IpvsSet};
-use crate::plan::nftables::names::TABLE as NFT_TABLE;
+use crate::plan::ipvs::{IpvsPlanner, IpvsSet};
 use crate::reload;
 use crate::settings::{self, FamilySettings};
 use crate::startup::init_only;
@@ -212,7 +210,7 @@ async fn run_async(
     }
     let families = daemon::detect_families(&cfg, node.as_ref())?;
     for family in families.all() {
-        clean_other_mode(mode, family).await;
+        crate::cleanup::clean_other_modes(mode, family).await;
     }
     if purpose == Purpose::InitOnly {
         let runs_ipv4 = families.all().any(|f| f == IpFamily::V4);
@@ -394,71 +392,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// A node switching modes: removes what the other modes left (upstream's
-/// CleanupLeftovers of the inactive proxiers: iptables and IPVS mode's
-/// rules, sets and IPVS state when switching to nftables mode; our
-/// nftables table when switching to iptables or IPVS mode). Only what is
-/// there, so a plain restart touches nothing.
-async fn clean_other_mode(mode: ProxyMode, family: IpFamily) {
-    let others: &[&'static crate::kernel::iptables::chains::ChainProfile] = match mode {
-        ProxyMode::Iptables => &[&ipvs_rules::PROFILE],
-        ProxyMode::Ipvs => &[&iptables_plan::PROFILE],
-        ProxyMode::Nftables => &[&iptables_plan::PROFILE, &ipvs_rules::PROFILE],
-    };
-    let mut found: Vec<&'static crate::kernel::iptables::chains::ChainProfile> = Vec::new();
-    for other in others {
-        match IptablesHandle::new(family).for_mode(other).has_leftovers().await {
-            Ok(false) => {}
-            Ok(true) => found.push(other),
-            Err(e) => tracing::warn!(error = %e, mode = other.mode, "cannot check for the other mode's rules"),
-        }
-    }
-    for other in &found {
-        tracing::info!(mode = other.mode, "removing what the node's earlier proxy mode left");
-    }
-    let errors = match (mode, found.as_slice()) {
-        (_, []) => Vec::new(),
-        (ProxyMode::Iptables, _) => cleanup_ipvs_mode(family).await,
-        (ProxyMode::Ipvs, _) => cleanup_iptables_mode(family).await,
-        (ProxyMode::Nftables, found) => {
-            // Both modes' chains in one restore when both are there: they share chains.
-            let mut errors = match IptablesHandle::new(family).cleanup_modes(found).await {
-                Ok(()) => Vec::new(),
-                Err(e) => vec![format!("iptables ({family:?}): {e}")],
-            };
-            if found.iter().any(|p| p.mode == ipvs_rules::PROFILE.mode) {
-                errors.extend(cleanup_ipvs_state(family).await);
-            }
-            errors
-        }
-    };
-    for e in errors {
-        tracing::warn!(error = %e, "cleaning up the other mode");
-    }
-    if mode != ProxyMode::Nftables {
-        match delete_nftables_table(family).await {
-            Ok(true) => tracing::info!(table = NFT_TABLE, "removed what the node's earlier nftables mode left"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "cleaning up nftables mode's table"),
-        }
-    }
-}
-
-/// Deletes nftables mode's `kube-proxy` table of `family` (upstream's
-/// nftables CleanupLeftovers): `Ok(false)` when there was none.
-async fn delete_nftables_table(family: IpFamily) -> Result<bool, String> {
-    let nft = NetlinkNftables::new().map_err(|e| format!("nf_tables netlink socket: {e}"))?;
-    match nft.apply(family, NFT_TABLE, &[nft_kernel::NftOp::DeleteTable]).await {
-        Ok(()) => Ok(true),
-        Err(TransactionError::Refused { errno, .. }) if errno == Errno::ENOENT => Ok(false),
-        Err(e) => Err(format!("deleting table {} {NFT_TABLE}: {e}", nft_family_name(family))),
-    }
-}
-
-fn nft_family_name(family: IpFamily) -> &'static str {
-    crate::plan::nftables::ruleset::nft_family(family)
 }
 
 fn start_ipvs(
@@ -745,86 +678,4 @@ async fn hangup(hup: &mut Option<tokio::signal::unix::Signal>) {
         }
         None => std::future::pending().await,
     }
-}
-
-/// `--cleanup`: removes what any mode installed, in both families:
-/// every virtual server, set, rule and address of ours, and nftables
-/// mode's `kube-proxy` tables.
-pub fn cleanup() -> Result<(), StartError> {
-    let system = actix_rt::System::new();
-    system.block_on(async {
-        let mut errors = Vec::new();
-        for family in [IpFamily::V4, IpFamily::V6] {
-            // Both modes' chains in one restore: they share chains that the other's may reference.
-            let both = [&iptables_plan::PROFILE, &ipvs_rules::PROFILE];
-            if let Err(e) = IptablesHandle::new(family).cleanup_modes(&both).await {
-                errors.push(format!("iptables ({family:?}): {e}"));
-            }
-            errors.extend(cleanup_ipvs_mode(family).await);
-            if let Err(e) = delete_nftables_table(family).await {
-                errors.push(e);
-            }
-        }
-        if errors.is_empty() {
-            tracing::info!("cleanup done");
-            Ok(())
-        } else {
-            Err(StartError::Cleanup(errors))
-        }
-    })
-}
-
-/// iptables mode's jumps and chains (per-service ones included).
-async fn cleanup_iptables_mode(family: IpFamily) -> Vec<String> {
-    match IptablesHandle::new(family).for_mode(&iptables_plan::PROFILE).cleanup().await {
-        Ok(()) => Vec::new(),
-        Err(e) => vec![format!("iptables mode's rules ({family:?}): {e}")],
-    }
-}
-
-/// IPVS mode's state: its iptables rules first (they name the sets), then
-/// the sets, IPVS (flushed, as upstream) and kube-ipvs0.
-async fn cleanup_ipvs_mode(family: IpFamily) -> Vec<String> {
-    let mut errors = Vec::new();
-    if let Err(e) = IptablesHandle::new(family).cleanup().await {
-        errors.push(format!("IPVS mode's rules ({family:?}): {e}"));
-    }
-    errors.extend(cleanup_ipvs_state(family).await);
-    errors
-}
-
-/// IPVS mode's state besides its rules: the sets, IPVS (flushed, as
-/// upstream) and kube-ipvs0.
-async fn cleanup_ipvs_state(family: IpFamily) -> Vec<String> {
-    let mut errors = Vec::new();
-    match NetlinkIpset::new() {
-        Ok(ipset) => {
-            for set in IpvsSet::ALL {
-                if let Err(e) = ipset.destroy(&set.name(family)).await {
-                    errors.push(format!("ipset {}: {e}", set.name(family)));
-                }
-            }
-        }
-        Err(e) => errors.push(format!("ipsets ({family:?}): {e}")),
-    }
-    if family == IpFamily::V4 {
-        match NetlinkIpvs::connect().await {
-            Ok(ipvs) => {
-                if let Err(e) = ipvs.flush().await {
-                    errors.push(format!("flushing IPVS: {e}"));
-                }
-            }
-            Err(IpvsError::NotAvailable) => tracing::debug!("no IPVS in this kernel: nothing to flush"),
-            Err(e) => errors.push(format!("IPVS: {e}")),
-        }
-        match DummyLink::new() {
-            Ok(link) => {
-                if let Err(e) = link.delete_link().await {
-                    errors.push(format!("kube-ipvs0: {e}"));
-                }
-            }
-            Err(e) => errors.push(format!("rtnetlink: {e}")),
-        }
-    }
-    errors
 }
