@@ -224,6 +224,35 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
     Ok(objects)
 }
 
+/// Whether `bytes` (the file at `path`) holds a Node named `name`, read
+/// without decoding any object: the file the start-up decodes to find its
+/// Node ([`super::ManifestDir::find_node`]). False for a file that does not
+/// parse.
+pub(super) fn names_node(path: &Path, bytes: &[u8], name: &str) -> bool {
+    let format = Format::of(path).unwrap_or(Format::Yaml);
+    let Ok(documents) = read_documents(path, format, bytes) else { return false };
+    let is_ours = |value: &Value, default: Option<&TypeMeta>| {
+        let node =
+            TypeMeta::read(value, default).is_ok_and(|t| (t.api_version.as_str(), t.kind.as_str()) == ("v1", "Node"));
+        node && value.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+    };
+    documents.iter().any(|document| match TypeMeta::read(document, None) {
+        Ok(t) if t.kind.ends_with("List") => {
+            let items = document.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            items.iter().any(|item| is_ours(item, t.list_item().as_ref()))
+        }
+        _ => is_ours(document, None),
+    })
+}
+
+/// The Node named `name` among a file's objects.
+pub(super) fn node_named(objects: &Objects, name: &str) -> Option<Arc<Node>> {
+    objects.values().find_map(|held| match &held.object {
+        Some(Object::Node(node)) if node.metadata.name.as_deref() == Some(name) => Some(node.clone()),
+        _ => None,
+    })
+}
+
 /// Where a file's documents go: its objects, and the copies refused.
 struct Out<'a> {
     objects: &'a mut Objects,

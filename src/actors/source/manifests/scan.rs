@@ -8,11 +8,13 @@ use std::hash::{DefaultHasher, Hasher};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::core::v1::Node;
 use tracing::{debug, warn};
 
-use super::decode::{parse_file, Format, Object, ObjectKey, Objects};
+use super::decode::{names_node, node_named, parse_file, Format, Object, ObjectKey, Objects};
 use super::error::{Duplicate, ManifestError};
 use crate::msgs::source::{ResourceKind, SourceEvent};
 
@@ -111,6 +113,24 @@ impl ManifestDir {
             each(ScanResult { events: events.into(), ..ScanResult::default() });
         }
         Ok(())
+    }
+
+    /// This node's Node (named `name`) as the first scan would report it:
+    /// from the first file by name that holds it and is valid as a whole.
+    /// Only that file's objects are decoded; the others are read as far as
+    /// telling whether they name the Node. A file that cannot be read is
+    /// passed over here and reported by the scan.
+    pub fn find_node(&self, name: &str) -> Result<Option<Arc<Node>>, ManifestError> {
+        for (path, meta) in list_dir(&self.dir)? {
+            let Ok(bytes) = meta.and_then(|_| fs::read(&path)) else { continue };
+            if !names_node(&path, &bytes, name) {
+                continue;
+            }
+            if let Ok(objects) = parse_file(&path, &bytes, &mut Vec::new()) {
+                return Ok(node_named(&objects, name));
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the directory can be listed (what a start checks).
@@ -385,6 +405,37 @@ mod tests {
     use super::super::decode::Held;
     use super::super::testing::*;
     use crate::msgs::source::Change;
+
+    /// The Node at start: from the first file by name that holds it whole
+    /// and is valid, as the first scan would take it; files without it
+    /// (or only another Node) are not decoded.
+    #[test]
+    fn find_node_takes_our_node_from_the_first_valid_file_holding_it() {
+        let dir = TempDir::new().unwrap();
+        let find = |dir: &TempDir| ManifestDir::new(dir.path()).find_node("demo-node").unwrap();
+        assert_eq!(find(&dir), None);
+        write(&dir, "a-web.yaml", WEB_SERVICE);
+        write(&dir, "b-other.yaml", &NODE.replace("demo-node", "other-node"));
+        assert_eq!(find(&dir), None, "another node's Node is not ours");
+        // Invalid as a whole (the scan skips it), though it names our Node.
+        let broken = NODE.replace("10.244.0.0/24", "10.244.7.0/24");
+        write(&dir, "c-broken.yaml", &format!("{broken}---\nkind: Service\n"));
+        write(
+            &dir,
+            "d-list.yaml",
+            &format!("apiVersion: v1\nkind: NodeList\nitems:\n  - {}", NODE.replace('\n', "\n    ")),
+        );
+        write(&dir, "e-node.yaml", &NODE.replace("10.244.0.0/24", "10.244.9.0/24"));
+        let node = find(&dir).expect("our Node");
+        let pod_cidr = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref());
+        assert_eq!(pod_cidr, Some("10.244.0.0/24"), "the list in d-list.yaml comes first");
+        let first_scan = ManifestDir::new(dir.path()).scan();
+        let scanned = first_scan.events.iter().find_map(|e| match e {
+            SourceEvent::Node(Change::Applied(n)) => Some(n.clone()),
+            _ => None,
+        });
+        assert_eq!(scanned, Some(node), "as the first scan has it");
+    }
 
     /// What the source keeps between scans: identities, not whole objects.
     #[test]
