@@ -54,7 +54,7 @@ use crate::mutex::lock;
 use crate::net::IpFamily;
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
-use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
+use crate::proxier::{addr_source, coordinator_settings, host_features, Mode};
 use crate::schedule::SyncKind;
 use crate::settings;
 use crate::stats::StatsRegistry;
@@ -480,7 +480,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();
     let derived = settings::derive(&cfg, family, THIS_NODE, host_features(family, Default::default()));
-    let context = context_builder(&derived);
+    let context = IptablesDataplane::config(&derived);
     let settings = coordinator_settings(&derived);
     // The daemon's hooks (metrics, health), without the HTTP servers.
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));

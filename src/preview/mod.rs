@@ -423,8 +423,11 @@ async fn canonical(bins: &IptablesBinaries, restore: &str, plan: &str, mode: Pro
         }
         _ => Vec::new(),
     };
-    let nfacct: BTreeSet<&'static str> =
-        crate::nfacct::OBJECTS.iter().copied().filter(|o| restore.contains(&format!("--nfacct-name {o}"))).collect();
+    let nfacct: BTreeSet<&'static str> = crate::proxier::nfacct::OBJECTS
+        .iter()
+        .copied()
+        .filter(|o| restore.contains(&format!("--nfacct-name {o}")))
+        .collect();
     let (bins, restore) = (bins.clone(), restore.to_string());
     in_scratch_thread(move || in_scratch_netns(&bins, &restore, &creates, &nfacct)).await
 }
