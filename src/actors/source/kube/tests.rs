@@ -1,4 +1,10 @@
+use kube::{Config, Resource, ResourceExt};
+use serde_json::Value;
+
+use super::client::set_master;
 use super::*;
+use crate::config::ClientConnectionConfiguration;
+use crate::msgs::source::Change;
 use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
