@@ -1804,23 +1804,16 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
 }
 
-/// The z-pages on the running daemon's metrics server: absent by default
-/// (404, as upstream's alpha gates are off); with ComponentFlagz and
-/// ComponentStatusz in the file's featureGates, `/flagz` lists every flag
-/// with the value it was started with (or its default) and `/statusz` the
-/// start, uptime and version, as plain text; a client that does not accept
-/// text/plain gets upstream's 406.
+/// The z-pages on the running daemon's metrics server: on by default
+/// (ComponentFlagz and ComponentStatusz are beta and on since 1.36),
+/// `/flagz` lists every flag with the value it was started with (or its
+/// default) and `/statusz` the start, uptime and version, as plain text; a
+/// client that does not accept text/plain gets upstream's 406. With the
+/// gates off in the file's featureGates, both are 404.
 #[test]
 fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
     let mut lab = Lab::new("zpg", Flavour::Nft, &[]);
     let plain = "Accept: text/plain\r\n";
-    let d = lab.start_synced();
-    for path in ["/flagz", "/statusz"] {
-        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
-        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off by default: {head}");
-    }
-    d.stop();
-    lab.feature_gates(&[("ComponentFlagz", true), ("ComponentStatusz", true)]);
     let d = lab.start_synced();
     let (head, flagz) = http_exchange_with(&lab.node, 10249, "/flagz", plain).unwrap();
     assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "{head}");
@@ -1848,6 +1841,13 @@ fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
     let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", "Accept: application/json\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 406"), "{head}");
     assert_eq!(body, "media type not acceptable, must be: text/plain\n");
+    d.stop();
+    lab.feature_gates(&[("ComponentFlagz", false), ("ComponentStatusz", false)]);
+    let d = lab.start_synced();
+    for path in ["/flagz", "/statusz"] {
+        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
+        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off with its gate: {head}");
+    }
     d.stop();
 }
 

@@ -1,7 +1,7 @@
 //! component-base's z-pages on the metrics server, as upstream kube-proxy
 //! installs them there: `/flagz` (every flag and its value) behind the
 //! ComponentFlagz gate, `/statusz` (start time, uptime, versions) behind
-//! ComponentStatusz. Plain text for a request that accepts `text/plain`
+//! ComponentStatusz (both on by default since 1.36). Plain text for a request that accepts `text/plain`
 //! (with no parameter but `charset=utf-8`; `*/*` and `text/*` do), else
 //! `406` with upstream's message. As upstream, the delimiter between a
 //! name and its value is one of `:`, `: `, `=` or ` `, chosen once per
@@ -170,13 +170,13 @@ mod tests {
     #[test]
     fn the_gates_choose_the_pages() {
         let flags: BTreeMap<String, String> = [("v".to_string(), "0".to_string())].into();
-        let off = ZPages::new(&FeatureGates::defaults(), flags.clone(), SystemTime::now());
-        assert!(off.flags.is_none() && off.started.is_none());
-        assert_eq!(off.routes().paths().count(), 0);
-        let on: BTreeMap<String, bool> = [("ComponentFlagz".into(), true), ("ComponentStatusz".into(), true)].into();
-        let (gates, _) = FeatureGates::from_map(&on).unwrap();
+        let on = ZPages::new(&FeatureGates::defaults(), flags.clone(), SystemTime::now());
+        assert!(DELIMITERS.contains(&on.delim));
+        assert_eq!(on.routes().paths().collect::<Vec<_>>(), ["/flagz", "/statusz"], "on by default since 1.36");
+        let off: BTreeMap<String, bool> = [("ComponentFlagz".into(), false), ("ComponentStatusz".into(), false)].into();
+        let (gates, _) = FeatureGates::from_map(&off).unwrap();
         let pages = ZPages::new(&gates, flags, SystemTime::now());
-        assert!(DELIMITERS.contains(&pages.delim));
-        assert_eq!(pages.routes().paths().collect::<Vec<_>>(), ["/flagz", "/statusz"]);
+        assert!(pages.flags.is_none() && pages.started.is_none());
+        assert_eq!(pages.routes().paths().count(), 0);
     }
 }
