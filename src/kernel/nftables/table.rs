@@ -93,7 +93,7 @@ impl<K: NfTables> NftablesTable<K> {
 /// the kernel's errno kept) or of unknown outcome.
 fn transaction_error(what: String, e: TransactionError) -> KernelError {
     let errno = match &e {
-        TransactionError::Refused { errno, .. } => Some(errno.0),
+        TransactionError::Refused { errno, .. } | TransactionError::BatchRefused { errno } => Some(errno.0),
         _ => None,
     };
     KernelError::library(what, e.outcome_known(), errno, e)
