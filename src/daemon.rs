@@ -144,9 +144,9 @@ pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUns
         }
     }
     match mode {
-        ProxyMode::Nftables => crate::kernel::xtables_gen::nft_chains(family, "kube-proxy")
-            .map(|_| ())
-            .map_err(|e| FamilyUnsupported::Nftables(format!("listing nf_tables chains: {e}"))),
+        ProxyMode::Nftables => {
+            crate::kernel::nftables::probe(family, "kube-proxy").map_err(|e| FamilyUnsupported::Nftables(e.to_string()))
+        }
         ProxyMode::Iptables | ProxyMode::Ipvs => {
             crate::kernel::iptables::present(family).map_err(FamilyUnsupported::Iptables)
         }

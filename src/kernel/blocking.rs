@@ -6,7 +6,11 @@
 //! What a job touches it must bring along (a socket opened by the caller,
 //! in the caller's network namespace): the pool's threads may sit in
 //! another one.
+//!
+//! Start-up probes that run before the actors exist, in a runtime or
+//! outside one, use [`on_own_thread`].
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::task::JoinError;
@@ -28,6 +32,19 @@ pub async fn off_thread<T: Send + 'static>(
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, PoolError> {
     tokio::task::spawn_blocking(job).await.map_err(|e| PoolError { what, source: Arc::new(e) })
+}
+
+/// Runs the future `make` builds to its end on a thread of its own (in the
+/// caller's network namespace) with a runtime of its own, and waits for it.
+/// Err: the runtime could not be built.
+pub fn on_own_thread<T: Send, F: Future<Output = T>>(make: impl FnOnce() -> F + Send) -> std::io::Result<T> {
+    std::thread::scope(|s| {
+        let thread = s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            Ok(rt.block_on(make()))
+        });
+        thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 #[cfg(test)]
@@ -53,6 +70,14 @@ mod tests {
         let (done, ticks) = tokio::join!(job, ticker);
         assert!(done.is_ok());
         assert!(ticks >= 20, "the runtime thread ticked only {ticks} times while the job slept");
+    }
+
+    /// From inside a runtime too, where a second runtime on this thread could not start.
+    #[tokio::test]
+    async fn a_probe_runs_on_its_own_thread_from_a_runtime_or_without_one() {
+        let probe = || on_own_thread(|| async { off_thread("a read", || 7).await.expect("the pool") });
+        assert_eq!(probe().expect("a runtime"), 7);
+        assert_eq!(std::thread::spawn(probe).join().expect("no panic").expect("a runtime"), 7);
     }
 
     #[tokio::test]

@@ -20,13 +20,19 @@
 //!   something changed does it look for the canary and our jumps from the
 //!   built-in chains (`iptables -S`, two `iptables-save`), so a quiet node
 //!   pays microseconds, not a read of a 500,000-rule table.
+//! - Nothing here blocks the thread the actors share: the tools run as
+//!   child processes awaited asynchronously ([`super::tool`]), netlink
+//!   reads and the fingerprint's syscall run on the blocking pool, and so
+//!   does the parse of an `iptables-save` output (tens of MB at 10,000
+//!   services).
 //! - [`IptablesHandle::cleanup`] removes the mode's jumps and chains
 //!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
 //!   tells whether a mode's own chains are there.
 //! - On the nf_tables backend, a large input is restored as several
 //!   transactions ([`super::nft_split`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
-//!   netlink dump, the built-in chains' rules from `iptables -S CHAIN`.
+//!   netlink dump ([`NetlinkNftables::chain_names`]), the built-in chains'
+//!   rules from `iptables -S CHAIN`.
 //! - iptables mode: before each full resync the nfacct objects the rules
 //!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
 //!   [`IptablesHandle::probe_match`] tells whether a match can be written.
@@ -45,8 +51,10 @@ use super::nft_split;
 use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
+use crate::kernel::blocking::off_thread;
 use crate::kernel::iptables_probe;
 use crate::kernel::nfacct::NetlinkNfacct;
+use crate::kernel::nftables::{table::transaction_error, NetlinkNftables};
 use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
@@ -139,6 +147,9 @@ struct Shared {
     wait: OnceCell<WaitFlags>,
     /// The tables' fingerprint after our last restore or drift check.
     fingerprint: std::sync::Mutex<Option<Fingerprint>>,
+    /// The nf_tables socket (the nf_tables backend's chain listings, the
+    /// fingerprint), opened on first use in the user's network namespace.
+    nft: OnceCell<NetlinkNftables>,
 }
 
 impl IptablesHandle {
@@ -182,13 +193,24 @@ impl IptablesHandle {
     /// periodic check always looks).
     async fn fingerprint(&self) -> Option<Fingerprint> {
         let backend = self.wait_flags().await.backend;
-        match xtables_gen::fingerprint(self.family(), backend) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                debug!(binary = %self.bins.iptables, error = %e, "cannot read the tables' fingerprint");
-                None
-            }
-        }
+        let read = match self.nft().await {
+            Ok(nft) => xtables_gen::fingerprint(self.family(), backend, nft).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        read.map_err(|error| debug!(binary = %self.bins.iptables, %error, "cannot read the tables' fingerprint")).ok()
+    }
+
+    /// The nf_tables socket, opened on first use.
+    async fn nft(&self) -> KResult<&NetlinkNftables> {
+        let open =
+            || async { NetlinkNftables::new().map_err(|e| KernelError::io("open an nf_tables netlink socket", e)) };
+        self.shared.nft.get_or_try_init(open).await
+    }
+
+    /// The names of the chains of nf_tables table `table` of this family.
+    async fn nft_chains(&self, table: &str) -> KResult<BTreeSet<String>> {
+        let listed = self.nft().await?.chain_names(self.family(), table).await;
+        listed.map_err(|e| transaction_error(format!("list the chains of nf_tables table {table}"), e))
     }
 
     async fn remember_fingerprint(&self) {
@@ -285,7 +307,8 @@ impl IptablesHandle {
         if !out.success() {
             return Err(KernelError::refused(op, out.message()));
         }
-        Ok(SavedTable::parse(&out.stdout))
+        let parsed = off_thread("parse iptables-save", move || SavedTable::parse(&out.stdout)).await;
+        parsed.map_err(|e| KernelError::library(op, true, None, e))
     }
 
     /// What this handle reads of a table on the nf_tables backend: its
@@ -295,8 +318,7 @@ impl IptablesHandle {
     /// a table of 134,000 chains (10,000 services) in more than 15 minutes
     /// (iptables 1.8.9).
     async fn nft_listing(&self, table: &str) -> KResult<SavedTable> {
-        let chains = xtables_gen::nft_chains(self.family(), table)
-            .map_err(|e| KernelError::refused(format!("list the chains of nf_tables table {table}"), e.to_string()))?;
+        let chains = self.nft_chains(table).await?;
         let mut rules = Vec::new();
         for chain in builtin_chains(table).iter().filter(|c| chains.contains(**c)) {
             let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
@@ -357,8 +379,7 @@ impl IptablesHandle {
     /// A large input on the nf_tables backend, as the transactions of
     /// [`nft_split`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
-        let existing = xtables_gen::nft_chains(self.family(), "nat")
-            .map_err(|e| KernelError::refused("list the chains of nf_tables table nat", e.to_string()))?;
+        let existing = self.nft_chains("nat").await?;
         let split = nft_split::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);
         let mut transactions = 0;

@@ -297,6 +297,25 @@ impl NetlinkNftables {
     }
 }
 
+/// Why nf_tables does not answer for a family.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open a netfilter netlink socket: {0}")]
+    Socket(#[source] Arc<std::io::Error>),
+    #[error("cannot start the probe's runtime: {0}")]
+    Runtime(#[source] Arc<std::io::Error>),
+    #[error("listing nf_tables chains: {0}")]
+    List(#[source] TransactionError),
+}
+
+/// Whether nf_tables answers for `family`: a dump of table `table`'s
+/// chains, made on a thread of its own (start-up, before the actors run).
+pub fn probe(family: IpFamily, table: &str) -> Result<(), ProbeError> {
+    let nft = NetlinkNftables::new().map_err(|e| ProbeError::Socket(Arc::new(e)))?;
+    let listed = crate::kernel::blocking::on_own_thread(|| nft.chain_names(family, table));
+    listed.map_err(|e| ProbeError::Runtime(Arc::new(e)))?.map(|_| ()).map_err(ProbeError::List)
+}
+
 /// `msg` as a request of the nfnetlink layer, with `flags` besides
 /// `NLM_F_REQUEST`.
 fn request(msg: &NetfilterMessage, flags: u16) -> Msg {

@@ -89,9 +89,9 @@ impl<K: NfTables> NftablesTable<K> {
     }
 }
 
-/// A transaction's failure as an ack carries it: refused (nothing applied,
-/// the kernel's errno kept) or of unknown outcome.
-fn transaction_error(what: String, e: TransactionError) -> KernelError {
+/// A transaction's (or a read's) failure as an ack carries it: refused
+/// (nothing applied, the kernel's errno kept) or of unknown outcome.
+pub(crate) fn transaction_error(what: String, e: TransactionError) -> KernelError {
     let errno = match &e {
         TransactionError::Refused { errno, .. } | TransactionError::BatchRefused { errno } => Some(errno.0),
         _ => None,
