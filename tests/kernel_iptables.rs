@@ -113,7 +113,7 @@ fn rules_apply_reconcile_detect_flush_and_clean_up(family: IpFamily, flavour: &s
     ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-A", "OUTPUT", "-j", "FOREIGN"]);
 
     let h = IptablesHandle::with_binaries(bins.clone());
-    let text = rules(family, h.random_fully());
+    let text = rules(family, ns.block_on(|| h.random_fully()));
     let (first, second, third, canary_before) = ns.block_on(|| async {
         let first = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
         let second = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile again");
@@ -195,7 +195,7 @@ fn periodic_check_finds_a_flushed_table(family: IpFamily, flavour: &str) {
     let backend = if flavour == "nft" { Backend::Nft } else { Backend::Legacy };
     create_sets(&ns, family);
     let h = IptablesHandle::with_binaries(bins.clone());
-    let text = rules(family, h.random_fully());
+    let text = rules(family, ns.block_on(|| h.random_fully()));
     let foreign = match family {
         IpFamily::V4 => "192.0.2.9",
         IpFamily::V6 => "2001:db8::9",

@@ -115,14 +115,16 @@ pub fn present(family: IpFamily) -> Result<(), String> {
     Err(format!("{bin} -t nat -S POSTROUTING: {}", stderr.trim()))
 }
 
-/// The wait flags the installed iptables understands (upstream's
-/// getIPTablesWaitFlag and getIPTablesRestoreWaitFlag).
+/// What the installed iptables' `iptables --version` tells: the wait
+/// flags it understands (upstream's getIPTablesWaitFlag and
+/// getIPTablesRestoreWaitFlag), its backend, and whether MASQUERADE takes
+/// `--random-fully` (upstream's HasRandomFully).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct WaitFlags {
+struct ToolVersion {
     iptables: Vec<&'static str>,
     restore: Vec<&'static str>,
-    /// Also from `iptables --version`.
     backend: Backend,
+    random_fully: bool,
 }
 
 /// iptables of one family. Cheap to clone; clones share state and counters.
@@ -144,7 +146,7 @@ struct Shared {
     /// that succeeded; cleared by every full resync.
     jumps_checked: AtomicBool,
     lines_written: AtomicU64,
-    wait: OnceCell<WaitFlags>,
+    version: OnceCell<ToolVersion>,
     /// The tables' fingerprint after our last restore or drift check.
     fingerprint: std::sync::Mutex<Option<Fingerprint>>,
     /// The nf_tables socket (the nf_tables backend's chain listings, the
@@ -192,7 +194,7 @@ impl IptablesHandle {
     /// The tables' fingerprint now (None when it cannot be read: then the
     /// periodic check always looks).
     async fn fingerprint(&self) -> Option<Fingerprint> {
-        let backend = self.wait_flags().await.backend;
+        let backend = self.version().await.backend;
         let read = match self.nft().await {
             Ok(nft) => xtables_gen::fingerprint(self.family(), backend, nft).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -246,21 +248,22 @@ impl IptablesHandle {
         self.shared.lines_written.load(Ordering::Relaxed)
     }
 
-    /// Whether MASQUERADE `--random-fully` is supported (runs `iptables --version`).
-    pub fn random_fully(&self) -> bool {
-        iptables_probe::random_fully_supported(&self.bins.iptables)
+    /// Whether MASQUERADE `--random-fully` is supported (iptables >= 1.6.2;
+    /// `iptables --version` runs once per handle).
+    pub async fn random_fully(&self) -> bool {
+        self.version().await.random_fully
     }
 
-    async fn wait_flags(&self) -> &WaitFlags {
+    async fn version(&self) -> &ToolVersion {
         self.shared
-            .wait
+            .version
             .get_or_init(|| async {
                 let op = format!("{} --version", self.bins.iptables);
                 match tool::run(&op, &self.bins.iptables, &["--version"], None).await {
-                    Ok(out) => wait_flags(&out.stdout),
+                    Ok(out) => tool_version(&out.stdout),
                     Err(e) => {
                         warn!(error = %e, "cannot read the iptables version; using no wait flags");
-                        wait_flags("")
+                        tool_version("")
                     }
                 }
             })
@@ -299,7 +302,7 @@ impl IptablesHandle {
     /// One `iptables-save -t TABLE`, parsed; on the nf_tables backend the
     /// same from [`nft_listing`](Self::nft_listing).
     async fn save(&self, table: &str) -> KResult<SavedTable> {
-        if self.wait_flags().await.backend == Backend::Nft {
+        if self.version().await.backend == Backend::Nft {
             return self.nft_listing(table).await;
         }
         let op = format!("{} -t {table}", self.bins.save);
@@ -321,7 +324,7 @@ impl IptablesHandle {
         let chains = self.nft_chains(table).await?;
         let mut rules = Vec::new();
         for chain in builtin_chains(table).iter().filter(|c| chains.contains(**c)) {
-            let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
+            let mut args: Vec<&str> = self.version().await.iptables.clone();
             args.extend(["-t", table, "-S", chain]);
             let op = format!("{} {}", self.bins.iptables, args.join(" "));
             let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
@@ -355,7 +358,7 @@ impl IptablesHandle {
         let _turn = ONE_AT_A_TIME.lock().await;
         let lines: usize = parts.iter().map(|p| p.lines().count()).sum();
         self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
-        if self.wait_flags().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
+        if self.version().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
             return self.restore_split(parts, lines).await;
         }
         self.restore_once(parts, lines).await
@@ -363,7 +366,7 @@ impl IptablesHandle {
 
     /// One `iptables-restore --noflush --counters` of `parts` (`lines` long).
     async fn restore_once(&self, parts: &[&str], lines: usize) -> KResult<()> {
-        let mut args: Vec<&str> = self.wait_flags().await.restore.clone();
+        let mut args: Vec<&str> = self.version().await.restore.clone();
         args.extend(["--noflush", "--counters"]);
         let op = format!("{} {} ({lines} lines)", self.bins.restore, args.join(" "));
         debug!(%op, "restoring");
@@ -448,7 +451,7 @@ impl IptablesHandle {
     }
 
     async fn chain_exists(&self, table: &str, chain: &str) -> KResult<bool> {
-        let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
+        let mut args: Vec<&str> = self.version().await.iptables.clone();
         args.extend(["-t", table, "-S", chain]);
         let op = format!("{} {}", self.bins.iptables, args.join(" "));
         let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
@@ -748,8 +751,8 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next().and_then(Result::ok).unwrap_or(0)))
 }
 
-/// Upstream's wait flags for an `iptables --version` output.
-fn wait_flags(version_text: &str) -> WaitFlags {
+/// What an `iptables --version` output tells (upstream's reading of it).
+fn tool_version(version_text: &str) -> ToolVersion {
     let v = parse_version(version_text).unwrap_or((0, 0, 0));
     let iptables = if v >= (1, 6, 0) {
         vec!["-w", "5", "-W", "100000"]
@@ -761,7 +764,8 @@ fn wait_flags(version_text: &str) -> WaitFlags {
         vec![]
     };
     let restore = if v >= (1, 6, 2) { vec!["-w", "5", "-W", "100000"] } else { vec![] };
-    WaitFlags { iptables, restore, backend: Backend::from_version(version_text) }
+    let random_fully = iptables_probe::random_fully(version_text);
+    ToolVersion { iptables, restore, backend: Backend::from_version(version_text), random_fully }
 }
 
 /// The tool's message, plus the input line it names ("Error occurred at
@@ -919,21 +923,22 @@ mod tests {
     }
 
     #[test]
-    fn wait_flags_follow_the_iptables_version() {
+    fn wait_flags_backend_and_random_fully_follow_the_iptables_version() {
         let full = vec!["-w", "5", "-W", "100000"];
         assert_eq!(
-            wait_flags("iptables v1.8.9 (nf_tables)"),
-            WaitFlags { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft }
+            tool_version("iptables v1.8.9 (nf_tables)"),
+            ToolVersion { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft, random_fully: true }
         );
         assert_eq!(
-            wait_flags("iptables v1.6.1"),
-            WaitFlags { iptables: full, restore: vec![], backend: Backend::Legacy }
+            tool_version("iptables v1.6.1"),
+            ToolVersion { iptables: full, restore: vec![], backend: Backend::Legacy, random_fully: false }
         );
         assert_eq!(
-            wait_flags("iptables v1.4.21"),
-            WaitFlags { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy }
+            tool_version("iptables v1.4.21"),
+            ToolVersion { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy, random_fully: false }
         );
-        assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![], backend: Backend::Legacy });
+        let nothing = ToolVersion { iptables: vec![], restore: vec![], backend: Backend::Legacy, random_fully: false };
+        assert_eq!(tool_version("garbage"), nothing);
         assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
     }
 
