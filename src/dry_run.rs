@@ -11,6 +11,7 @@ use crate::actors::source::kube::{self as api, KubeSourceError};
 use crate::actors::source::manifests::ManifestDir;
 use crate::config::{ConfigError, KubeProxyConfiguration};
 use crate::kernel::addrs;
+use crate::kernel::blocking::on_own_thread;
 use crate::model::intake::Intake;
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::SourceEvent;
@@ -18,7 +19,6 @@ use crate::net::{IpFamily, LocalAddr};
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::iptables::HostFeatures;
 use crate::preview::FamilyPlan;
-use crate::proxier::nfacct::NfacctRules;
 use crate::proxier::{for_mode, host_features, ForMode, Mode};
 use crate::settings::{self, FamilySettings};
 use crate::startup::families::{detect_families, primary_family, Families};
@@ -114,24 +114,17 @@ fn plans<M: Mode>(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
 }
 
 /// What the planners take of the host, read-only: as the daemon, which
-/// sets tcpBeLiberal's sysctl when configured and then reads it.
+/// sets tcpBeLiberal's sysctl when configured and then reads it. The
+/// probes run on a thread of their own with a runtime of their own; where
+/// that cannot start, the plan takes none of the host's features.
 fn host<M: Mode>(cfg: &KubeProxyConfiguration, family: IpFamily) -> HostFeatures {
-    let mut host = host_features(family, nfacct::<M>(family));
+    let probe = || async { host_features(family, M::dry_run_nfacct(family).await).await };
+    let mut host = on_own_thread(probe).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot probe the host: planning without its features");
+        HostFeatures::default()
+    });
     host.conntrack_tcp_liberal |= cfg.conntrack.tcp_be_liberal;
     host
-}
-
-/// The nfacct counters the mode's rules would name on this host
-/// ([`Mode::dry_run_nfacct`]: read-only); none when that cannot be asked
-/// (no runtime).
-fn nfacct<M: Mode>(family: IpFamily) -> NfacctRules {
-    match runtime() {
-        Ok(rt) => rt.block_on(M::dry_run_nfacct(family)),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot probe the nfacct counters: planning without them");
-            NfacctRules::default()
-        }
-    }
 }
 
 /// `events` as the daemon's proxiers take them ([`Intake`]), what they

@@ -40,8 +40,8 @@ impl Mode for IptablesDataplane {
 
     /// With the nfacct counters found at start (the objects and rules stay
     /// across reloads).
-    fn host(nfacct: &Nfacct, family: IpFamily) -> HostFeatures {
-        host_features(family, nfacct.probe.rules(family))
+    async fn host(nfacct: &Nfacct, family: IpFamily) -> HostFeatures {
+        host_features(family, nfacct.probe.rules(family)).await
     }
 
     fn set_up_family(s: &FamilySettings, node: &NodeInfo, addrs: &[LocalAddr]) -> Result<(), ProxierError> {

@@ -86,7 +86,7 @@ pub trait Mode: Dataplane + Sized {
     }
 
     /// What `family`'s settings take of the host.
-    fn host(_shared: &Self::Shared, family: IpFamily) -> HostFeatures {
+    fn host(_shared: &Self::Shared, family: IpFamily) -> impl Future<Output = HostFeatures> {
         host_features(family, NfacctRules::default())
     }
 
@@ -205,9 +205,9 @@ pub fn addr_source() -> AddrSource {
 /// What the planners take of the host (upstream's NewProxier probes), with
 /// the nfacct counters `nfacct` found at start ([`nfacct::set_up`]).
 /// Public for `kpr-bench iptables`, which wires iptables mode as the daemon does.
-pub fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
+pub async fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
     let host = HostFeatures {
-        random_fully: IptablesHandle::new(family).random_fully(),
+        random_fully: IptablesHandle::new(family).random_fully().await,
         conntrack_tcp_liberal: sysctl::is_on(SYSCTL_TCP_BE_LIBERAL),
         ..HostFeatures::default()
     };

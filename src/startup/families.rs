@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::config::{KubeProxyConfiguration, NodePortAddresses, ProxyMode};
 use crate::kernel::iptables;
-use crate::kernel::nftables::ruleset;
+use crate::kernel::nftables;
 use crate::model::NodeInfo;
 use crate::net::{ip_family_label, parse_ip_sloppy, IpFamily};
 
@@ -74,9 +74,9 @@ pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUns
         }
     }
     match mode {
-        ProxyMode::Nftables => ruleset::chain_names(family, "kube-proxy")
-            .map(|_| ())
-            .map_err(|e| FamilyUnsupported::Nftables(format!("listing nf_tables chains: {e}"))),
+        ProxyMode::Nftables => {
+            nftables::probe(family, "kube-proxy").map_err(|e| FamilyUnsupported::Nftables(e.to_string()))
+        }
         ProxyMode::Iptables | ProxyMode::Ipvs => iptables::present(family).map_err(FamilyUnsupported::Iptables),
     }
 }

@@ -166,7 +166,7 @@ async fn set_up<M: Mode>(cfg: &KubeProxyConfiguration, source: Source) -> Result
     let info = info.unwrap_or_else(|| NodeInfo { name: node_name.clone(), ..NodeInfo::default() });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     for family in families.all() {
-        let s = settings::derive(cfg, family, &node_name, M::host(&shared, family));
+        let s = settings::derive(cfg, family, &node_name, M::host(&shared, family).await);
         M::set_up_family(&s, &info, &addrs)?;
     }
     Ok(SetUp { node_name, node, info, families, ready, shared })
@@ -194,7 +194,7 @@ async fn serve<M: Mode>(
     let mut proxiers = Vec::new();
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
-        let s = settings::derive(&cfg, family, &node_name, M::host(&shared, family));
+        let s = settings::derive(&cfg, family, &node_name, M::host(&shared, family).await);
         proxiers.push(Proxier::<M>::start(&s, &shared, &registry, hooks).await?);
     }
     let _ = history.set(proxiers[0].history());

@@ -3,21 +3,25 @@
 //!
 //! - The legacy backend (`x_tables`): `IPT_SO_GET_INFO` (`IP6T_SO_GET_INFO`)
 //!   gives each table's rule count and blob size without its rules; the
-//!   fingerprint is those of mangle, nat and filter.
+//!   fingerprint is those of mangle, nat and filter. The call waits for the
+//!   x_tables lock, which a running `iptables-restore` holds: it runs on
+//!   the blocking pool ([`crate::kernel::blocking`]).
 //! - The nf_tables backend: the ruleset generation
-//!   ([`crate::kernel::nftables::ruleset::generation`]), which every
-//!   nftables transaction (any table, any family) increments.
+//!   ([`NetlinkNftables::generation`], one exchange of the nfnetlink
+//!   layer), which every nftables transaction (any table, any family)
+//!   increments.
 //!
 //! Equal fingerprints mean nobody touched the tables (counters aside); a
 //! different one says only that something changed, ours or not: the caller
 //! then runs its real check.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockProtocol, SockType};
 
-use crate::kernel::nftables::ruleset;
+use crate::kernel::blocking::{off_thread, PoolError};
+use crate::kernel::nftables::{NetlinkNftables, TransactionError};
 use crate::net::IpFamily;
 
 /// Which kernel interface the installed `iptables` drives.
@@ -43,15 +47,40 @@ impl Backend {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint(Vec<u64>);
 
+/// Why a fingerprint could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FingerprintError {
+    #[error("reading the x_tables tables' sizes: {0}")]
+    Legacy(#[source] std::sync::Arc<io::Error>),
+    #[error("reading the nf_tables ruleset generation: {0}")]
+    Nft(#[source] TransactionError),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
 /// The tables a legacy fingerprint covers.
 const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
 
-/// Reads the fingerprint of `family`'s tables on `backend`, in the calling
-/// thread's network namespace.
-pub fn fingerprint(family: IpFamily, backend: Backend) -> io::Result<Fingerprint> {
+/// Reads the fingerprint of `family`'s tables on `backend`: through `nft`
+/// on the nf_tables backend; on the legacy one, a socket opened here (in
+/// the calling thread's network namespace) and read on the blocking pool.
+pub async fn fingerprint(
+    family: IpFamily,
+    backend: Backend,
+    nft: &NetlinkNftables,
+) -> Result<Fingerprint, FingerprintError> {
+    let legacy_error = |e| FingerprintError::Legacy(std::sync::Arc::new(e));
     match backend {
-        Backend::Legacy => legacy(family),
-        Backend::Nft => ruleset::generation().map(|g| Fingerprint(vec![u64::from(g)])),
+        Backend::Legacy => {
+            let (domain, level) = match family {
+                IpFamily::V4 => (AddressFamily::Inet, libc::SOL_IP),
+                IpFamily::V6 => (AddressFamily::Inet6, libc::SOL_IPV6),
+            };
+            let sock = socket(domain, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::Raw)
+                .map_err(|e| legacy_error(e.into()))?;
+            off_thread("x_tables GET_INFO", move || legacy(&sock, level)).await?.map_err(legacy_error)
+        }
+        Backend::Nft => nft.generation().await.map(|g| Fingerprint(vec![u64::from(g)])).map_err(FingerprintError::Nft),
     }
 }
 
@@ -61,12 +90,9 @@ const GETINFO_LEN: usize = 32 + 4 + 20 + 20 + 4 + 4;
 /// `IPT_SO_GET_INFO` and `IP6T_SO_GET_INFO` (IPT_BASE_CTL).
 const SO_GET_INFO: i32 = 64;
 
-fn legacy(family: IpFamily) -> io::Result<Fingerprint> {
-    let (domain, level) = match family {
-        IpFamily::V4 => (AddressFamily::Inet, libc::SOL_IP),
-        IpFamily::V6 => (AddressFamily::Inet6, libc::SOL_IPV6),
-    };
-    let sock = socket(domain, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::Raw)?;
+/// The sizes of [`TABLES`] through `sock`, an inet raw socket of the
+/// family whose socket option level is `level`.
+fn legacy(sock: &OwnedFd, level: i32) -> io::Result<Fingerprint> {
     let mut out = Vec::with_capacity(TABLES.len() * 2);
     for table in TABLES {
         let mut info = [0u8; GETINFO_LEN];

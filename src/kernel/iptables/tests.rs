@@ -132,18 +132,22 @@ fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
 }
 
 #[test]
-fn wait_flags_follow_the_iptables_version() {
+fn wait_flags_backend_and_random_fully_follow_the_iptables_version() {
     let full = vec!["-w", "5", "-W", "100000"];
     assert_eq!(
-        wait_flags("iptables v1.8.9 (nf_tables)"),
-        WaitFlags { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft }
+        tool_version("iptables v1.8.9 (nf_tables)"),
+        ToolVersion { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft, random_fully: true }
     );
-    assert_eq!(wait_flags("iptables v1.6.1"), WaitFlags { iptables: full, restore: vec![], backend: Backend::Legacy });
     assert_eq!(
-        wait_flags("iptables v1.4.21"),
-        WaitFlags { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy }
+        tool_version("iptables v1.6.1"),
+        ToolVersion { iptables: full, restore: vec![], backend: Backend::Legacy, random_fully: false }
     );
-    assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![], backend: Backend::Legacy });
+    assert_eq!(
+        tool_version("iptables v1.4.21"),
+        ToolVersion { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy, random_fully: false }
+    );
+    let nothing = ToolVersion { iptables: vec![], restore: vec![], backend: Backend::Legacy, random_fully: false };
+    assert_eq!(tool_version("garbage"), nothing);
     assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
 }
 
