@@ -1,5 +1,5 @@
-//! kube-proxy-rs: a Kubernetes node proxy (IPVS and iptables modes) built as
-//! actors that each own one piece of kernel state.
+//! kube-proxy-rs: a Kubernetes node proxy (IPVS, iptables and nftables
+//! modes) built as actors that each own one piece of kernel state.
 
 pub mod actors;
 #[cfg(any(test, feature = "testkit"))]

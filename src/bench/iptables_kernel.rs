@@ -1,5 +1,5 @@
 //! `kpr-bench iptables`: iptables mode on the real kernel, in a network
-//! namespace of its own on the host (issue 7).
+//! namespace of its own on the host.
 //!
 //! Each run starts a thread that unshares a fresh network namespace (the
 //! kernel deletes it when the thread and the processes it started are gone,

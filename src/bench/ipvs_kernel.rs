@@ -1,4 +1,4 @@
-//! IPVS mode end to end on a real kernel (issue 7): `kpr-bench ipvs`, meant
+//! IPVS mode end to end on a real kernel: `kpr-bench ipvs`, meant
 //! to run as root inside the VM (`tests/vm/bench-ipvs.sh`; the host kernel
 //! has no IPVS).
 //!

@@ -1,4 +1,4 @@
-//! Benchmark support (issue 7): a deterministic synthetic cluster and churn
+//! Benchmark support: a deterministic synthetic cluster and churn
 //! generator, used by the `kpr-bench` binary and by tests that need a
 //! realistic cluster of a given size.
 

@@ -1,5 +1,5 @@
 //! kpr-bench: how much a cluster of N services costs kube-proxy-rs, and how
-//! much one change costs (issue 7).
+//! much one change costs.
 //!
 //! ```sh
 //! cargo run --release --bin kpr-bench -- plan      # model + planner, no actors

@@ -26,7 +26,7 @@ use super::ConfigError;
 #[command(
     name = "kube-proxy-rs",
     version,
-    about = "Kubernetes network proxy: programs Services into IPVS/iptables on this node"
+    about = "Kubernetes network proxy: programs Services into IPVS, iptables or nftables on this node"
 )]
 pub struct Flags {
     /// Path to a KubeProxyConfiguration file (YAML or JSON). When given, the

@@ -8,7 +8,7 @@
 //! Upstream decides per counter from the netlink subsystem alone; on a
 //! kernel with nfnetlink_acct but without the iptables `nfacct` match
 //! (`xt_nfacct`) every restore then fails and the node has no service
-//! rules at all (kubernetes issue 142068). Here the match is tried too
+//! rules at all (kubernetes/kubernetes#142068). Here the match is tried too
 //! ([`IptablesHandle::probe_match`], per family), and whatever fails —
 //! no subsystem, no privilege, no match — costs only the counting: one
 //! warning, the rules without the match, no metric.
@@ -292,7 +292,7 @@ mod tests {
         assert!(!host.nfacct_ct_state_invalid && !host.nfacct_localhost_node_ports);
     }
 
-    /// Kubernetes issue 142068: nfnetlink_acct without xt_nfacct. Upstream
+    /// kubernetes/kubernetes#142068: nfnetlink_acct without xt_nfacct. Upstream
     /// writes the match and every restore fails; here the rules stay plain.
     #[test]
     fn objects_without_the_iptables_match_give_plain_rules() {

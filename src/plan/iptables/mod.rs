@@ -182,7 +182,7 @@ impl IptablesPlanner {
 
     /// Partial sync: the top-level chains, the chains of `changed` service
     /// ports (added, updated or removed; e.g. `ModelChanges::ports`), and
-    /// the deletion of chains no longer used.
+    /// the deletion of unused chains.
     pub fn partial<'a>(&mut self, model: &Model, changed: impl IntoIterator<Item = &'a ServicePortName>) -> String {
         self.partial_input(model, changed).text()
     }
@@ -236,8 +236,8 @@ impl IptablesPlanner {
         self.total_endpoints = self.total_endpoints - old + new;
     }
 
-    /// Renders `spn` again (or forgets it), moving chains it no longer
-    /// uses to the stale set. Returns the rules of its own chains if it
+    /// Renders `spn` again (or forgets it), moving chains it has stopped
+    /// using to the stale set. Returns the rules of its own chains if it
     /// still exists (its chains stay in `ports`).
     fn rerender(&mut self, model: &Model, spn: &ServicePortName, large: bool) -> Option<String> {
         let old = self.ports.remove(spn);

@@ -44,7 +44,7 @@
 //! List and watch responses are read as [`Item`]s: each object is decoded
 //! into its `k8s_openapi` type on its own, so one object our types cannot
 //! read (`"port": "abc"`, served by a conversion webhook, an aggregated API
-//! or a version skew) no longer fails the whole list. Such an object is
+//! or a version skew) does not fail the whole list. Such an object is
 //! *refused*: one warning names its kind, `namespace/name`, the field
 //! (`spec.ports[0].port`) and serde's message (capped at
 //! [`REFUSAL_DETAIL_MAX`] bytes), and it is counted in
