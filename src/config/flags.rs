@@ -257,18 +257,47 @@ pub struct FeatureGateList(pub Vec<(String, bool)>);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VModuleList(pub Vec<VModuleItem>);
 
+/// Why a flag's value was refused; clap prints it after the flag's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagValueError {
+    #[error("{0:?} is not a boolean (true or false)")]
+    NotBool(String),
+    #[error("{0:?} is not a 32-bit integer")]
+    NotI32(String),
+    #[error("{0:?} is not a verbosity level (0..2147483647)")]
+    NotVerbosity(String),
+    #[error("missing bool value for {0}")]
+    GateWithoutValue(String),
+    #[error("invalid value of {pair}: {source}")]
+    GateValue {
+        pair: String,
+        #[source]
+        source: Box<FlagValueError>,
+    },
+    #[error("{0:?} is not a valid IP address")]
+    NotIp(String),
+    #[error("{0:?} is not in a valid format (ip or ip:port)")]
+    NotIpPort(String),
+    #[error("{0:?} is not a valid port number")]
+    NotPort(String),
+    #[error("{0:?} does not have the pattern=N format")]
+    NotVModule(String),
+    #[error("parsing verbosity in {0:?}: invalid level")]
+    VModuleLevel(String),
+}
+
 /// Go's `strconv.ParseBool`.
-fn parse_bool(s: &str) -> Result<bool, String> {
+fn parse_bool(s: &str) -> Result<bool, FlagValueError> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean (true or false)")),
+        _ => Err(FlagValueError::NotBool(s.to_string())),
     }
 }
 
 /// Go's `strconv.ParseInt(s, 0, 32)`: optional sign, `0x`/`0o`/`0b`/`0` prefixes.
-fn parse_i32(s: &str) -> Result<i32, String> {
-    let err = || format!("{s:?} is not a 32-bit integer");
+fn parse_i32(s: &str) -> Result<i32, FlagValueError> {
+    let err = || FlagValueError::NotI32(s.to_string());
     let (neg, digits) = match s.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -284,71 +313,74 @@ fn parse_i32(s: &str) -> Result<i32, String> {
     if body.is_empty() || body.starts_with(['+', '-']) {
         return Err(err());
     }
-    let magnitude = i64::from_str_radix(body, radix).map_err(|_| err())?;
-    i32::try_from(if neg { -magnitude } else { magnitude }).map_err(|_| err())
+    let magnitude = i64::from_str_radix(body, radix).ok().ok_or_else(err)?;
+    i32::try_from(if neg { -magnitude } else { magnitude }).ok().ok_or_else(err)
 }
 
 /// klog's verbosity: `strconv.ParseUint(s, 0, 31)`.
-fn parse_verbosity(s: &str) -> Result<u32, String> {
+fn parse_verbosity(s: &str) -> Result<u32, FlagValueError> {
     match parse_i32(s) {
         Ok(v) if v >= 0 && !s.starts_with(['-', '+']) => Ok(v as u32),
-        _ => Err(format!("{s:?} is not a verbosity level (0..2147483647)")),
+        _ => Err(FlagValueError::NotVerbosity(s.to_string())),
     }
 }
 
 /// cliflag `MapStringBool`: `Name=bool` pairs, comma separated.
-fn parse_feature_gates(s: &str) -> Result<FeatureGateList, String> {
+fn parse_feature_gates(s: &str) -> Result<FeatureGateList, FlagValueError> {
     let mut gates = Vec::new();
     for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').ok_or_else(|| format!("missing bool value for {pair}"))?;
-        let enabled = parse_bool(value.trim()).map_err(|e| format!("invalid value of {pair}: {e}"))?;
+        let (name, value) = pair.split_once('=').ok_or_else(|| FlagValueError::GateWithoutValue(pair.to_string()))?;
+        let enabled = parse_bool(value.trim())
+            .map_err(|e| FlagValueError::GateValue { pair: pair.to_string(), source: Box::new(e) })?;
         gates.push((name.trim().to_string(), enabled));
     }
     Ok(FeatureGateList(gates))
 }
 
 /// pflag `StringSlice`: comma separated; an empty value is an empty list.
-fn parse_list(s: &str) -> Result<CommaList, String> {
+fn parse_list(s: &str) -> Result<CommaList, std::convert::Infallible> {
     Ok(CommaList(if s.is_empty() { Vec::new() } else { s.split(',').map(|p| p.trim().to_string()).collect() }))
 }
 
 /// `utilflag.IPVar`: an IP address, or empty.
-fn parse_ip_flag(s: &str) -> Result<String, String> {
+fn parse_ip_flag(s: &str) -> Result<String, FlagValueError> {
     let t = s.trim();
     if t.is_empty() || parse_ip_sloppy(t).is_some() {
         Ok(t.to_string())
     } else {
-        Err(format!("{s:?} is not a valid IP address"))
+        Err(FlagValueError::NotIp(s.to_string()))
     }
 }
 
 /// `utilflag.IPPortVar`: an IP, `IP:port`, or empty.
-fn parse_ip_port_flag(s: &str) -> Result<String, String> {
+fn parse_ip_port_flag(s: &str) -> Result<String, FlagValueError> {
     let t = s.trim();
     if t.is_empty() || parse_ip_sloppy(t).is_some() {
         return Ok(t.to_string());
     }
-    let (host, port) = split_host_port(t).ok_or_else(|| format!("{s:?} is not in a valid format (ip or ip:port)"))?;
+    let (host, port) = split_host_port(t).ok_or_else(|| FlagValueError::NotIpPort(s.to_string()))?;
     if parse_ip_sloppy(host).is_none() {
-        return Err(format!("{host:?} is not a valid IP address"));
+        return Err(FlagValueError::NotIp(host.to_string()));
     }
-    port.parse::<u16>().map_err(|_| format!("{port:?} is not a valid port number"))?;
+    if port.parse::<u16>().is_err() {
+        return Err(FlagValueError::NotPort(port.to_string()));
+    }
     Ok(t.to_string())
 }
 
 /// component-base vmodule flag: `pattern=N` pairs, comma separated.
-fn parse_vmodule(s: &str) -> Result<VModuleList, String> {
+fn parse_vmodule(s: &str) -> Result<VModuleList, FlagValueError> {
     s.split(',')
         .map(|item| {
             let (pattern, level) = item
                 .split_once('=')
                 .filter(|(_, l)| !l.contains('='))
-                .ok_or_else(|| format!("{item:?} does not have the pattern=N format"))?;
+                .ok_or_else(|| FlagValueError::NotVModule(item.to_string()))?;
             let verbosity = level.parse::<u32>().ok().filter(|v| *v <= i32::MAX as u32);
-            let verbosity = verbosity.ok_or_else(|| format!("parsing verbosity in {item:?}: invalid level"))?;
+            let verbosity = verbosity.ok_or_else(|| FlagValueError::VModuleLevel(item.to_string()))?;
             Ok(VModuleItem { file_pattern: pattern.to_string(), verbosity })
         })
-        .collect::<Result<_, String>>()
+        .collect::<Result<_, FlagValueError>>()
         .map(VModuleList)
 }
 

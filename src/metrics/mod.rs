@@ -31,7 +31,7 @@ use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
-pub use nfacct::NfacctReader;
+pub use nfacct::{NfacctReadError, NfacctReader};
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;

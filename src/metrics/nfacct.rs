@@ -17,7 +17,17 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 /// Reads one accounting object's packet count (its name as argument).
-pub type NfacctReader = Arc<dyn Fn(&'static str) -> BoxFuture<'static, Result<u64, String>> + Send + Sync>;
+pub type NfacctReader = Arc<dyn Fn(&'static str) -> BoxFuture<'static, Result<u64, NfacctReadError>> + Send + Sync>;
+
+/// Why an accounting object's count could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NfacctReadError {
+    #[error("nfacct object {0} is gone")]
+    Gone(&'static str),
+    /// The reader's own error.
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// The nfacct object behind each metric, the metric (without `_total`, which
 /// the encoder appends) and upstream's help.

@@ -65,7 +65,12 @@ impl<M: Mode> Live<M> {
         });
         for proxier in &self.proxiers {
             // The host probed again.
-            let s = settings::derive(&self.cfg, proxier.family, &self.node_name, M::host(&self.shared, proxier.family).await);
+            let s = settings::derive(
+                &self.cfg,
+                proxier.family,
+                &self.node_name,
+                M::host(&self.shared, proxier.family).await,
+            );
             if let Err(e) = M::set_up_family(&s, &self.node, &addrs) {
                 tracing::warn!(error = %e, "node set-up after reload");
             }

@@ -77,7 +77,9 @@ pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUns
         ProxyMode::Nftables => {
             nftables::probe(family, "kube-proxy").map_err(|e| FamilyUnsupported::Nftables(e.to_string()))
         }
-        ProxyMode::Iptables | ProxyMode::Ipvs => iptables::present(family).map_err(FamilyUnsupported::Iptables),
+        ProxyMode::Iptables | ProxyMode::Ipvs => {
+            iptables::present(family).map_err(|e| FamilyUnsupported::Iptables(e.to_string()))
+        }
     }
 }
 

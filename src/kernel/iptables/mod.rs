@@ -101,13 +101,13 @@ impl IptablesBinaries {
 /// Whether `family`'s iptables works on this host (upstream's `Present()`:
 /// the nat table's POSTROUTING chain can be listed). Blocking: one short
 /// process, run once at start.
-pub fn present(family: IpFamily) -> Result<(), String> {
+pub fn present(family: IpFamily) -> Result<(), NotPresent> {
     let bin = IptablesBinaries::for_family(family).iptables;
     let out = std::process::Command::new(&bin)
         .args(["-w", "5", "-t", "nat", "-S", "POSTROUTING"])
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {bin}: {e}"))?;
+        .map_err(|source| NotPresent::Run { bin: bin.clone(), source })?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         return Ok(());
@@ -118,7 +118,21 @@ pub fn present(family: IpFamily) -> Result<(), String> {
         info!(binary = %bin, "xtables lock busy while probing; taking the family as supported");
         return Ok(());
     }
-    Err(format!("{bin} -t nat -S POSTROUTING: {}", stderr.trim()))
+    Err(NotPresent::Refused { stderr: stderr.trim().to_string(), bin })
+}
+
+/// Why a family's iptables does not work on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum NotPresent {
+    #[error("cannot run {bin}: {source}")]
+    Run {
+        bin: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listing failed: the tool's standard error.
+    #[error("{bin} -t nat -S POSTROUTING: {stderr}")]
+    Refused { bin: String, stderr: String },
 }
 
 /// What the installed iptables' `iptables --version` tells: the wait

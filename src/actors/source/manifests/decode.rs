@@ -290,6 +290,16 @@ impl fmt::Display for Location {
     }
 }
 
+/// Why an object's `apiVersion` and `kind` could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TypeMetaError {
+    /// What JSON type the value is instead.
+    #[error("expected an object, found {0}")]
+    NotAnObject(&'static str),
+    #[error("missing or non-string {0}")]
+    Missing(&'static str),
+}
+
 /// An object's `apiVersion` and `kind`.
 #[derive(Debug, Clone)]
 struct TypeMeta {
@@ -299,16 +309,16 @@ struct TypeMeta {
 
 impl TypeMeta {
     /// Reads them from an object, or takes `default` if it has neither.
-    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, String> {
+    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, TypeMetaError> {
         let Value::Object(map) = value else {
-            return Err(format!("expected an object, found {}", json_type(value)));
+            return Err(TypeMetaError::NotAnObject(json_type(value)));
         };
         let field = |name| map.get(name).and_then(Value::as_str).map(str::to_owned);
         match (field("apiVersion"), field("kind"), default) {
             (Some(api_version), Some(kind), _) => Ok(Self { api_version, kind }),
             (None, None, Some(default)) => Ok(default.clone()),
-            (None, _, _) => Err("missing or non-string apiVersion".to_owned()),
-            (_, None, _) => Err("missing or non-string kind".to_owned()),
+            (None, _, _) => Err(TypeMetaError::Missing("apiVersion")),
+            (_, None, _) => Err(TypeMetaError::Missing("kind")),
         }
     }
 
@@ -334,7 +344,7 @@ fn add_document(document: Value, at: Location, out: &mut Out) -> Result<(), DocF
     if document.is_null() {
         return Ok(());
     }
-    let type_meta = TypeMeta::read(&document, None).map_err(|p| DocFailure::invalid(at, p))?;
+    let type_meta = TypeMeta::read(&document, None).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
     if type_meta.kind.ends_with("List") {
         return add_list(document, &type_meta, at, out);
     }
@@ -357,7 +367,8 @@ fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> R
     };
     for (index, item) in items.into_iter().enumerate() {
         let at = Location { item: Some(index), ..at };
-        let item_meta = TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p))?;
+        let item_meta =
+            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
         add_object(item, &item_meta, at, out)?;
     }
     Ok(())
