@@ -1,4 +1,6 @@
+use super::saved::insert_jumps;
 use super::*;
+use crate::kernel::iptables::chains::Jump;
 use crate::kernel::iptables::chains::{IPTABLES_PROFILE, IPVS_JUMPS};
 
 const FRESH_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
