@@ -480,8 +480,8 @@ async fn check_live(b: &Browser, cluster: &Cluster) {
 }
 
 /// The layout at the window's current size: no overlaps, holes, clipped
-/// text or sideways scrolling.
-async fn check_layout(b: &Browser, width: u32, what: &str) {
+/// text or sideways scrolling; returns what it measured.
+async fn check_layout(b: &Browser, width: u32, what: &str) -> Layout {
     let layout: Layout = run_script(b, include_str!("dashboard/layout.js")).await;
     assert_eq!(layout.viewport[0], f64::from(width), "{what}: the viewport's width");
     assert!(layout.boxes > 20, "{what}: {layout:?}");
@@ -489,6 +489,7 @@ async fn check_layout(b: &Browser, width: u32, what: &str) {
     assert!(layout.overlaps.is_empty(), "{what}: boxes overlap: {:#?}", layout.overlaps);
     assert!(layout.holes.is_empty(), "{what}: blank bands: {:#?}", layout.holes);
     assert!(layout.clipped.is_empty(), "{what}: clipped text: {:#?}", layout.clipped);
+    layout
 }
 
 /// Resizes to `width` × `height`, letting the page lay itself out again.
@@ -497,13 +498,18 @@ async fn resize(b: &Browser, width: u32, height: u32) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
-/// At `width` (the page's whole height): checks the layout and keeps the screenshot.
+/// At `width` × `height`, then with the whole page in view: checks the
+/// layout and keeps the screenshot of the whole page.
 async fn check_and_screenshot(b: &Browser, mode: ProxyMode, width: u32, height: u32) -> PathBuf {
     resize(b, width, height).await;
-    check_layout(b, width, &format!("{width} × {height}")).await;
-    let full = read_page(b).await.height;
-    resize(b, width, full.clamp(height, 9000)).await;
-    check_layout(b, width, &format!("{width} px, the whole page")).await;
+    let first = check_layout(b, width, &format!("{width} × {height}")).await;
+    // The window's height includes the browser's own bars; the page gets the viewport's.
+    let bars = f64::from(height) - first.viewport[1];
+    let full = f64::from(read_page(b).await.height) + bars.max(0.0);
+    resize(b, width, (full.ceil() as u32).clamp(height, 9000)).await;
+    let whole = check_layout(b, width, &format!("{width} px, the whole page")).await;
+    let shown = read_page(b).await.height;
+    assert!(whole.viewport[1] >= f64::from(shown), "{width} px: the screenshot cuts the page: {whole:?}, {shown} px");
     let png = b.screenshot().await.unwrap_or_else(|e| panic!("{e}"));
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     let path = screenshot_path(mode, width);
