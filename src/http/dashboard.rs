@@ -476,7 +476,7 @@ impl Sampler {
 }
 
 /// `name`'s rates between samples `a` and `b`, if both have it; a counter
-/// that went back (a new actor by an old name) counts from zero.
+/// that went back (a new actor by an old name) gives 0 for that step.
 fn step_rate(a: &Sample, b: &Sample, name: &str) -> Option<Rate> {
     let (before, after) = (a.counts.get(name)?, b.counts.get(name)?);
     let secs = b.at.saturating_duration_since(a.at).as_secs_f64();
