@@ -21,8 +21,8 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::actors::coordinator::{
-    AddrSource, Coordinator, Dataplane, GetSyncHistory, IptablesDataplane, IpvsDataplane, NftablesDataplane,
-    Reconfigure, Settings, Shutdown,
+    AddrSource, Coordinator, Dataplane, IptablesDataplane, IpvsDataplane, NftablesDataplane, Reconfigure, Settings,
+    Shutdown,
 };
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::conntrack::{ConntrackError, NetlinkConntrack};
@@ -159,11 +159,6 @@ impl<M: Mode> Proxier<M> {
 
     /// Where the sources' batches go.
     pub fn events(&self) -> Recipient<SourceBatch> {
-        self.coordinator.clone().recipient()
-    }
-
-    /// Where the dashboard asks for the recent syncs.
-    pub fn history(&self) -> Recipient<GetSyncHistory> {
         self.coordinator.clone().recipient()
     }
 

@@ -30,7 +30,7 @@ pub mod oom;
 pub mod process;
 pub mod sources;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::Node;
@@ -183,10 +183,8 @@ async fn serve<M: Mode>(
     let SetUp { node_name, node, info, families, ready, shared } = set_up;
     oom::apply(cfg.oom_score_adj);
     let registry = StatsRegistry::default();
-    // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
-    let history = Arc::new(OnceLock::new());
     let (hooks, observe) =
-        observability::start(&cfg, families, &info, &registry, history.clone(), zpages, M::SERVICE_SCHEDULERS)?;
+        observability::start(&cfg, families, &node_name, &info, &registry, zpages, M::SERVICE_SCHEDULERS)?;
     let all: Vec<_> = families.all().collect();
     let shared = M::prepare_families(shared, &all, &observe.metrics).await;
     // One proxier per family, as upstream's metaproxier: each its own
@@ -197,7 +195,6 @@ async fn serve<M: Mode>(
         let s = settings::derive(&cfg, family, &node_name, M::host(&shared, family).await);
         proxiers.push(Proxier::<M>::start(&s, &shared, &registry, hooks).await?);
     }
-    let _ = history.set(proxiers[0].history());
     let (restart_tx, mut restart) = tokio::sync::mpsc::unbounded_channel();
     let watch_pod_cidrs = cfg.local_mode() == LocalMode::NodeCidr;
     let node_watch = NodeWatch::new(NodeBaseline::new(&node_name, node.as_deref(), watch_pod_cidrs), restart_tx);

@@ -4,13 +4,10 @@
 //! to them.
 
 use std::net::IpAddr;
-use std::sync::{Arc, OnceLock};
-
-use actix::prelude::*;
+use std::sync::Arc;
 
 use super::families::Families;
 use super::StartError;
-use crate::actors::coordinator::GetSyncHistory;
 use crate::config::KubeProxyConfiguration;
 use crate::health::{self, ProxyHealth};
 use crate::http::{self, ServiceHealthServers, SharedServiceHealth};
@@ -28,18 +25,14 @@ pub struct Observability {
     _servers: http::HttpServers,
 }
 
-/// Where the dashboard asks the primary family's coordinator for its syncs:
-/// set once that coordinator runs (the dashboard starts before it).
-pub type HistorySlot = Arc<OnceLock<Recipient<GetSyncHistory>>>;
-
-/// Starts them for `families` on a node with `node` as found at start;
+/// Starts them for `families` on node `node_name`, with `node` as found at start;
 /// the hooks list the Services' IPVS schedulers when `schedulers`.
 pub fn start(
     cfg: &KubeProxyConfiguration,
     families: Families,
+    node_name: &str,
     node: &NodeInfo,
     registry: &StatsRegistry,
-    history: HistorySlot,
     zpages: http::ZPages,
     schedulers: bool,
 ) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
@@ -47,7 +40,12 @@ pub fn start(
     metrics.families_started(&families.all().collect::<Vec<_>>());
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
-    let dashboard = http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(history));
+    let about = http::dashboard::About {
+        mode: cfg.proxy_mode(),
+        node: node_name.to_string(),
+        families: families.all().collect(),
+    };
+    let dashboard = http::dashboard::dashboard_routes(about, registry.clone(), health.clone());
     let extra = dashboard.merge(zpages.routes());
     let servers = http::start_http_servers(cfg, &metrics, &health, &configz, extra).map_err(StartError::Http)?;
     let local: Vec<IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
@@ -58,8 +56,9 @@ pub fn start(
     let hooks = families
         .all()
         .map(|f| {
-            let hooks = SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone());
-            (f, if schedulers { hooks.with_scheduler_list(registry.clone()) } else { hooks })
+            let hooks = SyncHooks::new(f, metrics.clone(), health.clone(), registry.clone())
+                .with_service_health(service_health.clone());
+            (f, if schedulers { hooks.with_scheduler_list() } else { hooks })
         })
         .collect();
     Ok((hooks, Observability { metrics, configz, _servers: servers }))
