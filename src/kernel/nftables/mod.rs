@@ -20,6 +20,7 @@ pub mod codec;
 pub mod expr;
 pub mod table;
 pub mod types;
+mod udata;
 
 use std::future::Future;
 use std::sync::Arc;

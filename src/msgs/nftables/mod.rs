@@ -11,8 +11,8 @@ mod values;
 
 use std::fmt;
 
-pub use objects::{BaseChain, ChainHook, ChainType, Element, SetData, SetFlag, SetSpec};
-pub use rule::{AnonSet, CtState, Expr, FibKey, Field, ListSep, MarkOp, Rule};
+pub use objects::{BaseChain, ChainHook, ChainType, ElemValue, Element, SetData, SetFlag, SetSpec};
+pub use rule::{AnonSet, CtState, CtStatus, Expr, FibKey, Field, ListSep, MarkOp, Rule};
 pub use values::{concat, nft_family, quote, Hex, Joined, KeyPart, KeyType, Verdict};
 
 use crate::net::IpFamily;
@@ -270,12 +270,30 @@ mod tests {
                 set: "no-endpoint-services".into(),
                 elements: vec![Element {
                     key: key("fd00::10", 80),
-                    value: Some(Verdict::Goto("reject-chain".into())),
+                    value: Some(ElemValue::Verdict(Verdict::Goto("reject-chain".into()))),
                     comment: Some("ns/svc:p80".into()),
                 }],
             },
             NftOp::FlushSet { name: "service-ips".into(), map: true },
             NftOp::DeleteSet { name: "nodeport-ips".into(), map: false },
+            NftOp::AddSet(SetSpec::data_map(
+                "eps",
+                vec![Field::Daddr(IpFamily::V6), Field::L4proto, Field::Dport, Field::constant(0)],
+                vec![Field::Daddr(IpFamily::V6), Field::Dport],
+            )),
+            NftOp::AddElements {
+                set: "eps".into(),
+                elements: vec![Element::data(
+                    vec![
+                        KeyPart::Addr("fd00::10".parse().unwrap()),
+                        KeyPart::Proto(Protocol::Tcp),
+                        KeyPart::Port(80),
+                        KeyPart::Slot(1),
+                    ],
+                    vec![KeyPart::Addr("fd00::1:2".parse().unwrap()), KeyPart::Port(8080)],
+                )],
+            },
+            NftOp::AddSet(SetSpec { size: Some(1024), ..SetSpec::set("s", vec![KeyType::Ipv6Addr], None) }),
         ];
         assert_eq!(
             Transaction { family: IpFamily::V6, ops }.to_string(),
@@ -286,7 +304,10 @@ mod tests {
              add map ip6 kube-proxy service-nodeports { type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }\n\
              add element ip6 kube-proxy no-endpoint-services { fd00::10 . tcp . 80 comment \"ns/svc:p80\" : goto reject-chain }\n\
              flush map ip6 kube-proxy service-ips\n\
-             delete set ip6 kube-proxy nodeport-ips\n"
+             delete set ip6 kube-proxy nodeport-ips\n\
+             add map ip6 kube-proxy eps { typeof ip6 daddr . meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport ; }\n\
+             add element ip6 kube-proxy eps { fd00::10 . tcp . 80 . 1 : fd00::1:2 . 8080 }\n\
+             add set ip6 kube-proxy s { type ipv6_addr ; size 1024 ; }\n"
         );
     }
 }

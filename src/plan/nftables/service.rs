@@ -11,7 +11,7 @@ use super::ruleset::{Chain, Objects, SetElement};
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
 use crate::msgs::nftables::{
-    AnonSet, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
+    AnonSet, ElemValue, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
 };
 use crate::net::{IpFamily, Protocol};
 
@@ -110,7 +110,10 @@ pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoin
 }
 
 fn element(set: &str, key: Vec<KeyPart>, value: Verdict, comment: Option<&str>) -> SetElement {
-    SetElement { set: set.into(), element: Element { key, value: Some(value), comment: comment.map(str::to_string) } }
+    SetElement {
+        set: set.into(),
+        element: Element { key, value: Some(ElemValue::Verdict(value)), comment: comment.map(str::to_string) },
+    }
 }
 
 /// The port's elements in cluster-ips and the dispatch, no-endpoint and firewall maps.
@@ -250,7 +253,7 @@ fn endpoint_chain(p: &Plan, ep: &Endpoint, name: String, affinity: &str) -> Chai
     let saddr = Field::Saddr(p.family);
     let mut rules = vec![Rule::new(vec![addr_is(saddr, ep.ip), jump(MARK_MASQ)])];
     if p.sp.affinity_timeout.is_some() {
-        rules.push(Rule::new(vec![Expr::Update { set: affinity.to_string(), key: saddr }]));
+        rules.push(Rule::new(vec![Expr::Update { set: affinity.to_string(), key: vec![saddr] }]));
     }
     let proto = Expr::Cmp { field: Field::L4proto, neq: false, value: KeyPart::Proto(p.proto) };
     rules.push(Rule::new(vec![proto, Expr::Dnat(SocketAddr::new(ep.ip, ep.port))]));
