@@ -41,6 +41,7 @@
 
 pub mod base;
 pub mod context;
+pub mod maps;
 pub mod names;
 pub mod planner;
 pub mod ruleset;
@@ -51,13 +52,15 @@ pub mod transactions;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
+mod maps_tests;
+#[cfg(test)]
 mod planner_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
 pub(crate) mod trace;
 
-pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
+pub use context::{nftables_context, NftRuleset, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Objects, Ruleset, SetElement};
 pub use staging::{staged, STAGES, STAGE_OPS};
@@ -67,15 +70,32 @@ pub use transactions::{
 
 pub use crate::msgs::nftables::{NftOp, Transaction};
 
-use crate::model::{Model, ServicePortName};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::{Endpoint, Model, ServicePort, ServicePortName};
 
 /// One family's whole desired table for `model`.
 pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
-    let mut rs = Ruleset { family: ctx.family, top: base::top_level(ctx), services: Default::default() };
-    for sp in model.service_ports() {
-        rs.services.insert(sp.name.clone(), service::render_port(ctx, sp, model.endpoints(&sp.name)));
+    let services: BTreeMap<ServicePortName, Objects> =
+        model.service_ports().map(|sp| (sp.name.clone(), render_port(ctx, sp, model.endpoints(&sp.name)))).collect();
+    let shared = shared(ctx, &maps::classes(services.values()));
+    Ruleset { family: ctx.family, top: base::top_level(ctx), shared, services }
+}
+
+/// One service port's objects in `ctx`'s ruleset.
+pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
+    match ctx.ruleset {
+        NftRuleset::Upstream => service::render_port(ctx, sp, endpoints),
+        NftRuleset::Maps => maps::render_port(ctx, sp, endpoints),
     }
-    rs
+}
+
+/// The shared objects serving `classes` (none in upstream's ruleset).
+pub fn shared(ctx: &NftablesContext, classes: &BTreeSet<maps::PickClass>) -> Objects {
+    match ctx.ruleset {
+        NftRuleset::Upstream => Objects::default(),
+        NftRuleset::Maps => maps::shared(ctx.family, classes),
+    }
 }
 
 /// Renders `changed` service ports again into `rs` (removing those the
@@ -90,13 +110,14 @@ pub fn update<'a>(
     for spn in changed {
         match model.service_port(spn) {
             Some(sp) => {
-                rs.services.insert(spn.clone(), service::render_port(ctx, sp, model.endpoints(spn)));
+                rs.services.insert(spn.clone(), render_port(ctx, sp, model.endpoints(spn)));
             }
             None => {
                 rs.services.remove(spn);
             }
         }
     }
+    rs.shared = shared(ctx, &maps::classes(rs.services.values()));
 }
 
 /// `--dry-run` in nftables mode: the table a full sync from an empty kernel

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
+use super::maps::PickClass;
 use super::ruleset::{Objects, Ruleset};
 use super::transactions::{
     delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
@@ -36,8 +37,21 @@ enum Pending {
     Nothing,
     /// The whole table.
     Full(Ruleset),
-    /// These service ports' objects (`None`: gone).
-    Ports(Vec<(ServicePortName, Option<Objects>)>),
+    /// These service ports' objects (`None`: gone), the classes of all
+    /// service ports then, and the shared objects when those changed.
+    Ports(Vec<(ServicePortName, Option<Objects>)>, ClassCounts, Option<Objects>),
+}
+
+/// How many keys of the applied service ports use each endpoint class.
+type ClassCounts = BTreeMap<PickClass, usize>;
+
+/// The [`ClassCounts`] of `groups`.
+fn class_counts<'a>(groups: impl IntoIterator<Item = &'a Objects>) -> ClassCounts {
+    let mut counts = ClassCounts::new();
+    for c in groups.into_iter().flat_map(|o| &o.classes) {
+        *counts.entry(*c).or_default() += 1;
+    }
+    counts
 }
 
 #[derive(Debug)]
@@ -47,6 +61,8 @@ pub struct NftablesPlanner {
     applied: Option<Ruleset>,
     /// How many service ports (or the top level) hold each element of `applied`.
     refs: ElementRefs,
+    /// The endpoint classes `applied`'s service ports use.
+    classes: ClassCounts,
     pending: Pending,
     /// The last planned sync's chains: stale ones, and written ones.
     planned_stale: Vec<String>,
@@ -63,6 +79,7 @@ impl NftablesPlanner {
             ctx,
             applied: None,
             refs: ElementRefs::new(),
+            classes: ClassCounts::new(),
             pending: Pending::Nothing,
             planned_stale: vec![],
             planned_chains: vec![],
@@ -114,22 +131,36 @@ impl NftablesPlanner {
         let ports: Vec<(ServicePortName, Option<Objects>)> = changed
             .into_iter()
             .map(|spn| {
-                let objects =
-                    model.service_port(spn).map(|sp| super::service::render_port(&self.ctx, sp, model.endpoints(spn)));
+                let objects = model.service_port(spn).map(|sp| super::render_port(&self.ctx, sp, model.endpoints(spn)));
                 (spn.clone(), objects)
             })
             .collect();
         let empty = Objects::default();
-        let pairs = ports.iter().filter_map(|(spn, new)| {
+        let mut classes = self.classes.clone();
+        for (spn, new) in &ports {
+            for c in applied.services.get(spn).iter().flat_map(|o| &o.classes) {
+                if let Some(n) = classes.get_mut(c) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            for c in new.iter().flat_map(|o| &o.classes) {
+                *classes.entry(*c).or_default() += 1;
+            }
+        }
+        classes.retain(|_, n| *n > 0);
+        let shared = (!classes.keys().eq(self.classes.keys()))
+            .then(|| super::shared(&self.ctx, &classes.keys().copied().collect()));
+        let port_pairs = ports.iter().filter_map(|(spn, new)| {
             let old = applied.services.get(spn).unwrap_or(&empty);
             let new = new.as_ref().unwrap_or(&empty);
             (old != new).then_some((old, new))
         });
+        let pairs = shared.iter().map(|s| (&applied.shared, s)).chain(port_pairs);
         let delta = groups_sync(self.ctx.family, pairs, &self.refs);
         self.planned_stale = delta.stale_chains.clone();
-        self.planned_chains =
-            ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
-        self.pending = Pending::Ports(ports);
+        let written = ports.iter().flat_map(|(_, o)| o.iter()).chain(shared.iter());
+        self.planned_chains = written.flat_map(|o| o.chains.iter().map(|c| c.name.clone())).collect();
+        self.pending = Pending::Ports(ports, classes, shared);
         Some(delta)
     }
 
@@ -153,10 +184,17 @@ impl NftablesPlanner {
             Pending::Nothing => {}
             Pending::Full(rs) => {
                 self.refs = element_refs(&rs);
+                self.classes = class_counts(rs.services.values());
                 self.applied = Some(rs);
             }
-            Pending::Ports(ports) => {
+            Pending::Ports(ports, classes, shared) => {
                 if let Some(applied) = self.applied.as_mut() {
+                    self.classes = classes;
+                    if let Some(objects) = shared {
+                        count(&mut self.refs, &applied.shared, -1);
+                        count(&mut self.refs, &objects, 1);
+                        applied.shared = objects;
+                    }
                     for (spn, objects) in ports {
                         let old = match objects {
                             Some(o) => {
@@ -185,6 +223,7 @@ impl NftablesPlanner {
     pub fn failed(&mut self) {
         self.applied = None;
         self.refs.clear();
+        self.classes.clear();
         self.pending = Pending::Nothing;
         self.planned_stale.clear();
         self.planned_chains.clear();

@@ -28,6 +28,7 @@ fn ip(s: &str) -> IpAddr {
 pub(crate) fn fake_ctx() -> NftablesContext {
     NftablesContext {
         family: IpFamily::V4,
+        ruleset: NftRuleset::Upstream,
         node_name: NODE.into(),
         zone: String::new(),
         node_ip: Some(ip("192.168.0.2")),

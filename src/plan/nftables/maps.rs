@@ -1,0 +1,465 @@
+//! The `maps` ruleset (`--nftables-ruleset=maps`, docs/nftables-scalable.md):
+//! upstream's behaviour with the per-Service state held as elements, so an
+//! endpoint or a Service added, removed or changed is element deletes and
+//! adds in plain sets and data maps, which the kernel neither validates nor
+//! looks up in a list of per-Service sets.
+//!
+//! - Top level ([`chains`], [`sets`]): upstream's base chains, checks,
+//!   masquerading and no-endpoint and firewall maps; `services` sends the
+//!   keys in `maps-service-keys` / `maps-nodeport-keys` to the dispatch
+//!   chains, which apply the traffic policies through class sets
+//!   (`maps-external-cluster-keys`, ...) and go to a family's pick chain;
+//!   `masquerading` masquerades hairpin connections (`maps-hairpin`).
+//! - Shared ([`shared`]): what the endpoint classes in use need, one
+//!   [`PickClass`] (family, number of endpoints, affinity timeout) each: its
+//!   set and its rule in the family's pick chain (`dnat ip to KEY . numgen
+//!   random mod N map @maps-<family>-endpoints`), and with affinity its
+//!   chain, slot chains and per-slot affinity sets.
+//! - Per service port ([`render_port`]): elements only (besides upstream's
+//!   `firewall-…` chain of loadBalancerSourceRanges): its keys in the
+//!   class sets, each key's endpoints in slots `0..N` of its family's
+//!   endpoints map, its endpoints in `maps-hairpin`.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use super::context::{if_local, if_not_local, NftablesContext};
+use super::names::{CLUSTER_IPS, MARK_MASQ};
+use super::ruleset::{Chain, Objects, SetElement};
+use super::service;
+use crate::model::{Endpoint, ServicePort};
+use crate::msgs::nftables::{Element, Expr, FibKey, Field, KeyPart, KeyType, Rule, SetFlag, SetSpec, Verdict};
+use crate::net::IpFamily;
+
+/// Every object of this ruleset that upstream's has not is named so.
+pub const PREFIX: &str = "maps-";
+
+// Top-level chains.
+pub const DISPATCH: &str = "maps-dispatch";
+pub const EXTERNAL_LOCAL: &str = "maps-external-local";
+pub const NODEPORT_DISPATCH: &str = "maps-nodeport-dispatch";
+pub const NODEPORT_EXTERNAL_LOCAL: &str = "maps-nodeport-external-local";
+
+// Key sets.
+/// Addresses, protocols and ports with endpoints here.
+pub const SERVICE_KEYS: &str = "maps-service-keys";
+/// Protocols and NodePorts with endpoints here.
+pub const NODEPORT_KEYS: &str = "maps-nodeport-keys";
+/// externalIPs and LoadBalancer IPs of externalTrafficPolicy Cluster: masqueraded.
+pub const EXTERNAL_CLUSTER_KEYS: &str = "maps-external-cluster-keys";
+/// externalIPs and LoadBalancer IPs of externalTrafficPolicy Local.
+pub const EXTERNAL_LOCAL_KEYS: &str = "maps-external-local-keys";
+/// ClusterIPs of internalTrafficPolicy Local.
+pub const INTERNAL_LOCAL_KEYS: &str = "maps-internal-local-keys";
+/// NodePorts of externalTrafficPolicy Local.
+pub const NODEPORT_EXTERNAL_LOCAL_KEYS: &str = "maps-nodeport-external-local-keys";
+/// Every endpoint address twice: a DNATed connection from an endpoint to itself.
+pub const HAIRPIN: &str = "maps-hairpin";
+
+/// Whether `name` is one of this ruleset's own objects.
+pub fn is_maps_object(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
+
+/// Whether `name` is one of this ruleset's maps (its other objects are sets
+/// and chains).
+pub fn is_maps_map(name: &str) -> bool {
+    EndpointFamily::ALL.iter().any(|f| f.endpoints() == name)
+}
+
+/// The endpoints a key is sent to: by the kind of key (an address, protocol
+/// and port; or a protocol and NodePort) and the traffic policy's choice
+/// (all of the Service's endpoints, or this node's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointFamily {
+    Cluster,
+    Local,
+    NodePortCluster,
+    NodePortLocal,
+}
+
+impl EndpointFamily {
+    pub const ALL: [EndpointFamily; 4] = [
+        EndpointFamily::Cluster,
+        EndpointFamily::Local,
+        EndpointFamily::NodePortCluster,
+        EndpointFamily::NodePortLocal,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            EndpointFamily::Cluster => "cluster",
+            EndpointFamily::Local => "local",
+            EndpointFamily::NodePortCluster => "nodeport-cluster",
+            EndpointFamily::NodePortLocal => "nodeport-local",
+        }
+    }
+
+    fn node_port(self) -> bool {
+        matches!(self, EndpointFamily::NodePortCluster | EndpointFamily::NodePortLocal)
+    }
+
+    /// The fields of the family's keys.
+    pub fn key(self, family: IpFamily) -> Vec<Field> {
+        match self.node_port() {
+            true => node_port_key(),
+            false => address_key(family),
+        }
+    }
+
+    /// The family's endpoints map: key and slot → address and port.
+    pub fn endpoints(self) -> String {
+        format!("{PREFIX}{}-endpoints", self.name())
+    }
+
+    /// The chain that picks one of a key's endpoints.
+    pub fn pick(self) -> String {
+        format!("{PREFIX}{}-pick", self.name())
+    }
+
+    /// The chain that DNATs to slot `slot` and remembers the client for
+    /// `timeout` seconds.
+    fn slot_chain(self, timeout: u32, slot: u32) -> String {
+        format!("{PREFIX}{}-slot-{slot}-affinity-{timeout}", self.name())
+    }
+
+    /// The clients slot `slot` of a key was chosen for in the last `timeout` seconds.
+    fn affinity_set(self, timeout: u32, slot: u32) -> String {
+        format!("{PREFIX}{}-affinity-{timeout}-slot-{slot}", self.name())
+    }
+}
+
+/// `ip daddr . meta l4proto . th dport`.
+fn address_key(family: IpFamily) -> Vec<Field> {
+    vec![Field::Daddr(family), Field::L4proto, Field::Dport]
+}
+
+/// `meta l4proto . th dport`.
+fn node_port_key() -> Vec<Field> {
+    vec![Field::L4proto, Field::Dport]
+}
+
+fn types(fields: &[Field]) -> Vec<KeyType> {
+    fields.iter().map(|f| f.key_type()).collect()
+}
+
+/// How the keys with the same number of endpoints of a family, and the same
+/// affinity, are picked from: one set and one rule each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PickClass {
+    pub family: EndpointFamily,
+    /// ClientIP affinity's timeout in seconds.
+    pub affinity: Option<u32>,
+    pub endpoints: u32,
+}
+
+impl PickClass {
+    /// The set of the keys in the class.
+    pub fn set(&self) -> String {
+        let base = format!("{PREFIX}{}-{}", self.family.name(), self.endpoints);
+        match self.affinity {
+            Some(t) => format!("{base}-affinity-{t}"),
+            None => base,
+        }
+    }
+
+    /// The chain that applies affinity.
+    fn affinity_chain(&self, timeout: u32) -> String {
+        format!("{PREFIX}{}-affinity-{}-{timeout}", self.family.name(), self.endpoints)
+    }
+}
+
+fn lookup(key: Vec<Field>, set: &str) -> Expr {
+    Expr::Lookup { key, set: set.to_string() }
+}
+
+fn jump(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(chain.to_string()))
+}
+
+fn goto(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Goto(chain.to_string()))
+}
+
+/// `services`' rules: to the dispatch chains (`node_ports` matches the
+/// destinations that take NodePorts).
+pub fn services_rules(family: IpFamily, node_ports: Vec<Expr>) -> Vec<Rule> {
+    let mut np = node_ports;
+    np.extend([lookup(node_port_key(), NODEPORT_KEYS), goto(NODEPORT_DISPATCH)]);
+    vec![Rule::new(vec![lookup(address_key(family), SERVICE_KEYS), goto(DISPATCH)]), Rule::new(np)]
+}
+
+/// `masquerading`'s first rule: hairpin connections are masqueraded.
+pub fn hairpin_rule(family: IpFamily) -> Rule {
+    let pair = vec![Field::Saddr(family), Field::Daddr(family)];
+    Rule::new(vec![Expr::CtStatus(crate::msgs::nftables::CtStatus::Dnat), lookup(pair, HAIRPIN), jump(MARK_MASQ)])
+}
+
+/// The dispatch chains.
+pub fn chains(ctx: &NftablesContext) -> Vec<Chain> {
+    let family = ctx.family;
+    let key = || address_key(family);
+    let cluster_ips = || lookup(vec![Field::Daddr(family)], CLUSTER_IPS);
+    let mut dispatch = vec![];
+    if ctx.masquerade_all {
+        dispatch.push(Rule::new(vec![cluster_ips(), jump(MARK_MASQ)]));
+    } else if let Some(off_cluster) = if_not_local(family, &ctx.local) {
+        dispatch.push(Rule::new(vec![cluster_ips(), off_cluster, jump(MARK_MASQ)]));
+    }
+    dispatch.extend([
+        Rule::new(vec![lookup(key(), EXTERNAL_CLUSTER_KEYS), jump(MARK_MASQ)]),
+        Rule::new(vec![lookup(key(), EXTERNAL_LOCAL_KEYS), goto(EXTERNAL_LOCAL)]),
+        Rule::new(vec![lookup(key(), INTERNAL_LOCAL_KEYS), goto(&EndpointFamily::Local.pick())]),
+        Rule::new(vec![goto(&EndpointFamily::Cluster.pick())]),
+    ]);
+    let node_ports = vec![
+        Rule::new(vec![lookup(node_port_key(), NODEPORT_EXTERNAL_LOCAL_KEYS), goto(NODEPORT_EXTERNAL_LOCAL)]),
+        Rule::new(vec![jump(MARK_MASQ)]),
+        Rule::new(vec![goto(&EndpointFamily::NodePortCluster.pick())]),
+    ];
+    vec![
+        Chain::regular(DISPATCH, dispatch),
+        external_local(ctx, EXTERNAL_LOCAL, EndpointFamily::Cluster, EndpointFamily::Local),
+        Chain::regular(NODEPORT_DISPATCH, node_ports),
+        external_local(ctx, NODEPORT_EXTERNAL_LOCAL, EndpointFamily::NodePortCluster, EndpointFamily::NodePortLocal),
+    ]
+}
+
+/// externalTrafficPolicy Local (upstream's external chain of such a
+/// Service): pods and the node itself go to all endpoints, the rest to this
+/// node's.
+fn external_local(ctx: &NftablesContext, name: &str, cluster: EndpointFamily, local: EndpointFamily) -> Chain {
+    let mut rules = vec![];
+    if let Some(pods) = if_local(ctx.family, &ctx.local) {
+        rules.push(Rule::commented(vec![pods, goto(&cluster.pick())], "short-circuit pod traffic"));
+    }
+    let from_node = || Expr::FibLocal(FibKey::Saddr);
+    rules.push(Rule::commented(vec![from_node(), jump(MARK_MASQ)], "masquerade local traffic"));
+    rules.push(Rule::commented(vec![from_node(), goto(&cluster.pick())], "short-circuit local traffic"));
+    rules.push(Rule::new(vec![goto(&local.pick())]));
+    Chain::regular(name, rules)
+}
+
+/// The key sets, the endpoints maps and `maps-hairpin`.
+pub fn sets(family: IpFamily) -> Vec<SetSpec> {
+    let addresses = types(&address_key(family));
+    let node_ports = types(&node_port_key());
+    let mut sets = vec![
+        SetSpec::set(SERVICE_KEYS, addresses.clone(), None),
+        SetSpec::set(NODEPORT_KEYS, node_ports.clone(), None),
+        SetSpec::set(EXTERNAL_CLUSTER_KEYS, addresses.clone(), None),
+        SetSpec::set(EXTERNAL_LOCAL_KEYS, addresses.clone(), None),
+        SetSpec::set(INTERNAL_LOCAL_KEYS, addresses, None),
+        SetSpec::set(NODEPORT_EXTERNAL_LOCAL_KEYS, node_ports, None),
+        SetSpec::set(HAIRPIN, vec![KeyType::addr(family); 2], None),
+    ];
+    for f in EndpointFamily::ALL {
+        let key = [f.key(family), vec![Field::constant(0)]].concat();
+        sets.push(SetSpec::data_map(&f.endpoints(), key, vec![Field::Daddr(family), Field::Dport]));
+    }
+    sets
+}
+
+/// The pick chains, and what `classes` need: a set and a rule each, and
+/// with affinity a chain each, and per (family, timeout) the slot chains
+/// and affinity sets of the most endpoints a class has.
+pub fn shared(family: IpFamily, classes: &BTreeSet<PickClass>) -> Objects {
+    let mut out = Objects::default();
+    for f in EndpointFamily::ALL {
+        let key = f.key(family);
+        let mut picks = vec![];
+        for c in classes.iter().filter(|c| c.family == f) {
+            out.sets.push(SetSpec::set(&c.set(), types(&key), None));
+            let member = lookup(key.clone(), &c.set());
+            let pick = match c.affinity {
+                None => {
+                    let slot = Field::Numgen { modulus: c.endpoints, offset: 0 };
+                    dnat(family, &key, slot, f)
+                }
+                Some(t) => {
+                    out.chains.push(affinity_chain(family, c, t));
+                    goto(&c.affinity_chain(t))
+                }
+            };
+            picks.push(Rule::new(vec![member, pick]));
+        }
+        out.chains.push(Chain::regular(f.pick(), picks));
+    }
+    let mut slots: std::collections::BTreeMap<(EndpointFamily, u32), u32> = Default::default();
+    for c in classes {
+        if let Some(t) = c.affinity {
+            let most = slots.entry((c.family, t)).or_default();
+            *most = (*most).max(c.endpoints);
+        }
+    }
+    for ((f, t), most) in slots {
+        for slot in 0..most {
+            out.chains.push(slot_chain(family, f, t, slot));
+            let clients = [f.key(family), vec![Field::Saddr(family)]].concat();
+            out.sets.push(SetSpec {
+                flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
+                timeout: Some(t),
+                ..SetSpec::set(&f.affinity_set(t, slot), types(&clients), None)
+            });
+        }
+    }
+    out
+}
+
+/// `dnat ip to KEY . SLOT map @maps-<family>-endpoints`.
+fn dnat(family: IpFamily, key: &[Field], slot: Field, f: EndpointFamily) -> Expr {
+    Expr::DnatMap { family, key: [key, &[slot]].concat(), map: f.endpoints() }
+}
+
+/// A class with affinity: a client remembered for a slot goes there, any
+/// other to a slot at random.
+fn affinity_chain(family: IpFamily, c: &PickClass, timeout: u32) -> Chain {
+    let f = c.family;
+    let clients = [f.key(family), vec![Field::Saddr(family)]].concat();
+    let mut rules: Vec<Rule> = (0..c.endpoints)
+        .map(|slot| {
+            Rule::new(vec![lookup(clients.clone(), &f.affinity_set(timeout, slot)), goto(&f.slot_chain(timeout, slot))])
+        })
+        .collect();
+    let arms = (0..c.endpoints).map(|slot| Verdict::Goto(f.slot_chain(timeout, slot))).collect();
+    rules.push(Rule::new(vec![Expr::NumgenVmap(arms)]));
+    Chain::regular(c.affinity_chain(timeout), rules)
+}
+
+/// Slot `slot` with affinity: the client remembered (a rule of its own: a
+/// full set breaks its rule), then DNAT.
+fn slot_chain(family: IpFamily, f: EndpointFamily, timeout: u32, slot: u32) -> Chain {
+    let clients = [f.key(family), vec![Field::Saddr(family)]].concat();
+    let remember = Expr::Update { set: f.affinity_set(timeout, slot), key: clients };
+    let to = dnat(family, &f.key(family), Field::constant(slot), f);
+    Chain::regular(f.slot_chain(timeout, slot), vec![Rule::new(vec![remember]), Rule::new(vec![to])])
+}
+
+/// One service port's objects: upstream's check elements and firewall
+/// chain, and its keys, classes, slots and hairpin elements.
+pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
+    let p = service::plan(ctx, sp, endpoints);
+    let mut out = Objects::default();
+    service::elements(&p, false, &mut out.elements);
+    if p.uses_fw {
+        out.chains.push(service::firewall_chain(&p));
+    }
+    let none: &[&Endpoint] = &[];
+    let cluster = if sp.uses_cluster_endpoints() { p.cluster.as_slice() } else { none };
+    let local = if sp.uses_local_endpoints() { p.local.as_slice() } else { none };
+    let mut port = PortElements { out: &mut out, affinity: sp.affinity_timeout, used: BTreeSet::new() };
+    if p.has_internal {
+        let (f, eps) = match sp.internal_policy_local {
+            true => (EndpointFamily::Local, local),
+            false => (EndpointFamily::Cluster, cluster),
+        };
+        let kc = p.key(sp.cluster_ip);
+        if !eps.is_empty() {
+            port.member(SERVICE_KEYS, &kc);
+            if sp.internal_policy_local {
+                port.member(INTERNAL_LOCAL_KEYS, &kc);
+            }
+            port.pick(f, &kc, eps);
+        }
+    }
+    if p.has_endpoints {
+        let policy = ExternalPolicy { local: sp.external_policy_local, cluster, local_endpoints: local };
+        for ip in p.external_addresses().collect::<Vec<IpAddr>>() {
+            let ke = p.key(ip);
+            port.member(SERVICE_KEYS, &ke);
+            port.external(&ke, &policy, ADDRESS_KEYS);
+        }
+        if sp.node_port != 0 {
+            let kn = p.node_port_key();
+            port.member(NODEPORT_KEYS, &kn);
+            port.external(&kn, &policy, NODE_PORT_KEYS);
+        }
+    }
+    let used = std::mem::take(&mut port.used);
+    out.elements.extend(used.into_iter().map(|ip| SetElement {
+        set: HAIRPIN.into(),
+        element: Element::key(vec![KeyPart::Addr(ip), KeyPart::Addr(ip)]),
+    }));
+    out
+}
+
+/// An external key's endpoints: with a Local policy, this node's, and all
+/// of them for pods and the node itself.
+struct ExternalPolicy<'a> {
+    local: bool,
+    cluster: &'a [&'a Endpoint],
+    local_endpoints: &'a [&'a Endpoint],
+}
+
+/// Where an external key of a kind goes: its families (all endpoints, this
+/// node's), the set of the keys of a Local policy, and of those masqueraded
+/// by their key (NodePorts are all masqueraded by their dispatch chain).
+struct ExternalKeys {
+    cluster: EndpointFamily,
+    local: EndpointFamily,
+    local_keys: &'static str,
+    masquerade_keys: Option<&'static str>,
+}
+
+const ADDRESS_KEYS: ExternalKeys = ExternalKeys {
+    cluster: EndpointFamily::Cluster,
+    local: EndpointFamily::Local,
+    local_keys: EXTERNAL_LOCAL_KEYS,
+    masquerade_keys: Some(EXTERNAL_CLUSTER_KEYS),
+};
+
+const NODE_PORT_KEYS: ExternalKeys = ExternalKeys {
+    cluster: EndpointFamily::NodePortCluster,
+    local: EndpointFamily::NodePortLocal,
+    local_keys: NODEPORT_EXTERNAL_LOCAL_KEYS,
+    masquerade_keys: None,
+};
+
+/// A service port's elements being collected.
+struct PortElements<'a> {
+    out: &'a mut Objects,
+    affinity: Option<u32>,
+    /// The endpoint addresses some key goes to.
+    used: BTreeSet<IpAddr>,
+}
+
+impl PortElements<'_> {
+    fn member(&mut self, set: &str, key: &[KeyPart]) {
+        self.out.elements.push(SetElement { set: set.into(), element: Element::key(key.to_vec()) });
+    }
+
+    /// `key`'s class and its endpoints in slots `0..N` of `f`'s map.
+    fn pick(&mut self, f: EndpointFamily, key: &[KeyPart], eps: &[&Endpoint]) {
+        if eps.is_empty() {
+            return;
+        }
+        let class = PickClass { family: f, affinity: self.affinity, endpoints: eps.len() as u32 };
+        self.member(&class.set(), key);
+        for (slot, ep) in eps.iter().enumerate() {
+            let slot_key = [key, &[KeyPart::Slot(slot as u32)]].concat();
+            let to = Element::data(slot_key, vec![KeyPart::Addr(ep.ip), KeyPart::Port(ep.port)]);
+            self.out.elements.push(SetElement { set: f.endpoints(), element: to });
+            self.used.insert(ep.ip);
+        }
+        self.out.classes.push(class);
+    }
+
+    /// An external key (an address or a NodePort) and its endpoints.
+    fn external(&mut self, key: &[KeyPart], policy: &ExternalPolicy, kind: ExternalKeys) {
+        if policy.local {
+            self.member(kind.local_keys, key);
+            self.pick(kind.cluster, key, policy.cluster);
+            self.pick(kind.local, key, policy.local_endpoints);
+        } else {
+            if let Some(masquerade) = kind.masquerade_keys {
+                self.member(masquerade, key);
+            }
+            self.pick(kind.cluster, key, policy.cluster);
+        }
+    }
+}
+
+/// The classes `groups` use.
+pub fn classes<'a>(groups: impl IntoIterator<Item = &'a Objects>) -> BTreeSet<PickClass> {
+    groups.into_iter().flat_map(|o| o.classes.iter().copied()).collect()
+}
