@@ -112,9 +112,9 @@ const META_L4PROTO: u32 = 16;
 const META_MARK: u32 = 3;
 /// NFT_LOOKUP_F_INV.
 const LOOKUP_INV: u32 = 1;
-/// NFT_CT_STATE, NFT_CT_STATUS.
+/// NFT_CT_STATE, NFT_CT_STATUS (NFT_CT_DIRECTION is 1).
 const CT_STATE: u32 = 0;
-const CT_STATUS: u32 = 1;
+const CT_STATUS: u32 = 2;
 /// NFT_NAT_DNAT.
 const NAT_DNAT: u32 = 1;
 
