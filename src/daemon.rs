@@ -144,9 +144,9 @@ pub fn family_support(family: IpFamily, mode: ProxyMode) -> Result<(), FamilyUns
         }
     }
     match mode {
-        ProxyMode::Nftables => crate::kernel::xtables_gen::nft_chains(family, "kube-proxy")
-            .map(|_| ())
-            .map_err(|e| FamilyUnsupported::Nftables(format!("listing nf_tables chains: {e}"))),
+        ProxyMode::Nftables => {
+            crate::kernel::nftables::probe(family, "kube-proxy").map_err(|e| FamilyUnsupported::Nftables(e.to_string()))
+        }
         ProxyMode::Iptables | ProxyMode::Ipvs => {
             crate::kernel::iptables::present(family).map_err(FamilyUnsupported::Iptables)
         }
@@ -328,7 +328,8 @@ fn dry_run_events(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     }
     let mut plans = Vec::new();
     for family in families.all() {
-        let random_fully = crate::kernel::iptables::IptablesHandle::new(family).random_fully();
+        let probe = || async { crate::kernel::iptables::IptablesHandle::new(family).random_fully().await };
+        let random_fully = crate::kernel::blocking::on_own_thread(probe).unwrap_or(false);
         let nfacct = match cfg.proxy_mode() {
             ProxyMode::Iptables => dry_run_nfacct(family),
             ProxyMode::Ipvs | ProxyMode::Nftables => crate::nfacct::NfacctRules::default(),

@@ -239,7 +239,8 @@ async fn run_async(
     let mut engines = Vec::new();
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
-        let settings = settings::derive(&cfg, family, &node_name, host_features(family, nfacct.probe.rules(family)));
+        let host = host_features(family, nfacct.probe.rules(family)).await;
+        let settings = settings::derive(&cfg, family, &node_name, host);
         let engine = match (&ipvs, mode) {
             (Some(ipvs), _) => {
                 Engine::Ipvs { coordinator: start_ipvs(&settings, ipvs.clone(), &registry, hooks)?, ipvs: ipvs.clone() }
@@ -413,7 +414,7 @@ impl Engine {
     /// derived anew (the host probed again; the nfacct counters as found at
     /// start, since the objects and rules stay).
     async fn reconfigure(&self, cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, nfacct: NfacctRules) {
-        let derived = settings::derive(cfg, family, node_name, host_features(family, nfacct));
+        let derived = settings::derive(cfg, family, node_name, host_features(family, nfacct).await);
         let settings = coordinator_settings(&derived);
         match self {
             Engine::Ipvs { coordinator, ipvs } => {
@@ -603,9 +604,9 @@ pub fn nft_context_builder(s: &FamilySettings) -> NftContextBuilder {
 /// What iptables mode probes on the host (upstream's NewProxier), with the
 /// nfacct counters `nfacct` found at start ([`crate::nfacct::set_up`]).
 /// Public for `kpr-bench iptables`, which wires iptables mode as the daemon does.
-pub fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
+pub async fn host_features(family: IpFamily, nfacct: NfacctRules) -> HostFeatures {
     let host = HostFeatures {
-        random_fully: IptablesHandle::new(family).random_fully(),
+        random_fully: IptablesHandle::new(family).random_fully().await,
         conntrack_tcp_liberal: sysctl::is_on(iptables_plan::context::SYSCTL_TCP_BE_LIBERAL),
         ..HostFeatures::default()
     };

@@ -187,10 +187,10 @@ mod tests {
 
     #[test]
     fn feature_gates_reach_the_model() {
-        let mut cfg = KubeProxyConfiguration::with_defaults();
-        cfg.feature_gates.insert("MultiCIDRServiceAllocator".into(), false);
+        // MultiCIDRServiceAllocator is locked on (since 1.34): ServiceCIDRs are read.
+        let cfg = KubeProxyConfiguration::with_defaults();
         let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
-        assert_eq!(s.model_gates, ModelGates { service_cidrs: false });
+        assert_eq!(s.model_gates, ModelGates { service_cidrs: true });
     }
 
     /// `nftables.ruleset` (each name validation takes) picks the ruleset

@@ -592,7 +592,8 @@ fn dry_run_in_iptables_mode_drops_no_invalid_packets_when_tcp_is_liberal() {
 
 /// An unknown feature gate is refused at start, from the flag and from the
 /// config file alike: exit 1, one line with upstream's message; nothing
-/// is planned or printed.
+/// is planned or printed. So are a locked gate set away from its default
+/// and a gate Kubernetes removed by 1.36.
 #[test]
 fn an_unknown_feature_gate_is_refused_from_flags_and_file() {
     let demo_dir = demo("demo");
@@ -607,9 +608,15 @@ fn an_unknown_feature_gate_is_refused_from_flags_and_file() {
         assert_eq!(lines.len(), 1, "one line: {err}");
         assert!(lines[0].contains("unrecognized feature gate: NoSuchGate"), "{err}");
     }
-    let (code, _, err) = run(&["--feature-gates=TopologyAwareHints=false", "--dry-run", "--manifests", &demo_dir]);
+    let locked = ["--feature-gates=MultiCIDRServiceAllocator=false", "--dry-run", "--manifests", &demo_dir];
+    let (code, _, err) = run(&locked);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("cannot set feature gate TopologyAwareHints to false, feature is locked to true"), "{err}");
+    let refusal = "cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true";
+    assert!(err.contains(refusal), "{err}");
+    // Removed in 1.36, so unknown to it.
+    let (code, _, err) = run(&["--feature-gates=TopologyAwareHints=true", "--dry-run", "--manifests", &demo_dir]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unrecognized feature gate: TopologyAwareHints"), "{err}");
 }
 
 /// KubeProxyIPVS=false refuses IPVS mode before anything runs, naming the

@@ -1804,28 +1804,24 @@ fn a_kernel_without_the_nfacct_match_keeps_its_service_rules() {
     assert_eq!(log.matches("the iptables nfacct match is unusable").count(), 2, "one warning per family:\n{log}");
 }
 
-/// The z-pages on the running daemon's metrics server: absent by default
-/// (404, as upstream's alpha gates are off); with ComponentFlagz and
-/// ComponentStatusz in the file's featureGates, `/flagz` lists every flag
-/// with the value it was started with (or its default) and `/statusz` the
-/// start, uptime and version, as plain text; a client that does not accept
-/// text/plain gets upstream's 406.
+/// The z-pages on the running daemon's metrics server, as upstream 1.36
+/// serves them: on by default (ComponentFlagz and ComponentStatusz are beta
+/// and on since 1.36). `/flagz` lists every flag with the value it was
+/// started with (or its default), `/statusz` the start, uptime, versions
+/// and the server's paths, as plain text (also with no `Accept` at all);
+/// a `config.k8s.io` `Statusz`/`Flagz` object as JSON for a client that
+/// asks for one (the deprecated `v1alpha1` with a warning); a client that
+/// accepts neither gets upstream's 406 `Status`. With the gates off in the
+/// file's featureGates, both are 404.
 #[test]
 fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
     let mut lab = Lab::new("zpg", Flavour::Nft, &[]);
     let plain = "Accept: text/plain\r\n";
     let d = lab.start_synced();
-    for path in ["/flagz", "/statusz"] {
-        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
-        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off by default: {head}");
-    }
-    d.stop();
-    lab.feature_gates(&[("ComponentFlagz", true), ("ComponentStatusz", true)]);
-    let d = lab.start_synced();
     let (head, flagz) = http_exchange_with(&lab.node, 10249, "/flagz", plain).unwrap();
     assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "{head}");
     let lines: Vec<&str> = flagz.lines().collect();
-    assert_eq!(lines[1], "kube-proxy flags", "{flagz}");
+    assert_eq!(lines[1], "kube-proxy flagz", "{flagz}");
     let value = |name: &str| {
         let line = lines
             .iter()
@@ -1837,17 +1833,42 @@ fn zpages_are_served_on_the_metrics_server_behind_their_gates() {
     assert_eq!(value("manifests"), lab.manifests().display().to_string(), "{flagz}");
     assert_eq!(value("iptables-sync-period"), "30s", "a default: {flagz}");
     assert_eq!(value("cleanup"), "false", "{flagz}");
-    let (head, statusz) = http_exchange_with(&lab.node, 10249, "/statusz", plain).unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (head, statusz) = http_exchange_with(&lab.node, 10249, "/statusz", "").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("text/plain; charset=utf-8"), "no Accept: {head}");
     assert!(statusz.contains("kube-proxy statusz"), "{statusz}");
     assert!(statusz.lines().any(|l| l.starts_with("Up") && l.ends_with(" sec")), "{statusz}");
-    assert!(
-        statusz.lines().any(|l| l.starts_with("Binary version") && l.ends_with(env!("CARGO_PKG_VERSION"))),
-        "{statusz}"
+    let line = |key: &str| statusz.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key}: {statusz}"));
+    assert!(line("Binary version").ends_with(env!("CARGO_PKG_VERSION")), "{statusz}");
+    assert!(line("Emulation version").ends_with(" 1.36"), "{statusz}");
+    assert!(line("Paths").ends_with(" /configz /dashboard /flagz /healthz /metrics /proxyMode"), "{statusz}");
+    let json = "Accept: application/json;g=config.k8s.io;v=v1beta1;as=Statusz\r\n";
+    let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", json).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json;g=config.k8s.io;v=v1beta1;as=Statusz"), "{head}");
+    let status: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(
+        (status["kind"].as_str(), status["apiVersion"].as_str()),
+        (Some("Statusz"), Some("config.k8s.io/v1beta1"))
     );
+    assert_eq!(status["binaryVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(status["emulationVersion"], "1.36");
+    assert!(status["paths"].as_array().unwrap().contains(&json!("/flagz")), "{body}");
+    let old = "Accept: application/json;g=config.k8s.io;v=v1alpha1;as=Flagz\r\n";
+    let (head, body) = http_exchange_with(&lab.node, 10249, "/flagz", old).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("endpoint is deprecated"), "{head}");
+    let flags: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(flags["flags"]["cleanup"], "false", "{body}");
     let (head, body) = http_exchange_with(&lab.node, 10249, "/statusz", "Accept: application/json\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 406"), "{head}");
-    assert_eq!(body, "media type not acceptable, must be: text/plain\n");
+    let refusal: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!((refusal["kind"].as_str(), refusal["code"].as_u64()), (Some("Status"), Some(406)), "{body}");
+    d.stop();
+    lab.feature_gates(&[("ComponentFlagz", false), ("ComponentStatusz", false)]);
+    let d = lab.start_synced();
+    for path in ["/flagz", "/statusz"] {
+        let (head, _) = http_exchange_with(&lab.node, 10249, path, plain).unwrap();
+        assert!(head.starts_with("HTTP/1.1 404"), "{path} is off with its gate: {head}");
+    }
     d.stop();
 }
 

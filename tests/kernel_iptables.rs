@@ -19,6 +19,7 @@ use common::Netns;
 use kube_proxy_rs::kernel::ipset::netlink::NetlinkIpset;
 use kube_proxy_rs::kernel::ipset::IpsetHandle;
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle};
+use kube_proxy_rs::kernel::nftables::NetlinkNftables;
 use kube_proxy_rs::kernel::xtables_gen::{self, Backend};
 use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
@@ -112,7 +113,7 @@ fn rules_apply_reconcile_detect_flush_and_clean_up(family: IpFamily, flavour: &s
     ns.ok(&[&bins.iptables, "-w", "5", "-t", "nat", "-A", "OUTPUT", "-j", "FOREIGN"]);
 
     let h = IptablesHandle::with_binaries(bins.clone());
-    let text = rules(family, h.random_fully());
+    let text = rules(family, ns.block_on(|| h.random_fully()));
     let (first, second, third, canary_before) = ns.block_on(|| async {
         let first = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
         let second = h.reconcile(vec![restore(text.clone())]).await.expect("reconcile again");
@@ -194,12 +195,17 @@ fn periodic_check_finds_a_flushed_table(family: IpFamily, flavour: &str) {
     let backend = if flavour == "nft" { Backend::Nft } else { Backend::Legacy };
     create_sets(&ns, family);
     let h = IptablesHandle::with_binaries(bins.clone());
-    let text = rules(family, h.random_fully());
+    let text = rules(family, ns.block_on(|| h.random_fully()));
     let foreign = match family {
         IpFamily::V4 => "192.0.2.9",
         IpFamily::V6 => "2001:db8::9",
     };
-    let fingerprint = || ns.block_on(|| async { xtables_gen::fingerprint(family, backend).expect("fingerprint") });
+    let fingerprint = || {
+        ns.block_on(|| async {
+            let nft = NetlinkNftables::new().expect("an nf_tables socket");
+            xtables_gen::fingerprint(family, backend, &nft).await.expect("fingerprint")
+        })
+    };
     let (quiet, quiet_again) = ns.block_on(|| async {
         h.reconcile(vec![restore(text.clone())]).await.expect("reconcile");
         (h.run_periodic().await, h.run_periodic().await)
@@ -418,10 +424,11 @@ fn a_large_restore_on_iptables_nft_is_split_into_transactions_with_the_same_resu
         let generations = ns.block_on(|| async {
             let (_, r) = h.reconcile(vec![restore(old)]).await.expect("the earlier run");
             assert_eq!(r, [Ok(())]);
-            let before = xtables_gen::nft_generation().ok();
+            let nft = NetlinkNftables::new().expect("an nf_tables socket");
+            let before = nft.generation().await.ok();
             let (_, r) = h.reconcile(vec![restore(new.clone())]).await.expect("take-over");
             assert_eq!(r, [Ok(())]);
-            before.zip(xtables_gen::nft_generation().ok()).map(|(b, a)| a.wrapping_sub(b))
+            before.zip(nft.generation().await.ok()).map(|(b, a)| a.wrapping_sub(b))
         });
         if flavour == "nft" {
             let transactions = generations.expect("nftables generation");

@@ -401,3 +401,38 @@ fn the_generation_and_the_tables_handle_and_use_count_tell_who_changed_what() {
     assert_ne!(t3.handle, t0.handle);
     assert_eq!(t3.use_count, t0.use_count);
 }
+
+/// A dump of 30,000 chains, as the iptables handle reads iptables-nft's
+/// nat table at 10,000 services: every name comes back, and it runs on the
+/// blocking pool: the runtime's only thread keeps running other tasks (a
+/// ticker here, the actors in the daemon) while it lasts.
+#[test]
+fn a_dump_of_many_chains_lists_them_all_and_leaves_the_runtime_thread_free() {
+    const CHAINS: usize = 30_000;
+    let ns = Netns::new("kpr-nft-dump");
+    let mut text = String::from("add table ip nat\n");
+    text.extend((0..CHAINS).map(|i| format!("add chain ip nat KUBE-SEP-{i:016}\n")));
+    ns.pipe(&["nft", "-f", "-"], &text);
+    let (names, ticks, took) = ns.block_on(|| async {
+        let nft = NetlinkNftables::new().expect("netfilter netlink socket");
+        let dump = nft.chain_names(IpFamily::V4, "nat");
+        let (done, ticks) = (std::cell::Cell::new(false), std::cell::Cell::new(0u32));
+        let ticker = async {
+            while !done.get() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                ticks.set(ticks.get() + 1);
+            }
+        };
+        let started = std::time::Instant::now();
+        let listed = async {
+            let names = dump.await;
+            done.set(true);
+            names
+        };
+        let (names, ()) = tokio::join!(listed, ticker);
+        (names.expect("the dump"), ticks.get(), started.elapsed())
+    });
+    assert_eq!(names.len(), CHAINS);
+    assert!(names.contains("KUBE-SEP-0000000000029999"));
+    assert!(ticks >= 3, "the runtime thread ticked {ticks} times during a dump of {took:?}");
+}

@@ -764,7 +764,12 @@ fn settled(tag: &str) -> (Lab, Daemon, u64) {
 fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
     let (lab, mut daemon, first) = settled("qui");
     // The namespace's nf_tables generation: every transaction increments it.
-    let generation = |lab: &Lab| lab.node.run(|| kube_proxy_rs::kernel::xtables_gen::nft_generation().expect("genid"));
+    let generation = |lab: &Lab| {
+        lab.node.block_on(|| async {
+            let nft = kube_proxy_rs::kernel::nftables::NetlinkNftables::new().expect("an nf_tables socket");
+            nft.generation().await.expect("genid")
+        })
+    };
     let (before, listed) = (generation(&lab), lab.table("ip"));
     let mut seen: Vec<SyncRec> = Vec::new();
     while seen.len() < 2 {

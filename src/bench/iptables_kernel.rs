@@ -479,7 +479,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     let recording =
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();
-    let derived = settings::derive(&cfg, family, THIS_NODE, host_features(family, Default::default()));
+    let derived = settings::derive(&cfg, family, THIS_NODE, host_features(family, Default::default()).await);
     let context = context_builder(&derived);
     let settings = coordinator_settings(&derived);
     // The daemon's hooks (metrics, health), without the HTTP servers.

@@ -318,8 +318,8 @@ pub fn run(opts: &Options, out: &mut Vec<Figure>) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(NetlinkIpvs::connect()).map_err(not_available)?;
+    let random_fully = rt.block_on(IptablesHandle::new(FAMILY).random_fully());
     drop(rt);
-    let random_fully = IptablesHandle::new(FAMILY).random_fully();
     std::fs::create_dir_all(&opts.work_dir).with_context(|| format!("creating {}", opts.work_dir.display()))?;
     if opts.warmup > 0 {
         eprintln!("kpr-bench ipvs: warm-up with {} services (not reported)", opts.warmup);

@@ -326,7 +326,7 @@ mod tests {
             "--cluster-cidr=10.0.0.0/8",
             "--metrics-bind-address=0.0.0.0",
             "--conntrack-max-per-core=0",
-            "--feature-gates=ComponentStatusz=true",
+            "--feature-gates=ComponentStatusz=false",
             "--nodeport-addresses=10.1.0.0/16,10.2.0.0/16",
             "--kubeconfig=/k",
             "--oom-score-adj=-500",
@@ -338,7 +338,7 @@ mod tests {
         assert!(cfg.masquerade_all());
         assert_eq!(cfg.metrics_bind_address, "0.0.0.0:10249");
         assert_eq!((cfg.conntrack.max_per_core, cfg.oom_score_adj), (Some(0), Some(-500)));
-        assert!(cfg.gates().enabled(crate::config::Gate::ComponentStatusz));
+        assert!(!cfg.gates().enabled(crate::config::Gate::ComponentStatusz));
         assert_eq!(cfg.node_port_addresses.len(), 2);
         assert_eq!((cfg.client_connection.kubeconfig.as_str(), cfg.cluster_cidrs().len()), ("/k", 1));
         // Flags not given keep their defaults.
@@ -389,17 +389,17 @@ mod tests {
         let err = load(&flags(&["--config", f.path().to_str().unwrap()])).unwrap_err().to_string();
         assert_eq!(err, "failed complete: unrecognized feature gate: NoSuchGate");
         assert_eq!(load_file(f.path()).unwrap_err().to_string(), err, "a reload refuses it too");
-        let err = load(&flags(&["--feature-gates=TopologyAwareHints=false"])).unwrap_err().to_string();
+        let err = load(&flags(&["--feature-gates=MultiCIDRServiceAllocator=false"])).unwrap_err().to_string();
         assert_eq!(
             err,
-            "failed complete: cannot set feature gate TopologyAwareHints to false, feature is locked to true"
+            "failed complete: cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true"
         );
-        let err = load(&flags(&["--feature-gates=ServiceTrafficDistribution=true"])).unwrap_err().to_string();
-        assert_eq!(err, "failed complete: unrecognized feature gate: ServiceTrafficDistribution", "removed after 1.35");
-        let cfg = load(&flags(&["--feature-gates=KubeProxyIPVS=false,ComponentFlagz=true"])).unwrap();
+        let err = load(&flags(&["--feature-gates=TopologyAwareHints=true"])).unwrap_err().to_string();
+        assert_eq!(err, "failed complete: unrecognized feature gate: TopologyAwareHints", "removed in 1.36");
+        let cfg = load(&flags(&["--feature-gates=KubeProxyIPVS=false,ComponentFlagz=false"])).unwrap();
         let gates = cfg.gates();
         assert!(
-            !gates.enabled(crate::config::Gate::KubeProxyIPVS) && gates.enabled(crate::config::Gate::ComponentFlagz)
+            !gates.enabled(crate::config::Gate::KubeProxyIPVS) && !gates.enabled(crate::config::Gate::ComponentFlagz)
         );
     }
 

@@ -20,13 +20,19 @@
 //!   something changed does it look for the canary and our jumps from the
 //!   built-in chains (`iptables -S`, two `iptables-save`), so a quiet node
 //!   pays microseconds, not a read of a 500,000-rule table.
+//! - Nothing here blocks the thread the actors share: the tools run as
+//!   child processes awaited asynchronously ([`super::tool`]), netlink
+//!   reads and the fingerprint's syscall run on the blocking pool, and so
+//!   does the parse of an `iptables-save` output (tens of MB at 10,000
+//!   services).
 //! - [`IptablesHandle::cleanup`] removes the mode's jumps and chains
 //!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
 //!   tells whether a mode's own chains are there.
 //! - On the nf_tables backend, a large input is restored as several
 //!   transactions ([`super::nft_split`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
-//!   netlink dump, the built-in chains' rules from `iptables -S CHAIN`.
+//!   netlink dump ([`NetlinkNftables::chain_names`]), the built-in chains'
+//!   rules from `iptables -S CHAIN`.
 //! - iptables mode: before each full resync the nfacct objects the rules
 //!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
 //!   [`IptablesHandle::probe_match`] tells whether a match can be written.
@@ -45,8 +51,10 @@ use super::nft_split;
 use super::tool::{self, ToolOutput};
 use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
+use crate::kernel::blocking::off_thread;
 use crate::kernel::iptables_probe;
 use crate::kernel::nfacct::NetlinkNfacct;
+use crate::kernel::nftables::{table::transaction_error, NetlinkNftables};
 use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
@@ -107,14 +115,16 @@ pub fn present(family: IpFamily) -> Result<(), String> {
     Err(format!("{bin} -t nat -S POSTROUTING: {}", stderr.trim()))
 }
 
-/// The wait flags the installed iptables understands (upstream's
-/// getIPTablesWaitFlag and getIPTablesRestoreWaitFlag).
+/// What the installed iptables' `iptables --version` tells: the wait
+/// flags it understands (upstream's getIPTablesWaitFlag and
+/// getIPTablesRestoreWaitFlag), its backend, and whether MASQUERADE takes
+/// `--random-fully` (upstream's HasRandomFully).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct WaitFlags {
+struct ToolVersion {
     iptables: Vec<&'static str>,
     restore: Vec<&'static str>,
-    /// Also from `iptables --version`.
     backend: Backend,
+    random_fully: bool,
 }
 
 /// iptables of one family. Cheap to clone; clones share state and counters.
@@ -136,9 +146,12 @@ struct Shared {
     /// that succeeded; cleared by every full resync.
     jumps_checked: AtomicBool,
     lines_written: AtomicU64,
-    wait: OnceCell<WaitFlags>,
+    version: OnceCell<ToolVersion>,
     /// The tables' fingerprint after our last restore or drift check.
     fingerprint: std::sync::Mutex<Option<Fingerprint>>,
+    /// The nf_tables socket (the nf_tables backend's chain listings, the
+    /// fingerprint), opened on first use in the user's network namespace.
+    nft: OnceCell<NetlinkNftables>,
 }
 
 impl IptablesHandle {
@@ -181,14 +194,25 @@ impl IptablesHandle {
     /// The tables' fingerprint now (None when it cannot be read: then the
     /// periodic check always looks).
     async fn fingerprint(&self) -> Option<Fingerprint> {
-        let backend = self.wait_flags().await.backend;
-        match xtables_gen::fingerprint(self.family(), backend) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                debug!(binary = %self.bins.iptables, error = %e, "cannot read the tables' fingerprint");
-                None
-            }
-        }
+        let backend = self.version().await.backend;
+        let read = match self.nft().await {
+            Ok(nft) => xtables_gen::fingerprint(self.family(), backend, nft).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        read.map_err(|error| debug!(binary = %self.bins.iptables, %error, "cannot read the tables' fingerprint")).ok()
+    }
+
+    /// The nf_tables socket, opened on first use.
+    async fn nft(&self) -> KResult<&NetlinkNftables> {
+        let open =
+            || async { NetlinkNftables::new().map_err(|e| KernelError::io("open an nf_tables netlink socket", e)) };
+        self.shared.nft.get_or_try_init(open).await
+    }
+
+    /// The names of the chains of nf_tables table `table` of this family.
+    async fn nft_chains(&self, table: &str) -> KResult<BTreeSet<String>> {
+        let listed = self.nft().await?.chain_names(self.family(), table).await;
+        listed.map_err(|e| transaction_error(format!("list the chains of nf_tables table {table}"), e))
     }
 
     async fn remember_fingerprint(&self) {
@@ -224,21 +248,22 @@ impl IptablesHandle {
         self.shared.lines_written.load(Ordering::Relaxed)
     }
 
-    /// Whether MASQUERADE `--random-fully` is supported (runs `iptables --version`).
-    pub fn random_fully(&self) -> bool {
-        iptables_probe::random_fully_supported(&self.bins.iptables)
+    /// Whether MASQUERADE `--random-fully` is supported (iptables >= 1.6.2;
+    /// `iptables --version` runs once per handle).
+    pub async fn random_fully(&self) -> bool {
+        self.version().await.random_fully
     }
 
-    async fn wait_flags(&self) -> &WaitFlags {
+    async fn version(&self) -> &ToolVersion {
         self.shared
-            .wait
+            .version
             .get_or_init(|| async {
                 let op = format!("{} --version", self.bins.iptables);
                 match tool::run(&op, &self.bins.iptables, &["--version"], None).await {
-                    Ok(out) => wait_flags(&out.stdout),
+                    Ok(out) => tool_version(&out.stdout),
                     Err(e) => {
                         warn!(error = %e, "cannot read the iptables version; using no wait flags");
-                        wait_flags("")
+                        tool_version("")
                     }
                 }
             })
@@ -277,7 +302,7 @@ impl IptablesHandle {
     /// One `iptables-save -t TABLE`, parsed; on the nf_tables backend the
     /// same from [`nft_listing`](Self::nft_listing).
     async fn save(&self, table: &str) -> KResult<SavedTable> {
-        if self.wait_flags().await.backend == Backend::Nft {
+        if self.version().await.backend == Backend::Nft {
             return self.nft_listing(table).await;
         }
         let op = format!("{} -t {table}", self.bins.save);
@@ -285,7 +310,8 @@ impl IptablesHandle {
         if !out.success() {
             return Err(KernelError::refused(op, out.message()));
         }
-        Ok(SavedTable::parse(&out.stdout))
+        let parsed = off_thread("parse iptables-save", move || SavedTable::parse(&out.stdout)).await;
+        parsed.map_err(|e| KernelError::library(op, true, None, e))
     }
 
     /// What this handle reads of a table on the nf_tables backend: its
@@ -295,11 +321,10 @@ impl IptablesHandle {
     /// a table of 134,000 chains (10,000 services) in more than 15 minutes
     /// (iptables 1.8.9).
     async fn nft_listing(&self, table: &str) -> KResult<SavedTable> {
-        let chains = xtables_gen::nft_chains(self.family(), table)
-            .map_err(|e| KernelError::refused(format!("list the chains of nf_tables table {table}"), e.to_string()))?;
+        let chains = self.nft_chains(table).await?;
         let mut rules = Vec::new();
         for chain in builtin_chains(table).iter().filter(|c| chains.contains(**c)) {
-            let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
+            let mut args: Vec<&str> = self.version().await.iptables.clone();
             args.extend(["-t", table, "-S", chain]);
             let op = format!("{} {}", self.bins.iptables, args.join(" "));
             let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
@@ -333,7 +358,7 @@ impl IptablesHandle {
         let _turn = ONE_AT_A_TIME.lock().await;
         let lines: usize = parts.iter().map(|p| p.lines().count()).sum();
         self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
-        if self.wait_flags().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
+        if self.version().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
             return self.restore_split(parts, lines).await;
         }
         self.restore_once(parts, lines).await
@@ -341,7 +366,7 @@ impl IptablesHandle {
 
     /// One `iptables-restore --noflush --counters` of `parts` (`lines` long).
     async fn restore_once(&self, parts: &[&str], lines: usize) -> KResult<()> {
-        let mut args: Vec<&str> = self.wait_flags().await.restore.clone();
+        let mut args: Vec<&str> = self.version().await.restore.clone();
         args.extend(["--noflush", "--counters"]);
         let op = format!("{} {} ({lines} lines)", self.bins.restore, args.join(" "));
         debug!(%op, "restoring");
@@ -357,8 +382,7 @@ impl IptablesHandle {
     /// A large input on the nf_tables backend, as the transactions of
     /// [`nft_split`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
-        let existing = xtables_gen::nft_chains(self.family(), "nat")
-            .map_err(|e| KernelError::refused("list the chains of nf_tables table nat", e.to_string()))?;
+        let existing = self.nft_chains("nat").await?;
         let split = nft_split::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);
         let mut transactions = 0;
@@ -427,7 +451,7 @@ impl IptablesHandle {
     }
 
     async fn chain_exists(&self, table: &str, chain: &str) -> KResult<bool> {
-        let mut args: Vec<&str> = self.wait_flags().await.iptables.clone();
+        let mut args: Vec<&str> = self.version().await.iptables.clone();
         args.extend(["-t", table, "-S", chain]);
         let op = format!("{} {}", self.bins.iptables, args.join(" "));
         let out = tool::run(&op, &self.bins.iptables, &args, None).await?;
@@ -727,8 +751,8 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next().and_then(Result::ok).unwrap_or(0)))
 }
 
-/// Upstream's wait flags for an `iptables --version` output.
-fn wait_flags(version_text: &str) -> WaitFlags {
+/// What an `iptables --version` output tells (upstream's reading of it).
+fn tool_version(version_text: &str) -> ToolVersion {
     let v = parse_version(version_text).unwrap_or((0, 0, 0));
     let iptables = if v >= (1, 6, 0) {
         vec!["-w", "5", "-W", "100000"]
@@ -740,7 +764,8 @@ fn wait_flags(version_text: &str) -> WaitFlags {
         vec![]
     };
     let restore = if v >= (1, 6, 2) { vec!["-w", "5", "-W", "100000"] } else { vec![] };
-    WaitFlags { iptables, restore, backend: Backend::from_version(version_text) }
+    let random_fully = iptables_probe::random_fully(version_text);
+    ToolVersion { iptables, restore, backend: Backend::from_version(version_text), random_fully }
 }
 
 /// The tool's message, plus the input line it names ("Error occurred at
@@ -898,21 +923,22 @@ mod tests {
     }
 
     #[test]
-    fn wait_flags_follow_the_iptables_version() {
+    fn wait_flags_backend_and_random_fully_follow_the_iptables_version() {
         let full = vec!["-w", "5", "-W", "100000"];
         assert_eq!(
-            wait_flags("iptables v1.8.9 (nf_tables)"),
-            WaitFlags { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft }
+            tool_version("iptables v1.8.9 (nf_tables)"),
+            ToolVersion { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft, random_fully: true }
         );
         assert_eq!(
-            wait_flags("iptables v1.6.1"),
-            WaitFlags { iptables: full, restore: vec![], backend: Backend::Legacy }
+            tool_version("iptables v1.6.1"),
+            ToolVersion { iptables: full, restore: vec![], backend: Backend::Legacy, random_fully: false }
         );
         assert_eq!(
-            wait_flags("iptables v1.4.21"),
-            WaitFlags { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy }
+            tool_version("iptables v1.4.21"),
+            ToolVersion { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy, random_fully: false }
         );
-        assert_eq!(wait_flags("garbage"), WaitFlags { iptables: vec![], restore: vec![], backend: Backend::Legacy });
+        let nothing = ToolVersion { iptables: vec![], restore: vec![], backend: Backend::Legacy, random_fully: false };
+        assert_eq!(tool_version("garbage"), nothing);
         assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
     }
 

@@ -1,13 +1,10 @@
-//! Probes of the iptables binary that shape the rules we write.
+//! What the iptables binary's version says of the rules we may write.
 
-use std::process::Command;
-
-/// Whether `iptables` supports MASQUERADE `--random-fully` (iptables >= 1.6.2),
-/// as upstream's HasRandomFully decides from `iptables --version`.
-pub fn random_fully_supported(binary: &str) -> bool {
-    let Ok(out) = Command::new(binary).arg("--version").output() else { return false };
-    let text = String::from_utf8_lossy(&out.stdout);
-    version_at_least(&text, (1, 6, 2))
+/// Whether an iptables whose `iptables --version` printed `version_text`
+/// supports MASQUERADE `--random-fully` (iptables >= 1.6.2), as upstream's
+/// HasRandomFully decides.
+pub fn random_fully(version_text: &str) -> bool {
+    version_at_least(version_text, (1, 6, 2))
 }
 
 /// Parses "iptables v1.8.9 (legacy)" and compares with `min`.

@@ -6,6 +6,7 @@
 //! the future that does the I/O.
 
 pub mod addrs;
+pub mod blocking;
 pub mod conntrack;
 pub mod ipset;
 pub mod iptables;

@@ -1,5 +1,5 @@
 //! Feature gates as upstream's component-base `featuregate` handles them:
-//! every gate Kubernetes registers is known ([`KNOWN_GATES`]), an unknown
+//! every gate kube-proxy 1.36 registers is known ([`KNOWN_GATES`]), an unknown
 //! name is refused (`unrecognized feature gate: NAME`), a locked gate can't
 //! be set away from its default, `AllAlpha`/`AllBeta` switch every unlocked
 //! alpha/beta gate not named on its own, and setting a GA or deprecated
@@ -36,6 +36,32 @@ impl fmt::Display for Stage {
     }
 }
 
+/// The upstream registry a gate comes from (the table's module doc says
+/// which source each was read from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registry {
+    /// k8s.io/kubernetes `pkg/features`.
+    Kube,
+    /// k8s.io/apiserver `pkg/features`.
+    ApiServer,
+    /// k8s.io/apiextensions-apiserver `pkg/features`.
+    ApiExtensions,
+    /// k8s.io/controller-manager `pkg/features`.
+    ControllerManager,
+    /// k8s.io/component-base `zpages/features`.
+    ZPages,
+    /// k8s.io/component-base `logs/api/v1`.
+    Logs,
+    /// k8s.io/component-base `metrics/features`.
+    Metrics,
+    /// k8s.io/client-go `features`.
+    ClientGo,
+    /// k8s.io/component-base `featuregate` itself (`AllAlpha`, `AllBeta`).
+    FeatureGate,
+    /// k8s.io/kubernetes `pkg/features` of 1.37.
+    Kube137,
+}
+
 /// One known gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GateSpec {
@@ -44,18 +70,20 @@ pub struct GateSpec {
     pub stage: Stage,
     /// `LockToDefault`: setting it to anything but its default is an error.
     pub locked: bool,
+    pub registry: Registry,
 }
 
 /// The gates whose value changes what kube-proxy does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Gate {
-    /// Off: `mode: ipvs` is refused (upstream 1.37).
+    /// Off: `mode: ipvs` is refused (upstream 1.37, where it is deprecated).
     KubeProxyIPVS,
-    /// Off: ServiceCIDRs are ignored (nftables mode drops no unallocated ClusterIPs).
+    /// On: ServiceCIDRs are read (nftables mode drops unallocated
+    /// ClusterIPs); locked on since 1.34.
     MultiCIDRServiceAllocator,
-    /// On: `/flagz` on the metrics server.
+    /// On (the default since 1.36): `/flagz` on the metrics server.
     ComponentFlagz,
-    /// On: `/statusz` on the metrics server.
+    /// On (the default since 1.36): `/statusz` on the metrics server.
     ComponentStatusz,
     /// On: `logging.options.text.*` (splitStream, infoBufferSize) are allowed.
     LoggingAlphaOptions,
@@ -109,6 +137,9 @@ pub struct FeatureGates {
 }
 
 impl FeatureGates {
+    /// The Kubernetes minor version whose gates these are.
+    pub const KUBERNETES_VERSION: &'static str = table::KUBERNETES_VERSION;
+
     /// Every gate at its default.
     pub fn defaults() -> FeatureGates {
         FeatureGates::default()
@@ -174,7 +205,39 @@ mod tests {
         for gate in Gate::ALL {
             assert!(spec(gate.name()).is_some(), "{gate:?} is a known gate");
         }
-        assert!(KNOWN_GATES.len() > 150, "the whole default feature gate: {}", KNOWN_GATES.len());
+        assert!(KNOWN_GATES.len() > 200, "the whole default feature gate: {}", KNOWN_GATES.len());
+    }
+
+    /// States read in upstream's 1.36 sources (see the table's module doc).
+    #[test]
+    fn gates_as_kubernetes_1_36_has_them() {
+        let state = |name: &str| spec(name).map(|g| (g.default, g.stage, g.locked, g.registry));
+        // GA and locked in 1.36: on, and refused off.
+        assert_eq!(state("VolumeAttributesClass"), Some((true, Stage::Ga, true, Registry::Kube)));
+        assert_eq!(state("UserNamespacesSupport"), Some((true, Stage::Ga, true, Registry::Kube)));
+        assert_eq!(state("DeclarativeValidation"), Some((true, Stage::Ga, true, Registry::ApiServer)));
+        assert_eq!(state("InOrderInformers"), Some((true, Stage::Ga, true, Registry::ClientGo)));
+        // Locked since 1.34: ServiceCIDRs are always read.
+        assert_eq!(state("MultiCIDRServiceAllocator"), Some((true, Stage::Ga, true, Registry::Kube)));
+        // The z-pages went beta, on by default, in 1.36.
+        assert_eq!(state("ComponentFlagz"), Some((true, Stage::Beta, false, Registry::ZPages)));
+        assert_eq!(state("ComponentStatusz"), Some((true, Stage::Beta, false, Registry::ZPages)));
+        // New in 1.36, and a gate whose name is not its Go constant's.
+        assert_eq!(state("AllowServiceExternalIPs"), Some((true, Stage::Ga, false, Registry::Kube)));
+        assert_eq!(state("NativeHistograms"), Some((false, Stage::Alpha, false, Registry::Metrics)));
+        assert_eq!(state("CustomCPUCFSQuotaPeriod"), Some((true, Stage::Ga, false, Registry::Kube)));
+        assert_eq!(state("CPUCFSQuotaPeriod"), None);
+        assert_eq!(state("SeparateCacheWatchRPC"), Some((false, Stage::Deprecated, true, Registry::ApiServer)));
+        // The one 1.37 gate: deprecated there, on by default.
+        assert_eq!(state("KubeProxyIPVS"), Some((true, Stage::Deprecated, false, Registry::Kube137)));
+        // Removed by 1.36 (after their last release), so unknown.
+        for removed in ["ServiceTrafficDistribution", "TopologyAwareHints", "MemoryManager", "ComponentSLIs"] {
+            assert_eq!(state(removed), None, "{removed}");
+            assert_eq!(gates(&[(removed, true)]).unwrap_err(), FeatureGateError::Unrecognized(removed.to_string()));
+        }
+        // Only 1.37 knows these.
+        assert_eq!(state("KubeProxyNFTablesLocalhostNodePorts"), None);
+        assert_eq!(state("NFTablesNetlink"), None);
     }
 
     #[test]
@@ -183,7 +246,7 @@ mod tests {
         assert!(g.enabled(Gate::KubeProxyIPVS));
         assert!(g.enabled_by_name("PreferSameTrafficDistribution"), "GA and locked on since 1.35");
         assert!(g.enabled(Gate::MultiCIDRServiceAllocator));
-        assert!(!g.enabled(Gate::ComponentFlagz) && !g.enabled(Gate::ComponentStatusz));
+        assert!(g.enabled(Gate::ComponentFlagz) && g.enabled(Gate::ComponentStatusz), "beta, on since 1.36");
         assert!(!g.enabled(Gate::LoggingAlphaOptions) && g.enabled(Gate::LoggingBetaOptions));
     }
 
@@ -199,6 +262,11 @@ mod tests {
     fn a_locked_gate_keeps_its_default() {
         let err = gates(&[("NFTablesProxyMode", false)]).unwrap_err();
         assert_eq!(err.to_string(), "cannot set feature gate NFTablesProxyMode to false, feature is locked to true");
+        let err = gates(&[("MultiCIDRServiceAllocator", false)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true"
+        );
         let (g, warnings) = gates(&[("NFTablesProxyMode", true)]).unwrap();
         assert!(g.enabled_by_name("NFTablesProxyMode"));
         assert_eq!(
@@ -209,17 +277,21 @@ mod tests {
 
     #[test]
     fn set_gates_and_all_alpha_all_beta() {
-        let (g, warnings) = gates(&[("KubeProxyIPVS", false), ("ComponentFlagz", true)]).unwrap();
+        let (g, warnings) = gates(&[("KubeProxyIPVS", false), ("ComponentFlagz", false)]).unwrap();
         assert!(
-            !g.enabled(Gate::KubeProxyIPVS) && g.enabled(Gate::ComponentFlagz) && !g.enabled(Gate::ComponentStatusz)
+            !g.enabled(Gate::KubeProxyIPVS) && !g.enabled(Gate::ComponentFlagz) && g.enabled(Gate::ComponentStatusz)
         );
-        assert_eq!(warnings, ["Setting GA feature gate KubeProxyIPVS=false. It will be removed in a future release."]);
-        let (g, _) = gates(&[("AllAlpha", true), ("ComponentStatusz", false)]).unwrap();
-        assert!(g.enabled(Gate::ComponentFlagz) && g.enabled(Gate::LoggingAlphaOptions));
-        assert!(!g.enabled(Gate::ComponentStatusz), "a gate named on its own wins");
+        assert_eq!(
+            warnings,
+            ["Setting deprecated feature gate KubeProxyIPVS=false. It will be removed in a future release."]
+        );
+        let (g, _) = gates(&[("AllAlpha", true), ("LoggingAlphaOptions", false)]).unwrap();
+        assert!(g.enabled_by_name("ClientsAllowCBOR") && g.enabled_by_name("NativeHistograms"));
+        assert!(!g.enabled(Gate::LoggingAlphaOptions), "a gate named on its own wins");
         let (g, _) = gates(&[("AllBeta", false)]).unwrap();
         assert!(!g.enabled(Gate::LoggingBetaOptions) && !g.enabled_by_name("WatchListClient"));
-        assert!(g.enabled(Gate::KubeProxyIPVS), "GA gates stay");
+        assert!(!g.enabled(Gate::ComponentFlagz) && !g.enabled(Gate::ComponentStatusz));
+        assert!(g.enabled(Gate::KubeProxyIPVS), "deprecated gates stay");
         assert!(g.enabled_by_name("PreferSameTrafficDistribution"), "locked gates stay");
         let (_, warnings) = gates(&[("KMSv1", true)]).unwrap();
         assert_eq!(warnings, ["Setting deprecated feature gate KMSv1=true. It will be removed in a future release."]);

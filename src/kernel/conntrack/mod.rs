@@ -8,7 +8,10 @@
 //!   each entry as it arrives (only the stale ones are kept), then deletes
 //!   them, pipelined: [`MAX_BATCH`] `IPCTNL_MSG_CT_DELETE` requests per
 //!   datagram, one ack each. An entry that is already gone (ENOENT) counts
-//!   as deleted.
+//!   as deleted. A dump the kernel marks interrupted (`NLM_F_DUMP_INTR`:
+//!   the table changed under it, entries may be missing) is read again,
+//!   up to [`DUMP_ATTEMPTS`](crate::kernel::netlink::DUMP_ATTEMPTS) times;
+//!   after that the reconcile fails, deleting nothing, and is retried.
 //! - Each delete names the entry's original tuple, zone and id, so only that
 //!   entry goes (never a table flush, never a newer reuse of the tuple).
 //! - A reconcile fails if its dump failed or if deleting one of its
@@ -17,17 +20,16 @@
 //!   a reconcile costs one dump plus one message per deleted entry.
 //!
 //! The messages are `netlink-packet-netfilter`'s [`NetfilterMessage`] (see
-//! [`codec`] for what it lacks and how we fill it). The connection still
-//! carries them as raw bytes ([`RawNfnl`]) and parsing happens here: with
-//! `NetfilterMessage` as the connection's type, netlink-proto would drop a
-//! reply that fails to parse with only a log line (`codecs.rs`: "failed to
-//! decode packet"), which would silently leave a stale entry behind; here it
-//! fails the dump instead.
+//! [`codec`] for what it lacks and how we fill it). The nfnetlink layer
+//! ([`Nfnl`]) carries them as raw bytes ([`RawNfnl`]) and parsing happens
+//! here, as the dump's entries arrive (on the blocking pool, with the
+//! dump): a reply that fails to parse fails the dump rather than silently
+//! leave a stale entry behind.
 
 pub mod codec;
 pub mod filter;
 
-use crate::kernel::netlink::{BatchFailure, Client, RawNfnl, Replies};
+use crate::kernel::netlink::{self, Msg, Nfnl, NfnlError, RawNfnl};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -35,11 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use netlink_packet_core::{DecodeError, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::DecodeError;
 use netlink_packet_netfilter::NetfilterMessage;
-use netlink_proto::sys::protocols::NETLINK_NETFILTER;
-use netlink_proto::NetlinkProtoError;
-use tracing::{debug, trace};
+use tracing::debug;
 
 use self::codec::{Entry, ReplyError, Tuple};
 use super::{ConntrackKernel, KResult, KernelError};
@@ -47,8 +47,6 @@ use crate::msgs::{ReconcileConntrack, Reconciled};
 use crate::net::{IpFamily, Protocol};
 
 pub use crate::kernel::netlink::MAX_BATCH;
-
-pub use crate::kernel::netlink::DEFAULT_REPLY_TIMEOUT;
 
 pub use crate::kernel::netlink::Errno;
 
@@ -97,19 +95,14 @@ pub enum ConntrackError {
         #[source]
         errno: Errno,
     },
-    /// No reply in time, or the connection ended mid-answer: the request
-    /// may or may not have been carried out.
-    #[error("conntrack {request}: no reply from the kernel, outcome unknown")]
-    NoReply { request: Request },
-    #[error("conntrack {request}: netlink connection closed: {source}")]
-    ConnectionClosed {
+    /// No (complete) answer: see the source (no reply in time, replies
+    /// lost, an interrupted dump, ...).
+    #[error("conntrack {request}: {source}")]
+    Netlink {
         request: Request,
         #[source]
-        source: Arc<NetlinkProtoError>,
+        source: NfnlError,
     },
-    /// The socket's receive buffer overflowed: replies were lost.
-    #[error("conntrack {request}: netlink receive buffer overrun, replies lost")]
-    Overrun { request: Request },
     #[error("conntrack {request}: malformed reply: {source}")]
     Decode {
         request: Request,
@@ -137,7 +130,16 @@ impl ConntrackError {
 
     /// True when entries may have been deleted anyway.
     pub fn is_unknown_outcome(&self) -> bool {
-        matches!(self, ConntrackError::NoReply { .. } | ConntrackError::ConnectionClosed { .. })
+        matches!(self, ConntrackError::Netlink { source, .. } if source.is_unknown_outcome())
+    }
+
+    /// `request` failed in the netlink layer: refused by the kernel, or
+    /// without an answer.
+    fn netlink(request: Request, source: NfnlError) -> ConntrackError {
+        match source.errno() {
+            Some(errno) => ConntrackError::Kernel { request, errno },
+            None => ConntrackError::Netlink { request, source },
+        }
     }
 
     /// As the conntrack actor reports it: the reconcile of `family` failed.
@@ -160,23 +162,16 @@ impl RawNfnl {
     }
 }
 
-type Msg = NetlinkMessage<RawNfnl>;
-
-/// The same bytes as [`codec::netlink_request`], in the connection's type.
+/// The same bytes as [`codec::netlink_request`], as the layer sends them.
 fn raw_request(msg: &NetfilterMessage) -> Msg {
-    let mut nl =
-        NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::from_message(msg)));
-    nl.header.flags = codec::request_flags(msg);
-    nl.finalize();
-    nl
+    netlink::request(RawNfnl::from_message(msg), codec::request_flags(msg))
 }
 
 /// The ctnetlink client: a cheap `Clone` handle (clones share the socket and
-/// the counters); `&self` methods may run concurrently. The connection task
-/// ends when the last clone is dropped.
+/// the counters; their requests take turns).
 #[derive(Clone)]
 pub struct NetlinkConntrack {
-    client: Client<RawNfnl>,
+    nl: Nfnl,
     entries_deleted: Arc<AtomicU64>,
     report: Option<Report>,
 }
@@ -187,17 +182,15 @@ pub type Report = Arc<dyn Fn(Duration, u64) + Send + Sync>;
 
 impl fmt::Debug for NetlinkConntrack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NetlinkConntrack").field("client", &self.client).finish()
+        f.debug_struct("NetlinkConntrack").field("nl", &self.nl).finish()
     }
 }
 
 impl NetlinkConntrack {
-    /// Opens the netlink socket (in the calling thread's network namespace)
-    /// and spawns its connection task: must run inside a Tokio runtime with
-    /// I/O and time enabled.
+    /// Opens the netlink socket in the calling thread's network namespace.
     pub fn new() -> Result<NetlinkConntrack, ConntrackError> {
-        let client = Client::open(NETLINK_NETFILTER).map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
-        Ok(NetlinkConntrack { client, entries_deleted: Arc::default(), report: None })
+        let nl = Nfnl::open().map_err(|e| ConntrackError::Socket(Arc::new(e)))?;
+        Ok(NetlinkConntrack { nl, entries_deleted: Arc::default(), report: None })
     }
 
     /// Reports each reconcile to `report`.
@@ -206,20 +199,14 @@ impl NetlinkConntrack {
         self
     }
 
-    /// Sets how long to wait for each reply (default 10 s).
-    pub fn with_reply_timeout(mut self, timeout: Duration) -> NetlinkConntrack {
-        self.client = self.client.with_reply_timeout(timeout);
-        self
-    }
-
     /// Netlink messages sent so far (dumps and deletes).
     pub fn messages_sent(&self) -> u64 {
-        self.client.messages_sent()
+        self.nl.messages_sent()
     }
 
     /// Datagrams (sendmsg calls) sent so far; a delete batch is one datagram.
     pub fn datagrams_sent(&self) -> u64 {
-        self.client.datagrams_sent()
+        self.nl.datagrams_sent()
     }
 
     /// Entries this handle deleted (not counting ones already gone).
@@ -233,17 +220,17 @@ impl NetlinkConntrack {
     pub async fn clean_stale(&self, rc: &ReconcileConntrack) -> Result<Reconciled, ConntrackError> {
         let (started, deleted_before) = (std::time::Instant::now(), self.entries_deleted());
         let udp = Protocol::Udp.number();
-        let mut udp_entries = 0;
-        let mut stale = Vec::new();
-        self.dump(rc.family, |entry| {
-            if entry.orig.protocol == udp {
-                udp_entries += 1;
-                if filter::is_stale(rc, &entry) {
-                    stale.push(entry);
+        let wanted = rc.clone();
+        let (udp_entries, stale) = self
+            .dump(rc.family, (0, Vec::new()), move |(udp_entries, stale): &mut (usize, Vec<Entry>), entry| {
+                if entry.orig.protocol == udp {
+                    *udp_entries += 1;
+                    if filter::is_stale(&wanted, &entry) {
+                        stale.push(entry);
+                    }
                 }
-            }
-        })
-        .await?;
+            })
+            .await?;
         debug!(family = family_name(rc.family), udp_entries, stale = stale.len(), "conntrack: deleting stale entries");
         let failed = self.delete(&stale).await.into_iter().find_map(Result::err);
         let deleted = self.entries_deleted().saturating_sub(deleted_before);
@@ -258,125 +245,52 @@ impl NetlinkConntrack {
 
     /// Every entry of `family`'s table.
     pub async fn entries(&self, family: IpFamily) -> Result<Vec<Entry>, ConntrackError> {
-        let mut out = Vec::new();
-        self.dump(family, |entry| out.push(entry)).await?;
-        Ok(out)
+        self.dump(family, Vec::new(), |out: &mut Vec<Entry>, entry| out.push(entry)).await
     }
 
     /// Deletes `entries` (as dumped), one result per entry, in order.
     /// An entry that is already gone counts as deleted.
     pub async fn delete(&self, entries: &[Entry]) -> Vec<Result<(), ConntrackError>> {
-        let mut out = Vec::with_capacity(entries.len());
-        for chunk in entries.chunks(MAX_BATCH) {
-            let msgs = chunk.iter().map(|e| raw_request(&codec::delete_request(e))).collect();
-            match self.send_batch(msgs).await {
-                Ok(codes) => out.extend(chunk.iter().zip(codes).map(|(e, code)| self.delete_outcome(e, code))),
-                Err(failure) => out.extend(chunk.iter().map(|e| Err(failure.error(Request::Delete(e.orig))))),
-            }
-        }
-        out
+        let msgs = entries.iter().map(|e| raw_request(&codec::delete_request(e))).collect();
+        let results = self.nl.acked(msgs).await;
+        entries.iter().zip(results).map(|(e, result)| self.delete_outcome(e, result)).collect()
     }
 
     // ------------------------------------------------------------ internals
 
-    /// Dumps `family`'s table, handing each entry to `visit` as it arrives
-    /// (nothing but the matches is kept, whatever the table size). A reply
-    /// that cannot be read fails the dump, after it is drained.
-    async fn dump(&self, family: IpFamily, mut visit: impl FnMut(Entry)) -> Result<(), ConntrackError> {
+    /// Dumps `family`'s table, handing each entry to `visit` with `state`
+    /// as it arrives (nothing but what `visit` keeps is kept, whatever the
+    /// table size). A reply that cannot be read fails the dump.
+    async fn dump<S: Clone + Send + 'static>(
+        &self,
+        family: IpFamily,
+        state: S,
+        mut visit: impl FnMut(&mut S, Entry) + Send + 'static,
+    ) -> Result<S, ConntrackError> {
         let request = Request::Dump(family);
         let msg = raw_request(&codec::dump_request(family));
-        let mut replies = self.client.request(vec![msg]).map_err(|e| closed(&request, e))?;
-        let mut outcome: Option<Result<(), ConntrackError>> = None;
-        while let Some(reply) = self.next_reply(&mut replies, &request).await? {
-            if outcome.as_ref().is_some_and(Result::is_err) {
-                continue; // drain what is left of a failed dump
-            }
-            match dump_reply(reply, &request) {
-                Ok(DumpReply::Entry(entry)) => visit(entry),
-                Ok(DumpReply::Skip) => {}
-                Ok(DumpReply::End) => outcome = Some(Ok(())),
-                Err(e) => outcome = Some(Err(e)),
-            }
-        }
-        // The stream ended without NLMSG_DONE: the connection went away.
-        outcome.unwrap_or(Err(ConntrackError::NoReply { request }))
+        let read = request.clone();
+        let dumped = self.nl.dump(msg, state, move |s, raw| dump_entry(&raw, &read).map(|entry| visit(s, entry)));
+        dumped.await.map_err(|e| ConntrackError::netlink(request, e))?
     }
 
-    /// The next reply, `None` at the end of the stream; an error if overdue.
-    async fn next_reply(
-        &self,
-        replies: &mut Replies<RawNfnl>,
-        request: &Request,
-    ) -> Result<Option<Msg>, ConntrackError> {
-        replies.next().await.map_err(|_overdue| ConntrackError::NoReply { request: request.clone() })
-    }
-
-    /// Sends `msgs` in one datagram; returns each request's error code
-    /// (0 for an ack), in request order.
-    async fn send_batch(&self, msgs: Vec<Msg>) -> Result<Vec<i32>, BatchFailure> {
-        trace!(messages = msgs.len(), "conntrack: sending delete batch");
-        self.client.send_batch(msgs).await
-    }
-
-    /// A delete's result from its netlink error code: deleting what is
-    /// already gone (ENOENT) succeeds.
-    fn delete_outcome(&self, entry: &Entry, code: i32) -> Result<(), ConntrackError> {
-        match code {
-            0 => {
+    /// A delete's result: deleting what is already gone (ENOENT) succeeds.
+    fn delete_outcome(&self, entry: &Entry, result: Result<(), NfnlError>) -> Result<(), ConntrackError> {
+        match result {
+            Ok(()) => {
                 self.entries_deleted.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            code if Errno::from_code(code) == Errno::ENOENT => Ok(()),
-            code => Err(ConntrackError::Kernel { request: Request::Delete(entry.orig), errno: Errno::from_code(code) }),
+            Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(ConntrackError::netlink(Request::Delete(entry.orig), e)),
         }
     }
 }
 
-/// What one dump reply means.
-#[derive(Debug, PartialEq)]
-enum DumpReply {
-    Entry(Entry),
-    /// Not an entry (e.g. a bare ack): nothing to do.
-    Skip,
-    /// `NLMSG_DONE`: the dump is complete.
-    End,
-}
-
-/// Reads one dump reply: an entry, the end, or the kernel's error.
-fn dump_reply(reply: Msg, request: &Request) -> Result<DumpReply, ConntrackError> {
-    let kernel = |code: i32| ConntrackError::Kernel { request: request.clone(), errno: Errno::from_code(code) };
-    match reply.payload {
-        NetlinkPayload::InnerMessage(raw) => {
-            let msg =
-                raw.parse().map_err(|e| ConntrackError::Decode { request: request.clone(), source: Arc::new(e) })?;
-            let entry = Entry::from_message(&msg)
-                .map_err(|source| ConntrackError::Reply { request: request.clone(), source })?;
-            Ok(DumpReply::Entry(entry))
-        }
-        NetlinkPayload::Error(e) if e.code.is_some() => Err(kernel(e.raw_code())),
-        NetlinkPayload::Done(done) if done.code != 0 => Err(kernel(done.code)),
-        NetlinkPayload::Done(_) => Ok(DumpReply::End),
-        NetlinkPayload::Overrun(_) => Err(ConntrackError::Overrun { request: request.clone() }),
-        _ => Ok(DumpReply::Skip),
-    }
-}
-
-/// The client's error for a request of a batch that got no answer.
-trait BatchError {
-    fn error(&self, request: Request) -> ConntrackError;
-}
-
-impl BatchError for BatchFailure {
-    fn error(&self, request: Request) -> ConntrackError {
-        match self {
-            BatchFailure::Closed(source) => ConntrackError::ConnectionClosed { request, source: source.clone() },
-            BatchFailure::NoReply => ConntrackError::NoReply { request },
-        }
-    }
-}
-
-fn closed(request: &Request, e: NetlinkProtoError) -> ConntrackError {
-    ConntrackError::ConnectionClosed { request: request.clone(), source: Arc::new(e) }
+/// One entry of a dump of `request`.
+fn dump_entry(raw: &RawNfnl, request: &Request) -> Result<Entry, ConntrackError> {
+    let msg = raw.parse().map_err(|e| ConntrackError::Decode { request: request.clone(), source: Arc::new(e) })?;
+    Entry::from_message(&msg).map_err(|source| ConntrackError::Reply { request: request.clone(), source })
 }
 
 impl ConntrackKernel for NetlinkConntrack {
@@ -388,11 +302,10 @@ impl ConntrackKernel for NetlinkConntrack {
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_core::NLM_F_MULTIPART;
     use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage};
 
     use super::*;
-    use crate::kernel::netlink::replies::{ack, bytes_of, done, msg};
+    use crate::kernel::netlink::replies::bytes_of;
 
     fn ip(s: &str) -> std::net::IpAddr {
         s.parse().expect("test address")
@@ -425,8 +338,12 @@ mod tests {
         NetfilterMessage::new(codec::header(e.orig.family()), ConntrackMessage::New(attrs))
     }
 
-    fn dumped(e: &Entry) -> Msg {
-        msg(9, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(RawNfnl::from_message(&new_msg(e, true))))
+    fn dumped(e: &Entry) -> RawNfnl {
+        RawNfnl::from_message(&new_msg(e, true))
+    }
+
+    fn refused(errno: i32) -> NfnlError {
+        NfnlError::Refused(Errno(errno))
     }
 
     #[test]
@@ -438,37 +355,37 @@ mod tests {
     }
 
     #[test]
-    fn dump_replies_yield_entries_the_end_and_kernel_errors() {
+    fn dump_entries_are_read_and_the_layers_errors_name_the_request() {
         let request = Request::Dump(IpFamily::V4);
-        assert_eq!(dump_reply(dumped(&entry()), &request).ok(), Some(DumpReply::Entry(entry())));
-        assert_eq!(dump_reply(done(NLM_F_MULTIPART, 0), &request).ok(), Some(DumpReply::End));
-        let err = dump_reply(done(NLM_F_MULTIPART, -1), &request).expect_err("EPERM");
+        assert_eq!(dump_entry(&dumped(&entry()), &request).ok(), Some(entry()));
+        let err = ConntrackError::netlink(request.clone(), refused(1));
         assert_eq!(err.errno(), Some(Errno(1)));
         assert_eq!(err.to_string(), "conntrack -L -f ipv4: Operation not permitted (os error 1)");
-        let err = dump_reply(ack(9, -22), &request).expect_err("EINVAL");
-        assert_eq!(err.errno(), Some(Errno(22)));
-        let overrun = dump_reply(msg(0, 0, NetlinkPayload::Overrun(Vec::new())), &request);
-        assert!(matches!(overrun, Err(ConntrackError::Overrun { .. })));
+        let err = ConntrackError::netlink(request, NfnlError::Interrupted(3));
+        assert_eq!(err.to_string(), "conntrack -L -f ipv4: dump interrupted by concurrent changes 3 times in a row");
+        assert!(!err.is_unknown_outcome(), "a dump deletes nothing");
+        let err = ConntrackError::netlink(Request::Delete(entry().orig), NfnlError::Overrun);
+        assert!(err.is_unknown_outcome());
     }
 
     #[test]
     fn unreadable_dump_entries_are_errors_not_skipped() {
         let request = Request::Dump(IpFamily::V6);
         let garbage = RawNfnl { message_type: 0x0100, payload: vec![0x0a, 0, 0, 0, 0x08, 0x00, 0x0c, 0x00, 1] };
-        let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(garbage)), &request).expect_err("decode");
+        let err = dump_entry(&garbage, &request).expect_err("decode");
         assert!(matches!(err, ConntrackError::Decode { .. }), "{err:?}");
         let raw = RawNfnl::from_message(&new_msg(&entry(), false));
-        let err = dump_reply(msg(9, 0, NetlinkPayload::InnerMessage(raw)), &request).expect_err("no reply tuple");
+        let err = dump_entry(&raw, &request).expect_err("no reply tuple");
         assert_eq!(err.to_string(), "conntrack -L -f ipv6: unusable reply: reply lacks attribute CTA_TUPLE_REPLY");
     }
 
-    #[tokio::test]
-    async fn deleting_what_is_gone_succeeds_and_other_errors_keep_errno() {
+    #[test]
+    fn deleting_what_is_gone_succeeds_and_other_errors_keep_errno() {
         let ct = NetlinkConntrack::new().expect("netfilter netlink socket");
-        assert!(ct.delete_outcome(&entry(), 0).is_ok());
-        assert!(ct.delete_outcome(&entry(), -2).is_ok()); // ENOENT: already gone
+        assert!(ct.delete_outcome(&entry(), Ok(())).is_ok());
+        assert!(ct.delete_outcome(&entry(), Err(refused(2))).is_ok()); // ENOENT: already gone
         assert_eq!(ct.entries_deleted(), 1);
-        let err = ct.delete_outcome(&entry(), -1).expect_err("EPERM");
+        let err = ct.delete_outcome(&entry(), Err(refused(1))).expect_err("EPERM");
         assert_eq!(err.errno(), Some(Errno(1)));
         assert_eq!(
             err.to_string(),
@@ -490,7 +407,8 @@ mod tests {
             k.to_string(),
             "conntrack reconcile ipv4: conntrack -L -f ipv4: Operation not permitted (os error 1)"
         );
-        let unknown = ConntrackError::NoReply { request: Request::Delete(entry().orig) };
+        let overdue = NfnlError::Overdue(Duration::from_secs(10));
+        let unknown = ConntrackError::Netlink { request: Request::Delete(entry().orig), source: overdue };
         assert!(unknown.is_unknown_outcome());
         assert_eq!(unknown.for_reconcile(IpFamily::V6).errno_value(), None);
         assert!(!unknown.for_reconcile(IpFamily::V6).outcome_known());

@@ -1,5 +1,5 @@
 //! `NetlinkIpset`: the async client of the kernel's ip_set subsystem over
-//! nfnetlink, on the shared netlink client ([`crate::kernel::netlink`]).
+//! nfnetlink, on the nfnetlink layer ([`crate::kernel::netlink::Nfnl`]).
 //!
 //! - The kernel's protocol is asked once (`IPSET_CMD_PROTOCOL`) and
 //!   cached: we speak the newest both know (7 on kernels since 5.5, 6 before).
@@ -8,27 +8,24 @@
 //!   kernel and the `ipset` tool we were checked against know
 //!   ([`known_revision`]), so `ipset save` on the node still reads our sets.
 //! - [`NetlinkIpset::apply`] pipelines add/del requests, up to
-//!   [`MAX_BATCH`] in one datagram, one ack each: one bad member fails only
+//!   [`MAX_BATCH`](netlink::MAX_BATCH) in one datagram, one ack each: one bad member fails only
 //!   its own op. Without `NLM_F_EXCL` the kernel treats them as `-exist`.
 //! - Listings ([`NetlinkIpset::list`]) are dumps, read to `NLMSG_DONE`.
 //!
 //! Requests go as raw bytes ([`RawNfnl`]) and replies are parsed here
-//! ([`codec`]), so a malformed reply fails its request rather than vanish
-//! in the connection task. The socket lives in the network namespace of the
-//! thread that opened it.
+//! ([`codec`]), so a malformed reply fails its request. The socket lives in
+//! the network namespace of the thread that opened it.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use netlink_packet_core::{DecodeError, NetlinkHeader, NetlinkMessage, NetlinkPayload};
-use netlink_proto::sys::protocols::NETLINK_NETFILTER;
-use netlink_proto::NetlinkProtoError;
+use netlink_packet_core::DecodeError;
 use tokio::sync::OnceCell;
 use tracing::debug;
 
 use super::codec::{self, IpsetMessage, MemberAttr, NameError, Range, SetHeader};
-use crate::kernel::netlink::{BatchFailure, Client, Errno, RawNfnl, MAX_BATCH};
+use crate::kernel::netlink::{self, Errno, Msg, Nfnl, NfnlError, RawNfnl};
 use crate::kernel::{KResult, KernelError};
 use crate::msgs::ipset::SetLine;
 use crate::msgs::{IpsetOp, SetSpec, SetType};
@@ -68,13 +65,12 @@ pub enum IpsetError {
     /// (4096 and up), read for a set of type `set_type`.
     #[error("{request}: {}", refusal(*code, *set_type))]
     Kernel { request: Request, code: i32, set_type: Option<SetType> },
-    #[error("{request}: no reply from the kernel, outcome unknown")]
-    NoReply { request: Request },
-    #[error("{request}: netlink connection closed: {source}")]
-    ConnectionClosed {
+    /// No (complete) answer: see the source.
+    #[error("{request}: {source}")]
+    Netlink {
         request: Request,
         #[source]
-        source: Arc<NetlinkProtoError>,
+        source: NfnlError,
     },
     #[error("{request}: malformed reply: {source}")]
     Decode {
@@ -115,7 +111,7 @@ impl IpsetError {
 
     /// True when the request may have been applied anyway.
     pub fn is_unknown_outcome(&self) -> bool {
-        matches!(self, IpsetError::NoReply { .. } | IpsetError::ConnectionClosed { .. })
+        matches!(self, IpsetError::Netlink { source, .. } if source.is_unknown_outcome())
     }
 
     /// As the handles report it: `op` failed with this cause.
@@ -123,16 +119,16 @@ impl IpsetError {
         KernelError::library(op, !self.is_unknown_outcome(), self.errno(), self.clone())
     }
 
-    fn batch(failure: &BatchFailure, request: Request) -> IpsetError {
-        match failure {
-            BatchFailure::Closed(source) => IpsetError::ConnectionClosed { request, source: source.clone() },
-            BatchFailure::NoReply => IpsetError::NoReply { request },
+    /// `request` failed in the netlink layer: refused by the kernel (read
+    /// for a set of type `set_type`), or without an answer.
+    fn netlink(request: Request, source: NfnlError, set_type: Option<SetType>) -> IpsetError {
+        match source.errno() {
+            Some(errno) => IpsetError::Kernel { request, code: errno.0, set_type },
+            None => IpsetError::Netlink { request, source },
         }
     }
 }
 
-/// `ENOENT`: a missing set.
-const ENOENT: i32 = Errno::ENOENT.0;
 /// `IPSET_ERR_EXIST`: ipset's "it exists".
 pub const IPSET_ERR_EXIST: i32 = 4103;
 
@@ -169,17 +165,12 @@ fn pick_protocol(kernel: Range) -> Result<u8, IpsetError> {
     Ok(pick)
 }
 
-type Msg = NetlinkMessage<RawNfnl>;
-
 /// A set type's revision (of one family), asked once.
 type Revision = Arc<OnceCell<u8>>;
 
-/// The bytes of [`codec::netlink_request`], in the connection's type.
+/// The bytes of [`codec::netlink_request`], as the layer sends them.
 fn raw_request(msg: &IpsetMessage) -> Msg {
-    let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::emitted(msg)));
-    nl.header.flags = codec::request_flags(msg);
-    nl.finalize();
-    nl
+    netlink::request(RawNfnl::emitted(msg), codec::request_flags(msg))
 }
 
 /// A set as listed: its header and its members' attributes.
@@ -189,29 +180,26 @@ pub struct Listing {
     pub members: Vec<Vec<MemberAttr>>,
 }
 
-/// The ipset client: a cheap `Clone` handle over one netlink socket (clones
-/// share it and the cached protocol and revisions); `&self` methods may
-/// run concurrently.
+/// The ipset client: a cheap `Clone` handle over one nfnetlink socket
+/// (clones share it and the cached protocol and revisions; their requests
+/// take turns).
 #[derive(Debug, Clone)]
 pub struct NetlinkIpset {
-    client: Client<RawNfnl>,
+    nl: Nfnl,
     protocol: Arc<OnceCell<u8>>,
     revisions: Arc<Mutex<HashMap<(SetType, u8), Revision>>>,
 }
 
 impl NetlinkIpset {
-    /// Opens the socket in the calling thread's network namespace and
-    /// spawns its connection task: must run inside a Tokio runtime.
+    /// Opens the socket in the calling thread's network namespace.
     pub fn new() -> KResult<NetlinkIpset> {
-        const OP: &str = "open ipset netlink socket";
-        tokio::runtime::Handle::try_current().map_err(|e| KernelError::refused(OP, e.to_string()))?;
-        let client = Client::open(NETLINK_NETFILTER).map_err(|e| KernelError::io(OP, e))?;
-        Ok(NetlinkIpset { client, protocol: Arc::default(), revisions: Arc::default() })
+        let nl = Nfnl::open().map_err(|e| KernelError::io("open ipset netlink socket", e))?;
+        Ok(NetlinkIpset { nl, protocol: Arc::default(), revisions: Arc::default() })
     }
 
     /// Netlink messages sent so far (queries, listings and ops).
     pub fn messages_sent(&self) -> u64 {
-        self.client.messages_sent()
+        self.nl.messages_sent()
     }
 
     /// The protocol both speak, asked on first use and cached (a failure is not).
@@ -239,11 +227,8 @@ impl NetlinkIpset {
         let revision = self.revision(spec).await?;
         let protocol = self.protocol().await?;
         let request = Request::Create(spec.create_line());
-        let code = self.command(codec::create_request(protocol, spec, revision), &request).await?;
-        match code {
-            0 => Ok(()),
-            code => Err(IpsetError::Kernel { request, code, set_type: Some(spec.set_type) }),
-        }
+        let result = self.command(codec::create_request(protocol, spec, revision)).await;
+        result.map_err(|e| IpsetError::netlink(request, e, Some(spec.set_type)))
     }
 
     /// Destroys the set `name`; `Ok(false)` if there was none. A set an
@@ -252,10 +237,10 @@ impl NetlinkIpset {
         codec::check_name(name)?;
         let protocol = self.protocol().await?;
         let request = Request::Destroy(name.to_string());
-        match self.command(codec::destroy_request(protocol, name), &request).await? {
-            0 => Ok(true),
-            ENOENT => Ok(false),
-            code => Err(IpsetError::Kernel { request, code, set_type: None }),
+        match self.command(codec::destroy_request(protocol, name)).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(IpsetError::netlink(request, e, None)),
         }
     }
 
@@ -265,16 +250,11 @@ impl NetlinkIpset {
         codec::check_name(name)?;
         let protocol = self.protocol().await?;
         let request = Request::List { name: name.to_string(), header_only };
-        let replies = self
-            .client
-            .exchange(vec![raw_request(&codec::list_request(protocol, name, header_only))])
-            .await
-            .map_err(|f| IpsetError::batch(&f, request.clone()))?;
-        listing(&request, replies)
+        listing(&request, self.nl.get(raw_request(&codec::list_request(protocol, name, header_only))).await)
     }
 
     /// Adds and deletes members of `spec`'s set, in order, one result per
-    /// op. Requests are pipelined, [`MAX_BATCH`] per datagram.
+    /// op. Requests are pipelined, [`MAX_BATCH`](netlink::MAX_BATCH) per datagram.
     pub async fn apply(&self, spec: &SetSpec, ops: &[IpsetOp]) -> Vec<Result<(), IpsetError>> {
         let request = |op: &IpsetOp| Request::Op(SetLine(&spec.name, op).to_string());
         if let Err(e) = codec::check_name(&spec.name) {
@@ -284,22 +264,12 @@ impl NetlinkIpset {
             Ok(p) => p,
             Err(e) => return vec![Err(e); ops.len()],
         };
-        let mut out = Vec::with_capacity(ops.len());
-        for chunk in ops.chunks(MAX_BATCH) {
-            let msgs = chunk.iter().map(|op| raw_request(&codec::op_request(protocol, &spec.name, op))).collect();
-            match self.client.send_batch(msgs).await {
-                Ok(codes) => out.extend(chunk.iter().zip(codes).map(|(op, code)| match code {
-                    0 => Ok(()),
-                    code => Err(IpsetError::Kernel {
-                        request: request(op),
-                        code: Errno::from_code(code).0,
-                        set_type: Some(spec.set_type),
-                    }),
-                })),
-                Err(failure) => out.extend(chunk.iter().map(|op| Err(IpsetError::batch(&failure, request(op))))),
-            }
-        }
-        out
+        let msgs = ops.iter().map(|op| raw_request(&codec::op_request(protocol, &spec.name, op))).collect();
+        let results = self.nl.acked(msgs).await;
+        let outcome = |(op, result): (&IpsetOp, Result<(), NfnlError>)| {
+            result.map_err(|e| IpsetError::netlink(request(op), e, Some(spec.set_type)))
+        };
+        ops.iter().zip(results).map(outcome).collect()
     }
 
     // ------------------------------------------------------------ internals
@@ -308,7 +278,7 @@ impl NetlinkIpset {
         let protocol = self.protocol().await?;
         let type_name = set_type.as_str();
         let request = Request::Type { type_name: type_name.to_string(), family };
-        let answer = self.query(codec::type_request(protocol, type_name, family), &request, None).await?;
+        let answer = self.query(codec::type_request(protocol, type_name, family), &request).await?;
         let range = codec::revision_range(&answer).map_err(|what| IpsetError::Reply { request, what })?;
         let revision = pick_revision(set_type, range)?;
         debug!(set_type = type_name, kernel_min = range.min, kernel_max = range.max, revision, "ipset: type revision");
@@ -317,7 +287,7 @@ impl NetlinkIpset {
 
     async fn ask_protocol(&self) -> Result<u8, IpsetError> {
         let request = Request::Protocol;
-        let answer = self.query(codec::protocol_request(), &request, None).await?;
+        let answer = self.query(codec::protocol_request(), &request).await?;
         let range = codec::protocol_range(&answer).map_err(|what| IpsetError::Reply { request, what })?;
         let protocol = pick_protocol(range)?;
         debug!(kernel_min = range.min, kernel_max = range.max, protocol, "ipset: protocol");
@@ -325,38 +295,17 @@ impl NetlinkIpset {
     }
 
     /// A query answered by one message (no ack asked).
-    async fn query(
-        &self,
-        msg: IpsetMessage,
-        request: &Request,
-        set_type: Option<SetType>,
-    ) -> Result<IpsetMessage, IpsetError> {
-        let replies =
-            self.client.exchange(vec![raw_request(&msg)]).await.map_err(|f| IpsetError::batch(&f, request.clone()))?;
-        for reply in replies {
-            match reply.payload {
-                NetlinkPayload::InnerMessage(raw) => return parse_reply(request, &raw),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    let code = Errno::from_code(e.raw_code()).0;
-                    return Err(IpsetError::Kernel { request: request.clone(), code, set_type });
-                }
-                _ => {}
-            }
+    async fn query(&self, msg: IpsetMessage, request: &Request) -> Result<IpsetMessage, IpsetError> {
+        let answer = self.nl.get(raw_request(&msg)).await.map_err(|e| IpsetError::netlink(request.clone(), e, None))?;
+        match answer.first() {
+            Some(raw) => parse_reply(request, raw),
+            None => Err(IpsetError::Reply { request: request.clone(), what: "no answer".into() }),
         }
-        Err(IpsetError::Reply { request: request.clone(), what: "no answer".into() })
     }
 
-    /// One acknowledged command; its code (0, or a positive errno).
-    async fn command(&self, msg: IpsetMessage, request: &Request) -> Result<i32, IpsetError> {
-        let codes = self
-            .client
-            .send_batch(vec![raw_request(&msg)])
-            .await
-            .map_err(|f| IpsetError::batch(&f, request.clone()))?;
-        match codes.first() {
-            Some(code) => Ok(Errno::from_code(*code).0),
-            None => Err(IpsetError::NoReply { request: request.clone() }),
-        }
+    /// One acknowledged command.
+    async fn command(&self, msg: IpsetMessage) -> Result<(), NfnlError> {
+        self.nl.acked(vec![raw_request(&msg)]).await.into_iter().next().unwrap_or(Ok(()))
     }
 }
 
@@ -365,34 +314,22 @@ fn parse_reply(request: &Request, raw: &RawNfnl) -> Result<IpsetMessage, IpsetEr
         .map_err(|e| IpsetError::Decode { request: request.clone(), source: Arc::new(e) })
 }
 
-/// A listing's replies: the header in the first message, members in any;
+/// A listing's answer: the header in the first message, members in any;
 /// `None` when the kernel says there is no such set.
-fn listing(request: &Request, replies: Vec<Msg>) -> Result<Option<Listing>, IpsetError> {
+fn listing(request: &Request, answer: Result<Vec<RawNfnl>, NfnlError>) -> Result<Option<Listing>, IpsetError> {
+    let objects = match answer {
+        Ok(objects) => objects,
+        Err(e) if e.errno() == Some(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(IpsetError::netlink(request.clone(), e, None)),
+    };
     let mut header = None;
     let mut members = Vec::new();
-    for reply in replies {
-        match reply.payload {
-            NetlinkPayload::InnerMessage(raw) => {
-                let msg = parse_reply(request, &raw)?;
-                if header.is_none() {
-                    header =
-                        codec::set_header(&msg).map_err(|what| IpsetError::Reply { request: request.clone(), what })?;
-                }
-                members.extend(codec::listed_members(&msg).map(<[MemberAttr]>::to_vec));
-            }
-            NetlinkPayload::Error(e) if e.code.is_some() => {
-                let code = Errno::from_code(e.raw_code()).0;
-                if code == ENOENT {
-                    return Ok(None);
-                }
-                return Err(IpsetError::Kernel { request: request.clone(), code, set_type: None });
-            }
-            NetlinkPayload::Done(d) if d.code != 0 => {
-                let code = Errno::from_code(d.code).0;
-                return Err(IpsetError::Kernel { request: request.clone(), code, set_type: None });
-            }
-            _ => {}
+    for raw in &objects {
+        let msg = parse_reply(request, raw)?;
+        if header.is_none() {
+            header = codec::set_header(&msg).map_err(|what| IpsetError::Reply { request: request.clone(), what })?;
         }
+        members.extend(codec::listed_members(&msg).map(<[MemberAttr]>::to_vec));
     }
     match header {
         Some(header) => Ok(Some(Listing { header, members })),
@@ -402,17 +339,20 @@ fn listing(request: &Request, replies: Vec<Msg>) -> Result<Option<Listing>, Ipse
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_core::NLM_F_MULTIPART;
+    use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 
     use super::super::captures::{LISTED_CLUSTER_IP, LIST_HEADER_ANSWER};
     use super::*;
-    use crate::kernel::netlink::replies::{ack, bytes_of, done, msg};
+    use crate::kernel::netlink::replies::bytes_of;
     use crate::msgs::SetEntry;
     use crate::net::{IpFamily, Protocol};
 
-    fn inner(captured: &[u8]) -> Msg {
-        let nl = NetlinkMessage::<RawNfnl>::deserialize(captured).expect("parses");
-        msg(9, NLM_F_MULTIPART, nl.payload)
+    /// The object of a captured reply.
+    fn inner(captured: &[u8]) -> RawNfnl {
+        match NetlinkMessage::<RawNfnl>::deserialize(captured).expect("parses").payload {
+            NetlinkPayload::InnerMessage(raw) => raw,
+            other => panic!("not an object: {other:?}"),
+        }
     }
 
     fn list(name: &str) -> Request {
@@ -428,13 +368,13 @@ mod tests {
 
     #[test]
     fn a_listing_reads_header_and_members_to_the_end() {
-        let got = listing(&list("KUBE-CLUSTER-IP"), vec![inner(&LISTED_CLUSTER_IP), done(NLM_F_MULTIPART, 0)])
+        let got = listing(&list("KUBE-CLUSTER-IP"), Ok(vec![inner(&LISTED_CLUSTER_IP)]))
             .expect("a listing")
             .expect("the set exists");
         assert_eq!(got.header.type_name, "hash:ip,port");
         assert_eq!(got.header.elements, Some(2));
         assert_eq!(got.members.len(), 2);
-        let header_only = listing(&list("KUBE-CLUSTER-IP"), vec![inner(&LIST_HEADER_ANSWER), done(NLM_F_MULTIPART, 0)])
+        let header_only = listing(&list("KUBE-CLUSTER-IP"), Ok(vec![inner(&LIST_HEADER_ANSWER)]))
             .expect("a listing")
             .expect("the set exists");
         assert!(header_only.members.is_empty());
@@ -442,12 +382,15 @@ mod tests {
 
     #[test]
     fn a_missing_set_lists_as_none_and_other_errors_name_the_request() {
-        assert_eq!(listing(&list("KUBE-X"), vec![ack(5, -2)]).expect("ENOENT is no error"), None);
-        let err = listing(&list("KUBE-X"), vec![ack(5, -1)]).expect_err("EPERM");
+        let refused = |errno| Err(NfnlError::Refused(Errno(errno)));
+        assert_eq!(listing(&list("KUBE-X"), refused(2)).expect("ENOENT is no error"), None);
+        let err = listing(&list("KUBE-X"), refused(1)).expect_err("EPERM");
         assert_eq!(err.errno(), Some(1));
         assert_eq!(err.to_string(), "list KUBE-X: Operation not permitted (os error 1)");
-        let err = listing(&list("KUBE-X"), vec![done(NLM_F_MULTIPART, 0)]).expect_err("no header");
+        let err = listing(&list("KUBE-X"), Ok(Vec::new())).expect_err("no header");
         assert!(matches!(err, IpsetError::Reply { .. }), "{err:?}");
+        let err = listing(&list("KUBE-X"), Err(NfnlError::Overrun)).expect_err("replies lost");
+        assert!(err.is_unknown_outcome(), "{err:?}");
     }
 
     #[test]
@@ -463,7 +406,8 @@ mod tests {
         let err = gone.for_op("destroy X");
         assert!(err.outcome_known());
         assert_eq!(err.errno_value(), Some(2));
-        let lost = IpsetError::NoReply { request: Request::Protocol }.for_op("add X 1.2.3.4");
+        let overdue = NfnlError::Overdue(std::time::Duration::from_secs(10));
+        let lost = IpsetError::Netlink { request: Request::Protocol, source: overdue }.for_op("add X 1.2.3.4");
         assert!(!lost.outcome_known());
     }
 

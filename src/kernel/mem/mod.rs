@@ -315,11 +315,34 @@ impl LinkKernel for MemLink {
 pub struct MemIptables {
     pub journal: Journal,
     pub restores: Arc<Mutex<Vec<String>>>,
+    /// How long a full resync's read of the tables takes (the real
+    /// handle's `iptables-save` or chain dump): a blocking wait, made where
+    /// the real handle makes its reads, on the blocking pool.
+    read_time: Arc<Mutex<std::time::Duration>>,
 }
 
 impl MemIptables {
     pub fn new(journal: &Journal) -> MemIptables {
-        MemIptables { journal: journal.clone(), restores: Arc::default() }
+        MemIptables { journal: journal.clone(), ..MemIptables::default() }
+    }
+
+    /// Full resyncs from now on read the tables for `time` (journal
+    /// `iptables read started`, `iptables read done`).
+    pub fn slow_reads(&self, time: std::time::Duration) {
+        *lock(&self.read_time) = time;
+    }
+
+    /// A full resync's read of the tables.
+    async fn read_tables(&self) -> KResult<()> {
+        let time = *lock(&self.read_time);
+        if time.is_zero() {
+            return Ok(());
+        }
+        self.journal.record("iptables read started".into());
+        let read = crate::kernel::blocking::off_thread("iptables read", move || std::thread::sleep(time)).await;
+        read.map_err(|e| KernelError::library("iptables read", true, None, e))?;
+        self.journal.record("iptables read done".into());
+        Ok(())
     }
 }
 
@@ -343,6 +366,7 @@ impl Subsystem for MemIptables {
     fn reconcile(&self, desired: Vec<IptablesOp>) -> impl Future<Output = Applied<IptablesOp>> + 'static {
         let me = self.clone();
         async move {
+            me.read_tables().await?;
             let results = me.apply(desired.clone()).await;
             Ok((desired, results))
         }

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use super::Journal;
-use crate::kernel::netlink::Errno;
+use crate::kernel::netlink::{Errno, NfnlError};
 use crate::kernel::nftables::{codec, Listed, NfTables, TableInfo, TransactionError};
 use crate::msgs::nftables::{
     nft_family, BaseChain, ElemValue, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetData, SetSpec, Transaction,
@@ -111,7 +111,10 @@ impl MemNftables {
             self.journal.record(line);
         }
         match lost {
-            true => Err(TransactionError::Unknown { what: "transaction".into(), why: "reply lost".into() }),
+            true => Err(TransactionError::Unknown {
+                what: "transaction".into(),
+                source: NfnlError::Overdue(crate::kernel::netlink::DEFAULT_REPLY_TIMEOUT),
+            }),
             false => Ok(()),
         }
     }

@@ -1,8 +1,24 @@
-//! The one netlink client of the handles that speak netlink themselves
-//! (IPVS over generic netlink, conntrack over nfnetlink): a socket and its
-//! connection task (netlink-proto), requests pipelined in batches whose acks
-//! map back to their requests, replies read with a per-reply timeout, and
-//! counters. The protocols' codecs and meanings stay with their handles.
+//! The netlink layer of the kernel handles that speak netlink themselves.
+//!
+//! - [`Nfnl`]: the nfnetlink socket type under ipset, nfacct, conntrack
+//!   and nf_tables: request/ack/dump handling, pipelined batches with one
+//!   ack each, nf_tables' transactions (batch begin/end framing), errno
+//!   mapping, reply timeouts, interrupted dumps; every exchange on tokio's
+//!   blocking pool ([`nfnl`]; the pure half in [`exchange`]).
+//! - [`Client`]: a generic netlink socket and its connection task
+//!   (netlink-proto) for IPVS, whose many small dumps an async socket
+//!   serves without blocking: requests pipelined in batches whose acks map
+//!   back to their requests, replies read with a per-reply timeout.
+//!
+//! rtnetlink (the dummy link and its addresses) is another family, spoken
+//! through the rtnetlink crate. The protocols' codecs and meanings stay
+//! with their handles.
+
+pub mod exchange;
+pub mod nfnl;
+
+pub use self::exchange::{request, Msg, Refusals};
+pub use self::nfnl::{Nfnl, NfnlError, DUMP_ATTEMPTS};
 
 use std::fmt::Debug;
 use std::pin::Pin;

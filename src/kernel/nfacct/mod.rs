@@ -6,9 +6,9 @@
 //! packet count (the metrics, at scrape time), delete one (tests).
 //!
 //! Objects live in the network namespace of the socket (the daemon's), one
-//! set for both IP families. Requests go over the shared netlink client
-//! ([`crate::kernel::netlink`]) as raw bytes ([`RawNfnl`]) and replies are
-//! parsed here ([`codec`]), so a malformed reply fails its request.
+//! set for both IP families. Requests go over the nfnetlink layer
+//! ([`crate::kernel::netlink::Nfnl`]) as raw bytes ([`RawNfnl`]) and replies
+//! are parsed here ([`codec`]), so a malformed reply fails its request.
 //!
 //! Not every kernel has the subsystem (`CONFIG_NETFILTER_NETLINK_ACCT`):
 //! without it every request fails with `EINVAL`, and without
@@ -22,12 +22,10 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
-use netlink_packet_core::{DecodeError, NetlinkHeader, NetlinkMessage, NetlinkPayload};
-use netlink_proto::sys::protocols::NETLINK_NETFILTER;
-use netlink_proto::NetlinkProtoError;
+use netlink_packet_core::DecodeError;
 
 use self::codec::{AcctMessage, Counter, NameError};
-use crate::kernel::netlink::{BatchFailure, Client, Errno, RawNfnl};
+use crate::kernel::netlink::{self, Errno, Msg, Nfnl, NfnlError, RawNfnl};
 
 /// `EBUSY`: `NFNL_MSG_ACCT_NEW` of a name that exists (without `NLM_F_EXCL`),
 /// or `DEL` of an object a rule uses.
@@ -62,13 +60,12 @@ pub enum NfacctError {
         #[source]
         errno: Errno,
     },
-    #[error("{request}: no reply from the kernel, outcome unknown")]
-    NoReply { request: Request },
-    #[error("{request}: netlink connection closed: {source}")]
-    ConnectionClosed {
+    /// No (complete) answer: see the source.
+    #[error("{request}: {source}")]
+    Netlink {
         request: Request,
         #[source]
-        source: Arc<NetlinkProtoError>,
+        source: NfnlError,
     },
     #[error("{request}: malformed reply: {source}")]
     Decode {
@@ -93,44 +90,40 @@ impl NfacctError {
         }
     }
 
-    fn batch(failure: &BatchFailure, request: Request) -> NfacctError {
-        match failure {
-            BatchFailure::Closed(source) => NfacctError::ConnectionClosed { request, source: source.clone() },
-            BatchFailure::NoReply => NfacctError::NoReply { request },
+    /// `request` failed in the netlink layer: the kernel refused it, or
+    /// there is no answer.
+    fn netlink(request: Request, source: NfnlError) -> NfacctError {
+        match source.errno() {
+            Some(errno) => NfacctError::Kernel { request, errno },
+            None => NfacctError::Netlink { request, source },
         }
     }
 }
 
-type Msg = NetlinkMessage<RawNfnl>;
-
-/// The bytes of [`codec::netlink_request`], in the connection's type.
+/// The bytes of [`codec::netlink_request`], as the layer sends them.
 fn raw_request(msg: &AcctMessage) -> Msg {
-    let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::emitted(msg)));
-    nl.header.flags = codec::request_flags(msg);
-    nl.finalize();
-    nl
+    netlink::request(RawNfnl::emitted(msg), codec::request_flags(msg))
 }
 
-/// The nfacct client: a cheap `Clone` handle over one netlink socket
-/// (clones share it); `&self` methods may run concurrently.
+/// The nfacct client: a cheap `Clone` handle over one nfnetlink socket
+/// (clones share it; their requests take turns).
 #[derive(Debug, Clone)]
 pub struct NetlinkNfacct {
-    client: Client<RawNfnl>,
+    nl: Nfnl,
 }
 
 impl NetlinkNfacct {
-    /// Opens the socket in the calling thread's network namespace and spawns
-    /// its connection task: must run inside a Tokio runtime. Opening works
-    /// on every kernel; whether the subsystem answers shows at the first
-    /// request.
+    /// Opens the socket in the calling thread's network namespace. Opening
+    /// works on every kernel; whether the subsystem answers shows at the
+    /// first request.
     pub fn new() -> Result<NetlinkNfacct, NfacctError> {
-        let client = Client::open(NETLINK_NETFILTER).map_err(|e| NfacctError::Socket(Arc::new(e)))?;
-        Ok(NetlinkNfacct { client })
+        let nl = Nfnl::open().map_err(|e| NfacctError::Socket(Arc::new(e)))?;
+        Ok(NetlinkNfacct { nl })
     }
 
     /// Netlink messages sent so far.
     pub fn messages_sent(&self) -> u64 {
-        self.client.messages_sent()
+        self.nl.messages_sent()
     }
 
     /// Creates each object of `names` that does not exist (one datagram);
@@ -142,17 +135,8 @@ impl NetlinkNfacct {
         let valid: Vec<usize> = (0..names.len()).filter(|&i| out[i].is_none()).collect();
         if !valid.is_empty() {
             let msgs = valid.iter().map(|&i| raw_request(&codec::new_request(names[i]))).collect();
-            match self.client.send_batch(msgs).await {
-                Ok(codes) => {
-                    for (&i, code) in valid.iter().zip(codes) {
-                        out[i] = Some(ensure_outcome(names[i], code));
-                    }
-                }
-                Err(failure) => {
-                    for &i in &valid {
-                        out[i] = Some(Err(NfacctError::batch(&failure, Request::Add(names[i].to_string()))));
-                    }
-                }
+            for (&i, result) in valid.iter().zip(self.nl.acked(msgs).await) {
+                out[i] = Some(ensure_outcome(names[i], result));
             }
         }
         out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
@@ -162,12 +146,7 @@ impl NetlinkNfacct {
     pub async fn get(&self, name: &str) -> Result<Option<Counter>, NfacctError> {
         codec::check_name(name)?;
         let request = Request::Get(name.to_string());
-        let replies = self
-            .client
-            .exchange(vec![raw_request(&codec::get_request(name))])
-            .await
-            .map_err(|f| NfacctError::batch(&f, request.clone()))?;
-        get_outcome(&request, replies)
+        get_outcome(&request, self.nl.get(raw_request(&codec::get_request(name))).await)
     }
 
     /// Deletes the object `name`; `Ok(false)` if there was none. An object
@@ -175,75 +154,62 @@ impl NetlinkNfacct {
     pub async fn delete(&self, name: &str) -> Result<bool, NfacctError> {
         codec::check_name(name)?;
         let request = Request::Delete(name.to_string());
-        let codes = self
-            .client
-            .send_batch(vec![raw_request(&codec::delete_request(name))])
-            .await
-            .map_err(|f| NfacctError::batch(&f, request.clone()))?;
-        match codes.first().copied().unwrap_or(0) {
-            0 => Ok(true),
-            code if Errno::from_code(code) == Errno::ENOENT => Ok(false),
-            code => Err(NfacctError::Kernel { request, errno: Errno::from_code(code) }),
+        let result = self.nl.acked(vec![raw_request(&codec::delete_request(name))]).await.into_iter().next();
+        match result.unwrap_or(Ok(())) {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(NfacctError::netlink(request, e)),
         }
     }
 }
 
-/// A create's result from its netlink error code: created (0) or already
-/// there (`EBUSY`, or `EEXIST` from a kernel that treats us as exclusive).
-fn ensure_outcome(name: &str, code: i32) -> Result<(), NfacctError> {
-    match Errno::from_code(code) {
-        Errno(0) => Ok(()),
-        e if e == EBUSY || e == Errno::EEXIST => Ok(()),
-        errno => Err(NfacctError::Kernel { request: Request::Add(name.to_string()), errno }),
+/// A create's result: created, or already there (`EBUSY`, or `EEXIST`
+/// from a kernel that treats us as exclusive).
+fn ensure_outcome(name: &str, result: Result<(), NfnlError>) -> Result<(), NfacctError> {
+    match result {
+        Err(e) if !matches!(e.errno(), Some(EBUSY | Errno::EEXIST)) => {
+            Err(NfacctError::netlink(Request::Add(name.to_string()), e))
+        }
+        _ => Ok(()),
     }
 }
 
-/// A `GET`'s replies: the object's description then the ack, or the error.
-fn get_outcome(request: &Request, replies: Vec<Msg>) -> Result<Option<Counter>, NfacctError> {
-    let mut found = None;
-    for reply in replies {
-        match reply.payload {
-            NetlinkPayload::InnerMessage(raw) => {
-                let msg = codec::parse(raw.message_type(), raw.payload())
-                    .map_err(|e| NfacctError::Decode { request: request.clone(), source: Arc::new(e) })?;
-                let counter = Counter::from_message(&msg)
-                    .map_err(|what| NfacctError::Reply { request: request.clone(), what })?;
-                found = Some(counter);
-            }
-            NetlinkPayload::Error(e) if e.code.is_some() => {
-                let errno = Errno::from_code(e.raw_code());
-                if errno == Errno::ENOENT {
-                    return Ok(None);
-                }
-                return Err(NfacctError::Kernel { request: request.clone(), errno });
-            }
-            _ => {}
-        }
-    }
-    match found {
-        Some(c) => Ok(Some(c)),
-        None => Err(NfacctError::Reply { request: request.clone(), what: "an ack without the object".into() }),
-    }
+/// A `GET`'s answer: the object's description (`None` when the kernel
+/// says there is no such object).
+fn get_outcome(request: &Request, answer: Result<Vec<RawNfnl>, NfnlError>) -> Result<Option<Counter>, NfacctError> {
+    let objects = match answer {
+        Ok(objects) => objects,
+        Err(e) if e.errno() == Some(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(NfacctError::netlink(request.clone(), e)),
+    };
+    let Some(raw) = objects.last() else {
+        return Err(NfacctError::Reply { request: request.clone(), what: "an ack without the object".into() });
+    };
+    let msg = codec::parse(raw.message_type(), raw.payload())
+        .map_err(|e| NfacctError::Decode { request: request.clone(), source: Arc::new(e) })?;
+    Counter::from_message(&msg).map(Some).map_err(|what| NfacctError::Reply { request: request.clone(), what })
 }
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_core::NLM_F_MULTIPART;
-
     use super::codec::{AcctAttr, AcctCommand};
     use super::*;
-    use crate::kernel::netlink::replies::{ack, bytes_of, msg};
+    use crate::kernel::netlink::replies::bytes_of;
 
-    fn described(name: &str, packets: u64) -> Msg {
+    fn described(name: &str, packets: u64) -> RawNfnl {
         let m = AcctMessage::request(
             AcctCommand::New,
             vec![AcctAttr::Name(name.into()), AcctAttr::Packets(packets), AcctAttr::Bytes(packets * 60)],
         );
-        msg(5, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(RawNfnl::emitted(&m)))
+        RawNfnl::emitted(&m)
     }
 
     fn get(name: &str) -> Request {
         Request::Get(name.into())
+    }
+
+    fn refused(errno: i32) -> NfnlError {
+        NfnlError::Refused(Errno(errno))
     }
 
     #[test]
@@ -255,36 +221,36 @@ mod tests {
     }
 
     #[test]
-    fn a_get_reads_the_description_before_the_ack() {
-        let got = get_outcome(&get("x"), vec![described("x", 7), ack(5, 0)]).expect("a counter");
+    fn a_get_reads_the_description() {
+        let got = get_outcome(&get("x"), Ok(vec![described("x", 7)])).expect("a counter");
         assert_eq!(got, Some(Counter { name: "x".into(), packets: 7, bytes: 420 }));
     }
 
     #[test]
     fn a_missing_object_is_none_and_other_errors_keep_the_errno() {
-        assert_eq!(get_outcome(&get("x"), vec![ack(5, -2)]).ok(), Some(None));
-        let err = get_outcome(&get("x"), vec![ack(5, -22)]).expect_err("EINVAL: no subsystem");
+        assert_eq!(get_outcome(&get("x"), Err(refused(2))).ok(), Some(None));
+        let err = get_outcome(&get("x"), Err(refused(22))).expect_err("EINVAL: no subsystem");
         assert_eq!(err.errno(), Some(Errno(22)));
         assert_eq!(err.to_string(), "nfacct get x: Invalid argument (os error 22)");
-        let err = get_outcome(&get("x"), vec![ack(5, 0)]).expect_err("ack alone");
+        let err = get_outcome(&get("x"), Ok(Vec::new())).expect_err("ack alone");
         assert!(matches!(err, NfacctError::Reply { .. }), "{err:?}");
+        let err = get_outcome(&get("x"), Err(NfnlError::Overdue(std::time::Duration::from_secs(1))));
+        assert!(matches!(err, Err(NfacctError::Netlink { .. })), "{err:?}");
     }
 
     #[test]
     fn an_unreadable_description_fails_the_get() {
         let garbage = RawNfnl { message_type: 0x0700, payload: vec![0, 0, 0, 0, 0x08, 0x00, 0x02, 0x00, 1, 2, 3, 4] };
-        let err =
-            get_outcome(&get("x"), vec![msg(5, NLM_F_MULTIPART, NetlinkPayload::InnerMessage(garbage)), ack(5, 0)])
-                .expect_err("decode");
+        let err = get_outcome(&get("x"), Ok(vec![garbage])).expect_err("decode");
         assert!(matches!(err, NfacctError::Decode { .. }), "{err:?}");
     }
 
     #[test]
     fn creating_what_exists_succeeds_and_other_errors_name_the_object() {
-        assert!(ensure_outcome("x", 0).is_ok());
-        assert!(ensure_outcome("x", -16).is_ok(), "EBUSY: it exists");
-        assert!(ensure_outcome("x", -17).is_ok(), "EEXIST");
-        let err = ensure_outcome("x", -1).expect_err("EPERM");
+        assert!(ensure_outcome("x", Ok(())).is_ok());
+        assert!(ensure_outcome("x", Err(refused(16))).is_ok(), "EBUSY: it exists");
+        assert!(ensure_outcome("x", Err(refused(17))).is_ok(), "EEXIST");
+        let err = ensure_outcome("x", Err(refused(1))).expect_err("EPERM");
         assert_eq!(err.to_string(), "nfacct add x: Operation not permitted (os error 1)");
     }
 

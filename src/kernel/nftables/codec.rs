@@ -22,7 +22,6 @@ use netlink_packet_netfilter::nftables::{
     SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict,
     VerdictAttribute,
 };
-use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
 use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError, Unencodable};
@@ -31,8 +30,6 @@ use super::udata;
 use crate::msgs::nftables::{ChainHook, ElemValue, Element, KeyPart, NftOp, SetData, SetFlag, SetSpec, Verdict};
 use crate::net::IpFamily;
 
-/// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// libnftnl's user-data types of comments.
 const UDATA_TABLE_COMMENT: u8 = 0;
 const UDATA_CHAIN_COMMENT: u8 = 0;
@@ -135,48 +132,6 @@ pub fn table_info(payload: &[u8]) -> Option<TableInfo> {
 /// A `NFT_MSG_NEWGEN` reply's `NFTA_GEN_ID` (1, network order).
 pub fn generation_id(payload: &[u8]) -> Option<u32> {
     reply_attrs(payload).find(|(kind, _)| *kind == 1).and_then(|(_, v)| v.try_into().ok().map(u32::from_be_bytes))
-}
-
-/// The (sequence, error code) of every refusal (`NLMSG_ERROR` with a
-/// non-zero code) in a datagram the kernel sent.
-pub fn errors_in(datagram: &[u8]) -> Vec<(u32, i32)> {
-    const NLMSG_ERROR: u16 = 2;
-    let mut out = Vec::new();
-    let mut at = 0;
-    while let Some(h) = datagram.get(at..at + 16) {
-        let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let kind = u16::from_ne_bytes([h[4], h[5]]);
-        let seq = u32::from_ne_bytes([h[8], h[9], h[10], h[11]]);
-        if len < 16 {
-            break;
-        }
-        if kind == NLMSG_ERROR {
-            if let Some(c) = datagram.get(at + 16..at + 20) {
-                let code = i32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                if code != 0 {
-                    out.push((seq, code));
-                }
-            }
-        }
-        at += len.next_multiple_of(4);
-    }
-    out
-}
-
-/// `NFNL_MSG_BATCH_BEGIN` for nf_tables.
-pub fn batch_begin() -> NetfilterMessage {
-    NetfilterMessage::new(
-        NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES),
-        ControlMessage::BatchBegin,
-    )
-}
-
-/// `NFNL_MSG_BATCH_END` for nf_tables.
-pub fn batch_end() -> NetfilterMessage {
-    NetfilterMessage::new(
-        NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES),
-        ControlMessage::BatchEnd,
-    )
 }
 
 /// One message of a transaction: what it is, its netlink flags besides

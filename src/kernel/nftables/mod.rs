@@ -8,12 +8,16 @@
 //!   encoded in [`codec`] (rules in [`expr`]); this module sends them.
 //! - [`NftablesTable`] is the actor's handle on one family's table, over
 //!   [`NfTables`]: this socket, or the in-memory kernel in tests.
-//! - One [`NetlinkNftables::apply`] is one transaction: `NFNL_MSG_BATCH_BEGIN`,
-//!   the ops, `NFNL_MSG_BATCH_END`, in one datagram on a socket of its own.
-//!   The kernel applies all or nothing; ops ask no ack (as `nft`), every
-//!   refusal comes back and names the op ([`TransactionError`]).
+//! - One [`NetlinkNftables::apply`] is one transaction of the nfnetlink
+//!   layer ([`Nfnl::transaction`]): `NFNL_MSG_BATCH_BEGIN`, the ops,
+//!   `NFNL_MSG_BATCH_END`, in one datagram. The kernel applies all or
+//!   nothing; ops ask no ack (as `nft`), every refusal comes back and names
+//!   the op ([`TransactionError`]).
 //! - [`NetlinkNftables::generation`] and [`NetlinkNftables::table_info`]
-//!   are the cheap drift check: two small gets, no listing.
+//!   are the cheap drift check: two small gets, no listing;
+//!   [`NetlinkNftables::list`] and [`NetlinkNftables::chain_names`] are
+//!   dumps (the latter also lists iptables-nft's tables for the iptables
+//!   handle). Every exchange runs on the blocking pool.
 
 mod attrs;
 pub mod codec;
@@ -22,20 +26,24 @@ pub mod table;
 pub mod types;
 mod udata;
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_netfilter::NetfilterMessage;
-use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 
 pub use self::codec::TableInfo;
 pub use self::expr::EncodeError;
 pub use self::table::NftablesTable;
-use crate::kernel::netlink::{Client, Errno, RawNfnl};
+use crate::kernel::netlink::{self, Errno, Msg, Nfnl, NfnlError, RawNfnl, Refusals};
 pub use crate::msgs::nftables::NftOp;
 use crate::msgs::nftables::Transaction;
 use crate::net::IpFamily;
+
+/// nfnetlink's subsystem id of nf_tables (the batch markers' `res_id`).
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 /// Why a transaction (or a get) changed nothing, or may have.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -44,16 +52,24 @@ pub enum TransactionError {
     /// the whole transaction was aborted.
     #[error("nf_tables refused op {index} ({op}): {errno}; nothing of the transaction applied")]
     Refused { index: usize, op: String, errno: Errno },
-    /// No answer, or not one per op: whether it was committed is unknown.
-    #[error("nf_tables {what}: outcome unknown: {why}")]
-    Unknown { what: String, why: String },
-    /// The socket failed while sending or reading: outcome unknown.
-    #[error("nf_tables {what}: {source}; outcome unknown")]
-    Io {
+    /// The kernel refused the transaction as a whole (its commit, or the
+    /// batch: without CAP_NET_ADMIN, say): nothing applied.
+    #[error("nf_tables refused the transaction: {errno}; nothing applied")]
+    BatchRefused { errno: Errno },
+    /// The kernel refused ops, but its refusals overflowed the receive
+    /// buffer: which ones is unknown, and nothing applied.
+    #[error("nf_tables refused ops of the transaction of {ops} (their errors were lost); nothing applied")]
+    RefusalsLost { ops: usize },
+    /// No (complete) answer: whether it was committed is unknown.
+    #[error("nf_tables {what}: {source}")]
+    Unknown {
         what: String,
         #[source]
-        source: Arc<std::io::Error>,
+        source: NfnlError,
     },
+    /// An answer without what it must carry.
+    #[error("nf_tables {what}: the reply lacks {missing}")]
+    Reply { what: String, missing: &'static str },
     /// An op the codec cannot encode; nothing was sent.
     #[error("{0}; nothing sent")]
     Encode(#[from] EncodeError),
@@ -70,11 +86,16 @@ pub enum TransactionError {
 impl TransactionError {
     /// Whether nothing of it took effect (else the outcome is unknown).
     pub fn outcome_known(&self) -> bool {
-        !matches!(self, TransactionError::Unknown { .. } | TransactionError::Io { .. })
+        !matches!(self, TransactionError::Unknown { .. })
     }
 
-    fn unknown(what: impl Into<String>, why: impl Into<String>) -> TransactionError {
-        TransactionError::Unknown { what: what.into(), why: why.into() }
+    /// `what` failed in the netlink layer: refused by the kernel, or
+    /// without an answer.
+    fn netlink(what: impl Into<String>, source: NfnlError) -> TransactionError {
+        match source.errno() {
+            Some(errno) => TransactionError::Refused { index: 0, op: what.into(), errno },
+            None => TransactionError::Unknown { what: what.into(), source },
+        }
     }
 }
 
@@ -105,96 +126,74 @@ pub trait NfTables: Clone + Unpin + 'static {
     ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static;
 }
 
-/// A netfilter netlink socket for nf_tables, in the network namespace of
-/// the thread that opened it. Cheap to clone.
+/// An nfnetlink socket for nf_tables, in the network namespace of the
+/// thread that opened it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct NetlinkNftables {
-    client: Client<RawNfnl>,
-    sender: std::sync::Arc<Sender>,
-    seq: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    nl: Nfnl,
     /// The last anonymous set id used: ids (and so the sets' names, see
     /// [`expr::anon_name`]) stay unique in the table across transactions.
-    anon_ids: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    anon_ids: Arc<AtomicU32>,
 }
 
 impl NetlinkNftables {
-    /// Opens the socket and spawns its connection task (inside a Tokio runtime).
+    /// Opens the socket in the calling thread's network namespace.
     pub fn new() -> std::io::Result<NetlinkNftables> {
-        Ok(NetlinkNftables {
-            client: Client::open(NETLINK_NETFILTER)?,
-            sender: std::sync::Arc::new(Sender::open()?),
-            seq: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1)),
-            anon_ids: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(anon_id_seed())),
-        })
+        Ok(NetlinkNftables { nl: Nfnl::open()?, anon_ids: Arc::new(AtomicU32::new(anon_id_seed())) })
     }
 
     /// Netlink messages sent so far (batch markers included).
     pub fn messages_sent(&self) -> u64 {
-        self.client.messages_sent()
+        self.nl.messages_sent()
     }
 
     /// Applies `ops` to table `table` of `family` as one transaction (an
     /// op the codec cannot encode: nothing is sent).
     pub async fn apply(&self, family: IpFamily, table: &str, ops: &[NftOp]) -> Result<(), TransactionError> {
-        let Some(Encoded { batch, seq0, owner }) = self.encode(family, table, ops)? else { return Ok(()) };
-        let sender = self.sender.clone();
-        let errors = tokio::task::spawn_blocking(move || sender.send(&batch))
-            .await
-            .map_err(|e| TransactionError::unknown("transaction", format!("the sending thread: {e}")))?
-            .map_err(|e| match e.raw_os_error() {
-                // Refused whole before any op ran: nothing applied.
-                Some(libc::EMSGSIZE) | Some(libc::ENOBUFS) => {
-                    TransactionError::TooLarge { ops: ops.len(), source: Arc::new(e) }
-                }
-                _ => TransactionError::Io { what: "sending the transaction".into(), source: Arc::new(e) },
-            })?;
-        // The first refused message (the batch markers are not ops).
-        let refused = errors
-            .iter()
-            .filter_map(|(seq, code)| Some((seq.wrapping_sub(seq0).checked_sub(1)? as usize, *code)))
-            .filter(|(i, _)| *i < owner.len())
-            .min();
-        match refused {
-            None if errors.is_empty() => Ok(()),
-            None => Err(TransactionError::unknown(
-                "transaction",
-                format!("the kernel refused the batch itself: {errors:?}"),
-            )),
-            Some((m, code)) => {
-                let index = owner[m];
-                Err(TransactionError::Refused { index, op: ops[index].to_string(), errno: Errno::from_code(code) })
-            }
-        }
-    }
-
-    /// The datagram of one transaction: the batch markers around the ops'
-    /// messages, numbered from `seq0`; `None` for no ops.
-    fn encode(&self, family: IpFamily, table: &str, ops: &[NftOp]) -> Result<Option<Encoded>, TransactionError> {
         if ops.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
         // One transaction at a time per socket (the actor's), so the ids it takes are its own.
-        let mut next_id = self.anon_ids.load(std::sync::atomic::Ordering::Relaxed);
+        let mut next_id = self.anon_ids.load(Ordering::Relaxed);
         let requests = codec::requests(family, table, ops, &mut next_id)?;
-        self.anon_ids.store(next_id, std::sync::atomic::Ordering::Relaxed);
+        self.anon_ids.store(next_id, Ordering::Relaxed);
         let owner: Vec<usize> = requests.iter().map(|r| r.op).collect();
-        let begin = request(&codec::batch_begin(), 0);
-        let end = request(&codec::batch_end(), 0);
-        let msgs = requests.iter().map(|r| request(&r.msg, r.flags));
-        let seq0 = self.next_seq(owner.len() as u32 + 2);
-        let mut batch = Vec::new();
-        for (i, mut m) in std::iter::once(begin).chain(msgs).chain(std::iter::once(end)).enumerate() {
-            m.header.sequence_number = seq0.wrapping_add(i as u32);
-            m.finalize();
-            let at = batch.len();
-            batch.resize(at + m.buffer_len(), 0);
-            m.serialize(&mut batch[at..]);
+        let msgs = requests.iter().map(|r| request(&r.msg, r.flags)).collect();
+        match self.nl.transaction(NFNL_SUBSYS_NFTABLES, msgs).await {
+            Ok(refusals) => refused(&refusals, &owner, ops),
+            Err(e) => Err(transaction_failure(e, ops.len())),
         }
-        Ok(Some(Encoded { batch, seq0, owner }))
     }
+}
 
-    fn next_seq(&self, n: u32) -> u32 {
-        self.seq.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+/// What the kernel's refusals of a transaction mean: the first refused op
+/// (by its messages, `owner` naming each message's op), or the batch.
+fn refused(refusals: &Refusals, owner: &[usize], ops: &[NftOp]) -> Result<(), TransactionError> {
+    let first =
+        refusals.messages.iter().filter_map(|&(m, errno)| Some((*owner.get(m)?, errno))).min_by_key(|(i, _)| *i);
+    match (first, refusals.batch.first()) {
+        (Some((index, errno)), _) => Err(TransactionError::Refused {
+            index,
+            op: ops.get(index).map(ToString::to_string).unwrap_or_default(),
+            errno,
+        }),
+        (None, Some(&errno)) => Err(TransactionError::BatchRefused { errno }),
+        (None, None) => Ok(()),
+    }
+}
+
+/// A transaction that has no answer: refused whole (too large for the
+/// socket), refused with its refusals lost, or of unknown outcome.
+fn transaction_failure(e: NfnlError, ops: usize) -> TransactionError {
+    match e {
+        NfnlError::Io { what: "sending", source }
+            if matches!(source.raw_os_error(), Some(libc::EMSGSIZE | libc::ENOBUFS)) =>
+        {
+            TransactionError::TooLarge { ops, source }
+        }
+        // Every message the kernel sends to a transaction that asked no acks is a refusal.
+        NfnlError::Overrun => TransactionError::RefusalsLost { ops },
+        e => TransactionError::Unknown { what: format!("transaction of {ops} ops"), source: e },
     }
 }
 
@@ -211,77 +210,6 @@ fn anon_id_seed() -> u32 {
     (1 << 31) | (random as u32 & ((1 << 30) - 1))
 }
 
-/// The transactions' own socket. A batch is processed by the kernel within
-/// the `send` that carries it (nfnetlink runs in the sender's context), so
-/// when `send` returns every error it has to report is queued: read them
-/// without waiting. Ops ask no ack (as `nft`): a large transaction's acks
-/// would overflow any receive buffer; only refusals come back.
-#[derive(Debug)]
-struct Sender {
-    socket: std::sync::Mutex<netlink_sys::Socket>,
-}
-
-impl Sender {
-    fn open() -> std::io::Result<Sender> {
-        let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER)?;
-        socket.bind_auto()?;
-        // Room for many refusals (each echoes its request's header only).
-        socket.set_cap_ack(true)?;
-        set_buffer(&socket, libc::SO_RCVBUFFORCE, 4 << 20);
-        Ok(Sender { socket: std::sync::Mutex::new(socket) })
-    }
-
-    /// Sends `batch` in one datagram; the (sequence, error code) of every
-    /// message the kernel refused.
-    fn send(&self, batch: &[u8]) -> std::io::Result<Vec<(u32, i32)>> {
-        let socket = crate::sync::lock(&self.socket);
-        // A datagram must fit the send buffer (the kernel checks its length against it).
-        set_buffer(&socket, libc::SO_SNDBUFFORCE, batch.len() + (64 << 10));
-        socket.set_non_blocking(false)?;
-        socket.send(batch, 0)?;
-        socket.set_non_blocking(true)?;
-        let mut errors = Vec::new();
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            let n = match socket.recv(&mut &mut buf[..], 0) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(errors),
-                Err(e) => return Err(e),
-            };
-            errors.extend(codec::errors_in(&buf[..n]));
-        }
-    }
-}
-
-/// SO_SNDBUFFORCE / SO_RCVBUFFORCE (CAP_NET_ADMIN; the daemon runs with
-/// it); without the privilege the kernel's default stays and a too large
-/// transaction fails with EMSGSIZE, named.
-fn set_buffer(socket: &netlink_sys::Socket, option: libc::c_int, bytes: usize) {
-    use std::os::fd::AsRawFd;
-    let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: setsockopt reads one c_int from the pointer given, for its length.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            option,
-            std::ptr::from_ref(&size).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), option, "cannot size the nf_tables socket");
-    }
-}
-
-/// A transaction ready to send: its datagram, its first sequence number,
-/// the op of each message.
-struct Encoded {
-    batch: Vec<u8>,
-    seq0: u32,
-    owner: Vec<usize>,
-}
-
 /// The names of a table's chains and sets, as a dump lists them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Listed {
@@ -295,7 +223,21 @@ impl NetlinkNftables {
     pub async fn list(&self, family: IpFamily, table: &str) -> Result<Listed, TransactionError> {
         let chains = self.dump_names(family, table, codec::DumpKind::Chains).await?;
         let sets = self.dump_names(family, table, codec::DumpKind::Sets).await?;
-        Ok(Listed { chains, sets: sets.into_iter().filter(|s| !s.starts_with("__")).collect() })
+        Ok(Listed {
+            chains: chains.into_iter().collect(),
+            sets: sets.into_iter().filter(|s| !s.starts_with("__")).collect(),
+        })
+    }
+
+    /// The names of the chains of table `table` of `family` (iptables-nft's
+    /// `ip`/`ip6` tables too): one dump, where `iptables-nft-save` needs
+    /// minutes once a table holds 100,000 chains. Empty when the table, or
+    /// nf_tables for the family, does not exist.
+    pub async fn chain_names(&self, family: IpFamily, table: &str) -> Result<BTreeSet<String>, TransactionError> {
+        match self.dump_names(family, table, codec::DumpKind::Chains).await {
+            Err(TransactionError::Refused { errno: Errno(libc::EAFNOSUPPORT), .. }) => Ok(BTreeSet::new()),
+            other => other,
+        }
     }
 
     /// The ruleset's generation (`NFT_MSG_GETGEN`): it moves on with every
@@ -306,7 +248,7 @@ impl NetlinkNftables {
         reply
             .as_ref()
             .and_then(|r| codec::generation_id(r.payload()))
-            .ok_or_else(|| TransactionError::unknown(what, "no generation in the reply"))
+            .ok_or(TransactionError::Reply { what: what.into(), missing: "NFTA_GEN_ID" })
     }
 
     /// Table `table` of `family` as a get reports it (`None`: no such table).
@@ -316,80 +258,69 @@ impl NetlinkNftables {
             None => Ok(None),
             Some(r) => codec::table_info(r.payload())
                 .map(Some)
-                .ok_or_else(|| TransactionError::unknown(what.clone(), "no handle or use count in the reply")),
+                .ok_or(TransactionError::Reply { what, missing: "the table's handle and use count" }),
         }
     }
 
-    /// The one reply of a get (`None` when the kernel says ENOENT).
+    /// The one object of a get's answer (`None` when the kernel says ENOENT).
     async fn get_one(&self, msg: NetfilterMessage, what: &str) -> Result<Option<RawNfnl>, TransactionError> {
-        let mut replies = self
-            .client
-            .request(vec![request(&msg, 0)])
-            .map_err(|e| TransactionError::unknown(what.to_string(), format!("netlink connection closed: {e}")))?;
-        match replies.next().await {
-            Ok(Some(m)) => match m.payload {
-                NetlinkPayload::InnerMessage(raw) => Ok(Some(raw)),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    let errno = Errno::from_code(e.raw_code());
-                    if errno == Errno::ENOENT {
-                        return Ok(None);
-                    }
-                    Err(TransactionError::Refused { index: 0, op: what.to_string(), errno })
-                }
-                other => Err(TransactionError::unknown(what, format!("unexpected reply {other:?}"))),
-            },
-            Ok(None) => Err(TransactionError::unknown(what, "no reply")),
-            Err(_) => Err(TransactionError::unknown(what, "no reply in time")),
+        match self.nl.get(request(&msg, 0)).await {
+            Ok(objects) => objects
+                .into_iter()
+                .next()
+                .map(Some)
+                .ok_or(TransactionError::Reply { what: what.into(), missing: "an object" }),
+            Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(TransactionError::netlink(what, e)),
         }
     }
 
+    /// The names of table `table`'s objects of `kind`: one dump, the names
+    /// read as they arrive. No such table (or family): nothing of ours there.
     async fn dump_names(
         &self,
         family: IpFamily,
         table: &str,
         kind: codec::DumpKind,
-    ) -> Result<Vec<String>, TransactionError> {
+    ) -> Result<BTreeSet<String>, TransactionError> {
         let what = format!("list {kind:?} of table {table}");
-        let dump = request(&codec::dump_request(family, table, kind), netlink_packet_core::NLM_F_DUMP);
-        let mut replies = self
-            .client
-            .request(vec![dump])
-            .map_err(|e| TransactionError::unknown(what.to_string(), format!("netlink connection closed: {e}")))?;
-        let mut names = Vec::new();
-        loop {
-            let msg = match replies.next().await {
-                Ok(Some(m)) => m,
-                Ok(None) => return Err(TransactionError::unknown(what, "the dump ended early")),
-                Err(_) => return Err(TransactionError::unknown(what, "no reply in time")),
-            };
-            match msg.payload {
-                NetlinkPayload::InnerMessage(raw) => {
-                    if let Some(name) = codec::name_in_table(raw.payload(), table, kind) {
-                        names.push(name);
-                    }
-                }
-                NetlinkPayload::Done(_) => return Ok(names),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    let errno = Errno::from_code(e.raw_code());
-                    // No such table (or family): nothing of ours there.
-                    if errno == Errno::ENOENT {
-                        return Ok(Vec::new());
-                    }
-                    return Err(TransactionError::Refused { index: 0, op: what, errno });
-                }
-                _ => {}
-            }
+        let dump = request(&codec::dump_request(family, table, kind), NLM_F_DUMP);
+        let wanted = table.to_string();
+        let names = self.nl.dump(dump, BTreeSet::new(), move |names: &mut BTreeSet<String>, raw| {
+            names.extend(codec::name_in_table(raw.payload(), &wanted, kind));
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match names.await {
+            Ok(names) => Ok(names.unwrap_or_else(|never| match never {})),
+            Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(BTreeSet::new()),
+            Err(e) => Err(TransactionError::netlink(what, e)),
         }
     }
 }
 
-/// `msg` as a request of the shared raw connection, with `flags` besides
+/// Why nf_tables does not answer for a family.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open a netfilter netlink socket: {0}")]
+    Socket(#[source] Arc<std::io::Error>),
+    #[error("cannot start the probe's runtime: {0}")]
+    Runtime(#[source] Arc<std::io::Error>),
+    #[error("listing nf_tables chains: {0}")]
+    List(#[source] TransactionError),
+}
+
+/// Whether nf_tables answers for `family`: a dump of table `table`'s
+/// chains, made on a thread of its own (start-up, before the actors run).
+pub fn probe(family: IpFamily, table: &str) -> Result<(), ProbeError> {
+    let nft = NetlinkNftables::new().map_err(|e| ProbeError::Socket(Arc::new(e)))?;
+    let listed = crate::kernel::blocking::on_own_thread(|| nft.chain_names(family, table));
+    listed.map_err(|e| ProbeError::Runtime(Arc::new(e)))?.map(|_| ()).map_err(ProbeError::List)
+}
+
+/// `msg` as a request of the nfnetlink layer, with `flags` besides
 /// `NLM_F_REQUEST`.
-fn request(msg: &NetfilterMessage, flags: u16) -> NetlinkMessage<RawNfnl> {
-    let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(RawNfnl::emitted(msg)));
-    nl.header.flags = netlink_packet_core::NLM_F_REQUEST | flags;
-    nl.finalize();
-    nl
+fn request(msg: &NetfilterMessage, flags: u16) -> Msg {
+    netlink::request(RawNfnl::emitted(msg), flags)
 }
 
 impl NfTables for NetlinkNftables {
@@ -419,5 +350,41 @@ impl NfTables for NetlinkNftables {
     ) -> impl Future<Output = Result<Option<TableInfo>, TransactionError>> + 'static {
         let (me, table) = (self.clone(), table.to_string());
         async move { me.table_info(family, &table).await }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops() -> Vec<NftOp> {
+        ["a", "b", "c"].iter().map(|c| NftOp::AddChain { name: c.to_string(), base: None, comment: None }).collect()
+    }
+
+    /// Messages 0..=3 belong to ops 0, 1, 1, 2 (op 1 brings an anonymous set).
+    #[test]
+    fn refusals_name_the_first_refused_op_or_else_the_batch() {
+        let owner = [0, 1, 1, 2];
+        let r = Refusals { messages: vec![(3, Errno::ENOENT), (2, Errno::EEXIST)], batch: vec![Errno(1)] };
+        match refused(&r, &owner, &ops()) {
+            Err(TransactionError::Refused { index: 1, op, errno: Errno::EEXIST }) => assert_eq!(op, "add chain b"),
+            other => panic!("{other:?}"),
+        }
+        let batch = Refusals { messages: Vec::new(), batch: vec![Errno(1)] };
+        let e = refused(&batch, &owner, &ops()).expect_err("the batch refused");
+        assert!(matches!(e, TransactionError::BatchRefused { errno: Errno(1) }) && e.outcome_known(), "{e:?}");
+        assert!(refused(&Refusals::default(), &owner, &ops()).is_ok());
+    }
+
+    #[test]
+    fn a_transaction_without_answers_is_too_large_refused_or_of_unknown_outcome() {
+        let io = |errno| NfnlError::Io { what: "sending", source: Arc::new(std::io::Error::from_raw_os_error(errno)) };
+        assert!(matches!(transaction_failure(io(libc::EMSGSIZE), 9), TransactionError::TooLarge { ops: 9, .. }));
+        let lost = transaction_failure(NfnlError::Overrun, 9);
+        assert!(matches!(lost, TransactionError::RefusalsLost { ops: 9 }) && lost.outcome_known());
+        let unknown = transaction_failure(io(libc::EBADF), 9);
+        assert!(matches!(unknown, TransactionError::Unknown { .. }) && !unknown.outcome_known(), "{unknown:?}");
+        let overdue = transaction_failure(NfnlError::Overdue(std::time::Duration::from_secs(1)), 9);
+        assert!(!overdue.outcome_known());
     }
 }

@@ -89,11 +89,11 @@ impl<K: NfTables> NftablesTable<K> {
     }
 }
 
-/// A transaction's failure as an ack carries it: refused (nothing applied,
-/// the kernel's errno kept) or of unknown outcome.
-fn transaction_error(what: String, e: TransactionError) -> KernelError {
+/// A transaction's (or a read's) failure as an ack carries it: refused
+/// (nothing applied, the kernel's errno kept) or of unknown outcome.
+pub(crate) fn transaction_error(what: String, e: TransactionError) -> KernelError {
     let errno = match &e {
-        TransactionError::Refused { errno, .. } => Some(errno.0),
+        TransactionError::Refused { errno, .. } | TransactionError::BatchRefused { errno } => Some(errno.0),
         _ => None,
     };
     KernelError::library(what, e.outcome_known(), errno, e)
