@@ -17,7 +17,7 @@
 //! does when a count appears. The dry run still loads with `nft -f`.
 //!
 //! Every test runs in both rulesets (`upstream::…` and `maps::…`, see
-//! [`rulesets!`]), with the same packets and expectations, and
+//! `common::nft`'s `rulesets!`), with the same packets and expectations, and
 //! ruleset-specific checks of what is written where the rulesets differ.
 //!
 //! Needs root, iproute2 and nft (package nftables); nothing is skipped.
@@ -53,19 +53,7 @@ fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Each test `fn name(ruleset: NftRuleset)` as `upstream::name` and `maps::name`.
-macro_rules! rulesets {
-    ($($name:ident),* $(,)?) => {
-        mod upstream {
-            $(#[test] fn $name() { super::$name(super::NftRuleset::Upstream) })*
-        }
-        mod maps {
-            $(#[test] fn $name() { super::$name(super::NftRuleset::Maps) })*
-        }
-    };
-}
-
-rulesets!(
+crate::rulesets!(
     dry_run_loads_into_an_empty_namespace_with_nft,
     cluster_ips_spread_reject_without_endpoints_and_drop_unallocated,
     node_ports_load_balancers_and_affinity,
