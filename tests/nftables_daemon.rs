@@ -349,7 +349,9 @@ fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one(rule
     // lb-in's endpoint, written 010.244.001.002: its endpoint chain, or its slot.
     let lb_in_endpoint = match ruleset {
         NftRuleset::Upstream => "-default/lb-in/tcp/http__10.244.1.2/8080 ",
-        NftRuleset::Maps => "add element ip kube-proxy maps-cluster-endpoints { 203.0.113.10 . tcp . 80 . 0 : 10.244.1.2 . 8080 }",
+        NftRuleset::Maps => {
+            "add element ip kube-proxy maps-cluster-endpoints { 203.0.113.10 . tcp . 80 . 0 : 10.244.1.2 . 8080 }"
+        }
     };
     assert!(text.lines().any(|l| l.contains(lb_in_endpoint)), "{text}");
     let daemon = lab.start_synced();
@@ -566,7 +568,9 @@ fn switching_between_the_rulesets_drops_no_connection() {
         let per_service = chains(table).iter().any(|c| c.contains('/'));
         match ruleset {
             NftRuleset::Upstream => !table.contains("maps-") && table.contains("map service-ips {") && per_service,
-            NftRuleset::Maps => !table.contains("map service-ips {") && table.contains("maps-cluster-endpoints") && !per_service,
+            NftRuleset::Maps => {
+                !table.contains("map service-ips {") && table.contains("maps-cluster-endpoints") && !per_service
+            }
         }
     };
     for ruleset in [NftRuleset::Maps, NftRuleset::Upstream, NftRuleset::Maps] {

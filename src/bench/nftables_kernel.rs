@@ -13,6 +13,9 @@
 //! - endpoint changes, one at a time: the model's change → the planner's
 //!   partial sync → one transaction acked; wall time and ops;
 //! - one new Service added among the N, the same way.
+//!
+//! The ruleset is `--ruleset` (`nftables.ruleset`): the figures are
+//! reported under `nftables` (upstream's) or `nftables-maps`.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -29,7 +32,7 @@ use crate::kernel::nftables::NetlinkNftables;
 use crate::model::Model;
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::iptables::HostFeatures;
-use crate::plan::nftables::{nftables_context, staged, KernelObjects, NftablesPlanner, STAGE_OPS};
+use crate::plan::nftables::{nftables_context, staged, KernelObjects, NftRuleset, NftablesPlanner, STAGE_OPS};
 use crate::settings;
 
 const FAMILY: IpFamily = IpFamily::V4;
@@ -45,12 +48,21 @@ pub struct Options {
     pub changes: usize,
     /// The largest size also loaded with `nft -f` for comparison.
     pub tool_max: usize,
+    /// The ruleset the planner writes.
+    pub ruleset: NftRuleset,
 }
 
 pub fn run(opts: &Options, out: &mut Vec<Figure>) -> anyhow::Result<()> {
     ensure!(Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success()), "nft is not installed");
+    let bench = match opts.ruleset {
+        NftRuleset::Upstream => "nftables",
+        NftRuleset::Maps => "nftables-maps",
+    };
     for &n in &opts.services {
-        bench_size(opts, n, out)?;
+        let first = out.len();
+        let res = bench_size(opts, n, out);
+        out[first..].iter_mut().for_each(|f| f.bench = bench);
+        res?;
     }
     Ok(())
 }
@@ -106,6 +118,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.mode = "nftables".into();
     cfg.cluster_cidr = "10.0.0.0/8".into();
+    cfg.nftables.ruleset = opts.ruleset.name().into();
     let derived = settings::derive(&cfg, FAMILY, THIS_NODE, HostFeatures::default());
     let addrs = vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }];
     let ctx = nftables_context(&derived.nftables_settings(model.node(), model.service_cidrs()), model.node(), &addrs);
@@ -188,15 +201,33 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 planner.confirm_applied(now);
             }
             // Which transactions cost what, at this table size: a plain set
-            // element, a verdict-map element with a goto, a chain with a rule
-            // without a jump (each added, then deleted: two transactions).
+            // element, a verdict-map element with a goto (upstream's ruleset)
+            // or a data-map element (the maps ruleset's endpoint), a chain with
+            // a rule without a jump (each added, then deleted: two transactions).
             use crate::msgs::nftables::{Element, Expr, Field, KeyPart, NftOp, Rule, Verdict};
             use crate::net::Protocol;
-            let target = planner
-                .applied()
-                .and_then(|rs| rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next())
-                .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
             let addr = |i: u8| KeyPart::Addr(std::net::IpAddr::from([10, 255, 0, i]));
+            let service = vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)];
+            let element = match opts.ruleset {
+                NftRuleset::Upstream => {
+                    let target = planner
+                        .applied()
+                        .and_then(|rs| {
+                            rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next()
+                        })
+                        .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
+                    let set = "service-ips".to_string();
+                    let elements = vec![Element::to(service.clone(), Verdict::Goto(target))];
+                    ("a verdict-map element (goto)", set, elements, service)
+                }
+                NftRuleset::Maps => {
+                    let key: Vec<KeyPart> = service.into_iter().chain([KeyPart::Slot(0)]).collect();
+                    let set = "maps-cluster-endpoints".to_string();
+                    let elements = vec![Element::data(key.clone(), vec![addr(9), KeyPart::Port(8080)])];
+                    ("a data-map element (an endpoint's slot)", set, elements, key)
+                }
+            };
+            let (what, set, elements, key) = element;
             let kinds: [(&str, Vec<NftOp>, Vec<NftOp>); 3] = [
                 (
                     "a plain set element",
@@ -204,18 +235,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                     vec![NftOp::DeleteElements { set: "cluster-ips".into(), keys: vec![vec![addr(1)]] }],
                 ),
                 (
-                    "a verdict-map element (goto)",
-                    vec![NftOp::AddElements {
-                        set: "service-ips".into(),
-                        elements: vec![Element::to(
-                            vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)],
-                            Verdict::Goto(target),
-                        )],
-                    }],
-                    vec![NftOp::DeleteElements {
-                        set: "service-ips".into(),
-                        keys: vec![vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)]],
-                    }],
+                    what,
+                    vec![NftOp::AddElements { set: set.clone(), elements }],
+                    vec![NftOp::DeleteElements { set, keys: vec![key] }],
                 ),
                 (
                     "a chain with a dnat rule (no jump)",
