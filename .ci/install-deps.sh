@@ -18,7 +18,7 @@
 
 _kprs_install_deps() (
   set -euo pipefail
-  demo=(iproute2 iptables nftables ipset conntrack socat procps kmod)
+  demo=(iproute2 iptables nftables ipset conntrack socat procps kmod curl)
   pkgs=(
     qemu-system-x86     # qemu-system-x86_64 (TCG; KVM where real VT-x/AMD-V exists)
     busybox-static      # guest userland (sh applets, httpd, nc, wget, modprobe, ...)
@@ -29,6 +29,7 @@ _kprs_install_deps() (
     cpio lz4 xz-utils zstd gzip   # initramfs + extracting vmlinux from the bzImage
     coreutils util-linux tar grep libc-bin dpkg apt   # timeout, flock, ldd, dpkg -x ...
     procps              # sysctl, kill (deploy/demo/netns.sh and the tests that stop the daemon)
+    curl                # the demo's documented metrics request (tests/docs.rs runs it)
     binutils            # strip --strip-debug for binaries copied into the guest
     chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
     # The container image (deploy/image/build.sh) and tests/image.rs: a root

@@ -14,8 +14,8 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::actors::coordinator::{
-    AddrSource, ContextBuilder, Coordinator, GetSyncHistory, IptablesDataplane, IpvsDataplane, NftContextBuilder,
-    NftablesDataplane, Reconfigure, RulesRenderer, Settings, Shutdown,
+    AddrSource, ContextBuilder, Coordinator, IptablesDataplane, IpvsDataplane, NftContextBuilder, NftablesDataplane,
+    Reconfigure, RulesRenderer, Settings, Shutdown,
 };
 use crate::actors::source::kube as api;
 use crate::actors::source::manifests;
@@ -228,9 +228,7 @@ async fn run_async(
         ProxyMode::Ipvs | ProxyMode::Nftables => Nfacct::default(),
     };
     let registry = StatsRegistry::default();
-    // The dashboard asks the coordinator for its syncs; it starts before the coordinator exists.
-    let history = Arc::new(std::sync::OnceLock::new());
-    let (hooks, observe) = observability(&cfg, families, node.as_ref(), &registry, history.clone(), zpages)?;
+    let (hooks, observe) = observability(&cfg, families, &node_name, node.as_ref(), &registry, zpages)?;
     if let Some(reader) = nfacct.reader() {
         observe.metrics.nfacct_counters(&nfacct.probe.counted(), reader);
     }
@@ -250,7 +248,6 @@ async fn run_async(
         };
         engines.push((family, engine));
     }
-    let _ = history.set(engines[0].1.history());
     let sinks: Vec<Recipient<SourceBatch>> = engines.iter().map(|(_, e)| e.events()).collect();
     let mut live = Live { cfg, node_name: node_name.clone(), engines, observe, nfacct: nfacct.probe };
     // Every family's coordinator sees every event (objects are shared, not
@@ -384,14 +381,6 @@ enum Engine {
 
 impl Engine {
     fn events(&self) -> Recipient<SourceBatch> {
-        match self {
-            Engine::Ipvs { coordinator, .. } => coordinator.clone().recipient(),
-            Engine::Iptables(c) => c.clone().recipient(),
-            Engine::Nftables(c) => c.clone().recipient(),
-        }
-    }
-
-    fn history(&self) -> Recipient<GetSyncHistory> {
         match self {
             Engine::Ipvs { coordinator, .. } => coordinator.clone().recipient(),
             Engine::Iptables(c) => c.clone().recipient(),
@@ -666,17 +655,21 @@ fn conntrack_handle(family: IpFamily, metrics: &Arc<ProxyMetrics>) -> Result<Net
 fn observability(
     cfg: &KubeProxyConfiguration,
     families: daemon::Families,
+    node_name: &str,
     node: Option<&NodeInfo>,
     registry: &StatsRegistry,
-    coordinator: Arc<std::sync::OnceLock<Recipient<GetSyncHistory>>>,
     zpages: http::ZPages,
 ) -> Result<(Vec<(IpFamily, SyncHooks)>, Observability), StartError> {
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     metrics.families_started(&families.all().collect::<Vec<_>>());
     let health = Arc::new(ProxyHealth::new(health::health_timeout(cfg)).with_metrics(metrics.clone()));
     let configz = http::Configz::new(cfg);
-    let dashboard =
-        http::dashboard::dashboard_routes(registry.clone(), http::dashboard::coordinator_history(coordinator));
+    let about = http::dashboard::About {
+        mode: cfg.proxy_mode(),
+        node: node_name.to_string(),
+        families: families.all().collect(),
+    };
+    let dashboard = http::dashboard::dashboard_routes(about, registry.clone(), health.clone());
     let extra = dashboard.merge(zpages.routes());
     let servers = http::start_http_servers(cfg, &metrics, &health, &configz, extra).map_err(StartError::Http)?;
     let local: Vec<std::net::IpAddr> = addrs::local_addrs().unwrap_or_default().into_iter().map(|a| a.ip).collect();
@@ -689,8 +682,9 @@ fn observability(
     let hooks = families
         .all()
         .map(|f| {
-            let hooks = SyncHooks::new(f, metrics.clone(), health.clone()).with_service_health(service_health.clone());
-            (f, if ipvs_mode { hooks.with_scheduler_list(registry.clone()) } else { hooks })
+            let hooks = SyncHooks::new(f, metrics.clone(), health.clone(), registry.clone())
+                .with_service_health(service_health.clone());
+            (f, if ipvs_mode { hooks.with_scheduler_list() } else { hooks })
         })
         .collect();
     Ok((hooks, Observability { metrics, configz, _servers: servers }))

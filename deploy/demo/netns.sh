@@ -2,7 +2,9 @@
 # deploy/demo/netns.sh — the README demo: kube-proxy-rs on the embedded demo
 # cluster (config/demo/) in iptables, nftables or IPVS mode, on a node made
 # of network namespaces. Everything it creates lives in those namespaces: the
-# host's own rules, routes, links and sysctls are never touched. As root:
+# host's own rules, routes, links and sysctls are never touched.
+# deploy/demo/quickstart.sh installs what it needs, builds, and runs `up`
+# and `run` in one go. As root:
 #
 #   deploy/demo/netns.sh up                   create the namespaces, start the backends
 #   deploy/demo/netns.sh run [MODE] [FLAG...] run the daemon in the node namespace (foreground)
@@ -47,6 +49,7 @@
 #   KPR_DEMO_BACKENDS_BIN  the backend lister (default ${CARGO_TARGET_DIR:-target}/debug/kpr-demo-backends)
 #   KPR_DEMO_MANIFESTS     the cluster's objects (default config/demo)
 #   KPR_DEMO_TIMEOUT       seconds `try` waits for an answer (default 3)
+#   KPR_DEMO_FORWARD_PORT  the host port `forward` listens on without PORT (default 10249)
 #
 # Needs root, bash, iproute2 (ip, ss), socat, util-linux (setsid), procps
 # (sysctl), coreutils and, for the daemon, iptables: all in
@@ -558,7 +561,7 @@ serve() {
 forward() {
   need_root forward
   check_prefix
-  local port=${1:-10249}
+  local port=${1:-${KPR_DEMO_FORWARD_PORT:-10249}}
   ns_exists "$NODE_NS" || die "no namespace $NODE_NS: run '$0 up' first"
   mkdir -p "$RUN_DIR"
   echo $$ >"$RUN_DIR/$P.forward.$port.pid"

@@ -485,7 +485,7 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
     // The daemon's hooks (metrics, health), without the HTTP servers.
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let proxy_health = Arc::new(ProxyHealth::new(health::health_timeout(&cfg)).with_metrics(metrics.clone()));
-    let hooks = SyncHooks::new(family, metrics, proxy_health);
+    let hooks = SyncHooks::new(family, metrics, proxy_health, registry.clone());
     let (tx, done) = watch::channel(SyncSignal::default());
     let actors = recording.clone();
     let registry_ref = &registry;

@@ -13,7 +13,6 @@
 //! Prints a markdown table, or JSON with `--json`. Clusters come from
 //! [`kube_proxy_rs::bench::gen`] (seed 1, 100 nodes, this node is node-0).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -29,13 +28,13 @@ use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
 use kube_proxy_rs::bench::stats::quantile;
 use kube_proxy_rs::bench::{dual, local_addrs, local_addrs_dual, plan_settings, plan_settings_for, rules_config};
-use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
+use kube_proxy_rs::kernel::mem::Journal;
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{plan_context, LocalAddr};
 use kube_proxy_rs::plan::nftables::NftRuleset;
-use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::plan::IpvsPlanner;
 use kube_proxy_rs::stats::StatsRegistry;
 
 #[derive(Parser)]
@@ -422,15 +421,7 @@ struct Daemon {
 
 fn start_daemon(max_sync: Duration) -> Daemon {
     let journal = Journal::default();
-    let sets: BTreeMap<IpvsSet, MemIpset> =
-        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
-    let kernels = IpvsKernels {
-        ipvs: MemIpvs::new(&journal),
-        sets,
-        link: MemLink::new(&journal),
-        iptables: MemIptables::new(&journal),
-        conntrack: MemConntrack::new(&journal),
-    };
+    let kernels = IpvsKernels::in_memory(&journal, IpFamily::V4);
     let settings = Settings {
         plan: plan_settings(),
         min_sync: Duration::ZERO,

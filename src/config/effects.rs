@@ -4,7 +4,7 @@
 //! below walk clap's flags and the configuration's fields and fail on one
 //! without an entry, an entry without a flag or field, a named test that
 //! does not exist, and a flag whose entry names a field it does not set.
-//! The README's flag table is [`readme_flag_table`], checked by a test.
+//! The flag table of docs/configuration.md is [`flag_table_markdown`], checked by a test.
 
 use std::collections::BTreeMap;
 
@@ -32,7 +32,7 @@ pub struct FlagEffect {
     /// Arguments that make the flag set its field to something else than
     /// the default (checked by a test).
     pub sample: &'static [&'static str],
-    /// What it does here, for the README's flag table.
+    /// What it does here, for the flag table of docs/configuration.md.
     pub does: &'static str,
     pub effect: Effect,
 }
@@ -218,8 +218,8 @@ pub fn flag_default(flag: &str) -> Option<String> {
     Some(at_path(&defaults, field).map(flag_text).unwrap_or_default())
 }
 
-/// The README's flag table: one row per flag, what it does here.
-pub fn readme_flag_table() -> String {
+/// The flag table of docs/configuration.md: one row per flag, what it does here.
+pub fn flag_table_markdown() -> String {
     let mut out = String::from("| flag | what it does here |\n| --- | --- |\n");
     for f in FLAGS {
         out.push_str(&format!("| `--{}` | {} |\n", f.flag, f.does));
@@ -370,13 +370,14 @@ mod tests {
         assert!(tests_named(SAME_AS_FIELD).contains(&"every_flag_bound_to_a_field_sets_it"));
     }
 
-    /// The README's flag table is [`readme_flag_table`], so it says what
+    /// The flag table of docs/configuration.md is [`flag_table_markdown`], so it says what
     /// every flag does here and cannot fall behind the flags.
     #[test]
-    fn the_readme_flag_table_is_the_effects_table() {
-        let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-        let table = readme_flag_table();
-        assert!(readme.contains(&table), "README.md must hold this flag table:\n{table}");
+    fn the_flag_table_in_the_docs_is_the_effects_table() {
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md")).unwrap();
+        let table = flag_table_markdown();
+        assert!(readme.contains(&table), "docs/configuration.md must hold this flag table:\n{table}");
     }
 
     #[test]

@@ -305,25 +305,25 @@ impl ProxyMetrics {
     /// from its `endpoints.kubernetes.io/last-change-trigger-time`
     /// annotation (RFC 3339) to `now`, after a successful sync. As upstream,
     /// a value that doesn't parse, or a trigger from before this process
-    /// started, is ignored. Returns whether it was observed.
-    pub fn programming_latency(&self, family: IpFamily, trigger_time: &str, now: SystemTime) -> bool {
+    /// started, is ignored. Returns the latency observed, in seconds.
+    pub fn programming_latency(&self, family: IpFamily, trigger_time: &str, now: SystemTime) -> Option<f64> {
         match parse_trigger_time(trigger_time) {
             Some(t) => self.programming_latency_since(family, t, now),
             None => {
                 tracing::debug!(value = trigger_time, "ignoring an unparsable last-change-trigger-time");
-                false
+                None
             }
         }
     }
 
     /// [`ProxyMetrics::programming_latency`] with the trigger time parsed.
-    pub fn programming_latency_since(&self, family: IpFamily, trigger: SystemTime, now: SystemTime) -> bool {
+    pub fn programming_latency_since(&self, family: IpFamily, trigger: SystemTime, now: SystemTime) -> Option<f64> {
         if trigger <= self.started {
-            return false;
+            return None;
         }
         let secs = unix_seconds(now) - unix_seconds(trigger);
         self.sync.programming.get_or_create(&family_labels(family)).observe(secs);
-        true
+        Some(secs)
     }
 
     /// Services with a Local traffic policy and no local endpoints, after a sync.
