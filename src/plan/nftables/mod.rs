@@ -42,6 +42,7 @@
 pub mod base;
 pub mod context;
 pub mod maps;
+pub mod maps_names;
 pub mod names;
 pub mod planner;
 pub mod ruleset;
@@ -91,7 +92,7 @@ pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoin
 }
 
 /// The shared objects serving `classes` (none in upstream's ruleset).
-pub fn shared(ctx: &NftablesContext, classes: &BTreeSet<maps::PickClass>) -> Objects {
+pub fn shared(ctx: &NftablesContext, classes: &BTreeSet<maps_names::PickClass>) -> Objects {
     match ctx.ruleset {
         NftRuleset::Upstream => Objects::default(),
         NftRuleset::Maps => maps::shared(ctx.family, classes),

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::NftablesContext;
-use super::maps::PickClass;
+use super::maps_names::PickClass;
 use super::ruleset::{Objects, Ruleset};
 use super::transactions::{
     delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::maps::PickClass;
+use super::maps_names::PickClass;
 use crate::model::ServicePortName;
 pub use crate::msgs::nftables::nft_family;
 use crate::msgs::nftables::{BaseChain, Element, KeyPart, NftOp, Rule, SetSpec, Transaction};

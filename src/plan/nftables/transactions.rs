@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::base::nodeport_ips_set;
-use super::maps::{is_maps_map, is_maps_object};
+use super::maps_names::{is_maps_map, is_maps_object};
 use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS, SERVICE_IPS, SERVICE_NODEPORTS};
 use super::ruleset::{Chain, Objects, Ruleset, SetElement};
 use crate::msgs::nftables::{push, KeyPart, NftOp, SetFlag, SetSpec, Transaction};
