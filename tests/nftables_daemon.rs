@@ -543,46 +543,82 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     daemon.stop();
 }
 
-/// A node switching rulesets by restarts: upstream's table written by `nft
-/// -f` of its text (as upstream kube-proxy leaves it), then the daemon with
-/// `nftables.ruleset: maps`, then `upstream`, then `maps` again. An
-/// established TCP connection keeps exchanging, and a new TCP and UDP
-/// connection every 0.1 s (`Probes`) is answered throughout, including
-/// while no daemon runs; after each switch the table holds the running
-/// ruleset's objects only (the other's go in the first sync, its chains a
-/// second later).
-#[test]
-fn switching_between_the_rulesets_drops_no_connection() {
-    let mut lab = Lab::new("rsw", &["b1", "b2"]);
+/// How a node moves from one ruleset to the other.
+#[derive(Clone, Copy, PartialEq)]
+enum Switch {
+    /// The daemon stopped and started with the other ruleset; the first
+    /// table is upstream's own (`nft -f` of its text, as upstream
+    /// kube-proxy leaves it).
+    Restart,
+    /// `nftables.ruleset` changed in the file and SIGHUP: the reload's full
+    /// resync; the first table is the daemon's upstream ruleset.
+    Reload,
+}
+
+/// Whether the listing `table` holds `ruleset`'s objects and none of the other's.
+fn holds_only(ruleset: NftRuleset, table: &str) -> bool {
+    // Upstream's per-Service chains are named `…-<hash>-<namespace>/<name>/…`.
+    let per_service = chains(table).iter().any(|c| c.contains('/'));
+    match ruleset {
+        NftRuleset::Upstream => !table.contains("maps-") && table.contains("map service-ips {") && per_service,
+        NftRuleset::Maps => {
+            !table.contains("map service-ips {") && table.contains("maps-cluster-endpoints") && !per_service
+        }
+    }
+}
+
+/// A node switching from upstream's ruleset to `maps`, back, and to `maps`
+/// again, by `how`. An established TCP connection keeps exchanging, and a
+/// new TCP and UDP connection every 0.1 s (`Probes`) is answered
+/// throughout, including while no daemon runs; after each switch the table
+/// holds the running ruleset's objects only (the other's go in the first
+/// sync, its chains a second later).
+fn switching_rulesets_drops_no_connection(tag: &str, how: Switch) {
+    let mut lab = Lab::new(tag, &["b1", "b2"]);
     let both = ["b1", "b2"];
     lab.put("web", &web(&both));
-    for (_, text) in lab.dry_run() {
-        lab.node.pipe(&["nft", "-f", "-"], &text);
-    }
+    let mut running = match how {
+        Switch::Restart => {
+            for (_, text) in lab.dry_run() {
+                lab.node.pipe(&["nft", "-f", "-"], &text);
+            }
+            None
+        }
+        Switch::Reload => Some(lab.start_synced()),
+    };
     lab.wait_traffic(WEB, false, &both, CHANGE_WAIT);
     let mut conn = lab.client.run(|| Conn::open(addr(WEB), DROP_WAIT)).expect("connect through the ClusterIP");
     let first = conn.exchange().expect("first exchange");
     let probes = Probes::start(&lab.client, WEB, DROP_WAIT);
-    let only = |ruleset: NftRuleset, table: &str| {
-        // Upstream's per-Service chains are named `…-<hash>-<namespace>/<name>/…`.
-        let per_service = chains(table).iter().any(|c| c.contains('/'));
-        match ruleset {
-            NftRuleset::Upstream => !table.contains("maps-") && table.contains("map service-ips {") && per_service,
-            NftRuleset::Maps => {
-                !table.contains("map service-ips {") && table.contains("maps-cluster-endpoints") && !per_service
-            }
-        }
-    };
     for ruleset in [NftRuleset::Maps, NftRuleset::Upstream, NftRuleset::Maps] {
         lab.ruleset = ruleset;
         lab.config("nftables", "30s");
-        let daemon = lab.start_synced();
-        lab.wait_table(&format!("the {ruleset} ruleset's objects only"), |t| only(ruleset, t));
+        let daemon = match running.take() {
+            Some(mut daemon) => {
+                let last = lab.syncs().expect("syncs")[0].generation;
+                daemon.reload();
+                let resync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+                assert!(resync.full, "the reload is followed by a full resync: {resync:?}");
+                daemon
+            }
+            None => lab.start_synced(),
+        };
+        lab.wait_table(&format!("the {ruleset} ruleset's objects only"), |t| holds_only(ruleset, t));
         lab.wait_traffic(WEB, false, &both, CHANGE_WAIT);
         lab.wait_traffic(WEB, true, &both, CHANGE_WAIT);
         assert_eq!(conn.exchange(), Ok(first.clone()), "after switching to {ruleset}");
-        daemon.stop();
-        std::thread::sleep(Duration::from_millis(300));
+        match how {
+            Switch::Restart => {
+                daemon.stop();
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Switch::Reload => running = Some(daemon),
+        }
+    }
+    if let Some(daemon) = running {
+        let log = daemon.stop();
+        let applied = log.lines().filter(|l| l.contains("config reloaded: applying") && l.contains("nftables.ruleset"));
+        assert_eq!(applied.count(), 3, "{log}");
     }
     let probes = probes.stop();
     let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
@@ -590,6 +626,18 @@ fn switching_between_the_rulesets_drops_no_connection() {
     assert!(probes.len() > 30, "{probes:?}");
     let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
     assert_eq!(names(&tcp), set(&both));
+}
+
+/// Upstream's table → `maps` → `upstream` → `maps` by restarts.
+#[test]
+fn switching_between_the_rulesets_drops_no_connection() {
+    switching_rulesets_drops_no_connection("rsw", Switch::Restart);
+}
+
+/// The same by SIGHUP: `nftables.ruleset` applies live.
+#[test]
+fn a_reload_switches_the_ruleset_and_drops_no_connection() {
+    switching_rulesets_drops_no_connection("rhup", Switch::Reload);
 }
 
 /// Issue 27: `--dry-run --diff` over a table holding the kernel's affinity

@@ -169,7 +169,7 @@ pub const FIELDS: &[FieldEffect] = &[
     field("nftables.masqueradeAll", Tested(&["masquerade_settings_follow_the_mode", "masquerade_all_and_other_local_detectors"])),
     field("nftables.syncPeriod", Tested(&["proxy_mode_and_its_sync_periods", "the_sync_period_repairs_a_deleted_table_and_ignores_other_tables"])),
     field("nftables.minSyncPeriod", Tested(&["proxy_mode_and_its_sync_periods"])),
-    field("nftables.ruleset", Tested(&["the_nftables_ruleset_field_picks_the_ruleset"])),
+    field("nftables.ruleset", Tested(&["the_nftables_ruleset_field_picks_the_ruleset", "the_nftables_ruleset_applies_live", "a_reload_switches_the_ruleset_and_drops_no_connection"])),
     field("winkernel.networkName", WINDOWS),
     field("winkernel.sourceVip", WINDOWS),
     field("winkernel.enableDSR", WINDOWS),
