@@ -523,13 +523,8 @@ mod tests {
     /// . integer (16 bytes), data ipv4_addr . inet_service (8 bytes).
     #[test]
     fn a_data_map_is_defined_as_nft_defines_it_and_its_elements_carry_data() {
-        use crate::msgs::nftables::Field;
-        let v4 = IpFamily::V4;
-        let spec = SetSpec::data_map(
-            "eps",
-            vec![Field::Daddr(v4), Field::L4proto, Field::Dport, Field::constant(0)],
-            vec![Field::Daddr(v4), Field::Dport],
-        );
+        use crate::msgs::nftables::{example_endpoint, example_endpoints_map};
+        let spec = example_endpoints_map(IpFamily::V4);
         let attrs = set_attributes("kube-proxy".into(), &spec);
         for want in [
             SetAttribute::Flags(SetFlags::Map),
@@ -540,15 +535,7 @@ mod tests {
         ] {
             assert!(attrs.contains(&want), "{want:?} in {attrs:?}");
         }
-        let e = Element::data(
-            vec![
-                KeyPart::Addr("10.96.0.1".parse().unwrap()),
-                KeyPart::Proto(Protocol::Tcp),
-                KeyPart::Port(80),
-                KeyPart::Slot(1),
-            ],
-            vec![KeyPart::Addr("10.0.0.2".parse().unwrap()), KeyPart::Port(8080)],
-        );
+        let e = example_endpoint("10.96.0.1", "10.0.0.2");
         let ListAttribute::Element(attrs) = element(&e).unwrap() else { panic!("an element") };
         let slot = 1u32.to_ne_bytes();
         let key = [&[10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0][..], &slot[..]].concat();

@@ -128,12 +128,7 @@ mod tests {
     /// read back from the kernel (`NFTA_SET_USERDATA` of a set dump).
     #[test]
     fn a_typeof_map_is_described_as_nft_describes_it() {
-        let v4 = IpFamily::V4;
-        let spec = SetSpec::data_map(
-            "eps",
-            vec![Field::Daddr(v4), Field::L4proto, Field::Dport, Field::constant(0)],
-            vec![Field::Daddr(v4), Field::Dport],
-        );
+        let spec = crate::msgs::nftables::example_endpoints_map(IpFamily::V4);
         assert_eq!(
             hex(&set(&spec)),
             "000400000000010400000000036000040d00000001580014000407000000010c00040c00000001040c000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010401000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b000000010402000000060400000000"

@@ -215,6 +215,29 @@ impl fmt::Display for Transaction {
     }
 }
 
+/// The data map of the codec's and the text's tests: `map eps { typeof ip
+/// daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th
+/// dport ; }` in `family`.
+#[cfg(test)]
+pub(crate) fn example_endpoints_map(family: IpFamily) -> SetSpec {
+    SetSpec::data_map(
+        "eps",
+        vec![Field::Daddr(family), Field::L4proto, Field::Dport, Field::constant(0)],
+        vec![Field::Daddr(family), Field::Dport],
+    )
+}
+
+/// An element of [`example_endpoints_map`]: `service . tcp . 80 . 1 :
+/// endpoint . 8080`.
+#[cfg(test)]
+pub(crate) fn example_endpoint(service: &str, endpoint: &str) -> Element {
+    let addr = |a: &str| KeyPart::Addr(a.parse().expect("a test address"));
+    Element::data(
+        vec![addr(service), KeyPart::Proto(crate::net::Protocol::Tcp), KeyPart::Port(80), KeyPart::Slot(1)],
+        vec![addr(endpoint), KeyPart::Port(8080)],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,23 +299,8 @@ mod tests {
             },
             NftOp::FlushSet { name: "service-ips".into(), map: true },
             NftOp::DeleteSet { name: "nodeport-ips".into(), map: false },
-            NftOp::AddSet(SetSpec::data_map(
-                "eps",
-                vec![Field::Daddr(IpFamily::V6), Field::L4proto, Field::Dport, Field::constant(0)],
-                vec![Field::Daddr(IpFamily::V6), Field::Dport],
-            )),
-            NftOp::AddElements {
-                set: "eps".into(),
-                elements: vec![Element::data(
-                    vec![
-                        KeyPart::Addr("fd00::10".parse().unwrap()),
-                        KeyPart::Proto(Protocol::Tcp),
-                        KeyPart::Port(80),
-                        KeyPart::Slot(1),
-                    ],
-                    vec![KeyPart::Addr("fd00::1:2".parse().unwrap()), KeyPart::Port(8080)],
-                )],
-            },
+            NftOp::AddSet(example_endpoints_map(IpFamily::V6)),
+            NftOp::AddElements { set: "eps".into(), elements: vec![example_endpoint("fd00::10", "fd00::1:2")] },
             NftOp::AddSet(SetSpec { size: Some(1024), ..SetSpec::set("s", vec![KeyType::Ipv6Addr], None) }),
         ];
         assert_eq!(

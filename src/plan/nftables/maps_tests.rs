@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::tests::{cluster_ip, deleted, eps, fake_ctx, model_with, no_node, port, svc};
+use super::tests::{cluster_ip, cluster_ips, deleted, eps, fake_ctx, model_with, no_node, port, svc};
 use super::*;
 use crate::fixtures::{ep, Ep};
 use crate::kernel::mem::{MemNftables, MemTable};
@@ -41,14 +41,7 @@ fn ops_of_kind(tx: &Transaction) -> Vec<&'static str> {
 /// state is the model's.
 #[test]
 fn an_endpoint_change_is_elements_only() {
-    let mut events = vec![];
-    for i in 0..2000 {
-        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
-        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
-        let two = [no_node(&format!("10.1.{a}.{b}")), no_node(&format!("10.2.{a}.{b}"))];
-        events.push(eps("ns", &name, 80, &two));
-    }
-    let mut model = model_with(&events);
+    let mut model = cluster_ips(2000, 2);
     let mut p = NftablesPlanner::new(maps_ctx());
     p.full(&model, maps_ctx(), &KernelObjects::default());
     p.confirm_applied(Duration::ZERO);
