@@ -39,8 +39,8 @@ use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
 use kube_proxy_rs::plan::nftables::{
-    delete_stale, desired, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesContext, NftablesPlanner,
-    NftablesSettings, STALE_CHAIN_DELAY,
+    delete_stale, desired, desired_keeping, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesContext,
+    NftablesPlanner, NftablesSettings, STALE_CHAIN_DELAY,
 };
 use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 use serde_json::{json, Value};
@@ -374,8 +374,36 @@ fn partial_syncs_change_the_kernel_service_by_service(ruleset: NftRuleset) {
     // What the kernel holds is what a full sync from scratch would write.
     let listed = lab.list();
     let fresh = Netns::new(&format!("nfm-part-fresh-{ruleset}"));
-    fresh.pipe(&["nft", "-f", "-"], &desired(&lab.model, &lab.ctx).dump());
+    let kept = &lab.planner.applied().expect("confirmed").shared.classes;
+    fresh.pipe(&["nft", "-f", "-"], &desired_keeping(&lab.model, &lab.ctx, kept).dump());
     assert_eq!(blocks(&listed), blocks(&fresh.ok(&["nft", "list", "table", "ip", "kube-proxy"])), "{listed}");
+}
+
+/// The `maps` ruleset: a Service's endpoint count that no Service has but
+/// the full sync wrote (every count up to the power of two above the
+/// largest) is elements only; one above gets its chain, whose one rule is
+/// the only one written that reads the endpoints map; a count left by its
+/// last Service stays; the kernel sends the Service's connections to all
+/// its endpoints throughout.
+#[test]
+fn maps_a_new_endpoint_count_is_elements_or_one_chain() {
+    let mut lab = Lab::new("count", NftRuleset::Maps);
+    lab.change(&[service("web", "10.96.0.10", false, json!({}), json!({})), endpoints("web", &["b1"])]);
+    lab.full_sync();
+    let changed = lab.change(&[endpoints("web", &["b1", "b2"])]);
+    let (text, _) = lab.partial_sync(&changed);
+    assert!(!text.contains("add rule") && !text.contains(" chain "), "counts 1 and 2 were written\n{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b2"]));
+    let changed = lab.change(&[endpoints("web", &BACKENDS)]);
+    let (text, _) = lab.partial_sync(&changed);
+    assert!(text.contains("add chain ip kube-proxy maps-cluster-pick-3\n"), "{text}");
+    assert_eq!(text.matches("map @maps-cluster-endpoints").count(), 1, "{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 40, false)), set(&BACKENDS));
+    let changed = lab.change(&[endpoints("web", &["b3"])]);
+    let (text, stale) = lab.partial_sync(&changed);
+    assert!(!text.contains("add rule") && !text.contains(" chain ") && stale.is_empty(), "{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 10, false)), set(&["b3"]));
+    assert!(lab.list().contains("chain maps-cluster-pick-3 {"), "{}", lab.list());
 }
 
 /// The daemon runs in nftables mode (`--proxy-mode nftables`): on the demo

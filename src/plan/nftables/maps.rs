@@ -10,17 +10,20 @@
 //!   chains, which apply the traffic policies through class sets
 //!   (`maps-external-cluster-keys`, ...) and go to a family's pick chain;
 //!   `masquerading` masquerades hairpin connections (`maps-hairpin`).
-//! - Shared ([`shared`]): what the endpoint classes in use need, one
+//! - Shared ([`shared`]): what the endpoint classes served need, one
 //!   [`PickClass`] (family, number of endpoints, affinity timeout) each: its
-//!   set and its rule in the family's pick chain (`dnat ip to KEY . numgen
-//!   random mod N map @maps-<family>-endpoints`), and with affinity its
-//!   chain, slot chains and per-slot affinity sets.
+//!   set, its rule in the family's pick chain (`KEY @maps-<family>-<N> goto
+//!   maps-<family>-pick-<N>`) and its chain (`dnat ip to KEY . numgen random
+//!   mod N map @maps-<family>-endpoints`), and with affinity its chain, slot
+//!   chains and per-slot affinity sets. A full sync serves the classes in
+//!   use and the counts below them ([`served`]); a partial sync adds the
+//!   classes it meets and removes none.
 //! - Per service port ([`render_port`]): elements only (besides upstream's
 //!   `firewall-…` chain of loadBalancerSourceRanges): its keys in the
 //!   class sets, each key's endpoints in slots `0..N` of its family's
 //!   endpoints map, its endpoints in `maps-hairpin`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::context::{if_local, if_not_local, NftablesContext};
@@ -127,38 +130,40 @@ pub fn sets(family: IpFamily) -> Vec<SetSpec> {
     sets
 }
 
-/// The pick chains, and what `classes` need: a set and a rule each, and
-/// with affinity a chain each, and per (family, timeout) the slot chains
-/// and affinity sets of the most endpoints a class has.
+/// The pick chains, and what `classes` need: a set, a rule in the pick
+/// chain and a chain each (with affinity, its affinity chain), and per
+/// (family, timeout) the slot chains and affinity sets of the most
+/// endpoints a class has. The group's `classes` are `classes`, sorted.
+///
+/// Each chain that DNATs from an endpoints map (a class's chain, a slot
+/// chain) is a rule of its own that no other class changes: adding a rule
+/// that reads a map makes the kernel walk every element of the map
+/// (`nf_tables_bind_set`), so such a rule is written only when its class or
+/// slot is new; the pick chain's rules read small plain sets.
 pub fn shared(family: IpFamily, classes: &BTreeSet<PickClass>) -> Objects {
-    let mut out = Objects::default();
+    let mut out = Objects { classes: classes.iter().copied().collect(), ..Objects::default() };
     for f in EndpointFamily::ALL {
         let key = f.key(family);
         let mut picks = vec![];
         for c in classes.iter().filter(|c| c.family == f) {
             out.sets.push(SetSpec::set(&c.set(), types(&key), None));
             let member = lookup(key.clone(), &c.set());
-            let pick = match c.affinity {
+            let to = match c.affinity {
                 None => {
                     let slot = Field::Numgen { modulus: c.endpoints, offset: 0 };
-                    dnat(family, &key, slot, f)
+                    out.chains.push(Chain::regular(c.chain(), vec![Rule::new(vec![dnat(family, &key, slot, f)])]));
+                    c.chain()
                 }
                 Some(t) => {
                     out.chains.push(affinity_chain(family, c, t));
-                    goto(&c.affinity_chain(t))
+                    c.affinity_chain(t)
                 }
             };
-            picks.push(Rule::new(vec![member, pick]));
+            picks.push(Rule::new(vec![member, goto(&to)]));
         }
         out.chains.push(Chain::regular(f.pick(), picks));
     }
-    let mut slots: std::collections::BTreeMap<(EndpointFamily, u32), u32> = Default::default();
-    for c in classes {
-        if let Some(t) = c.affinity {
-            let most = slots.entry((c.family, t)).or_default();
-            *most = (*most).max(c.endpoints);
-        }
-    }
+    let slots = largest(classes, |c| c.affinity.map(|t| (c.family, t)));
     for ((f, t), most) in slots {
         for slot in 0..most {
             out.chains.push(slot_chain(family, f, t, slot));
@@ -329,4 +334,28 @@ impl PortElements<'_> {
 /// The classes `groups` use.
 pub fn classes<'a>(groups: impl IntoIterator<Item = &'a Objects>) -> BTreeSet<PickClass> {
     groups.into_iter().flat_map(|o| o.classes.iter().copied()).collect()
+}
+
+/// The classes a full sync writes for the classes `in_use`: for each
+/// family and affinity in use, every count from 1 to the power of two above
+/// the largest in use (a count that appears later within that range costs
+/// no rule: its chain is there).
+pub fn served(in_use: &BTreeSet<PickClass>) -> BTreeSet<PickClass> {
+    let groups = largest(in_use, |c| Some((c.family, c.affinity)));
+    let precreated = groups.into_iter().flat_map(|((family, affinity), most)| {
+        (1..=(most + 1).next_power_of_two()).map(move |endpoints| PickClass { family, affinity, endpoints })
+    });
+    in_use.iter().copied().chain(precreated).collect()
+}
+
+/// The largest count of `classes` per `group` (classes without one left out).
+fn largest<K: Ord>(classes: &BTreeSet<PickClass>, group: impl Fn(&PickClass) -> Option<K>) -> BTreeMap<K, u32> {
+    let mut most = BTreeMap::new();
+    for c in classes {
+        if let Some(k) = group(c) {
+            let n: &mut u32 = most.entry(k).or_default();
+            *n = (*n).max(c.endpoints);
+        }
+    }
+    most
 }

@@ -115,7 +115,8 @@ pub(super) fn node_port_key() -> Vec<Field> {
 }
 
 /// How the keys with the same number of endpoints of a family, and the same
-/// affinity, are picked from: one set and one rule each.
+/// affinity, are picked from: a set, a rule in the family's pick chain that
+/// goes to the class's chain, and that chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PickClass {
     pub family: EndpointFamily,
@@ -132,6 +133,12 @@ impl PickClass {
             Some(t) => format!("{base}-affinity-{t}"),
             None => base,
         }
+    }
+
+    /// The chain of a class without affinity: its one rule DNATs from the
+    /// family's endpoints map.
+    pub(super) fn chain(&self) -> String {
+        format!("{}-{}", self.family.pick(), self.endpoints)
     }
 
     /// The chain that applies affinity.

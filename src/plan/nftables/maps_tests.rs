@@ -1,8 +1,10 @@
 //! The `maps` ruleset's planning: an endpoint change is elements only, a
-//! count no Service had brings the shared pick chains, and in both
+//! count above those a full sync writes brings its chain (one rule reading
+//! the endpoints map) and stays, and in both
 //! rulesets partial syncs (and a switch between them) leave the kernel as a
 //! full sync of the same model leaves a fresh one.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
@@ -12,7 +14,7 @@ use super::*;
 use crate::fixtures::{ep, Ep};
 use crate::kernel::mem::{MemNftables, MemTable};
 use crate::model::Model;
-use crate::msgs::nftables::TABLE;
+use crate::msgs::nftables::{Rule, TABLE};
 use crate::msgs::SourceEvent;
 
 fn maps_ctx() -> NftablesContext {
@@ -36,53 +38,98 @@ fn ops_of_kind(tx: &Transaction) -> Vec<&'static str> {
     kinds
 }
 
+/// How many rules `tx` adds that read an endpoints map (each costs the
+/// kernel a walk of the map's elements).
+fn map_readers(tx: &Transaction) -> usize {
+    let reads_map = |r: &Rule| r.sets().any(maps_names::is_maps_map);
+    tx.ops.iter().filter(|op| matches!(op, NftOp::AddRule { rule, .. } if reads_map(rule))).count()
+}
+
+/// What a full sync of `model` writes with the shared objects of the
+/// classes `p`'s kernel holds (which serve every class in use).
+fn kept_desired(model: &Model, p: &NftablesPlanner) -> Ruleset {
+    let kept: BTreeSet<_> = p.applied().expect("a confirmed sync").shared.classes.iter().copied().collect();
+    let mut rs = desired(model, p.context());
+    assert!(maps::classes(rs.services.values()).is_subset(&kept), "{kept:?}");
+    rs.shared = shared(p.context(), &kept);
+    rs
+}
+
+/// A partial sync of `event`, confirmed.
+fn sync(p: &mut NftablesPlanner, model: &mut Model, event: &SourceEvent) -> Transaction {
+    model.record(event).unwrap();
+    let changed = model.apply().ports;
+    let d = p.partial(model, &changed).unwrap();
+    p.confirm_applied(Duration::ZERO);
+    d.tx
+}
+
 /// One endpoint added to a Service among 2,000, or replaced: element deletes
-/// and adds only (no chain, no rule), a few of them, and the planner's
-/// state is the model's.
+/// and adds only (no chain, no rule), a few of them, also when the count is
+/// one no Service had below the power of two above the largest (its chain
+/// is there since the full sync); a count above that brings one rule that
+/// reads the endpoints map, once.
 #[test]
 fn an_endpoint_change_is_elements_only() {
     let mut model = cluster_ips(2000, 2);
     let mut p = NftablesPlanner::new(maps_ctx());
     p.full(&model, maps_ctx(), &KernelObjects::default());
     p.confirm_applied(Duration::ZERO);
+    // svc<i>'s first `n` endpoints.
+    let first = |svc: &str, n: usize| {
+        let ips: Vec<String> = (1..=n).map(|a| format!("10.{a}.0.{}", &svc[3..])).collect();
+        eps("ns", svc, 80, &ips.iter().map(|ip| no_node(ip)).collect::<Vec<Ep>>())
+    };
+    // Added: a count no Service has, below 4.
+    let tx = sync(&mut p, &mut model, &first("svc8", 3));
+    assert_eq!(ops_of_kind(&tx), ["add element", "delete element"], "{tx}");
     // Replaced: the same count, one slot's endpoint and the hairpin pair.
-    model.record(&eps("ns", "svc7", 80, &[no_node("10.1.0.7"), no_node("10.9.9.9")])).unwrap();
-    let changed = model.apply().ports;
-    let d = p.partial(&model, &changed).unwrap();
-    assert_eq!(ops_of_kind(&d.tx), ["add element", "delete element"], "{}", d.tx);
-    assert_eq!(d.tx.len(), 4, "{}", d.tx);
-    p.confirm_applied(Duration::ZERO);
-    // Added: a count another Service has (svc8 goes to 3 first).
-    model.record(&eps("ns", "svc8", 80, &[no_node("10.1.0.8"), no_node("10.2.0.8"), no_node("10.3.0.8")])).unwrap();
-    let changed = model.apply().ports;
-    let d = p.partial(&model, &changed).unwrap();
-    assert!(ops_of_kind(&d.tx).contains(&"chain"), "a count no Service had: the pick chain\n{}", d.tx);
-    p.confirm_applied(Duration::ZERO);
-    model.record(&eps("ns", "svc9", 80, &[no_node("10.1.0.9"), no_node("10.2.0.9"), no_node("10.3.0.9")])).unwrap();
-    let changed = model.apply().ports;
-    let d = p.partial(&model, &changed).unwrap();
-    assert_eq!(ops_of_kind(&d.tx), ["add element", "delete element"], "{}", d.tx);
-    p.confirm_applied(Duration::ZERO);
-    assert_eq!(p.applied(), Some(&desired(&model, &maps_ctx())));
+    let tx = sync(&mut p, &mut model, &eps("ns", "svc7", 80, &[no_node("10.1.0.7"), no_node("10.9.9.9")]));
+    assert_eq!(ops_of_kind(&tx), ["add element", "delete element"], "{tx}");
+    assert_eq!(tx.len(), 4, "{tx}");
+    // A count above 4: its chain, one rule reading the map.
+    let tx = sync(&mut p, &mut model, &first("svc9", 5));
+    assert!(ops_of_kind(&tx).contains(&"chain"), "a count above the precreated ones: its chain\n{tx}");
+    assert_eq!(map_readers(&tx), 1, "{tx}");
+    // The same count again, and a Service leaving it: elements only.
+    for (svc, n) in [("svc10", 5), ("svc9", 2)] {
+        let tx = sync(&mut p, &mut model, &first(svc, n));
+        assert_eq!(ops_of_kind(&tx), ["add element", "delete element"], "{svc} to {n}\n{tx}");
+    }
+    assert_eq!(p.applied(), Some(&kept_desired(&model, &p)));
 }
 
-/// A count that appears rewrites the pick chain and adds the count's set;
-/// the last Service with a count going deletes it, after the chain no
-/// longer names it.
+/// A count above the precreated ones adds its set and chain and rewrites
+/// the pick chain (rules reading plain sets) and nothing else of the shared
+/// objects; its last Service leaving writes no shared object; the next full
+/// sync removes it (the set at once, the chain flushed and left stale).
 #[test]
-fn a_count_comes_with_its_first_service_and_goes_with_its_last() {
+fn a_new_count_stays_until_a_full_sync() {
     let mut model = model_with(&[cluster_ip("ns", "a", "172.30.0.1", 80), eps("ns", "a", 80, &[no_node("10.1.0.1")])]);
     let mut p = NftablesPlanner::new(maps_ctx());
     p.full(&model, maps_ctx(), &KernelObjects::default());
     p.confirm_applied(Duration::ZERO);
-    model.record(&eps("ns", "a", 80, &[no_node("10.1.0.1"), no_node("10.1.0.2")])).unwrap();
-    let changed = model.apply().ports;
-    let text = p.partial(&model, &changed).unwrap().tx.to_string();
+    let three = [no_node("10.1.0.1"), no_node("10.1.0.2"), no_node("10.1.0.3")];
+    let tx = sync(&mut p, &mut model, &eps("ns", "a", 80, &three));
+    let text = tx.to_string();
     let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s:?} in\n{text}"));
-    assert!(at("add set ip kube-proxy maps-cluster-2 ") < at("add rule ip kube-proxy maps-cluster-pick"), "{text}");
-    assert!(at("add rule ip kube-proxy maps-cluster-pick") < at("delete set ip kube-proxy maps-cluster-1\n"), "{text}");
-    assert!(at("delete element ip kube-proxy maps-cluster-1 ") < at("delete set ip kube-proxy maps-cluster-1\n"));
-    assert!(!text.contains("maps-cluster-pick ip daddr . meta l4proto . th dport @maps-cluster-1 "), "{text}");
+    assert!(at("add set ip kube-proxy maps-cluster-3 ") < at("add rule ip kube-proxy maps-cluster-pick "), "{text}");
+    assert!(at("add rule ip kube-proxy maps-cluster-pick-3 ") > at("add chain ip kube-proxy maps-cluster-pick-3"));
+    for written in ["chain ip kube-proxy maps-cluster-pick-", "rule ip kube-proxy maps-cluster-pick-"] {
+        assert!(!text.contains(&format!("{written}1")) && !text.contains(&format!("{written}2")), "{text}");
+    }
+    assert_eq!(map_readers(&tx), 1, "{text}");
+    let tx = sync(&mut p, &mut model, &eps("ns", "a", 80, &three[..1]));
+    assert_eq!(ops_of_kind(&tx), ["add element", "delete element"], "{tx}");
+    let applied = p.applied().expect("confirmed");
+    let listed = KernelObjects {
+        chains: applied.chains().map(|c| c.name.clone()).collect(),
+        sets: applied.sets().map(|s| s.name.clone()).collect(),
+    };
+    let d = p.full(&model, maps_ctx(), &listed);
+    let text = d.tx.to_string();
+    assert!(text.contains("delete set ip kube-proxy maps-cluster-3\n"), "{text}");
+    assert_eq!(d.stale_chains, ["maps-cluster-pick-3"]);
 }
 
 /// The events of the changes [`partial_syncs_and_switches_leave_what_a_full_sync_leaves`] makes.
@@ -116,11 +163,15 @@ fn changes() -> Vec<Vec<SourceEvent>> {
 
 /// What a fresh kernel holds after a full sync of `model` in `ctx`.
 fn fresh(model: &Model, ctx: &NftablesContext) -> MemTable {
+    fresh_of(&desired(model, ctx))
+}
+
+/// What a fresh kernel holds after a full sync writing `rs`.
+fn fresh_of(rs: &Ruleset) -> MemTable {
     let k = MemNftables::default();
-    let mut p = NftablesPlanner::new(ctx.clone());
-    let d = p.full(model, ctx.clone(), &KernelObjects::default());
-    k.apply(ctx.family, TABLE, &d.tx.ops).expect("a full sync of a fresh kernel");
-    k.table(ctx.family, TABLE).expect("the table")
+    let d = full_sync(rs, &KernelObjects::default(), true);
+    k.apply(rs.family, TABLE, &d.tx.ops).expect("a full sync of a fresh kernel");
+    k.table(rs.family, TABLE).expect("the table")
 }
 
 /// Applies `tx` to `k`, and a second later what it left stale.
@@ -154,7 +205,8 @@ fn partial_syncs_and_switches_leave_what_a_full_sync_leaves() {
             let changed = model.apply().ports;
             let d = p.partial(&model, &changed).expect("a partial sync");
             apply(&k, &mut p, &d.tx, &mut at);
-            assert_eq!(k.table(ctx.family, TABLE), Some(fresh(&model, &ctx)), "{ruleset} after change {i}");
+            let kept = kept_desired(&model, &p);
+            assert_eq!(k.table(ctx.family, TABLE), Some(fresh_of(&kept)), "{ruleset} after change {i}");
         }
         // The other ruleset writes over this one, then this one over it.
         for (c, over) in [(&other, ruleset), (&ctx, other.ruleset)] {

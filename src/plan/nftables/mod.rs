@@ -66,7 +66,7 @@ pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Objects, Ruleset, SetElement};
 pub use staging::{staged, STAGES, STAGE_OPS};
 pub use transactions::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
 };
 
 pub use crate::msgs::nftables::{NftOp, Transaction};
@@ -77,9 +77,17 @@ use crate::model::{Endpoint, Model, ServicePort, ServicePortName};
 
 /// One family's whole desired table for `model`.
 pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
+    desired_keeping(model, ctx, &[])
+}
+
+/// [`desired`], its shared objects also serving the endpoint classes
+/// `kept` (those the kernel holds: a partial sync never removes one).
+pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names::PickClass]) -> Ruleset {
     let services: BTreeMap<ServicePortName, Objects> =
         model.service_ports().map(|sp| (sp.name.clone(), render_port(ctx, sp, model.endpoints(&sp.name)))).collect();
-    let shared = shared(ctx, &maps::classes(services.values()));
+    let mut classes = maps::served(&maps::classes(services.values()));
+    classes.extend(kept);
+    let shared = shared(ctx, &classes);
     Ruleset { family: ctx.family, top: base::top_level(ctx), shared, services }
 }
 
@@ -118,7 +126,7 @@ pub fn update<'a>(
             }
         }
     }
-    rs.shared = shared(ctx, &maps::classes(rs.services.values()));
+    rs.shared = shared(ctx, &maps::served(&maps::classes(rs.services.values())));
 }
 
 /// `--dry-run` in nftables mode: the table a full sync from an empty kernel

@@ -13,14 +13,14 @@
 //! [`NftablesPlanner::delete_due`] once [`STALE_CHAIN_DELAY`] has passed,
 //! unless a later sync used them again (upstream's staleChains).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::context::NftablesContext;
 use super::maps_names::PickClass;
 use super::ruleset::{Objects, Ruleset};
 use super::transactions::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
 };
 use crate::model::{Model, ServicePortName};
 use crate::msgs::nftables::Transaction;
@@ -37,21 +37,9 @@ enum Pending {
     Nothing,
     /// The whole table.
     Full(Ruleset),
-    /// These service ports' objects (`None`: gone), the classes of all
-    /// service ports then, and the shared objects when those changed.
-    Ports(Vec<(ServicePortName, Option<Objects>)>, ClassCounts, Option<Objects>),
-}
-
-/// How many keys of the applied service ports use each endpoint class.
-type ClassCounts = BTreeMap<PickClass, usize>;
-
-/// The [`ClassCounts`] of `groups`.
-fn class_counts<'a>(groups: impl IntoIterator<Item = &'a Objects>) -> ClassCounts {
-    let mut counts = ClassCounts::new();
-    for c in groups.into_iter().flat_map(|o| &o.classes) {
-        *counts.entry(*c).or_default() += 1;
-    }
-    counts
+    /// These service ports' objects (`None`: gone), and the shared objects
+    /// when a service port brought an endpoint class they did not serve.
+    Ports(Vec<(ServicePortName, Option<Objects>)>, Option<Objects>),
 }
 
 #[derive(Debug)]
@@ -61,8 +49,6 @@ pub struct NftablesPlanner {
     applied: Option<Ruleset>,
     /// How many service ports (or the top level) hold each element of `applied`.
     refs: ElementRefs,
-    /// The endpoint classes `applied`'s service ports use.
-    classes: ClassCounts,
     pending: Pending,
     /// The last planned sync's chains: stale ones, and written ones.
     planned_stale: Vec<String>,
@@ -79,7 +65,6 @@ impl NftablesPlanner {
             ctx,
             applied: None,
             refs: ElementRefs::new(),
-            classes: ClassCounts::new(),
             pending: Pending::Nothing,
             planned_stale: vec![],
             planned_chains: vec![],
@@ -121,7 +106,10 @@ impl NftablesPlanner {
     }
 
     /// A partial sync of the `changed` service ports over the confirmed
-    /// state. `None` when the next sync must be full.
+    /// state. The `maps` ruleset's shared objects only grow: an endpoint
+    /// class they do not serve yet is added (its set, chain and pick rule,
+    /// nothing else rewritten), one no service port uses any more stays
+    /// until a full sync. `None` when the next sync must be full.
     pub fn partial<'a>(
         &mut self,
         model: &Model,
@@ -136,31 +124,29 @@ impl NftablesPlanner {
             })
             .collect();
         let empty = Objects::default();
-        let mut classes = self.classes.clone();
-        for (spn, new) in &ports {
-            for c in applied.services.get(spn).iter().flat_map(|o| &o.classes) {
-                if let Some(n) = classes.get_mut(c) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-            for c in new.iter().flat_map(|o| &o.classes) {
-                *classes.entry(*c).or_default() += 1;
-            }
-        }
-        classes.retain(|_, n| *n > 0);
-        let shared = (!classes.keys().eq(self.classes.keys()))
-            .then(|| super::shared(&self.ctx, &classes.keys().copied().collect()));
+        let served = &applied.shared.classes;
+        let mut classes: BTreeSet<PickClass> = ports
+            .iter()
+            .flat_map(|(_, o)| o.iter().flat_map(|o| &o.classes))
+            .filter(|c| served.binary_search(c).is_err())
+            .copied()
+            .collect();
+        let shared = (!classes.is_empty()).then(|| {
+            classes.extend(served);
+            super::shared(&self.ctx, &classes)
+        });
+        let shared_parts = shared.as_ref().map(|s| changed_parts(&applied.shared, s));
         let port_pairs = ports.iter().filter_map(|(spn, new)| {
             let old = applied.services.get(spn).unwrap_or(&empty);
             let new = new.as_ref().unwrap_or(&empty);
             (old != new).then_some((old, new))
         });
-        let pairs = shared.iter().map(|s| (&applied.shared, s)).chain(port_pairs);
+        let pairs = shared_parts.iter().map(|(o, n)| (o, n)).chain(port_pairs);
         let delta = groups_sync(self.ctx.family, pairs, &self.refs);
         self.planned_stale = delta.stale_chains.clone();
         let written = ports.iter().flat_map(|(_, o)| o.iter()).chain(shared.iter());
         self.planned_chains = written.flat_map(|o| o.chains.iter().map(|c| c.name.clone())).collect();
-        self.pending = Pending::Ports(ports, classes, shared);
+        self.pending = Pending::Ports(ports, shared);
         Some(delta)
     }
 
@@ -172,7 +158,7 @@ impl NftablesPlanner {
     /// cluster, not a full transaction. `None` when the next sync must be full.
     pub fn partial_with(&mut self, model: &Model, ctx: NftablesContext) -> Option<Delta> {
         let applied = self.applied.as_ref()?;
-        let desired = super::desired(model, &ctx);
+        let desired = super::desired_keeping(model, &ctx, &applied.shared.classes);
         let delta = partial_sync(applied, &desired);
         self.ctx = ctx;
         Some(self.pending_whole(desired, delta))
@@ -184,12 +170,10 @@ impl NftablesPlanner {
             Pending::Nothing => {}
             Pending::Full(rs) => {
                 self.refs = element_refs(&rs);
-                self.classes = class_counts(rs.services.values());
                 self.applied = Some(rs);
             }
-            Pending::Ports(ports, classes, shared) => {
+            Pending::Ports(ports, shared) => {
                 if let Some(applied) = self.applied.as_mut() {
-                    self.classes = classes;
                     if let Some(objects) = shared {
                         count(&mut self.refs, &applied.shared, -1);
                         count(&mut self.refs, &objects, 1);
@@ -223,7 +207,6 @@ impl NftablesPlanner {
     pub fn failed(&mut self) {
         self.applied = None;
         self.refs.clear();
-        self.classes.clear();
         self.pending = Pending::Nothing;
         self.planned_stale.clear();
         self.planned_chains.clear();

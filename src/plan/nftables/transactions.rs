@@ -159,8 +159,9 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
     if old.top != new.top {
         pairs.push((&old.top, &new.top));
     }
-    if old.shared != new.shared {
-        pairs.push((&old.shared, &new.shared));
+    let shared = changed_parts(&old.shared, &new.shared);
+    if shared.0 != shared.1 {
+        pairs.push((&shared.0, &shared.1));
     }
     let names: BTreeSet<_> = old.services.keys().chain(new.services.keys()).collect();
     for spn in names {
@@ -170,6 +171,22 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
         }
     }
     groups_sync(new.family, pairs, &element_refs(old))
+}
+
+/// The parts of a group that differ, as a pair for [`groups_sync`]: `old`'s
+/// chains, sets and elements that `new` has not as they are, and `new`'s
+/// that `old` has not. A chain that changed is in both (rewritten); one
+/// equal in both is in neither, so it is not written again (the shared
+/// objects of the `maps` ruleset: a rule that reads an endpoints map costs
+/// the kernel a walk of the map each time it is added).
+pub fn changed_parts(old: &Objects, new: &Objects) -> (Objects, Objects) {
+    let only = |a: &Objects, b: &Objects| Objects {
+        chains: a.chains.iter().filter(|c| !b.chains.contains(c)).cloned().collect(),
+        sets: a.sets.iter().filter(|s| !b.sets.contains(s)).cloned().collect(),
+        elements: a.elements.iter().filter(|e| !b.elements.contains(e)).cloned().collect(),
+        classes: vec![],
+    };
+    (only(old, new), only(new, old))
 }
 
 /// The transaction taking each group from its old to its new objects (an
