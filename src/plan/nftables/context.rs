@@ -12,7 +12,7 @@ use crate::msgs::nftables::{Expr, Field, Hex, KeyPart};
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::context::{node_ip, NodePortFilter};
 use crate::plan::iptables::context::node_port_cidrs;
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 /// Which ruleset nftables mode writes (`--nftables-ruleset`,
 /// `nftables.ruleset`: ours, upstream has neither).
