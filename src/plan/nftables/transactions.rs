@@ -77,7 +77,7 @@ impl Ops {
 
 /// Chains a full sync flushes (and deletes later) when the desired table
 /// has not got them: per-service chains, and the `maps` ruleset's chains
-/// (after a switch to upstream's, or classes no longer used).
+/// (after a switch to upstream's, or classes the cluster does not use).
 fn owned_chain(name: &str) -> bool {
     is_service_chain(name) || is_maps_object(name)
 }
