@@ -24,6 +24,7 @@ use kube_proxy_rs::actors::coordinator::{
     AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord,
 };
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
+use kube_proxy_rs::bench::daemon_run;
 use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
@@ -109,7 +110,7 @@ enum Cmd {
         flavour: String,
         /// The daemon's proxy mode (ipvs needs the ip_vs module: run it in
         /// the VM, README "Performance").
-        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs"])]
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs", "all"])]
         mode: String,
         /// Seconds of idle watched after the first sync.
         #[arg(long, default_value_t = 60)]
@@ -131,6 +132,22 @@ enum Cmd {
         /// How long the churn lasts, seconds.
         #[arg(long, default_value_t = 20)]
         churn_seconds: u64,
+        /// How the manifest files hold the objects: one `kind: List` per
+        /// 500 objects, one `kind: List` of them all, or one file per object.
+        #[arg(long, default_value = "lists", value_parser = ["lists", "one-file", "per-object"])]
+        layout: String,
+        /// With `--dual-stack`: every this many-th Service is dual-stack (1: all).
+        #[arg(long, default_value_t = 1)]
+        dual_every: usize,
+        /// Skip the tool's own load of the same rules.
+        #[arg(long)]
+        no_tool: bool,
+        /// The memory matrix of issue 29 at each size: `--mode` (or
+        /// iptables and nftables with `--mode all`) × source (one file,
+        /// one file per object, API) × single-stack and dual-stack with
+        /// every second Service dual-stack; no tool comparison.
+        #[arg(long)]
+        matrix: bool,
     },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
@@ -639,6 +656,69 @@ fn bench_ipvs_kernel(
     res
 }
 
+/// `kpr-bench daemon --matrix`: one daemon run per cell of issue 29's
+/// memory matrix; every run's figures go to the report, and a table of the
+/// cells (first sync, peak RSS, RSS 60 s after the first sync) is printed
+/// to stderr as each cell finishes and in the report at the end.
+fn bench_daemon_matrix(
+    services: &[usize],
+    mode: &str,
+    base: impl Fn(usize) -> daemon_run::Options,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let modes: Vec<&str> = match mode {
+        "all" => vec!["iptables", "nftables"],
+        one => vec![one],
+    };
+    let sources = [
+        (Some(daemon_run::Layout::OneFile), "one file"),
+        (Some(daemon_run::Layout::PerObject), "file per object"),
+        (None, "API"),
+    ];
+    let families = [(false, "single-stack"), (true, "dual-stack (every 2nd Service)")];
+    for &n in services {
+        for &mode in &modes {
+            for (layout, source) in sources {
+                for (dual, family) in families {
+                    let opts = daemon_run::Options {
+                        mode: mode.to_string(),
+                        dual_stack: dual,
+                        dual_every: 2,
+                        layout: layout.unwrap_or(daemon_run::Layout::Lists),
+                        api_source: layout.is_none(),
+                        tool: false,
+                        churn: None,
+                        ..base(n)
+                    };
+                    let figures = daemon_run::run_daemon(&opts)?;
+                    let get = |metric: &str| figures.iter().find(|f| f.metric == metric).map_or(f64::NAN, |f| f.value);
+                    let cell = format!("{mode} · {source} · {family}");
+                    for metric in [daemon_run::FIRST_SYNC, daemon_run::PEAK_RSS, daemon_run::RSS_AFTER] {
+                        let unit = if metric == daemon_run::FIRST_SYNC { "s" } else { "MB" };
+                        let limit = match metric {
+                            daemon_run::PEAK_RSS => Some(150.0),
+                            daemon_run::RSS_AFTER => Some(100.0),
+                            _ => None,
+                        };
+                        let text = format!("{cell}: {metric}");
+                        match limit {
+                            Some(limit) if n == 10_000 => r.target("daemon matrix", n, &text, get(metric), unit, limit),
+                            _ => r.add("daemon matrix", n, &text, get(metric), unit),
+                        }
+                    }
+                    eprintln!(
+                        "| {n} | {cell} | {:.1} s | {:.1} MB | {:.1} MB |",
+                        get(daemon_run::FIRST_SYNC),
+                        get(daemon_run::PEAK_RSS),
+                        get(daemon_run::RSS_AFTER)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `kpr-bench iptables`: the figures of [`iptables_kernel::run`], also when it stops early.
 fn bench_iptables_kernel(opts: &iptables_kernel::Options, r: &mut Report) -> anyhow::Result<()> {
     let mut figures = Vec::new();
@@ -659,30 +739,51 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
-        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary, source, churn_rate, churn_seconds } => {
+        Cmd::Daemon {
+            services,
+            flavour,
+            mode,
+            idle,
+            sync_period,
+            binary,
+            source,
+            churn_rate,
+            churn_seconds,
+            layout,
+            dual_every,
+            no_tool,
+            matrix,
+        } => {
             let binary = match binary {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()
                     .map(|p| p.with_file_name("kube-proxy-rs"))
                     .unwrap_or_else(|_| "kube-proxy-rs".into()),
             };
-            services.iter().try_for_each(|&n| {
-                let opts = kube_proxy_rs::bench::daemon_run::Options {
-                    spec: spec(&cli, n),
-                    binary: binary.clone(),
-                    flavour: flavour.clone(),
-                    mode: mode.clone(),
-                    idle: Duration::from_secs(*idle),
-                    dual_stack: cli.dual_stack,
-                    sync_period: Duration::from_secs(*sync_period),
-                    api_source: source == "api",
-                    churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
-                };
-                for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
-                    r.add("daemon", n, &f.metric, f.value, f.unit);
-                }
-                Ok(())
-            })
+            let base = |n: usize| daemon_run::Options {
+                spec: spec(&cli, n),
+                binary: binary.clone(),
+                flavour: flavour.clone(),
+                mode: mode.clone(),
+                idle: Duration::from_secs(*idle),
+                dual_stack: cli.dual_stack,
+                dual_every: *dual_every,
+                layout: daemon_run::Layout::named(layout).unwrap_or(daemon_run::Layout::Lists),
+                tool: !no_tool,
+                sync_period: Duration::from_secs(*sync_period),
+                api_source: source == "api",
+                churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
+            };
+            if *matrix {
+                bench_daemon_matrix(services, mode, base, &mut r)
+            } else {
+                services.iter().try_for_each(|&n| {
+                    for f in daemon_run::run_daemon(&base(n))? {
+                        r.add("daemon", n, &f.metric, f.value, f.unit);
+                    }
+                    Ok(())
+                })
+            }
         }
         Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),
         Cmd::Ipvs { services, changes, warmup, work_dir, no_verify, no_breakdown, json_out } => {
