@@ -9,6 +9,7 @@ pub mod daemon;
 #[cfg(any(test, feature = "testkit"))]
 pub mod fixtures;
 pub mod health;
+pub mod heap;
 pub mod http;
 pub mod instance;
 pub mod kernel;
