@@ -1926,3 +1926,51 @@ fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_fir
     let mut lab = Lab::new("ctstop", Flavour::Nft, &["b1", "b2"]);
     conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }
+
+/// `status` field `field` (`VmHWM`, `VmRSS`) of `pid`, in kB.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = (status.lines())
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+/// Issue 29: one manifest file holding a whole cluster as one `kind: List`
+/// is read item by item. The same 3,000 Services × 10 endpoints (the
+/// benchmark's generated cluster) as one List file and as List files of
+/// 500 objects: the daemon's peak RSS with the one file stays within 40 MB
+/// of its peak with the small files (a value tree of the whole file is
+/// ≈ 65 MB at this size; the file's decoded objects, held together until
+/// they are handed over, ≈ 20 MB).
+#[test]
+fn one_large_list_file_costs_little_more_memory_than_small_files() {
+    use kube_proxy_rs::bench::daemon_run::{write_manifests, Layout};
+    use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
+    let spec = ClusterSpec { services: 3000, endpoints_per_service: 10, nodes: 100, seed: 1 };
+    let events = Cluster::new(spec).expect("cluster").initial_events();
+    let mut lab = Lab::new("bigfile", Flavour::Legacy, &[]);
+    let config = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
+         hostnameOverride: {THIS_NODE}\nclusterCIDR: 10.0.0.0/8\niptables:\n  minSyncPeriod: 0s\n"
+    );
+    std::fs::write(lab.config_path(), config).unwrap();
+    let mut peak = |layout: Layout| {
+        let dir = lab.manifests();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        write_manifests(&dir, &events, layout).expect("manifests");
+        let mut daemon = lab.start();
+        let first = lab.wait_sync(&mut daemon, 0, Duration::from_secs(180));
+        assert!(first.full && first.failed == 0, "{first:?}");
+        let pid = daemon.child.as_ref().expect("running").id();
+        let (hwm, rss) = (status_kb(pid, "VmHWM"), status_kb(pid, "VmRSS"));
+        eprintln!("{layout:?}: VmHWM {hwm} kB, VmRSS after the first sync {rss} kB");
+        daemon.stop();
+        hwm
+    };
+    let small = peak(Layout::Lists);
+    let one = peak(Layout::OneFile);
+    assert!(one < small + 40 * 1024, "one file: VmHWM {one} kB; files of 500 objects: {small} kB");
+}
