@@ -23,7 +23,7 @@
 //! The rules are pure ([`HealthState`], time is an argument);
 //! [`ProxyHealth`] wraps them in a lock for the sync loop and the servers.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -262,7 +262,12 @@ impl ProxyHealth {
 
     /// The proxy's health, ignoring the Node (what service health checks use).
     pub fn is_healthy(&self) -> bool {
-        self.state().report(self.timeout, SystemTime::now()).healthy
+        self.report(SystemTime::now()).healthy
+    }
+
+    /// Every family's health at `now`, as `/livez` judges it (for the dashboard).
+    pub fn report(&self, now: SystemTime) -> HealthReport {
+        self.state().report(self.timeout, now)
     }
 
     /// A copy of the state (for tests and the dashboard).

@@ -1,12 +1,13 @@
 //! What the coordinator reports ([`SyncObserver`]), fed to metrics, proxy
-//! health and the service health checks: three calls named for what the
+//! health, the service health checks and the dashboard (each sync and the
+//! model's counts, in the [`StatsRegistry`]): three calls named for what the
 //! coordinator just did, so the sync loop reports what upstream's proxier
 //! reports, where it does.
 //!
 //! Per-service-port facts (Local policy without local endpoints, health-check
-//! ports and local ready endpoints) are kept per port and updated only for
-//! the ports a partial sync replanned, so reporting stays proportional to the
-//! change; a full sync recomputes them all.
+//! ports and local ready endpoints, endpoint counts) are kept per port and
+//! updated only for the ports a partial sync replanned, so reporting stays
+//! proportional to the change; a full sync recomputes them all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use crate::metrics::ProxyMetrics;
 use crate::model::topology::categorize;
 use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
-use crate::net::IpFamily;
-use crate::stats::{ServiceScheduler, StatsRegistry};
+use crate::net::{ip_family_label, IpFamily};
+use crate::stats::{unix_ms, FamilySync, ModelCounts, ServiceScheduler, StatsRegistry};
 
 /// What one service port contributes to the per-sync reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,39 +30,56 @@ struct PortFacts {
     no_local_external: bool,
     /// healthCheckNodePort and local ready endpoints, when it has one.
     health_check: Option<(u16, usize)>,
+    /// Its endpoints.
+    endpoints: usize,
 }
 
-/// Metrics, health and service health checks, fed by the coordinator.
+/// Metrics, health, service health checks and the dashboard, fed by the coordinator.
 pub struct SyncHooks {
     family: IpFamily,
     metrics: Arc<ProxyMetrics>,
     health: Arc<ProxyHealth>,
+    /// Where each sync and the model's counts go (the dashboard's).
+    registry: StatsRegistry,
     service_health: Option<SharedServiceHealth>,
     ports: BTreeMap<ServicePortName, PortFacts>,
     /// Ports without local endpoints: (internal, external), kept in step with `ports`.
     no_local: (usize, usize),
+    /// The endpoints of `ports`, kept in step with them.
+    endpoints: usize,
+    /// Services with ports in `ports`, and how many each has.
+    services: BTreeMap<NamespacedName, usize>,
     /// The ports that have a healthCheckNodePort (few), for the health-check servers.
     health_checked: BTreeMap<ServicePortName, PortFacts>,
     /// Trigger times of the sync in flight, observed if it succeeds.
     triggers: Vec<String>,
-    /// Where the service ports with a scheduler of their own are listed
-    /// (IPVS mode: the dashboard's), and which ports this family listed.
-    schedulers: Option<(StatsRegistry, BTreeSet<ServicePortName>)>,
+    /// IPVS mode: the ports this family listed in `registry` as having a
+    /// scheduler of their own.
+    schedulers: Option<BTreeSet<ServicePortName>>,
 }
 
 impl SyncHooks {
     /// Marks `family` updated now, as upstream's sync loop does when it
     /// starts, with its first sync pending from now (so a first sync that
     /// never succeeds, or never comes, turns unhealthy after the timeout).
-    pub fn new(family: IpFamily, metrics: Arc<ProxyMetrics>, health: Arc<ProxyHealth>) -> SyncHooks {
+    /// Each sync and the model's counts after it go to `registry`.
+    pub fn new(
+        family: IpFamily,
+        metrics: Arc<ProxyMetrics>,
+        health: Arc<ProxyHealth>,
+        registry: StatsRegistry,
+    ) -> SyncHooks {
         health.started(family);
         SyncHooks {
             family,
             metrics,
             health,
+            registry,
             service_health: None,
             ports: BTreeMap::new(),
             no_local: (0, 0),
+            endpoints: 0,
+            services: BTreeMap::new(),
             health_checked: BTreeMap::new(),
             triggers: Vec::new(),
             schedulers: None,
@@ -69,10 +87,10 @@ impl SyncHooks {
     }
 
     /// Also lists the service ports whose Service chose its own IPVS
-    /// scheduler in `registry` (for the dashboard), kept in step with each
+    /// scheduler in the registry (for the dashboard), kept in step with each
     /// sync's replanned ports.
-    pub fn with_scheduler_list(mut self, registry: StatsRegistry) -> SyncHooks {
-        self.schedulers = Some((registry, BTreeSet::new()));
+    pub fn with_scheduler_list(mut self) -> SyncHooks {
+        self.schedulers = Some(BTreeSet::new());
         self
     }
 
@@ -111,15 +129,13 @@ impl SyncHooks {
             Some(f) => self.ports.insert(spn.clone(), *f),
             None => self.ports.remove(spn),
         };
-        for (facts, sign) in [(old, -1i64), (new, 1i64)] {
+        self.count_service(spn, old.is_some(), new.is_some());
+        for (facts, sign) in [(old, -1isize), (new, 1isize)] {
             let Some(f) = facts else { continue };
-            let step = |n: &mut usize, on: bool| {
-                if on {
-                    *n = n.saturating_add_signed(sign as isize);
-                }
-            };
-            step(&mut self.no_local.0, f.no_local_internal);
-            step(&mut self.no_local.1, f.no_local_external);
+            let step = |n: &mut usize, by: usize| *n = n.saturating_add_signed(sign * by as isize);
+            step(&mut self.no_local.0, usize::from(f.no_local_internal));
+            step(&mut self.no_local.1, usize::from(f.no_local_external));
+            step(&mut self.endpoints, f.endpoints);
         }
         match new.filter(|f| f.health_check.is_some()) {
             Some(f) => self.health_checked.insert(spn.clone(), f),
@@ -127,10 +143,31 @@ impl SyncHooks {
         };
     }
 
+    /// Keeps `services` in step with a port that was (`was`) or is (`is`) in `ports`.
+    fn count_service(&mut self, spn: &ServicePortName, was: bool, is: bool) {
+        match (was, is) {
+            (false, true) => *self.services.entry(spn.service.clone()).or_default() += 1,
+            (true, false) => {
+                if let Some(n) = self.services.get_mut(&spn.service) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.services.remove(&spn.service);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What the model holds, as the kept facts count it.
+    fn model_counts(&self) -> ModelCounts {
+        ModelCounts { services: self.services.len(), service_ports: self.ports.len(), endpoints: self.endpoints }
+    }
+
     /// Lists or unlists `spn`'s own scheduler; the registry is touched only
     /// for ports that have one or had one.
     fn list_scheduler(&mut self, model: &Model, spn: &ServicePortName) {
-        let Some((list, listed)) = self.schedulers.as_mut() else { return };
+        let Some(listed) = self.schedulers.as_mut() else { return };
         let own = model.service_port(spn).and_then(|sp| sp.ipvs_scheduler);
         if own.is_none() && !listed.remove(spn) {
             return;
@@ -145,7 +182,7 @@ impl SyncHooks {
                 flags: s.flag_names(),
             }
         });
-        list.set_scheduler(&spn.to_string(), family, entry);
+        self.registry.set_scheduler(&spn.to_string(), family, entry);
     }
 
     /// Service → (healthCheckNodePort, local ready endpoints over its ports).
@@ -229,9 +266,26 @@ impl SyncObserver for SyncHooks {
     /// After the sync's acks: durations always; on success the last-sync
     /// timestamp, health, network programming latency, the no-local-endpoints
     /// gauges and the service health checks, as upstream does after a
-    /// successful restore.
+    /// successful restore; then the sync, with its slowest programming
+    /// latency, and the model's counts go to the registry.
     fn sync_finished(&mut self, outcome: SyncOutcome) {
-        self.metrics.sync_done(self.family, outcome.full, outcome.took);
+        let now = SystemTime::now();
+        let slowest = self.report_sync(&outcome, now);
+        let sync = FamilySync {
+            family: ip_family_label(self.family),
+            unix_ms: unix_ms(now),
+            record: outcome.record,
+            programming_ms: slowest.map(|secs| secs * 1000.0),
+        };
+        self.registry.sync_finished(sync, self.model_counts());
+    }
+}
+
+impl SyncHooks {
+    /// [`SyncObserver::sync_finished`]'s metrics and health; returns the
+    /// slowest network programming latency observed, in seconds.
+    fn report_sync(&mut self, outcome: &SyncOutcome, now: SystemTime) -> Option<f64> {
+        self.metrics.sync_done(self.family, outcome.record.full, outcome.took);
         if outcome.iptables_restore_failed {
             self.metrics.iptables_restore_failed(self.family);
         }
@@ -244,22 +298,21 @@ impl SyncObserver for SyncHooks {
         if outcome.nftables_cleanup_failed {
             self.metrics.nftables_cleanup_failed(self.family);
         }
-        if let Some(r) = outcome.rules {
+        if let Some(r) = &outcome.rules {
             self.metrics.iptables_rules(self.family, "filter", r.filter_total, r.filter_last);
             self.metrics.iptables_rules(self.family, "nat", r.nat_total, r.nat_last);
         }
         let triggers = std::mem::take(&mut self.triggers);
         if !outcome.ok {
-            return;
+            return None;
         }
-        let now = SystemTime::now();
         self.metrics.sync_succeeded(self.family, now);
         self.health.updated(self.family);
-        for t in &triggers {
-            self.metrics.programming_latency(self.family, t, now);
-        }
+        let latencies = triggers.iter().filter_map(|t| self.metrics.programming_latency(self.family, t, now));
+        let slowest = latencies.reduce(f64::max);
         self.metrics.no_local_endpoints(self.family, self.no_local.0, self.no_local.1);
         self.sync_service_health();
+        slowest
     }
 }
 
@@ -277,6 +330,7 @@ fn port_facts(model: &Model, spn: &ServicePortName) -> PortFacts {
         no_local_internal: no_local && sp.internal_policy_local,
         no_local_external: no_local && sp.external_policy_local,
         health_check,
+        endpoints: endpoints.len(),
     }
 }
 

@@ -1,12 +1,14 @@
 //! Per-actor counters: mailbox depth, messages, apply latency, errors, last
 //! acked generation. Shared (`Arc`) between the actor, the coordinator that
-//! sends to it, and the metrics/dashboard endpoints.
+//! sends to it, and the metrics/dashboard endpoints. The registry also keeps
+//! each family's recent syncs and model counts, as the sync hooks report
+//! them, for the dashboard.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How many recent apply latencies each actor keeps for percentiles.
 const LATENCY_WINDOW: usize = 512;
@@ -63,6 +65,8 @@ pub struct HistogramSnapshot {
 pub struct ActorStats {
     pub name: String,
     queued: AtomicI64,
+    /// The deepest the mailbox was since the last [`ActorStats::take_counters`].
+    peak: AtomicI64,
     received: AtomicU64,
     ops: AtomicU64,
     errors: AtomicU64,
@@ -84,6 +88,17 @@ pub struct FailingKey {
     /// Milliseconds until the next attempt (0: in the batch in flight).
     pub retry_in_ms: u64,
     pub error: String,
+}
+
+/// What [`ActorStats::take_counters`] reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActorCounters {
+    /// Messages taken from the mailbox so far.
+    pub received: u64,
+    /// Kernel ops applied so far.
+    pub ops: u64,
+    /// The deepest the mailbox was since the previous read.
+    pub peak_depth: i64,
 }
 
 /// How many failing keys an actor's snapshot lists (all are counted).
@@ -115,7 +130,8 @@ impl ActorStats {
 
     /// A message was sent to the actor.
     pub fn enqueued(&self) {
-        self.queued.fetch_add(1, Ordering::Relaxed);
+        let depth = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(depth, Ordering::Relaxed);
     }
 
     /// The actor took a message out of its mailbox.
@@ -154,6 +170,19 @@ impl ActorStats {
         self.failing_count.load(Ordering::Relaxed)
     }
 
+    /// The counters a periodic sampler reads: messages and ops so far, and
+    /// the deepest the mailbox was since the previous call (at least its
+    /// depth now). The peak restarts at each call, so there is one caller:
+    /// the dashboard's sampler.
+    pub fn take_counters(&self) -> ActorCounters {
+        let depth = self.queued.load(Ordering::Relaxed);
+        ActorCounters {
+            received: self.received.load(Ordering::Relaxed),
+            ops: self.ops.load(Ordering::Relaxed),
+            peak_depth: self.peak.swap(depth, Ordering::Relaxed).max(depth),
+        }
+    }
+
     /// Every apply duration so far, in [`APPLY_BUCKETS`].
     pub fn apply_histogram(&self) -> HistogramSnapshot {
         self.apply.snapshot()
@@ -185,6 +214,59 @@ impl ActorStats {
     }
 }
 
+/// One finished sync, for logs, metrics and the dashboard.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SyncRecord {
+    pub generation: u64,
+    pub full: bool,
+    /// The syncPeriod's sync (with the actors' drift checks).
+    pub periodic: bool,
+    pub duration_ms: f64,
+    pub ports_changed: usize,
+    pub ops: usize,
+    pub failed: usize,
+}
+
+/// What one family's model holds after a sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelCounts {
+    /// Services with at least one port of the family.
+    pub services: usize,
+    pub service_ports: usize,
+    /// The endpoints of every service port (an address serving two ports counts twice).
+    pub endpoints: usize,
+}
+
+/// One sync of one family, as the dashboard lists and charts it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FamilySync {
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// When it finished, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    #[serde(flatten)]
+    pub record: SyncRecord,
+    /// The longest network programming latency among the changes the sync
+    /// carried, in milliseconds; `None` when none had a trigger time to
+    /// measure from (or the sync failed).
+    pub programming_ms: Option<f64>,
+}
+
+/// `t` in milliseconds since the Unix epoch (0 before it).
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How many syncs of each family the dashboard keeps.
+pub const SYNCS_KEPT: usize = 120;
+
+/// A family's recent syncs and its model's counts as of the newest.
+#[derive(Debug, Default)]
+struct FamilyFeed {
+    counts: ModelCounts,
+    syncs: VecDeque<FamilySync>,
+}
+
 /// Every actor's stats, by name, the input the daemon refused lately, and
 /// the service ports with a scheduler of their own (IPVS mode).
 #[derive(Debug, Default, Clone)]
@@ -196,6 +278,8 @@ pub struct StatsRegistry {
     ignored_values: Arc<Mutex<IgnoredValues>>,
     /// Keyed by (service port, family).
     schedulers: Arc<Mutex<BTreeMap<(String, String), ServiceScheduler>>>,
+    /// Keyed by family (`IPv4`, `IPv6`).
+    families: Arc<Mutex<BTreeMap<&'static str, FamilyFeed>>>,
 }
 
 /// A service port whose Service chose its own IPVS scheduler (the
@@ -279,6 +363,33 @@ impl StatsRegistry {
         lock(&self.schedulers).values().cloned().collect()
     }
 
+    /// A sync of `sync.family` finished, leaving its model with `counts`
+    /// (the newest [`SYNCS_KEPT`] syncs of each family are kept).
+    pub fn sync_finished(&self, sync: FamilySync, counts: ModelCounts) {
+        let mut families = lock(&self.families);
+        let feed = families.entry(sync.family).or_default();
+        if feed.syncs.len() == SYNCS_KEPT {
+            feed.syncs.pop_front();
+        }
+        feed.syncs.push_back(sync);
+        feed.counts = counts;
+    }
+
+    /// Each family's model counts as of its newest sync (families that have
+    /// not synced yet are missing).
+    pub fn model_counts(&self) -> BTreeMap<&'static str, ModelCounts> {
+        lock(&self.families).iter().map(|(f, feed)| (*f, feed.counts)).collect()
+    }
+
+    /// Every family's kept syncs, newest first.
+    pub fn syncs(&self) -> Vec<FamilySync> {
+        let families = lock(&self.families);
+        let mut all: Vec<FamilySync> = families.values().flat_map(|f| f.syncs.iter().rev().cloned()).collect();
+        // Stable: a family's syncs in the same millisecond stay newest first.
+        all.sort_by_key(|s| std::cmp::Reverse(s.unix_ms));
+        all
+    }
+
     /// Remembers a refusal (the newest [`REFUSALS_KEPT`]).
     pub fn refused(&self, r: Refusal) {
         let mut list = lock(&self.refusals);
@@ -334,6 +445,42 @@ mod tests {
         assert!((h.sum - 60.00105).abs() < 1e-9, "{}", h.sum);
         let snap = s.snapshot();
         assert_eq!((snap.ops, snap.errors, snap.last_generation), (7, 1, 4));
+    }
+
+    #[test]
+    fn the_peak_depth_is_the_deepest_since_the_last_read() {
+        let s = ActorStats::new("ipvs");
+        for _ in 0..3 {
+            s.enqueued();
+        }
+        s.dequeued();
+        s.dequeued();
+        assert_eq!(s.take_counters(), ActorCounters { received: 2, ops: 0, peak_depth: 3 });
+        assert_eq!(s.take_counters().peak_depth, 1, "the depth now, once the peak was read");
+        s.dequeued();
+        s.applied(1, 4, 0, Duration::from_millis(1));
+        assert_eq!(s.take_counters(), ActorCounters { received: 3, ops: 4, peak_depth: 1 }, "1 until read");
+        assert_eq!(s.take_counters().peak_depth, 0);
+    }
+
+    fn family_sync(family: &'static str, unix_ms: u64, generation: u64) -> FamilySync {
+        FamilySync { family, unix_ms, record: SyncRecord { generation, ..SyncRecord::default() }, programming_ms: None }
+    }
+
+    #[test]
+    fn syncs_are_kept_per_family_and_listed_newest_first() {
+        let reg = StatsRegistry::default();
+        let counts = |services| ModelCounts { services, service_ports: services, endpoints: 2 * services };
+        for g in 1..=SYNCS_KEPT as u64 + 5 {
+            reg.sync_finished(family_sync("IPv4", 1000 + g, g), counts(1));
+        }
+        reg.with_suffix(" ipv6").sync_finished(family_sync("IPv6", 1002, 1), counts(7));
+        let syncs = reg.syncs();
+        assert_eq!(syncs.len(), SYNCS_KEPT + 1);
+        let newest: Vec<(&str, u64)> = syncs.iter().take(2).map(|s| (s.family, s.record.generation)).collect();
+        assert_eq!(newest, [("IPv4", SYNCS_KEPT as u64 + 5), ("IPv4", SYNCS_KEPT as u64 + 4)]);
+        assert_eq!(syncs.last().map(|s| (s.family, s.unix_ms)), Some(("IPv6", 1002)), "older than every IPv4 one kept");
+        assert_eq!(reg.model_counts(), [("IPv4", counts(1)), ("IPv6", counts(7))].into());
     }
 
     #[test]

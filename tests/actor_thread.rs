@@ -50,10 +50,11 @@ fn proxier(
         model_gates: Default::default(),
     };
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(120)));
-    let hooks = SyncHooks::new(family, metrics.clone(), health);
+    let registry = StatsRegistry::default();
+    let hooks = SyncHooks::new(family, metrics.clone(), health, registry.clone());
     let (iptables, conntrack) = (iptables.clone(), MemConntrack::new(&iptables.journal));
     Coordinator::create(move |ctx| {
-        let targets = start_iptables_actors(iptables, conntrack, &StatsRegistry::default(), ctx.address().recipient());
+        let targets = start_iptables_actors(iptables, conntrack, &registry, ctx.address().recipient());
         Coordinator::with_dataplane(settings, IptablesDataplane::new(targets, addrs, context, &[])).with_observer(hooks)
     })
 }

@@ -18,9 +18,9 @@ use kube_proxy_rs::msgs::nftables::{
     Transaction, Verdict,
 };
 use kube_proxy_rs::net::{IpFamily, Protocol};
+use kube_proxy_rs::plan::local::LocalDetector;
 use kube_proxy_rs::plan::nftables::context::mark;
 use kube_proxy_rs::plan::nftables::{desired, NftablesContext, NodePorts};
-use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 
 const TABLE: &str = "kube-proxy";
 

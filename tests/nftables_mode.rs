@@ -27,11 +27,11 @@ use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
+use kube_proxy_rs::plan::local::LocalDetector;
 use kube_proxy_rs::plan::nftables::{
     delete_stale, desired, full_sync, nftables_context, KernelObjects, NftablesContext, NftablesPlanner,
     NftablesSettings, STALE_CHAIN_DELAY,
 };
-use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";

@@ -488,7 +488,7 @@ mod tests {
             c.mode = "ipvs".into();
             c.ipvs.exclude_cidrs = vec!["192.168.0.0/16".into(), "invalid".into()];
         });
-        // Any scheduler name is accepted, as upstream no longer checks it.
+        // Any scheduler name is accepted: upstream does not check it.
         assert_eq!(
             errors(|c| {
                 c.mode = "ipvs".into();

@@ -1,34 +1,42 @@
-//! The actor mailbox dashboard, served by the metrics server
+//! The dashboard an operator keeps open, served by the metrics server
 //! (`metricsBindAddress`):
 //!
-//! - `GET /dashboard`: one self-contained HTML page (inline CSS and JS, no
-//!   external resource; a Content-Security-Policy forbids any) with a panel
-//!   per actor (mailbox depth, messages/s, apply latency p50/p99, errors)
-//!   and a table of the recent syncs, refreshed every second;
-//! - `GET /dashboard/data`: the JSON the page polls ([`DashboardData`]):
-//!   every actor's [`StatsSnapshot`] plus message and op rates computed here
-//!   from successive snapshots, and the coordinator's recent syncs, newest
-//!   first, the input refused lately ([`Refusal`]), the count of values
-//!   skipped inside objects ([`IgnoredValues`]) and, in IPVS mode, the
-//!   service ports with a scheduler of their own ([`ServiceScheduler`]).
+//! - `GET /dashboard`: one self-contained HTML page (inline CSS, JS and SVG;
+//!   a Content-Security-Policy forbids any outside resource): a header with
+//!   the mode, node, version, families, Service and endpoint counts and sync
+//!   health; charts of each family's sync duration and network programming
+//!   latency and of the mailbox depths over time; a panel per actor
+//!   (mailbox depth, messages/s, apply latency p50/p99, errors) in groups
+//!   named for the mode that runs them; every family's recent syncs, the
+//!   failing kernel ops, the input refused lately and, in IPVS mode, the
+//!   service ports with a scheduler of their own. It polls every second.
+//! - `GET /dashboard/data`: the JSON the page polls ([`DashboardData`]).
 //!
-//! Rates are computed server-side against the newest sample at least
-//! [`RATE_BASE`] old, so any client (or `curl` in a loop) gets them; samples
-//! are taken when the data is requested, at most every [`SAMPLE_EVERY`].
+//! Where the numbers come from: the actors' stats, and each family's syncs
+//! and model counts as the sync hooks report them, are in the
+//! [`StatsRegistry`]; sync health is `/livez`'s verdict ([`ProxyHealth`]);
+//! what runs (mode, node, families) is given at start ([`About`]). A
+//! sampler thread reads every actor's counters once a [`SAMPLE_EVERY`] and
+//! keeps the last [`HISTORY_POINTS`] steps, so rates and history are there
+//! on a page's first update, however late it opens. Nothing here runs on
+//! the sync path, and a request costs the number of actors and syncs kept,
+//! not the cluster's size.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use actix::Recipient;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use hyper::header::{HeaderValue, CACHE_CONTROL};
 
 use super::{text_response, Response, Routes};
-use crate::actors::coordinator::{GetSyncHistory, SyncRecord};
-use crate::stats::{IgnoredValues, Refusal, ServiceScheduler, StatsRegistry, StatsSnapshot, APPLY_BUCKETS};
+use crate::config::ProxyMode;
+use crate::health::{HealthReport, ProxyHealth};
+use crate::net::{ip_family_label, IpFamily};
+use crate::stats::{
+    unix_ms, ActorCounters, FamilySync, IgnoredValues, ModelCounts, Refusal, ServiceScheduler, StatsRegistry,
+    StatsSnapshot, APPLY_BUCKETS,
+};
 
 /// The page, embedded at build time.
 const PAGE: &str = include_str!("dashboard.html");
@@ -38,39 +46,89 @@ const JSON: &str = "application/json";
 const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
                    connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'";
 
-/// Rates compare against the newest sample at least this old.
-pub const RATE_BASE: Duration = Duration::from_secs(1);
-/// Samples older than this are dropped.
-const RATE_KEEP: Duration = Duration::from_secs(10);
-/// A shorter span than this gives no rate (too noisy).
+/// How often the sampler reads the actors' counters.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How many sampler steps the history keeps (two minutes).
+pub const HISTORY_POINTS: usize = 120;
+/// A shorter span than this between two samples gives no rate (too noisy).
 const RATE_MIN: Duration = Duration::from_millis(250);
-/// At most one sample per this span, however many clients poll.
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
-/// How long the data endpoint waits for the coordinator's sync history.
-const HISTORY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Asks the coordinator for its recent syncs (oldest first, as
-/// `GetSyncHistory` answers).
-type SyncHistory = Box<dyn Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync>;
+/// What runs, as the daemon started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct About {
+    pub mode: ProxyMode,
+    /// The node's name (hostnameOverride or the host's).
+    pub node: String,
+    /// The primary family first.
+    pub families: Vec<IpFamily>,
+}
+
+/// [`About`] as the page shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AboutView {
+    /// `ipvs`, `iptables` or `nftables`.
+    pub mode: &'static str,
+    pub node: String,
+    /// This build's version.
+    pub version: &'static str,
+    /// `IPv4`, `IPv6`: the primary family first.
+    pub families: Vec<&'static str>,
+}
+
+/// One family's line in the header.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FamilyView {
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// `/livez`'s verdict on it: no update has waited past the health timeout.
+    pub healthy: bool,
+    /// Its last successful sync (or the start of its sync loop), in
+    /// milliseconds since the Unix epoch.
+    pub last_updated_unix_ms: Option<u64>,
+    /// Its model as of its newest sync; `None` before the first.
+    pub counts: Option<ModelCounts>,
+}
+
+/// Actors shown together: one family's kernel actors, or its ipsets.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ActorGroup {
+    /// Named for the mode that runs them: `nftables mode: nftables, conntrack`.
+    pub title: String,
+    pub family: &'static str,
+    /// Actor names, in the order a sync reaches them.
+    pub actors: Vec<String>,
+    /// Per history step: the sum of the members' deepest mailbox in it.
+    pub depth_history: Vec<i64>,
+}
 
 /// What `/dashboard/data` serves.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DashboardData {
     /// When the data was taken, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
-    /// The span the rates are computed over, in seconds; `None` until two
-    /// samples far enough apart exist.
+    pub about: AboutView,
+    /// `/livez`'s verdict: every family's proxier is healthy.
+    pub healthy: bool,
+    /// `/healthz` also wants the Node eligible (not being deleted).
+    pub node_eligible: bool,
+    /// In [`About::families`] order.
+    pub families: Vec<FamilyView>,
+    /// The span the rates are computed over, in seconds; `None` until the
+    /// sampler has two samples.
     pub rate_window_secs: Option<f64>,
     /// Upper bounds of the apply-duration buckets, in milliseconds; each
     /// actor's `apply_buckets` has one more entry (`+Inf`).
     pub apply_bucket_bounds_ms: Vec<f64>,
-    /// Every actor, in pipeline order: ipvs, the ipsets, dummy-link,
-    /// iptables, conntrack, then any other by name.
+    /// When each history step ended (one per [`SAMPLE_EVERY`], oldest
+    /// first); every `*_history` ends with the newest step.
+    pub history_unix_ms: Vec<u64>,
+    /// The actors, grouped: per family, its kernel actors, then its ipsets.
+    pub groups: Vec<ActorGroup>,
+    /// Every actor, per family in pipeline order: ipvs, the ipsets,
+    /// dummy-link, iptables or nftables, conntrack, then any other by name.
     pub actors: Vec<ActorView>,
-    /// The coordinator's recent syncs, newest first.
-    pub syncs: Vec<SyncRecord>,
-    /// False when the coordinator did not answer in time (`syncs` is empty).
-    pub syncs_available: bool,
+    /// Every family's kept syncs, newest first.
+    pub syncs: Vec<FamilySync>,
     /// Input the daemon refused or ignored lately (a nodePort another
     /// Service holds, an EndpointSlice of an unknown addressType, an API
     /// object that does not decode, ...), newest first.
@@ -95,39 +153,32 @@ pub struct ActorView {
     /// Apply durations per bucket (not cumulative), see
     /// `apply_bucket_bounds_ms`.
     pub apply_buckets: Vec<u64>,
+    /// Messages per second in each history step it was there for.
+    pub msgs_history: Vec<f64>,
 }
 
-/// The dashboard's routes: `/dashboard` and `/dashboard/data`. `history`
-/// returns the coordinator's recent syncs (e.g. by sending it
-/// `GetSyncHistory`).
-pub fn dashboard_routes<F>(registry: StatsRegistry, history: F) -> Routes
-where
-    F: Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync + 'static,
-{
-    let state = Arc::new(State { registry, history: Box::new(history), rates: Mutex::new(RateTracker::default()) });
-    let data = move |_| {
-        let state = state.clone();
-        async move { state.respond().await }
-    };
-    Routes::new().route("/dashboard", |_| page()).route("/dashboard/", |_| page()).route_async("/dashboard/data", data)
+/// The dashboard's routes, `/dashboard` and `/dashboard/data`, and the
+/// sampler thread behind them (it ends once the routes are dropped).
+pub fn dashboard_routes(about: About, registry: StatsRegistry, health: Arc<ProxyHealth>) -> Routes {
+    let state = Arc::new(State { about, registry, health, sampler: Mutex::new(Sampler::default()) });
+    spawn_sampler(Arc::downgrade(&state));
+    Routes::new()
+        .route("/dashboard", |_| page())
+        .route("/dashboard/", |_| page())
+        .route("/dashboard/data", move |_| state.respond())
 }
 
-/// The `history` for [`dashboard_routes`] when the coordinator starts after
-/// the servers (as in the daemon, whose metrics server comes first): asks
-/// the coordinator in `cell` once it is set; no syncs before that, nor if
-/// it has stopped.
-pub fn coordinator_history(
-    cell: Arc<OnceLock<Recipient<GetSyncHistory>>>,
-) -> impl Fn() -> BoxFuture<'static, Vec<SyncRecord>> + Send + Sync + 'static {
-    move || {
-        let coordinator = cell.get().cloned();
-        async move {
-            match coordinator {
-                Some(addr) => addr.send(GetSyncHistory).await.unwrap_or_default(),
-                None => Vec::new(),
-            }
+/// Samples now and then every [`SAMPLE_EVERY`], while `state` lives.
+fn spawn_sampler(state: Weak<State>) {
+    let sampling = move || {
+        while let Some(s) = state.upgrade() {
+            s.sample();
+            drop(s);
+            std::thread::sleep(SAMPLE_EVERY);
         }
-        .boxed()
+    };
+    if let Err(e) = std::thread::Builder::new().name("dashboard".into()).spawn(sampling) {
+        tracing::warn!(error = %e, "the dashboard's sampler did not start: no rates or history on the dashboard");
     }
 }
 
@@ -142,16 +193,22 @@ fn no_store(mut resp: Response) -> Response {
     resp
 }
 
-/// What the data handler shares between requests.
+/// What the data handler and the sampler share.
 struct State {
+    about: About,
     registry: StatsRegistry,
-    history: SyncHistory,
-    rates: Mutex<RateTracker>,
+    health: Arc<ProxyHealth>,
+    sampler: Mutex<Sampler>,
 }
 
 impl State {
-    async fn respond(&self) -> Response {
-        let data = self.collect().await;
+    fn sample(&self) {
+        let counts = self.registry.actors().iter().map(|a| (a.name.clone(), a.take_counters())).collect();
+        lock(&self.sampler).observe(Instant::now(), unix_ms(SystemTime::now()), counts);
+    }
+
+    fn respond(&self) -> Response {
+        let data = self.collect();
         match serde_json::to_string(&data) {
             Ok(body) => no_store(text_response(200, JSON, body)),
             Err(e) => {
@@ -161,16 +218,22 @@ impl State {
         }
     }
 
-    async fn collect(&self) -> DashboardData {
-        let syncs = tokio::time::timeout(HISTORY_TIMEOUT, (self.history)()).await.ok();
+    fn collect(&self) -> DashboardData {
+        let now = SystemTime::now();
         let live = self.registry.actors();
-        let snaps: Vec<StatsSnapshot> = live.iter().map(|a| a.snapshot()).collect();
-        let buckets: BTreeMap<String, Vec<u64>> = live
-            .iter()
-            .map(|a| (a.name.clone(), a.apply_histogram().buckets.iter().map(|(_, n)| *n).collect()))
-            .collect();
-        let rates = lock(&self.rates).observe(Instant::now(), &snaps);
-        let mut data = dashboard_data(unix_ms(SystemTime::now()), snaps, &buckets, &rates, syncs);
+        let inputs = Inputs {
+            unix_ms: unix_ms(now),
+            health: self.health.report(now),
+            node_eligible: self.health.snapshot().node_eligible(),
+            counts: self.registry.model_counts(),
+            snaps: live.iter().map(|a| a.snapshot()).collect(),
+            buckets: live
+                .iter()
+                .map(|a| (a.name.clone(), a.apply_histogram().buckets.iter().map(|(_, n)| *n).collect()))
+                .collect(),
+            syncs: self.registry.syncs(),
+        };
+        let mut data = dashboard_data(&self.about, inputs, &lock(&self.sampler));
         data.refused = self.registry.refusals();
         data.ignored_values = self.registry.ignored_values();
         data.schedulers = self.registry.schedulers();
@@ -178,60 +241,163 @@ impl State {
     }
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+/// What [`dashboard_data`] assembles, read at one instant.
+pub struct Inputs {
+    pub unix_ms: u64,
+    pub health: HealthReport,
+    pub node_eligible: bool,
+    /// By family label, as the registry keeps them.
+    pub counts: BTreeMap<&'static str, ModelCounts>,
+    pub snaps: Vec<StatsSnapshot>,
+    /// Per actor: apply durations per bucket.
+    pub buckets: BTreeMap<String, Vec<u64>>,
+    /// Newest first.
+    pub syncs: Vec<FamilySync>,
 }
 
 /// Assembles the JSON document (pure: every input is an argument).
-/// `syncs` is the coordinator's answer, oldest first, or `None` when it did
-/// not answer.
-pub fn dashboard_data(
-    unix_ms: u64,
-    snaps: Vec<StatsSnapshot>,
-    buckets: &BTreeMap<String, Vec<u64>>,
-    rates: &Rates,
-    syncs: Option<Vec<SyncRecord>>,
-) -> DashboardData {
-    let mut actors: Vec<ActorView> = snaps
+pub fn dashboard_data(about: &About, i: Inputs, sampler: &Sampler) -> DashboardData {
+    let rates = sampler.rates();
+    let mut actors: Vec<ActorView> = i
+        .snaps
         .into_iter()
         .map(|stats| {
             let rate = rates.per_actor.get(&stats.name);
             ActorView {
                 msgs_per_sec: rate.map(|r| r.msgs_per_sec),
                 ops_per_sec: rate.map(|r| r.ops_per_sec),
-                apply_buckets: buckets.get(&stats.name).cloned().unwrap_or_default(),
+                apply_buckets: i.buckets.get(&stats.name).cloned().unwrap_or_default(),
+                msgs_history: sampler.msgs_history(&stats.name),
                 stats,
             }
         })
         .collect();
-    actors.sort_by(|a, b| pipeline_rank(&a.stats.name).cmp(&pipeline_rank(&b.stats.name)));
-    let syncs_available = syncs.is_some();
-    let mut syncs = syncs.unwrap_or_default();
-    syncs.reverse();
+    actors.sort_by(|a, b| actor_rank(&a.stats.name, about).cmp(&actor_rank(&b.stats.name, about)));
+    let names: Vec<&str> = actors.iter().map(|a| a.stats.name.as_str()).collect();
+    let groups = actor_groups(about, &names)
+        .into_iter()
+        .map(|mut g| {
+            g.depth_history = sampler.depth_history(&g.actors);
+            g
+        })
+        .collect();
+    let families = about
+        .families
+        .iter()
+        .map(|f| {
+            let family = ip_family_label(*f);
+            let status = i.health.status.get(family);
+            FamilyView {
+                family,
+                healthy: status.is_none_or(|s| s.healthy),
+                last_updated_unix_ms: status.map(|s| unix_ms(s.last_updated)),
+                counts: i.counts.get(family).copied(),
+            }
+        })
+        .collect();
     DashboardData {
-        unix_ms,
+        unix_ms: i.unix_ms,
+        about: AboutView {
+            mode: about.mode.as_str(),
+            node: about.node.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+            families: about.families.iter().map(|f| ip_family_label(*f)).collect(),
+        },
+        healthy: i.health.healthy,
+        node_eligible: i.node_eligible,
+        families,
         rate_window_secs: rates.window.map(|w| w.as_secs_f64()),
         apply_bucket_bounds_ms: APPLY_BUCKETS.iter().map(|b| b * 1000.0).collect(),
+        history_unix_ms: sampler.times(),
+        groups,
         actors,
-        syncs,
-        syncs_available,
+        syncs: i.syncs,
         refused: Vec::new(),
         ignored_values: IgnoredValues::default(),
         schedulers: Vec::new(),
     }
 }
 
-/// Sort key: the order in which a sync reaches the actors, then the name.
-fn pipeline_rank(name: &str) -> (u8, &str) {
-    let stage = match name {
+/// An actor's kind and family: the secondary family's actors are named
+/// `<kind> ipv6` (or `ipv4`); the others are the primary family's.
+fn split_family<'a>(name: &'a str, about: &About) -> (&'a str, IpFamily) {
+    let primary = about.families.first().copied().unwrap_or_default();
+    let suffixed = name
+        .rsplit_once(' ')
+        .and_then(|(kind, suffix)| about.families.iter().find(|f| f.lower() == suffix).map(|f| (kind, *f)));
+    suffixed.unwrap_or((name, primary))
+}
+
+/// The order in which a sync reaches an actor of this kind.
+fn pipeline_stage(kind: &str) -> u8 {
+    match kind {
         "ipvs" => 0,
-        n if n.starts_with("ipset/") => 1,
+        k if k.starts_with("ipset/") => 1,
         "dummy-link" => 2,
-        "iptables" => 3,
+        "iptables" | "nftables" => 3,
         "conntrack" => 4,
         _ => 5,
-    };
-    (stage, name)
+    }
+}
+
+/// Sort key: the family (primary first), the pipeline stage, the name.
+fn actor_rank<'a>(name: &'a str, about: &About) -> (usize, u8, &'a str) {
+    let (kind, family) = split_family(name, about);
+    let family_rank = about.families.iter().position(|f| *f == family).unwrap_or(usize::MAX);
+    (family_rank, pipeline_stage(kind), name)
+}
+
+/// What an actor of this kind owns, as the group titles name it.
+fn kind_label(kind: &str) -> &str {
+    match kind {
+        "ipvs" => "IPVS",
+        "dummy-link" => "kube-ipvs0",
+        other => other,
+    }
+}
+
+fn mode_label(mode: ProxyMode) -> &'static str {
+    match mode {
+        ProxyMode::Ipvs => "IPVS",
+        ProxyMode::Iptables => "iptables",
+        ProxyMode::Nftables => "nftables",
+    }
+}
+
+/// The actors (`names`, in [`actor_rank`] order) in groups, per family:
+/// its kernel actors, then its ipsets; each titled for the mode and, on a
+/// dual-stack node, the family. `depth_history` is left empty.
+pub fn actor_groups(about: &About, names: &[&str]) -> Vec<ActorGroup> {
+    let dual = about.families.len() > 1;
+    let mut groups: Vec<(IpFamily, bool, Vec<&str>)> = Vec::new();
+    for name in names {
+        let (kind, family) = split_family(name, about);
+        let ipset = kind.starts_with("ipset/");
+        match groups.iter_mut().find(|(f, s, _)| *f == family && *s == ipset) {
+            Some((_, _, members)) => members.push(name),
+            None => groups.push((family, ipset, vec![name])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(family, ipset, members)| {
+            let label = ip_family_label(family);
+            let mode = mode_label(about.mode);
+            let head = if dual { format!("{mode} mode, {label}") } else { format!("{mode} mode") };
+            let what = if ipset {
+                "ipsets".to_string()
+            } else {
+                let kinds: Vec<&str> = members.iter().map(|n| kind_label(split_family(n, about).0)).collect();
+                kinds.join(", ")
+            };
+            ActorGroup {
+                title: format!("{head}: {what}"),
+                family: label,
+                actors: members.iter().map(|n| n.to_string()).collect(),
+                depth_history: Vec::new(),
+            }
+        })
+        .collect()
 }
 
 /// One actor's rates.
@@ -248,169 +414,78 @@ pub struct Rates {
     pub per_actor: BTreeMap<String, Rate>,
 }
 
-/// Counters of every actor at one instant.
+/// Every actor's counters at one instant.
 #[derive(Debug, Clone)]
 struct Sample {
     at: Instant,
-    /// Name to (messages received, ops applied).
-    counts: BTreeMap<String, (u64, u64)>,
+    unix_ms: u64,
+    counts: BTreeMap<String, ActorCounters>,
 }
 
-/// Recent samples of the counters, to derive rates from.
+/// The newest samples of every actor's counters: rates come from the two
+/// newest, the history from each step between two.
 #[derive(Debug, Default)]
-pub struct RateTracker {
+pub struct Sampler {
     samples: VecDeque<Sample>,
 }
 
-impl RateTracker {
-    /// Records the counters as of `now` (at most every [`SAMPLE_EVERY`]) and
-    /// returns the rates since the newest sample at least [`RATE_BASE`]
-    /// older (or the oldest one kept, if it is at least 250 ms old).
-    pub fn observe(&mut self, now: Instant, snaps: &[StatsSnapshot]) -> Rates {
-        let current = Sample { at: now, counts: snaps.iter().map(|s| (s.name.clone(), (s.received, s.ops))).collect() };
-        while self.samples.front().is_some_and(|s| now.saturating_duration_since(s.at) > RATE_KEEP) {
+impl Sampler {
+    /// Records every actor's counters as of `at` (`unix_ms`), keeping the
+    /// newest [`HISTORY_POINTS`] steps.
+    pub fn observe(&mut self, at: Instant, unix_ms: u64, counts: BTreeMap<String, ActorCounters>) {
+        if self.samples.len() > HISTORY_POINTS {
             self.samples.pop_front();
         }
-        let rates = self.base(now).map(|b| rates_between(b, &current)).unwrap_or_default();
-        if self.samples.back().is_none_or(|s| now.saturating_duration_since(s.at) >= SAMPLE_EVERY) {
-            self.samples.push_back(current);
-        }
-        rates
+        self.samples.push_back(Sample { at, unix_ms, counts });
     }
 
-    fn base(&self, now: Instant) -> Option<&Sample> {
-        let age = |s: &Sample| now.saturating_duration_since(s.at);
-        let old_enough = self.samples.iter().rev().find(|s| age(s) >= RATE_BASE);
-        old_enough.or_else(|| self.samples.front()).filter(|s| age(s) >= RATE_MIN)
+    /// The steps: each pair of consecutive samples.
+    fn steps(&self) -> impl Iterator<Item = (&Sample, &Sample)> {
+        self.samples.iter().zip(self.samples.iter().skip(1))
+    }
+
+    /// Rates over the newest step; none before there is one at least
+    /// [`RATE_MIN`] long.
+    pub fn rates(&self) -> Rates {
+        let newest = self.steps().last().filter(|(a, b)| b.at.saturating_duration_since(a.at) >= RATE_MIN);
+        let Some((base, now)) = newest else { return Rates::default() };
+        let per_actor =
+            now.counts.keys().filter_map(|name| Some((name.clone(), step_rate(base, now, name)?))).collect();
+        Rates { window: Some(now.at.saturating_duration_since(base.at)), per_actor }
+    }
+
+    /// When each step ended.
+    pub fn times(&self) -> Vec<u64> {
+        self.steps().map(|(_, b)| b.unix_ms).collect()
+    }
+
+    /// `name`'s messages per second in each step it was there for (the
+    /// newest steps: an actor does not leave).
+    pub fn msgs_history(&self, name: &str) -> Vec<f64> {
+        self.steps()
+            .filter_map(|(a, b)| step_rate(a, b, name))
+            .map(|r| (r.msgs_per_sec * 10.0).round() / 10.0)
+            .collect()
+    }
+
+    /// Per step: the sum of `names`' deepest mailbox in it.
+    pub fn depth_history(&self, names: &[String]) -> Vec<i64> {
+        let depth = |s: &Sample| names.iter().filter_map(|n| s.counts.get(n)).map(|c| c.peak_depth).sum();
+        self.steps().map(|(_, b)| depth(b)).collect()
     }
 }
 
-fn rates_between(base: &Sample, now: &Sample) -> Rates {
-    let span = now.at.saturating_duration_since(base.at);
-    let secs = span.as_secs_f64();
-    let per_actor = now
-        .counts
-        .iter()
-        .filter_map(|(name, (msgs, ops))| {
-            let (msgs0, ops0) = base.counts.get(name)?;
-            let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
-            Some((name.clone(), Rate { msgs_per_sec: rate(*msgs, *msgs0), ops_per_sec: rate(*ops, *ops0) }))
-        })
-        .collect();
-    Rates { window: Some(span), per_actor }
+/// `name`'s rates between samples `a` and `b`, if both have it; a counter
+/// that went back (a new actor by an old name) gives 0 for that step.
+fn step_rate(a: &Sample, b: &Sample, name: &str) -> Option<Rate> {
+    let (before, after) = (a.counts.get(name)?, b.counts.get(name)?);
+    let secs = b.at.saturating_duration_since(a.at).as_secs_f64();
+    if secs <= 0.0 {
+        return None;
+    }
+    let rate = |x: u64, y: u64| x.saturating_sub(y) as f64 / secs;
+    Some(Rate { msgs_per_sec: rate(after.received, before.received), ops_per_sec: rate(after.ops, before.ops) })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::{json, Value};
-
-    fn snap(name: &str, received: u64, ops: u64) -> StatsSnapshot {
-        StatsSnapshot { name: name.into(), received, ops, ..StatsSnapshot::default() }
-    }
-
-    fn sync(generation: u64, full: bool) -> SyncRecord {
-        SyncRecord { generation, full, periodic: false, duration_ms: 1.5, ports_changed: 2, ops: 7, failed: 0 }
-    }
-
-    #[test]
-    fn the_json_has_every_actor_with_its_counters_rates_and_buckets() {
-        let rates = Rates {
-            window: Some(Duration::from_millis(1500)),
-            per_actor: [("ipvs".to_string(), Rate { msgs_per_sec: 4.0, ops_per_sec: 10.0 })].into(),
-        };
-        let buckets: BTreeMap<String, Vec<u64>> = [("ipvs".to_string(), vec![1; 19])].into();
-        let mut ipvs = snap("ipvs", 12, 30);
-        (ipvs.mailbox_depth, ipvs.errors, ipvs.last_generation, ipvs.p50_ms, ipvs.p99_ms) = (2, 1, 9, 0.5, 3.25);
-        let data = dashboard_data(1_700_000_000_000, vec![ipvs], &buckets, &rates, Some(vec![]));
-        let v = serde_json::to_value(&data).unwrap();
-        assert_eq!(v["unix_ms"], json!(1_700_000_000_000u64));
-        assert_eq!(v["rate_window_secs"], json!(1.5));
-        assert_eq!(v["apply_bucket_bounds_ms"].as_array().map(Vec::len), Some(APPLY_BUCKETS.len()));
-        assert_eq!(v["apply_bucket_bounds_ms"][0], json!(0.1));
-        assert_eq!(
-            v["actors"][0],
-            json!({
-                "name": "ipvs", "mailbox_depth": 2, "received": 12, "ops": 30, "errors": 1,
-                "last_generation": 9, "p50_ms": 0.5, "p99_ms": 3.25,
-                "failing_keys": 0, "failing": [], "retries": 0,
-                "msgs_per_sec": 4.0, "ops_per_sec": 10.0, "apply_buckets": vec![1; 19],
-            })
-        );
-        assert_eq!(v["syncs"], json!([]));
-        assert_eq!(v["syncs_available"], json!(true));
-        assert_eq!(v["schedulers"], json!([]));
-    }
-
-    #[test]
-    fn syncs_are_newest_first_with_every_field() {
-        let data =
-            dashboard_data(0, vec![], &BTreeMap::new(), &Rates::default(), Some(vec![sync(1, true), sync(2, false)]));
-        let v = serde_json::to_value(&data).unwrap();
-        assert_eq!(
-            v["syncs"],
-            json!([
-                {"generation": 2, "full": false, "periodic": false, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
-                {"generation": 1, "full": true, "periodic": false, "duration_ms": 1.5, "ports_changed": 2, "ops": 7, "failed": 0},
-            ])
-        );
-    }
-
-    #[test]
-    fn without_a_previous_sample_or_an_answer_the_fields_are_null_or_empty() {
-        let data = dashboard_data(0, vec![snap("conntrack", 0, 0)], &BTreeMap::new(), &Rates::default(), None);
-        let v = serde_json::to_value(&data).unwrap();
-        assert_eq!(v["rate_window_secs"], Value::Null);
-        assert_eq!(v["actors"][0]["msgs_per_sec"], Value::Null);
-        assert_eq!(v["actors"][0]["apply_buckets"], json!([]));
-        assert_eq!((v["syncs"].clone(), v["syncs_available"].clone()), (json!([]), json!(false)));
-    }
-
-    #[test]
-    fn actors_are_listed_in_pipeline_order() {
-        let names =
-            ["conntrack", "dummy-link", "ipset/KUBE-NODE-PORT-TCP", "iptables", "ipvs", "ipset/KUBE-CLUSTER-IP", "zz"];
-        let snaps = names.iter().map(|n| snap(n, 0, 0)).collect();
-        let data = dashboard_data(0, snaps, &BTreeMap::new(), &Rates::default(), None);
-        let order: Vec<&str> = data.actors.iter().map(|a| a.stats.name.as_str()).collect();
-        assert_eq!(
-            order,
-            ["ipvs", "ipset/KUBE-CLUSTER-IP", "ipset/KUBE-NODE-PORT-TCP", "dummy-link", "iptables", "conntrack", "zz"]
-        );
-    }
-
-    #[test]
-    fn rates_come_from_the_newest_sample_at_least_a_second_old() {
-        let t0 = Instant::now();
-        let mut r = RateTracker::default();
-        assert_eq!(r.observe(t0, &[snap("ipvs", 0, 0)]), Rates::default(), "no rate from one sample");
-        let early = r.observe(t0 + Duration::from_millis(100), &[snap("ipvs", 5, 5)]);
-        assert_eq!(early.window, None, "100 ms is too short a span");
-        r.observe(t0 + Duration::from_millis(500), &[snap("ipvs", 10, 20)]);
-        let at_2s = r.observe(t0 + Duration::from_secs(2), &[snap("ipvs", 40, 80)]);
-        assert_eq!(at_2s.window, Some(Duration::from_millis(1500)), "base: the 500 ms sample");
-        assert_eq!(at_2s.per_actor["ipvs"], Rate { msgs_per_sec: 20.0, ops_per_sec: 40.0 });
-    }
-
-    #[test]
-    fn a_new_actor_has_no_rate_and_a_reset_counter_does_not_go_negative() {
-        let t0 = Instant::now();
-        let mut r = RateTracker::default();
-        r.observe(t0, &[snap("ipvs", 10, 10)]);
-        let later = r.observe(t0 + Duration::from_secs(1), &[snap("ipvs", 0, 0), snap("iptables", 3, 3)]);
-        assert_eq!(later.per_actor["ipvs"], Rate { msgs_per_sec: 0.0, ops_per_sec: 0.0 });
-        assert!(!later.per_actor.contains_key("iptables"));
-    }
-
-    #[test]
-    fn old_samples_are_dropped_and_frequent_polls_add_none() {
-        let t0 = Instant::now();
-        let mut r = RateTracker::default();
-        for i in 0..100 {
-            r.observe(t0 + Duration::from_millis(10 * i), &[]);
-        }
-        assert_eq!(r.samples.len(), 5, "one sample per 200 ms");
-        r.observe(t0 + Duration::from_secs(60), &[]);
-        assert_eq!(r.samples.len(), 1, "only the newest survives a long gap");
-    }
-}
+mod tests;

@@ -652,14 +652,17 @@ mod tests {
     #[test]
     fn the_listed_paths_are_the_metrics_servers() {
         use crate::config::{KubeProxyConfiguration, ProxyMode};
+        use crate::http::dashboard::{dashboard_routes, About};
         use crate::stats::StatsRegistry;
-        use std::sync::{Arc, OnceLock};
+        use std::sync::Arc;
         let cfg = KubeProxyConfiguration::with_defaults();
         let registry = StatsRegistry::default();
         let metrics = Arc::new(crate::metrics::ProxyMetrics::new(ProxyMode::Iptables, registry.clone()));
-        let history = super::super::dashboard::coordinator_history(Arc::new(OnceLock::new()));
+        let health = Arc::new(crate::health::ProxyHealth::new(std::time::Duration::from_secs(60)));
+        let about =
+            About { mode: ProxyMode::Iptables, node: "node-a".into(), families: vec![crate::net::IpFamily::V4] };
         let routes = super::super::metrics_routes(metrics, ProxyMode::Iptables, super::super::Configz::new(&cfg))
-            .merge(super::super::dashboard::dashboard_routes(registry, history));
+            .merge(dashboard_routes(about, registry, health));
         let mut top: Vec<String> =
             routes.paths().filter_map(|p| p.split('/').nth(1)).map(|p| format!("/{p}")).collect();
         top.dedup();

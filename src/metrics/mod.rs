@@ -26,11 +26,12 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::config::ProxyMode;
 use crate::health::{Probe, ProbeCounter};
+use crate::model::intake::Notice;
 use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
-pub use nfacct::NfacctReader;
+pub use nfacct::{NfacctReadError, NfacctReader};
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;
@@ -305,25 +306,25 @@ impl ProxyMetrics {
     /// from its `endpoints.kubernetes.io/last-change-trigger-time`
     /// annotation (RFC 3339) to `now`, after a successful sync. As upstream,
     /// a value that doesn't parse, or a trigger from before this process
-    /// started, is ignored. Returns whether it was observed.
-    pub fn programming_latency(&self, family: IpFamily, trigger_time: &str, now: SystemTime) -> bool {
+    /// started, is ignored. Returns the latency observed, in seconds.
+    pub fn programming_latency(&self, family: IpFamily, trigger_time: &str, now: SystemTime) -> Option<f64> {
         match parse_trigger_time(trigger_time) {
             Some(t) => self.programming_latency_since(family, t, now),
             None => {
                 tracing::debug!(value = trigger_time, "ignoring an unparsable last-change-trigger-time");
-                false
+                None
             }
         }
     }
 
     /// [`ProxyMetrics::programming_latency`] with the trigger time parsed.
-    pub fn programming_latency_since(&self, family: IpFamily, trigger: SystemTime, now: SystemTime) -> bool {
+    pub fn programming_latency_since(&self, family: IpFamily, trigger: SystemTime, now: SystemTime) -> Option<f64> {
         if trigger <= self.started {
-            return false;
+            return None;
         }
         let secs = unix_seconds(now) - unix_seconds(trigger);
         self.sync.programming.get_or_create(&family_labels(family)).observe(secs);
-        true
+        Some(secs)
     }
 
     /// Services with a Local traffic policy and no local endpoints, after a sync.
@@ -382,6 +383,19 @@ impl ProxyMetrics {
     /// A configuration reload (SIGHUP) was refused; the old config stays.
     pub fn config_reload_failed(&self) {
         self.server.config_reload_failures.inc();
+    }
+
+    /// What the proxiers left out of a source batch: a value, or an object
+    /// (or a part of one), counted and listed on the dashboard.
+    pub fn notice(&self, n: &Notice) {
+        match n {
+            Notice::Value(v) => self.value_ignored(v.kind, &v.object, v.value.field, &v.value.path, &v.value.detail()),
+            other => {
+                if let Some((kind, object, reason, detail)) = other.ignored_object() {
+                    self.object_ignored(kind, object, reason, &detail);
+                }
+            }
+        }
     }
 
     /// A source object (or a part of one) that every proxier ignores (see

@@ -195,9 +195,10 @@ fn programming_latency_parses_the_annotation_and_skips_old_or_bad_ones() {
     let m = metrics(ProxyMode::Ipvs);
     let trigger = m.started + Duration::from_secs(10);
     let text = jiff::Timestamp::try_from(trigger).unwrap().to_string();
-    assert!(m.programming_latency(IpFamily::V6, &text, trigger + Duration::from_millis(700)));
-    assert!(!m.programming_latency(IpFamily::V6, "2001-01-01T00:00:00Z", SystemTime::now()), "before start");
-    assert!(!m.programming_latency(IpFamily::V6, "yesterday", SystemTime::now()));
+    let took = m.programming_latency(IpFamily::V6, &text, trigger + Duration::from_millis(700));
+    assert!(took.is_some_and(|s| (s - 0.7).abs() < 1e-6), "{took:?}");
+    assert_eq!(m.programming_latency(IpFamily::V6, "2001-01-01T00:00:00Z", SystemTime::now()), None, "before start");
+    assert_eq!(m.programming_latency(IpFamily::V6, "yesterday", SystemTime::now()), None);
     let out = m.encode_text();
     assert!(has_line(&out, "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"} 1"), "{out}");
     assert!(has_line(&out, "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\",ip_family=\"IPv6\"} 0"));
@@ -316,7 +317,7 @@ async fn nfacct_counters_are_read_at_each_scrape() {
             if object == NFACCT_CT_STATE_INVALID {
                 Ok(n)
             } else {
-                Err("gone".to_string())
+                Err(NfacctReadError::Gone(object))
             }
         }
         .boxed()

@@ -10,7 +10,7 @@ use crate::fixtures::*;
 use crate::health::Probe;
 use crate::http::ServiceHealthServers;
 use crate::msgs::ResourceKind;
-use crate::stats::{ServiceScheduler, StatsRegistry};
+use crate::stats::{ModelCounts, ServiceScheduler, StatsRegistry, SyncRecord};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -22,9 +22,14 @@ fn model() -> Model {
 }
 
 fn hooks() -> SyncHooks {
-    let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Ipvs, StatsRegistry::default()));
+    hooks_in(&StatsRegistry::default())
+}
+
+/// Hooks reporting to `registry`.
+fn hooks_in(registry: &StatsRegistry) -> SyncHooks {
+    let metrics = Arc::new(ProxyMetrics::new(ProxyMode::Ipvs, registry.clone()));
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)).with_metrics(metrics.clone()));
-    SyncHooks::new(IpFamily::V4, metrics, health)
+    SyncHooks::new(IpFamily::V4, metrics, health, registry.clone())
 }
 
 /// A LoadBalancer service with externalTrafficPolicy Local and a health check on `hc_port`.
@@ -50,7 +55,7 @@ fn sync(h: &mut SyncHooks, m: &mut Model, events: Vec<SourceEvent>, full: bool, 
     let changes = m.apply();
     h.sync_started(m, &changes, full);
     h.sync_finished(SyncOutcome {
-        full,
+        record: SyncRecord { full, failed: usize::from(!ok), ..SyncRecord::default() },
         took: Duration::from_millis(5),
         ok,
         iptables_restore_failed: !ok,
@@ -179,7 +184,7 @@ fn no_local_counts_stay_in_step_across_partial_and_full_syncs() {
 fn service_ports_with_their_own_scheduler_are_listed_for_the_dashboard() {
     use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};
     let registry = StatsRegistry::default();
-    let mut h = hooks().with_scheduler_list(registry.clone());
+    let mut h = hooks_in(&registry).with_scheduler_list();
     let mut m = model();
     let web = |a: &[(&str, &str)]| {
         applied_service(annotated(service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]), a))
@@ -205,4 +210,64 @@ fn service_ports_with_their_own_scheduler_are_listed_for_the_dashboard() {
     );
     sync(&mut h, &mut m, vec![web(&[(ANNOTATION_SCHEDULER, "bogus")])], false, true);
     assert_eq!(registry.schedulers(), [], "a refused annotation is the default scheduler");
+}
+
+#[test]
+fn each_sync_goes_to_the_registry_with_the_models_counts_kept_per_changed_port() {
+    let registry = StatsRegistry::default();
+    let mut h = hooks_in(&registry);
+    let mut m = model();
+    let two = |ip| [ep(ip, "node-a"), ep("10.244.9.9", "node-b")];
+    let dns = service("kube-system", "dns", "10.96.0.10", &[("dns", "UDP", 53, 0), ("dns-tcp", "TCP", 53, 0)]);
+    let dns_slice =
+        slice("kube-system", "dns-1", "dns", &[("dns", "UDP", 53), ("dns-tcp", "TCP", 53)], &two("10.244.1.2"));
+    let events = vec![
+        applied_service(local_lb("web", "10.96.0.20", 0)),
+        web_slice(&two("10.244.1.1")),
+        applied_service(dns),
+        applied_slice(dns_slice),
+    ];
+    sync(&mut h, &mut m, events, true, true);
+    let counts = |services, service_ports, endpoints| ModelCounts { services, service_ports, endpoints };
+    assert_eq!(registry.model_counts()["IPv4"], counts(2, 4, 8), "two ports of two endpoints each, per Service");
+    // A partial sync of one port's endpoints; the orphan slice of a missing Service counts nothing.
+    let orphan = applied_slice(slice("shop", "gone-1", "gone", &[("http", "TCP", 80)], &two("10.244.3.3")));
+    sync(&mut h, &mut m, vec![web_slice(&[ep("10.244.1.1", "node-a")]), orphan], false, true);
+    assert_eq!(registry.model_counts()["IPv4"], counts(2, 4, 6));
+    sync(&mut h, &mut m, vec![deleted_service(local_lb("web", "10.96.0.20", 0))], false, false);
+    assert_eq!(registry.model_counts()["IPv4"], counts(1, 2, 4), "counted after a failed sync too");
+    sync(&mut h, &mut m, vec![], true, true);
+    assert_eq!(registry.model_counts()["IPv4"], counts(1, 2, 4), "a full resync recounts to the same");
+    let syncs = registry.syncs();
+    let kinds: Vec<(bool, usize)> = syncs.iter().map(|s| (s.record.full, s.record.failed)).collect();
+    assert_eq!(kinds, [(true, 0), (false, 1), (false, 0), (true, 0)], "newest first");
+    assert!(syncs.iter().all(|s| s.family == "IPv4" && s.unix_ms > 0), "{syncs:?}");
+}
+
+#[test]
+fn a_sync_reports_its_slowest_programming_latency() {
+    use crate::model::endpoints::ANNOTATION_TRIGGER_TIME;
+    use std::time::SystemTime;
+    let registry = StatsRegistry::default();
+    let mut h = hooks_in(&registry);
+    let mut m = model();
+    // Trigger times count from the process's start (the metrics'): these are after it.
+    let now = || jiff::Timestamp::try_from(SystemTime::now()).unwrap().to_string();
+    let triggered = |name: &str, ip, at: String| {
+        let mut s = slice("shop", name, "web", &[("http", "TCP", 80)], &[ep(ip, "node-a")]);
+        s.metadata.annotations = Some([(ANNOTATION_TRIGGER_TIME.to_string(), at)].into());
+        applied_slice(s)
+    };
+    let web = applied_service(service("shop", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]));
+    sync(&mut h, &mut m, vec![web], true, true);
+    let first = triggered("web-1", "10.244.1.1", now());
+    std::thread::sleep(Duration::from_millis(40));
+    let second = triggered("web-2", "10.244.1.2", now());
+    std::thread::sleep(Duration::from_millis(10));
+    sync(&mut h, &mut m, vec![first, second], false, true);
+    sync(&mut h, &mut m, vec![triggered("web-1", "10.244.1.5", now())], false, false);
+    let latencies: Vec<Option<f64>> = registry.syncs().iter().map(|s| s.programming_ms).collect();
+    assert_eq!(latencies[0], None, "a failed sync observes none");
+    assert!(latencies[1].is_some_and(|ms| (50.0..1000.0).contains(&ms)), "the slower of two: {latencies:?}");
+    assert_eq!(latencies[2], None, "no trigger time");
 }

@@ -39,16 +39,16 @@ pub struct SyncRec {
     pub failed: u64,
 }
 
-/// The dashboard's sync list of the daemon in `node`.
+/// The primary family's syncs in the dashboard's sync list of the daemon
+/// in `node`, newest first.
 pub fn syncs(node: &Netns) -> Result<Vec<SyncRec>, String> {
     let body = http_get(node, "/dashboard/data")?;
     let data: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-    if data["syncs_available"] != json!(true) {
-        return Err(format!("coordinator did not answer: {data}"));
-    }
+    let primary = &data["about"]["families"][0];
     let syncs = data["syncs"].as_array().ok_or_else(|| format!("no syncs in {data}"))?;
     Ok(syncs
         .iter()
+        .filter(|s| &s["family"] == primary)
         .map(|s| SyncRec {
             generation: s["generation"].as_u64().unwrap(),
             full: s["full"].as_bool().unwrap(),

@@ -29,6 +29,7 @@ use crate::plan::context::{LocalAddr, PlanSettings};
 use crate::plan::iptables::RuleCounts;
 use crate::schedule::{SyncKind, SyncScheduler, FULL_SYNC_PERIOD};
 use crate::stats::ActorStats;
+pub use crate::stats::SyncRecord;
 
 pub use self::iptables::{ContextBuilder, IptablesDataplane, IptablesTargets};
 pub use self::ipvs::{IpvsDataplane, RulesRenderer, Targets};
@@ -101,9 +102,10 @@ pub trait SyncObserver: 'static {
 }
 
 /// How a sync ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SyncOutcome {
-    pub full: bool,
+    /// The sync as the coordinator's history keeps it.
+    pub record: SyncRecord,
     pub took: Duration,
     /// Every actor acked without failures.
     pub ok: bool,
@@ -210,19 +212,6 @@ where
             }
         }
     }
-}
-
-/// One finished sync, for logs, metrics and the dashboard.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SyncRecord {
-    pub generation: u64,
-    pub full: bool,
-    /// The syncPeriod's sync (with the actors' drift checks).
-    pub periodic: bool,
-    pub duration_ms: f64,
-    pub ports_changed: usize,
-    pub ops: usize,
-    pub failed: usize,
 }
 
 /// How many recent syncs the coordinator remembers.
@@ -392,18 +381,6 @@ impl<D: Dataplane> Coordinator<D> {
         if f.drift {
             self.sched.request();
         }
-        if let Some(h) = self.observer.as_mut() {
-            h.sync_finished(SyncOutcome {
-                full,
-                took,
-                ok,
-                iptables_restore_failed: f.iptables_restore_failed,
-                partial_restore_failed: f.partial_restore_failed,
-                rules: f.rules,
-                nftables_sync_failed: f.nftables_sync_failed,
-                nftables_cleanup_failed: f.nftables_cleanup_failed,
-            });
-        }
         let rec = SyncRecord {
             generation,
             full,
@@ -413,6 +390,18 @@ impl<D: Dataplane> Coordinator<D> {
             ops,
             failed,
         };
+        if let Some(h) = self.observer.as_mut() {
+            h.sync_finished(SyncOutcome {
+                record: rec.clone(),
+                took,
+                ok,
+                iptables_restore_failed: f.iptables_restore_failed,
+                partial_restore_failed: f.partial_restore_failed,
+                rules: f.rules,
+                nftables_sync_failed: f.nftables_sync_failed,
+                nftables_cleanup_failed: f.nftables_cleanup_failed,
+            });
+        }
         tracing::info!(
             ip_family = self.ip_family(),
             generation,

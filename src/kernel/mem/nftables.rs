@@ -20,8 +20,8 @@ use crate::kernel::nftables::{codec, Listed, NfTables, TableInfo, TransactionErr
 use crate::msgs::nftables::{
     nft_family, BaseChain, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetSpec, Transaction,
 };
+use crate::mutex::lock;
 use crate::net::IpFamily;
-use crate::sync::lock;
 
 /// One table: its chains (with their rules) and sets (with their elements).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

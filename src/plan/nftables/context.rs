@@ -12,7 +12,7 @@ use crate::msgs::nftables::{Expr, Field, Hex, KeyPart};
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::context::{node_ip, NodePortFilter};
 use crate::plan::iptables::context::node_port_cidrs;
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 /// Settings from the configuration (`settings::FamilySettings::nftables_settings`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@
 //!   upstream's partial-sync semantics: a changed service port's chains are
 //!   rewritten whole, map elements are added and deleted one by one (an
 //!   element several service ports hold, a ClusterIP, goes with the last),
-//!   chains no longer used are flushed now and deleted by a later
+//!   unused chains are flushed now and deleted by a later
 //!   transaction ([`transactions::delete_stale`], upstream waits at least
 //!   1 s), stale affinity sets are deleted at once; [`staged`] cuts a full
 //!   sync into the bounded transactions the actor sends.
@@ -78,8 +78,8 @@ pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
     rs
 }
 
-/// Renders `changed` service ports again into `rs` (removing those the
-/// model no longer has); the rest of `rs` is kept as it is. `ctx` must be
+/// Renders `changed` service ports again into `rs` (removing those
+/// missing from the model); the rest of `rs` is kept as it is. `ctx` must be
 /// the context `rs` was rendered with (else render it whole: [`desired`]).
 pub fn update<'a>(
     rs: &mut Ruleset,

@@ -25,8 +25,8 @@ use crate::model::{Model, ServicePortName};
 use crate::msgs::nftables::Transaction;
 
 /// How long a flushed chain waits before it is deleted (upstream: a
-/// second; kernels before 6.2 notice late that a map element no longer
-/// points to a chain).
+/// second; kernels before 6.2 notice late that a deleted map element
+/// pointed to a chain).
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 
 /// What the last planned sync changes, until it is confirmed.

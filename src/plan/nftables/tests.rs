@@ -12,11 +12,11 @@ use crate::fixtures::*;
 use crate::model::{Model, NamespacedName, ServicePortName};
 use crate::msgs::{ResourceKind, SourceEvent};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 const NODE: &str = "test-node";
-const BASE: &str = include_str!("../testdata/nftables-base.txt");
-const OVERALL: &str = include_str!("../testdata/nftables-overall.txt");
+const BASE: &str = include_str!("testdata/nftables-base.txt");
+const OVERALL: &str = include_str!("testdata/nftables-overall.txt");
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -502,7 +502,7 @@ fn the_nftables_config_section_shapes_the_ruleset() {
 fn the_secondary_familys_section_is_named_after_it() {
     let text = "# nftables\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n";
     assert_eq!(
-        crate::daemon::with_heading_suffix(text, " ipv6"),
+        crate::dry_run::with_heading_suffix(text, " ipv6"),
         "# nftables ipv6\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n"
     );
 }

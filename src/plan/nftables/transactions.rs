@@ -5,10 +5,10 @@
 //! and flushes every chain and writes every rule, resets (flushes) the sets
 //! and maps and adds every element; a partial sync rewrites the chains of
 //! changed service ports only (add + flush + rules), adds and deletes map
-//! elements one by one (a changed value: delete, then add), flushes chains
-//! no longer used and leaves their deletion to a later transaction (with
-//! kernels before 6.2 a chain a just-deleted element pointed to cannot be
-//! deleted at once), and deletes affinity sets no longer used at once.
+//! elements one by one (a changed value: delete, then add), flushes unused
+//! chains and leaves their deletion to a later transaction (with kernels
+//! before 6.2 a chain a just-deleted element pointed to cannot be deleted
+//! at once), and deletes unused affinity sets at once.
 //!
 //! Within a transaction, objects are added before anything names them:
 //! sets, then chains (add + flush), then rules, then element deletes and
@@ -152,7 +152,7 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
 
 /// The transaction taking each group from its old to its new objects (an
 /// absent group is empty): the new chains rewritten (add + flush + rules),
-/// chains no longer used flushed (stale), sets added or deleted, elements
+/// unused chains flushed (stale), sets added or deleted, elements
 /// deleted and added one by one. `refs` counts the groups holding each
 /// element in the kernel's state: an element another group still holds is
 /// not deleted, one already there is not added. Work follows the groups given.

@@ -2,7 +2,6 @@
 //! exact sync instants, ordering between actors, retries, drift repair,
 //! fault isolation, and proportional deltas.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use crate::kernel::conntrack::Request;
 use crate::kernel::mem::*;
 use crate::net::IpFamily;
 use crate::plan::context::NodePortFilter;
-use crate::plan::{IpvsPlanner, IpvsSet};
+use crate::plan::ipvs::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
 
 mod conntrack;
@@ -51,24 +50,16 @@ fn start(min: Duration, max: Duration) -> Harness {
 /// One family's proxier (a dual-stack node runs one per family).
 fn start_family(family: IpFamily, min: Duration, max: Duration) -> Harness {
     let journal = Journal::default();
-    let sets: BTreeMap<IpvsSet, MemIpset> =
-        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(family)))).collect();
+    let kernels = IpvsKernels::in_memory(&journal, family);
     let k = MemKernels {
         journal: journal.clone(),
-        ipvs: MemIpvs::new(&journal),
-        sets: sets.iter().map(|(s, m)| (s.base_name().to_string(), m.clone())).collect(),
-        link: MemLink::new(&journal),
-        iptables: MemIptables::new(&journal),
-        conntrack: MemConntrack::new(&journal),
+        ipvs: kernels.ipvs.clone(),
+        sets: kernels.sets.iter().map(|(s, m)| (s.base_name().to_string(), m.clone())).collect(),
+        link: kernels.link.clone(),
+        iptables: kernels.iptables.clone(),
+        conntrack: kernels.conntrack.clone(),
     };
     let stats = StatsRegistry::default();
-    let kernels = IpvsKernels {
-        ipvs: k.ipvs.clone(),
-        sets,
-        link: k.link.clone(),
-        iptables: k.iptables.clone(),
-        conntrack: k.conntrack.clone(),
-    };
     let settings = Settings {
         plan: PlanSettings {
             family,

@@ -11,8 +11,8 @@ use crate::actors::wiring::start_nftables_actors;
 use crate::kernel::mem::MemTable;
 use crate::model::Model;
 use crate::msgs::nftables::{KeyType, NftOp, SetSpec, TABLE};
+use crate::plan::local::LocalDetector;
 use crate::plan::nftables::{desired, nftables_context, NftablesSettings};
-use crate::plan::rules_ipvs::LocalDetector;
 
 const V4: IpFamily = IpFamily::V4;
 

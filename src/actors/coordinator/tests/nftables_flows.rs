@@ -14,10 +14,10 @@ use super::*;
 use crate::fixtures::{applied_slice, ep, slice, Ep};
 use crate::kernel::mem::MemTable;
 use crate::net::Protocol;
+use crate::plan::local::LocalDetector;
 use crate::plan::nftables::tests::{eps, fake_ctx, no_node, svc};
 use crate::plan::nftables::trace::{trace, Packet};
 use crate::plan::nftables::{NftablesContext, NodePorts};
-use crate::plan::rules_ipvs::LocalDetector;
 
 /// Upstream's testNodeIPs (IPv4 ones).
 const NODE_IPS: [&str; 3] = ["192.168.0.2", "192.168.1.2", "192.168.99.11"];

@@ -14,6 +14,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::Metadata;
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::Value;
 use tracing::{debug, warn};
 
@@ -215,7 +216,13 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
     let mut objects = Objects::new();
     let mut twice = Vec::new();
     let mut out = Out { objects: &mut objects, twice: &mut twice };
-    fn stopped<E>(stop: Stop<E>, syntax: impl Fn(E) -> ManifestError, path: &Path, format: Format, bytes: &[u8]) -> ManifestError {
+    fn stopped<E>(
+        stop: Stop<E>,
+        syntax: impl Fn(E) -> ManifestError,
+        path: &Path,
+        format: Format,
+        bytes: &[u8],
+    ) -> ManifestError {
         match stop {
             Stop::Failed(failure) => failure.into_error(path, format, bytes),
             Stop::Syntax(source) => syntax(source),
@@ -237,7 +244,8 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
                 value.map_err(syntax)?;
                 let end = values.byte_offset();
                 let mut document = serde_json::Deserializer::from_slice(&bytes[start..end]);
-                read_document(&mut document, index, &mut out).map_err(|stop| stopped(stop, syntax, path, format, bytes))?;
+                read_document(&mut document, index, &mut out)
+                    .map_err(|stop| stopped(stop, syntax, path, format, bytes))?;
                 (start, index) = (end, index + 1);
             }
         }
@@ -246,6 +254,57 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
         Duplicate::of(&key, format!("twice in {}; the first is used, the one at {at} refused", path.display()))
     }));
     Ok(objects)
+}
+
+/// Whether `bytes` (the file at `path`) holds a Node named `name`, read
+/// without decoding any object: the file the start-up decodes to find its
+/// Node ([`super::ManifestDir::find_node`]). False for a file that does not
+/// parse.
+pub(super) fn names_node(path: &Path, bytes: &[u8], name: &str) -> bool {
+    /// What a document tells of its type and name, and its items' (other
+    /// fields skipped unread).
+    #[derive(Deserialize)]
+    struct Outline {
+        #[serde(rename = "apiVersion")]
+        api_version: Option<String>,
+        kind: Option<String>,
+        metadata: Option<Named>,
+        items: Option<Vec<Outline>>,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        name: Option<String>,
+    }
+    let is_ours = |o: &Outline, default: (Option<&str>, Option<&str>)| {
+        let api_version = o.api_version.as_deref().or(default.0);
+        let kind = o.kind.as_deref().or(default.1);
+        (api_version, kind) == (Some("v1"), Some("Node"))
+            && o.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some(name)
+    };
+    let has_ours = |document: Outline| match document.kind.as_deref() {
+        Some(kind) if kind.ends_with("List") => {
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+            let default = (document.api_version.as_deref().filter(|_| item_kind.is_some()), item_kind);
+            document.items.iter().flatten().any(|item| is_ours(item, default))
+        }
+        _ => is_ours(&document, (None, None)),
+    };
+    match Format::of(path).unwrap_or(Format::Yaml) {
+        Format::Yaml => {
+            yaml_serde::Deserializer::from_slice(bytes).filter_map(|d| Outline::deserialize(d).ok()).any(has_ours)
+        }
+        Format::Json => {
+            serde_json::Deserializer::from_slice(bytes).into_iter::<Outline>().map_while(Result::ok).any(has_ours)
+        }
+    }
+}
+
+/// The Node named `name` among a file's objects.
+pub(super) fn node_named(objects: &Objects, name: &str) -> Option<Arc<Node>> {
+    objects.values().find_map(|held| match &held.object {
+        Some(Object::Node(node)) if node.metadata.name.as_deref() == Some(name) => Some(node.clone()),
+        _ => None,
+    })
 }
 
 /// Where a file's documents go: its objects, and the copies refused.
@@ -402,7 +461,8 @@ impl<'de> Container<'de> for DocumentReader<'_, '_> {
             }
         }
         let document = Value::Object(fields);
-        let type_meta = TypeMeta::read(&document, None).map_err(|p| refused(self.failure, DocFailure::invalid(at, p)))?;
+        let type_meta = (TypeMeta::read(&document, None))
+            .map_err(|p| refused(self.failure, DocFailure::invalid(at, p.to_string())))?;
         let result = match type_meta.kind.ends_with("List") {
             true => add_items(items, read, &type_meta, at, self.out),
             false => add_object(document, &type_meta, at, self.out),
@@ -482,7 +542,13 @@ impl<'de> Container<'de> for ItemsReader<'_> {
 }
 
 /// A list's items into `out`, once the list is known to be one.
-fn add_items(items: Found, read: ItemsRead, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
+fn add_items(
+    items: Found,
+    read: ItemsRead,
+    type_meta: &TypeMeta,
+    at: Location,
+    out: &mut Out,
+) -> Result<(), DocFailure> {
     if let Found::Other(found) = items {
         return Err(DocFailure::invalid(at, format!("items must be a list, found {found}")));
     }
@@ -494,7 +560,8 @@ fn add_items(items: Found, read: ItemsRead, type_meta: &TypeMeta, at: Location, 
     }
     let item_type = type_meta.list_item();
     for (at, item) in read.waiting {
-        let item_meta = TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p))?;
+        let item_meta =
+            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
         if let Some((key, held)) = decode_object(item, &item_meta, at)? {
             out.insert(key, held, at);
         }
@@ -519,6 +586,16 @@ impl fmt::Display for Location {
     }
 }
 
+/// Why an object's `apiVersion` and `kind` could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TypeMetaError {
+    /// What JSON type the value is instead.
+    #[error("expected an object, found {0}")]
+    NotAnObject(&'static str),
+    #[error("missing or non-string {0}")]
+    Missing(&'static str),
+}
+
 /// An object's `apiVersion` and `kind`.
 #[derive(Debug, Clone)]
 struct TypeMeta {
@@ -528,16 +605,16 @@ struct TypeMeta {
 
 impl TypeMeta {
     /// Reads them from an object, or takes `default` if it has neither.
-    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, String> {
+    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, TypeMetaError> {
         let Value::Object(map) = value else {
-            return Err(format!("expected an object, found {}", json_type(value)));
+            return Err(TypeMetaError::NotAnObject(json_type(value)));
         };
         let field = |name| map.get(name).and_then(Value::as_str).map(str::to_owned);
         match (field("apiVersion"), field("kind"), default) {
             (Some(api_version), Some(kind), _) => Ok(Self { api_version, kind }),
             (None, None, Some(default)) => Ok(default.clone()),
-            (None, _, _) => Err("missing or non-string apiVersion".to_owned()),
-            (_, None, _) => Err("missing or non-string kind".to_owned()),
+            (None, _, _) => Err(TypeMetaError::Missing("apiVersion")),
+            (_, None, _) => Err(TypeMetaError::Missing("kind")),
         }
     }
 

@@ -1,5 +1,5 @@
 //! kpr-bench: how much a cluster of N services costs kube-proxy-rs, and how
-//! much one change costs (issue 7).
+//! much one change costs.
 //!
 //! ```sh
 //! cargo run --release --bin kpr-bench -- plan      # model + planner, no actors
@@ -13,7 +13,6 @@
 //! Prints a markdown table, or JSON with `--json`. Clusters come from
 //! [`kube_proxy_rs::bench::gen`] (seed 1, 100 nodes, this node is node-0).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -30,13 +29,20 @@ use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
 use kube_proxy_rs::bench::stats::quantile;
 use kube_proxy_rs::bench::{dual, local_addrs, local_addrs_dual, plan_settings, plan_settings_for, rules_config};
-use kube_proxy_rs::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
+use kube_proxy_rs::kernel::mem::Journal;
 use kube_proxy_rs::model::{Model, NodeInfo};
 use kube_proxy_rs::msgs::{SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::context::{plan_context, LocalAddr};
-use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::plan::context::LocalAddr;
+use kube_proxy_rs::plan::ipvs::context::plan_context;
+use kube_proxy_rs::plan::ipvs::IpvsPlanner;
 use kube_proxy_rs::stats::StatsRegistry;
+
+mod daemon;
+mod report;
+
+use self::daemon::start_daemon;
+use self::report::{ms, us, Report, Row};
 
 #[derive(Parser)]
 #[command(name = "kpr-bench", about = "kube-proxy-rs benchmarks (issue 7)")]
@@ -221,83 +227,6 @@ enum Cmd {
     },
 }
 
-/// One measured figure.
-#[derive(Debug, Clone, Serialize)]
-struct Row {
-    bench: &'static str,
-    services: usize,
-    metric: String,
-    value: f64,
-    unit: &'static str,
-    /// The issue's target, if it has one: (text, met).
-    target: Option<String>,
-    met: Option<bool>,
-}
-
-struct Report {
-    rows: Vec<Row>,
-}
-
-impl Report {
-    fn add(&mut self, bench: &'static str, services: usize, metric: &str, value: f64, unit: &'static str) {
-        self.rows.push(Row { bench, services, metric: metric.into(), value, unit, target: None, met: None });
-    }
-
-    /// A figure with a target: met when `value < limit`.
-    fn target(
-        &mut self,
-        bench: &'static str,
-        services: usize,
-        metric: &str,
-        value: f64,
-        unit: &'static str,
-        limit: f64,
-    ) {
-        self.rows.push(Row {
-            bench,
-            services,
-            metric: metric.into(),
-            value,
-            unit,
-            target: Some(format!("< {limit} {unit}")),
-            met: Some(value < limit),
-        });
-    }
-
-    fn print(&self, json: bool) {
-        if json {
-            match serde_json::to_string_pretty(&self.rows) {
-                Ok(s) => println!("{s}"),
-                Err(e) => eprintln!("kpr-bench: {e}"),
-            }
-            return;
-        }
-        println!("| bench | services | metric | value | target |");
-        println!("|---|---:|---|---:|---|");
-        for r in &self.rows {
-            let target = match (&r.target, r.met) {
-                (Some(t), Some(true)) => format!("{t} ✅"),
-                (Some(t), _) => format!("{t} ❌"),
-                _ => String::new(),
-            };
-            let value = if r.value.fract() == 0.0 && r.value.abs() < 1e12 {
-                format!("{} {}", r.value, r.unit)
-            } else {
-                format!("{:.3} {}", r.value, r.unit)
-            };
-            println!("| {} | {} | {} | {} | {} |", r.bench, r.services, r.metric, value, target);
-        }
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
 fn spec(cli: &Cli, services: usize) -> ClusterSpec {
     ClusterSpec { services, endpoints_per_service: cli.endpoints, nodes: cli.nodes, seed: cli.seed }
 }
@@ -419,66 +348,6 @@ fn bench_plan(cli: &Cli, sizes: &[usize], changes: usize, r: &mut Report) -> any
         r.add("plan", n, "endpoint change: kernel ops, max", ops.iter().copied().max().unwrap_or(0) as f64, "ops");
     }
     Ok(())
-}
-
-/// The actors of IPVS mode on in-memory kernels, and the coordinator.
-struct Daemon {
-    coord: Addr<Coordinator>,
-    journal: Journal,
-}
-
-fn start_daemon(max_sync: Duration) -> Daemon {
-    let journal = Journal::default();
-    let sets: BTreeMap<IpvsSet, MemIpset> =
-        IpvsSet::ALL.iter().map(|s| (*s, MemIpset::new(&journal, s.spec(IpFamily::V4)))).collect();
-    let kernels = IpvsKernels {
-        ipvs: MemIpvs::new(&journal),
-        sets,
-        link: MemLink::new(&journal),
-        iptables: MemIptables::new(&journal),
-        conntrack: MemConntrack::new(&journal),
-    };
-    let settings = Settings {
-        plan: plan_settings(),
-        min_sync: Duration::ZERO,
-        max_sync,
-        burst: 2,
-        model_gates: Default::default(),
-    };
-    let addrs: AddrSource = Box::new(local_addrs);
-    let cfg = rules_config(true);
-    // The daemon's renderer (runtime.rs), with a fixed config.
-    let rules: RulesRenderer = Box::new(move |p: &IpvsPlanner, _: &NodeInfo| p.rules(&cfg));
-    let coord = Coordinator::create(|ctx| {
-        let targets = start_ipvs_actors(kernels, &StatsRegistry::default(), ctx.address().recipient());
-        Coordinator::new(settings, targets, addrs, rules)
-    });
-    Daemon { coord, journal }
-}
-
-impl Daemon {
-    async fn history(&self) -> Vec<SyncRecord> {
-        self.coord.send(GetSyncHistory).await.unwrap_or_default()
-    }
-
-    async fn last_generation(&self) -> u64 {
-        self.history().await.last().map_or(0, |s| s.generation)
-    }
-
-    /// Sends a batch and waits until a sync that started after it finished
-    /// (every actor acked); returns that sync's record.
-    async fn send_and_wait(&self, events: Vec<SourceEvent>) -> anyhow::Result<SyncRecord> {
-        let before = self.last_generation().await;
-        self.coord.send(SourceBatch(events)).await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(rec) = self.history().await.into_iter().rev().find(|s| s.generation > before) {
-                return Ok(rec);
-            }
-            anyhow::ensure!(Instant::now() < deadline, "no sync within 60s");
-            tokio::task::yield_now().await;
-        }
-    }
 }
 
 fn run_system<F: std::future::Future<Output = anyhow::Result<()>>>(f: impl FnOnce() -> F) -> anyhow::Result<()> {

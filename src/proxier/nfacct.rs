@@ -8,7 +8,7 @@
 //! Upstream decides per counter from the netlink subsystem alone; on a
 //! kernel with nfnetlink_acct but without the iptables `nfacct` match
 //! (`xt_nfacct`) every restore then fails and the node has no service
-//! rules at all (kubernetes issue 142068). Here the match is tried too
+//! rules at all (kubernetes/kubernetes#142068). Here the match is tried too
 //! ([`IptablesHandle::probe_match`], per family), and whatever fails —
 //! no subsystem, no privilege, no match — costs only the counting: one
 //! warning, the rules without the match, no metric.
@@ -19,8 +19,9 @@ use std::sync::Arc;
 use futures::FutureExt;
 
 use crate::kernel::iptables::IptablesHandle;
-use crate::kernel::nfacct::NetlinkNfacct;
-use crate::metrics::NfacctReader;
+use crate::kernel::nfacct::{NetlinkNfacct, NfacctError};
+use crate::kernel::KernelError;
+use crate::metrics::{NfacctReadError, NfacctReader};
 use crate::net::IpFamily;
 use crate::plan::iptables::context::{NFACCT_CT_STATE_INVALID, NFACCT_LOCALHOST_NODEPORTS};
 use crate::plan::iptables::HostFeatures;
@@ -61,10 +62,10 @@ impl NfacctRules {
 /// What the start-up found: each object's creation, and for each family
 /// whether a rule with the match could be written (not tried when no
 /// object exists to name).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Probe {
-    pub objects: Vec<(&'static str, Result<(), String>)>,
-    pub matches: Vec<(IpFamily, Result<(), String>)>,
+    pub objects: Vec<(&'static str, Result<(), NfacctError>)>,
+    pub matches: Vec<(IpFamily, Result<(), KernelError>)>,
 }
 
 impl Probe {
@@ -101,7 +102,7 @@ impl Probe {
     /// family whose iptables refuses the match.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let failed: Vec<(&str, &String)> =
+        let failed: Vec<(&str, &NfacctError)> =
             self.objects.iter().filter_map(|(o, r)| r.as_ref().err().map(|e| (*o, e))).collect();
         if !failed.is_empty() && failed.len() == self.objects.len() {
             out.push(format!(
@@ -143,8 +144,8 @@ impl Nfacct {
             async move {
                 match client.get(object).await {
                     Ok(Some(c)) => Ok(c.packets),
-                    Ok(None) => Err(format!("nfacct object {object} is gone")),
-                    Err(e) => Err(e.to_string()),
+                    Ok(None) => Err(NfacctReadError::Gone(object)),
+                    Err(e) => Err(NfacctReadError::Read(Box::new(e))),
                 }
             }
             .boxed()
@@ -159,18 +160,17 @@ impl Nfacct {
 pub async fn set_up<F, Fut>(families: &[IpFamily], try_match: F) -> Nfacct
 where
     F: Fn(IpFamily, String) -> Fut,
-    Fut: Future<Output = Result<(), String>>,
+    Fut: Future<Output = Result<(), KernelError>>,
 {
     let mut probe = Probe::default();
     let client = match NetlinkNfacct::new() {
         Ok(client) => {
             let results = client.ensure(&OBJECTS).await;
-            probe.objects =
-                OBJECTS.iter().copied().zip(results.into_iter().map(|r| r.map_err(|e| e.to_string()))).collect();
+            probe.objects = OBJECTS.iter().copied().zip(results).collect();
             Some(client)
         }
         Err(e) => {
-            probe.objects = OBJECTS.iter().map(|o| (*o, Err(e.to_string()))).collect();
+            probe.objects = OBJECTS.iter().map(|o| (*o, Err(e.clone()))).collect();
             None
         }
     };
@@ -188,8 +188,8 @@ where
 }
 
 /// The daemon's match test: a rule in a scratch chain of `family`'s iptables.
-pub async fn probe_match(family: IpFamily, matcher: String) -> Result<(), String> {
-    IptablesHandle::new(family).probe_match(&matcher).await.map_err(|e| e.to_string())
+pub async fn probe_match(family: IpFamily, matcher: String) -> Result<(), KernelError> {
+    IptablesHandle::new(family).probe_match(&matcher).await
 }
 
 /// What `--dry-run` shows, touching nothing: an object that exists or that
@@ -254,15 +254,25 @@ fn match_listed(registered: Option<&str>, module_lists: &[Option<String>]) -> Op
 mod tests {
     use super::*;
 
-    fn ok() -> Result<(), String> {
+    fn ok<E>() -> Result<(), E> {
         Ok(())
     }
 
-    fn err(e: &str) -> Result<(), String> {
-        Err(e.to_string())
+    /// An object the kernel refused, with `e` as the cause.
+    fn err(e: &str) -> Result<(), NfacctError> {
+        Err(NfacctError::Socket(Arc::new(std::io::Error::other(e.to_string()))))
     }
 
-    fn probe(ct: Result<(), String>, lh: Result<(), String>, matches: Vec<(IpFamily, Result<(), String>)>) -> Probe {
+    /// A match iptables refused with `message`.
+    fn refused(message: &str) -> Result<(), KernelError> {
+        Err(KernelError::refused("iptables-restore", message))
+    }
+
+    fn probe(
+        ct: Result<(), NfacctError>,
+        lh: Result<(), NfacctError>,
+        matches: Vec<(IpFamily, Result<(), KernelError>)>,
+    ) -> Probe {
         Probe { objects: vec![(NFACCT_CT_STATE_INVALID, ct), (NFACCT_LOCALHOST_NODEPORTS, lh)], matches }
     }
 
@@ -292,11 +302,11 @@ mod tests {
         assert!(!host.nfacct_ct_state_invalid && !host.nfacct_localhost_node_ports);
     }
 
-    /// Kubernetes issue 142068: nfnetlink_acct without xt_nfacct. Upstream
+    /// kubernetes/kubernetes#142068: nfnetlink_acct without xt_nfacct. Upstream
     /// writes the match and every restore fails; here the rules stay plain.
     #[test]
     fn objects_without_the_iptables_match_give_plain_rules() {
-        let p = probe(ok(), ok(), vec![(IpFamily::V4, err("iptables-restore: line 2 failed"))]);
+        let p = probe(ok(), ok(), vec![(IpFamily::V4, refused("iptables-restore: line 2 failed"))]);
         assert_eq!(p.rules(IpFamily::V4), NfacctRules::default());
         assert!(p.counted().is_empty(), "no metric for a counter no rule feeds");
         let w = p.warnings();
@@ -318,7 +328,7 @@ mod tests {
 
     #[test]
     fn a_family_whose_match_fails_loses_only_its_own_counting() {
-        let p = probe(ok(), ok(), vec![(IpFamily::V4, ok()), (IpFamily::V6, err("ip6tables-restore failed"))]);
+        let p = probe(ok(), ok(), vec![(IpFamily::V4, ok()), (IpFamily::V6, refused("ip6tables-restore failed"))]);
         assert_eq!(p.rules(IpFamily::V4), BOTH);
         assert_eq!(p.rules(IpFamily::V6), NfacctRules::default());
         assert_eq!(p.counted(), OBJECTS.to_vec());

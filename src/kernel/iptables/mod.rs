@@ -15,7 +15,7 @@
 //! - [`IptablesHandle::canary_present`] tells whether `KUBE-PROXY-CANARY`
 //!   still exists in mangle, nat and filter (an external flush removes it).
 //! - The periodic drift check (every [`CANARY_INTERVAL`]) first compares a
-//!   fingerprint of the tables ([`super::xtables_gen`]: a syscall or one
+//!   fingerprint of the tables ([`fingerprint`]: a syscall or one
 //!   netlink message) with the one taken after our last restore; only when
 //!   something changed does it look for the canary and our jumps from the
 //!   built-in chains (`iptables -S`, two `iptables-save`), so a quiet node
@@ -29,7 +29,7 @@
 //!   (`--cleanup`, switching modes); [`IptablesHandle::has_leftovers`]
 //!   tells whether a mode's own chains are there.
 //! - On the nf_tables backend, a large input is restored as several
-//!   transactions ([`super::nft_split`]), and a table is never read with
+//!   transactions ([`split_restore`]), and a table is never read with
 //!   `iptables-save` (minutes at 10,000 services): its chains come from a
 //!   netlink dump ([`NetlinkNftables::chain_names`]), the built-in chains'
 //!   rules from `iptables -S CHAIN`.
@@ -37,6 +37,14 @@
 //!   name are created again when missing ([`IptablesHandle::ensuring_nfacct`]);
 //!   [`IptablesHandle::probe_match`] tells whether a match can be written.
 //! - Every restore line written is counted ([`IptablesHandle::lines_written`]).
+//! - What each proxy mode owns in iptables, which the planners render rules
+//!   into and this handle ensures, watches and cleans up: [`chains`].
+
+pub mod chains;
+pub mod fingerprint;
+pub mod probe;
+mod saved;
+pub mod split_restore;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -47,15 +55,16 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 
-use super::nft_split;
+use self::chains::{ChainProfile, CANARY, IPVS_PROFILE};
+
+use self::fingerprint::{Backend, Fingerprint};
+use self::saved::{builtin_chains, cleanup_input, has_markers, jump_parts, missing_jumps, table_unavailable};
+pub use self::saved::{restore_input_on_empty_kernel, SavedTable};
 use super::tool::{self, ToolOutput};
-use super::xtables_gen::{self, Backend, Fingerprint};
 use super::{Applied, IptablesKernel, KResult, KernelError, Subsystem};
 use crate::kernel::blocking::off_thread;
-use crate::kernel::iptables_probe;
 use crate::kernel::nfacct::NetlinkNfacct;
 use crate::kernel::nftables::{table::transaction_error, NetlinkNftables};
-use crate::msgs::chains::{is_service_chain, ChainProfile, Jump, CANARY, IPVS_PROFILE};
 use crate::msgs::{IptablesOp, RestoreInput};
 use crate::net::IpFamily;
 
@@ -95,13 +104,13 @@ impl IptablesBinaries {
 /// Whether `family`'s iptables works on this host (upstream's `Present()`:
 /// the nat table's POSTROUTING chain can be listed). Blocking: one short
 /// process, run once at start.
-pub fn present(family: IpFamily) -> Result<(), String> {
+pub fn present(family: IpFamily) -> Result<(), NotPresent> {
     let bin = IptablesBinaries::for_family(family).iptables;
     let out = std::process::Command::new(&bin)
         .args(["-w", "5", "-t", "nat", "-S", "POSTROUTING"])
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {bin}: {e}"))?;
+        .map_err(|source| NotPresent::Run { bin: bin.clone(), source })?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         return Ok(());
@@ -112,7 +121,21 @@ pub fn present(family: IpFamily) -> Result<(), String> {
         info!(binary = %bin, "xtables lock busy while probing; taking the family as supported");
         return Ok(());
     }
-    Err(format!("{bin} -t nat -S POSTROUTING: {}", stderr.trim()))
+    Err(NotPresent::Refused { stderr: stderr.trim().to_string(), bin })
+}
+
+/// Why a family's iptables does not work on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum NotPresent {
+    #[error("cannot run {bin}: {source}")]
+    Run {
+        bin: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listing failed: the tool's standard error.
+    #[error("{bin} -t nat -S POSTROUTING: {stderr}")]
+    Refused { bin: String, stderr: String },
 }
 
 /// What the installed iptables' `iptables --version` tells: the wait
@@ -165,7 +188,7 @@ impl IptablesHandle {
         IptablesHandle { bins: Arc::new(bins), profile: &IPVS_PROFILE, shared: Arc::default(), nfacct: None }
     }
 
-    /// Serves another mode (its jumps and chains): `msgs::chains::IPTABLES_PROFILE`
+    /// Serves another mode (its jumps and chains): `chains::IPTABLES_PROFILE`
     /// for iptables mode.
     pub fn for_mode(mut self, profile: &'static ChainProfile) -> IptablesHandle {
         self.profile = profile;
@@ -196,7 +219,7 @@ impl IptablesHandle {
     async fn fingerprint(&self) -> Option<Fingerprint> {
         let backend = self.version().await.backend;
         let read = match self.nft().await {
-            Ok(nft) => xtables_gen::fingerprint(self.family(), backend, nft).await.map_err(|e| e.to_string()),
+            Ok(nft) => fingerprint::fingerprint(self.family(), backend, nft).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         read.map_err(|error| debug!(binary = %self.bins.iptables, %error, "cannot read the tables' fingerprint")).ok()
@@ -217,7 +240,7 @@ impl IptablesHandle {
 
     async fn remember_fingerprint(&self) {
         let f = self.fingerprint().await;
-        *crate::sync::lock(&self.shared.fingerprint) = f;
+        *crate::mutex::lock(&self.shared.fingerprint) = f;
     }
 
     /// The periodic check: drift when the canary or one of our jumps from
@@ -225,7 +248,7 @@ impl IptablesHandle {
     /// fingerprint changed since our last restore or check.
     async fn drifted(&self) -> KResult<bool> {
         let now = self.fingerprint().await;
-        if now.is_some() && *crate::sync::lock(&self.shared.fingerprint) == now {
+        if now.is_some() && *crate::mutex::lock(&self.shared.fingerprint) == now {
             return Ok(false);
         }
         if !self.canary_present().await? {
@@ -239,7 +262,7 @@ impl IptablesHandle {
             return Ok(true);
         }
         // Someone else's change: look again only after the next one.
-        *crate::sync::lock(&self.shared.fingerprint) = now;
+        *crate::mutex::lock(&self.shared.fingerprint) = now;
         Ok(false)
     }
 
@@ -358,7 +381,7 @@ impl IptablesHandle {
         let _turn = ONE_AT_A_TIME.lock().await;
         let lines: usize = parts.iter().map(|p| p.lines().count()).sum();
         self.shared.lines_written.fetch_add(lines as u64, Ordering::Relaxed);
-        if self.version().await.backend == Backend::Nft && lines >= nft_split::SPLIT_FROM {
+        if self.version().await.backend == Backend::Nft && lines >= split_restore::SPLIT_FROM {
             return self.restore_split(parts, lines).await;
         }
         self.restore_once(parts, lines).await
@@ -380,13 +403,13 @@ impl IptablesHandle {
     }
 
     /// A large input on the nf_tables backend, as the transactions of
-    /// [`nft_split`] (one transaction would take minutes).
+    /// [`split_restore`] (one transaction would take minutes).
     async fn restore_split(&self, parts: &[&str], lines: usize) -> KResult<()> {
         let existing = self.nft_chains("nat").await?;
-        let split = nft_split::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
+        let split = split_restore::Split::new(parts.iter().flat_map(|p| p.lines()), &existing);
         drop(existing);
         let mut transactions = 0;
-        for text in split.transactions(nft_split::MAX_LINES) {
+        for text in split.transactions(split_restore::MAX_LINES) {
             let n = text.lines().count();
             self.restore_once(&[&text], n).await?;
             transactions += 1;
@@ -547,203 +570,6 @@ pub const CANARY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 
 impl IptablesKernel for IptablesHandle {}
 
-/// The built-in chains of an iptables table.
-fn builtin_chains(table: &str) -> &'static [&'static str] {
-    match table {
-        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
-        "filter" => &["INPUT", "FORWARD", "OUTPUT"],
-        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
-        "raw" => &["PREROUTING", "OUTPUT"],
-        _ => &[],
-    }
-}
-
-/// One table as `iptables-save -t TABLE` printed it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SavedTable {
-    /// Every chain, built-in or not.
-    pub chains: BTreeSet<String>,
-    /// The `-A ...` lines, in order.
-    pub rules: Vec<String>,
-}
-
-impl SavedTable {
-    pub fn parse(text: &str) -> SavedTable {
-        let mut t = SavedTable::default();
-        for line in text.lines().map(str::trim_end) {
-            if let Some(decl) = line.strip_prefix(':') {
-                if let Some(name) = decl.split_whitespace().next() {
-                    t.chains.insert(name.to_string());
-                }
-            } else if line.starts_with("-A ") {
-                t.rules.push(line.to_string());
-            }
-        }
-        t
-    }
-
-    /// How many times `rule` (an `-A ...` line) appears.
-    pub fn count(&self, rule: &str) -> usize {
-        self.rules.iter().filter(|r| *r == rule).count()
-    }
-}
-
-/// What the handle restores for `text` on a kernel with none of our chains
-/// or jumps: `text` plus every jump of `profile` (`--dry-run` prints this).
-pub fn restore_input_on_empty_kernel(profile: &ChainProfile, text: &str) -> String {
-    let empty = SavedTable::default();
-    insert_jumps(text, &missing_jumps(profile, &empty, &empty), &empty, &empty)
-}
-
-/// The mode's jumps (kept ones last) that the saved tables lack, in order.
-fn missing_jumps(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) -> Vec<Jump> {
-    profile
-        .jumps
-        .iter()
-        .chain(profile.kept_jumps)
-        .filter(|j| {
-            let saved = if j.table == "nat" { nat } else { filter };
-            saved.count(&j.save_line()) == 0
-        })
-        .copied()
-        .collect()
-}
-
-/// Adds `-I FROM 1 ...` for each missing jump before the `COMMIT` of its
-/// table's section in `text` (a table `text` lacks gets a section of its
-/// own), declaring target chains that neither the kernel nor `text` has.
-fn insert_jumps(text: &str, missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> String {
-    jump_parts(&[text], missing, nat, filter).concat()
-}
-
-/// A place in an input given in parts: (part, byte offset in it).
-type At = (usize, usize);
-
-/// The input `parts` with the missing jumps' lines inserted, as parts in
-/// input order: slices of `parts` and the inserted lines (declarations of
-/// target chains neither the kernel nor the input has, right after
-/// `*table`; the `-I` lines before its `COMMIT`; a section of its own for a
-/// table the input lacks). At 10,000 services the input is ≈ 55 MB: it is
-/// not copied. Each part must end at a line end.
-fn jump_parts<'a>(parts: &[&'a str], missing: &[Jump], nat: &SavedTable, filter: &SavedTable) -> Vec<Cow<'a, str>> {
-    let mut at: Vec<(At, String)> = Vec::new();
-    let mut tail = String::new();
-    for (table, saved) in [("nat", nat), ("filter", filter)] {
-        let jumps: Vec<Jump> = missing.iter().copied().filter(|j| j.table == table).collect();
-        if jumps.is_empty() {
-            continue;
-        }
-        let mut targets: BTreeSet<&str> = jumps.iter().map(|j| j.to).filter(|c| !saved.chains.contains(*c)).collect();
-        let section = section_bounds(parts, table, &mut targets);
-        let decls: String = targets.iter().map(|c| format!(":{c} - [0:0]\n")).collect();
-        let inserts: String = jumps.iter().map(|j| format!("{}\n", j.insert_line())).collect();
-        match section {
-            Some((start, commit)) => {
-                at.push((start, decls));
-                at.push((commit, inserts));
-            }
-            None => tail.push_str(&format!("*{table}\n{decls}{inserts}COMMIT\n")),
-        }
-    }
-    at.sort_by_key(|(place, _)| *place);
-    let mut out = Vec::with_capacity(parts.len() + 2 * at.len() + 2);
-    let mut inserts = at.into_iter().peekable();
-    for (i, part) in parts.iter().enumerate() {
-        let mut pos = 0;
-        while let Some(((_, offset), lines)) = inserts.next_if(|((p, _), _)| *p == i) {
-            out.push(Cow::Borrowed(&part[pos..offset]));
-            out.push(Cow::Owned(lines));
-            pos = offset;
-        }
-        out.push(Cow::Borrowed(&part[pos..]));
-    }
-    if !tail.is_empty() {
-        if parts.iter().rev().find(|p| !p.is_empty()).is_some_and(|p| !p.ends_with('\n')) {
-            out.push(Cow::Borrowed("\n"));
-        }
-        out.push(Cow::Owned(tail));
-    }
-    out.retain(|p| !p.is_empty());
-    out
-}
-
-/// Where `*table`'s section of the input starts (after its header line) and
-/// its `COMMIT` line begins; removes from `targets` the chains the section
-/// declares.
-fn section_bounds(parts: &[&str], table: &str, targets: &mut BTreeSet<&str>) -> Option<(At, At)> {
-    let header = format!("*{table}");
-    let mut start = None;
-    for (i, part) in parts.iter().enumerate() {
-        let mut offset = 0;
-        for line in part.split_inclusive('\n') {
-            let next = offset + line.len();
-            match start {
-                None if line.trim() == header => start = Some((i, next)),
-                Some(s) if line.trim() == "COMMIT" => return Some((s, (i, offset))),
-                Some(_) => {
-                    if let Some(decl) = line.strip_prefix(':') {
-                        targets.remove(decl.split(' ').next().unwrap_or(""));
-                    }
-                }
-                None => {}
-            }
-            offset = next;
-        }
-    }
-    None
-}
-
-/// Whether the saved tables hold a chain only `profile`'s mode writes.
-fn has_markers(profile: &ChainProfile, nat: &SavedTable, filter: &SavedTable) -> bool {
-    let table = |t: &str| if t == "nat" { nat } else { filter };
-    profile.markers.iter().any(|(t, c)| table(t).chains.contains(*c))
-        || (profile.service_chains && nat.chains.iter().any(|c| is_service_chain(c)))
-}
-
-/// iptables' answers when a table cannot exist in this kernel.
-fn table_unavailable(message: &str) -> bool {
-    ["Cannot initialize", "can't initialize", "Table does not exist"].iter().any(|m| message.contains(m))
-}
-
-/// The restore input that removes the mode's jumps, chains and canaries
-/// from the saved tables; empty if there is nothing of its.
-fn cleanup_input(profiles: &[&ChainProfile], mangle: &SavedTable, nat: &SavedTable, filter: &SavedTable) -> String {
-    let mut out = String::new();
-    let service_chains = profiles.iter().any(|p| p.service_chains);
-    for (table, saved) in [("mangle", mangle), ("nat", nat), ("filter", filter)] {
-        let mut ours: Vec<&str> = Vec::new();
-        let listed = profiles.iter().flat_map(|p| match table {
-            "nat" => p.nat_chains,
-            "filter" => p.filter_chains,
-            _ => &[],
-        });
-        let service =
-            saved.chains.iter().map(String::as_str).filter(|c| service_chains && table == "nat" && is_service_chain(c));
-        for c in listed.copied().chain(service).chain([CANARY]) {
-            if saved.chains.contains(c) && !ours.contains(&c) {
-                ours.push(c);
-            }
-        }
-        let mut deletes: Vec<String> = Vec::new();
-        for j in profiles.iter().flat_map(|p| p.jumps).filter(|j| j.table == table) {
-            let delete = format!("-D {} {}", j.from, j.spec());
-            if !deletes.contains(&delete) {
-                let n = saved.count(&j.save_line());
-                deletes.extend(std::iter::repeat_n(delete, n));
-            }
-        }
-        if ours.is_empty() && deletes.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("*{table}\n"));
-        ours.iter().for_each(|c| out.push_str(&format!(":{c} - [0:0]\n")));
-        deletes.iter().for_each(|d| out.push_str(&format!("{d}\n")));
-        ours.iter().for_each(|c| out.push_str(&format!("-X {c}\n")));
-        out.push_str("COMMIT\n");
-    }
-    out
-}
-
 /// Parses `iptables vX.Y.Z ...` into (X, Y, Z).
 fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
@@ -764,7 +590,7 @@ fn tool_version(version_text: &str) -> ToolVersion {
         vec![]
     };
     let restore = if v >= (1, 6, 2) { vec!["-w", "5", "-W", "100000"] } else { vec![] };
-    let random_fully = iptables_probe::random_fully(version_text);
+    let random_fully = probe::random_fully(version_text);
     ToolVersion { iptables, restore, backend: Backend::from_version(version_text), random_fully }
 }
 
@@ -787,181 +613,4 @@ fn restore_message(out: &ToolOutput, input: &[&str]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::msgs::chains::{IPTABLES_PROFILE, IPVS_JUMPS};
-
-    const FRESH_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
-                             :POSTROUTING ACCEPT [0:0]\nCOMMIT\n";
-
-    fn saved(text: &str) -> SavedTable {
-        SavedTable::parse(text)
-    }
-
-    #[test]
-    fn every_jump_is_missing_from_fresh_tables_and_none_once_present() {
-        let nat = saved(FRESH_NAT);
-        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let ipvs = &IPVS_PROFILE;
-        assert_eq!(missing_jumps(ipvs, &nat, &filter).len(), ipvs.jumps.len());
-        let all: String = ipvs.jumps.iter().map(|j| format!("{}\n", j.save_line())).collect();
-        let t = saved(&all);
-        assert!(missing_jumps(ipvs, &t, &t).is_empty());
-        // The modes share four jumps (nat OUTPUT, PREROUTING, POSTROUTING; filter FORWARD to KUBE-FORWARD).
-        let iptables = &IPTABLES_PROFILE;
-        assert_eq!(missing_jumps(iptables, &t, &t).len(), iptables.jumps.len() + iptables.kept_jumps.len() - 4);
-    }
-
-    #[test]
-    fn missing_jumps_go_before_the_commit_of_their_table() {
-        let nat = saved(FRESH_NAT);
-        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\nCOMMIT\n");
-        let missing: Vec<Jump> =
-            IPVS_JUMPS.into_iter().filter(|j| j.from == "OUTPUT" || j.to == "KUBE-FORWARD").collect();
-        let text = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n";
-        let got = insert_jumps(text, &missing, &nat, &filter);
-        let want = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n\
-                    -I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n\
-                    *filter\n:KUBE-IPVS-OUT-FILTER - [0:0]\n\
-                    -I FORWARD 1 -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
-                    -I OUTPUT 1 -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\nCOMMIT\n";
-        assert_eq!(got, want);
-        assert_eq!(insert_jumps(text, &[], &nat, &filter), text);
-        assert_eq!(insert_jumps("", &[], &nat, &filter), "");
-    }
-
-    #[test]
-    fn jumps_go_into_an_input_in_parts_as_into_the_whole() {
-        let nat = saved(FRESH_NAT);
-        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let missing = missing_jumps(&IPTABLES_PROFILE, &nat, &filter);
-        let parts = [
-            "*filter\n:KUBE-SERVICES - [0:0]\n",
-            "-A KUBE-SERVICES -j RETURN\nCOMMIT\n*nat\n",
-            ":KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n",
-            "COMMIT\n",
-        ];
-        let whole = parts.concat();
-        let got: String = jump_parts(&parts, &missing, &nat, &filter).concat();
-        assert_eq!(got, insert_jumps(&whole, &missing, &nat, &filter));
-        assert!(got.contains("-I PREROUTING 1"), "{got}");
-        // The parts themselves are borrowed, not copied.
-        let out = jump_parts(&parts, &missing, &nat, &filter);
-        assert!(out.iter().any(|p| matches!(p, Cow::Borrowed(b) if *b == parts[2])), "{out:?}");
-    }
-
-    #[test]
-    fn cleanup_deletes_only_what_is_ours_and_there() {
-        let nat = saved(
-            "*nat\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n:FOREIGN - [0:0]\n\
-             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
-        );
-        let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-        let got = cleanup_input(&[&IPVS_PROFILE], &empty, &nat, &empty);
-        let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
-        let want = format!(
-            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
-        );
-        assert_eq!(got, want);
-        assert_eq!(cleanup_input(&[&IPVS_PROFILE], &empty, &empty, &empty), "");
-    }
-
-    #[test]
-    fn a_missing_target_chain_is_declared_unless_the_kernel_or_the_input_has_it() {
-        let profile = &IPTABLES_PROFILE;
-        let nat = saved(FRESH_NAT);
-        let filter = saved("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\nCOMMIT\n");
-        let missing = missing_jumps(profile, &nat, &filter);
-        let text = "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n";
-        let got = insert_jumps(text, &missing, &nat, &filter);
-        // Declared once, right after `*filter`: the targets neither side has.
-        for c in ["KUBE-EXTERNAL-SERVICES", "KUBE-NODEPORTS", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"] {
-            assert_eq!(got.matches(&format!(":{c} - [0:0]")).count(), 1, "{c} in\n{got}");
-        }
-        assert_eq!(got.matches(":KUBE-SERVICES - [0:0]").count(), 2, "once per table:\n{got}");
-        assert!(!got.contains(":KUBE-FIREWALL"), "kubelet's chain exists: not flushed\n{got}");
-        assert!(got.contains("-I INPUT 1 -j KUBE-FIREWALL\n"), "{got}");
-        let filter_part = &got[got.find("*filter").unwrap()..];
-        assert!(filter_part.find(":KUBE-NODEPORTS").unwrap() < filter_part.find("-I INPUT 1").unwrap());
-    }
-
-    #[test]
-    fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
-        let profile = &IPTABLES_PROFILE;
-        let nat = saved(
-            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
-             :KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]\n:KUBE-NODE-PORT - [0:0]\n\
-             -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n",
-        );
-        let filter = saved(
-            "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-NODEPORTS - [0:0]\n\
-             -A INPUT -j KUBE-FIREWALL\n\
-             -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\nCOMMIT\n",
-        );
-        let got = cleanup_input(&[profile], &SavedTable::default(), &nat, &filter);
-        for want in [
-            "-X KUBE-SVC-ABCDEFGHIJKLMNOP",
-            "-X KUBE-SEP-ABCDEFGHIJKLMNOP",
-            "-X KUBE-SERVICES",
-            "-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
-            "-X KUBE-NODEPORTS",
-        ] {
-            assert!(got.contains(want), "{want} missing from\n{got}");
-        }
-        assert!(!got.contains("KUBE-FIREWALL") && !got.contains("KUBE-NODE-PORT "), "not ours:\n{got}");
-        assert!(has_markers(profile, &nat, &filter));
-        // Both modes at once: IPVS mode's KUBE-NODE-PORT goes too, in the same restore.
-        let both = cleanup_input(&[profile, &IPVS_PROFILE], &SavedTable::default(), &nat, &filter);
-        assert!(both.contains("-X KUBE-NODE-PORT\n") && both.contains("-X KUBE-SVC-ABCDEFGHIJKLMNOP"), "{both}");
-        assert_eq!(both.matches("-X KUBE-SERVICES").count(), 1, "shared chains once:\n{both}");
-        let deletes = both.lines().filter(|l| l.starts_with("-D PREROUTING")).count();
-        assert_eq!(deletes, 1, "a jump both modes use is deleted once:\n{both}");
-        assert!(has_markers(&IPVS_PROFILE, &nat, &filter), "KUBE-NODE-PORT is IPVS mode's");
-        let empty = SavedTable::default();
-        assert!(!has_markers(profile, &empty, &empty) && !has_markers(&IPVS_PROFILE, &empty, &empty));
-    }
-
-    #[test]
-    fn wait_flags_backend_and_random_fully_follow_the_iptables_version() {
-        let full = vec!["-w", "5", "-W", "100000"];
-        assert_eq!(
-            tool_version("iptables v1.8.9 (nf_tables)"),
-            ToolVersion { iptables: full.clone(), restore: full.clone(), backend: Backend::Nft, random_fully: true }
-        );
-        assert_eq!(
-            tool_version("iptables v1.6.1"),
-            ToolVersion { iptables: full, restore: vec![], backend: Backend::Legacy, random_fully: false }
-        );
-        assert_eq!(
-            tool_version("iptables v1.4.21"),
-            ToolVersion { iptables: vec!["-w"], restore: vec![], backend: Backend::Legacy, random_fully: false }
-        );
-        let nothing = ToolVersion { iptables: vec![], restore: vec![], backend: Backend::Legacy, random_fully: false };
-        assert_eq!(tool_version("garbage"), nothing);
-        assert_eq!(parse_version("iptables v1.8.10 (legacy)"), Some((1, 8, 10)));
-    }
-
-    #[test]
-    fn restore_errors_name_the_failing_input_line() {
-        let out = ToolOutput {
-            status: std::os::unix::process::ExitStatusExt::from_raw(2 << 8),
-            stdout: String::new(),
-            stderr: "iptables-restore v1.8.9 (legacy): Couldn't load target `NOPE':No such file or directory\n\n\
-                     Error occurred at line: 2\nTry `iptables-restore -h' for more information.\n"
-                .into(),
-        };
-        let msg = restore_message(&out, &["*nat\n-A X -j NOPE\nCOMMIT\n"]);
-        assert!(msg.ends_with("[line 2: -A X -j NOPE]"), "{msg}");
-        assert!(msg.starts_with("iptables-restore v1.8.9 (legacy): Couldn't load target"), "{msg}");
-    }
-
-    #[test]
-    fn a_table_the_kernel_cannot_provide_is_recognised() {
-        assert!(table_unavailable(
-            "ip6tables-save v1.8.9 (legacy): Cannot initialize: iptables who? (do you need to insmod?)"
-        ));
-        assert!(table_unavailable("iptables-save: Table does not exist (do you need to insmod?)"));
-        assert!(!table_unavailable("iptables-restore: line 3 failed"));
-    }
-}
+mod tests;

@@ -2,7 +2,7 @@
 //! state, read-only (IPVS, the ipsets, kube-ipvs0's addresses, iptables of
 //! both backends), and prints what the first sync of the chosen mode would
 //! change, per section and family, in each tool's syntax with `+`/`-`
-//! lines and a summary ([`crate::plan::diff`] compares; this reads).
+//! lines and a summary ([`diff`] compares; this module reads).
 //!
 //! - The plan is `--dry-run`'s own output (a full sync from an empty
 //!   kernel). Sections of the other mode are planned empty when the node
@@ -26,26 +26,41 @@
 //!   removed, in `conntrack -L`'s words; the family's other UDP entries
 //!   count as kept.
 
+pub mod diff;
+mod scratch;
+
 use std::collections::BTreeSet;
 
 use crate::config::ProxyMode;
 use crate::kernel::conntrack::codec::Entry;
 use crate::kernel::conntrack::filter::is_stale;
 use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::iptables::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::link::DummyLink;
 use crate::kernel::tool;
 use crate::kernel::LinkKernel;
-use crate::msgs::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
 use crate::msgs::link::DUMMY_LINK;
 use crate::msgs::{IpvsOp, ReconcileConntrack};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::diff::{self, SectionDiff, Tables};
+use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
-use crate::plan::IpvsSet;
 use crate::settings::FamilySettings;
+
+use self::diff::{SectionDiff, Tables};
+use self::scratch::ScratchError;
+
+/// Why a live object could not be read.
+#[derive(Debug, thiserror::Error)]
+enum LiveReadError {
+    #[error(transparent)]
+    Tool(#[from] crate::kernel::KernelError),
+    /// The tool ran and refused: its message.
+    #[error("{0}")]
+    Refused(String),
+}
 
 /// One family's plan: its settings and its `--dry-run` text (unsuffixed headings).
 pub struct FamilyPlan {
@@ -168,7 +183,7 @@ async fn nftables_section(heading: String, p: &FamilyPlan, planned: bool) -> Sec
     let desired = if planned {
         let text: String = section(&p.text, "# nftables").iter().map(|l| format!("{l}\n")).collect();
         let family = family.to_string();
-        match in_scratch_thread(move || nft_listed_in_scratch_netns(&text, &family)).await {
+        match scratch::in_thread(move || scratch::nft_listed(&text, &family)).await {
             Ok(listing) => diff::nft_listing_lines(&listing),
             Err(e) => return s.note(format!("cannot list the planned table in a private namespace: {e}")),
         }
@@ -176,14 +191,6 @@ async fn nftables_section(heading: String, p: &FamilyPlan, planned: bool) -> Sec
         Vec::new()
     };
     s.compare(&desired, &live)
-}
-
-/// `nft -f` of `text` in a new network namespace, then `nft list table`.
-fn nft_listed_in_scratch_netns(text: &str, family: &str) -> Result<String, String> {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("cannot make a private network namespace: {e}"))?;
-    run_with_input("nft", &["-f", "-"], text)?;
-    run_with_input("nft", &["list", "table", family, NFT_TABLE], "")
 }
 
 /// The section of the other mode's objects: removed when the daemon would
@@ -297,15 +304,14 @@ async fn ipset_section(heading: String, p: &FamilyPlan, planned: bool, cleans: b
 }
 
 /// `ipset save NAME`'s lines; none when the set does not exist.
-async fn saved_set(name: &str) -> Result<Vec<String>, String> {
-    let out =
-        tool::run(&format!("ipset save {name}"), "ipset", &["save", name], None).await.map_err(|e| e.to_string())?;
+async fn saved_set(name: &str) -> Result<Vec<String>, LiveReadError> {
+    let out = tool::run(&format!("ipset save {name}"), "ipset", &["save", name], None).await?;
     if out.success() {
         Ok(out.stdout.lines().map(str::to_string).collect())
     } else if out.stderr.contains("does not exist") {
         Ok(Vec::new())
     } else {
-        Err(out.message())
+        Err(LiveReadError::Refused(out.message()))
     }
 }
 
@@ -396,15 +402,15 @@ async fn used_backend(family: IpFamily) -> Option<String> {
 }
 
 /// The live tables of one backend (a table the kernel lacks is empty).
-async fn saved_tables(bins: &IptablesBinaries) -> Result<Tables, String> {
+async fn saved_tables(bins: &IptablesBinaries) -> Result<Tables, LiveReadError> {
     let mut text = String::new();
     for table in TABLES {
         let op = format!("{} -t {table}", bins.save);
-        let out = tool::run(&op, &bins.save, &["-t", table], None).await.map_err(|e| e.to_string())?;
+        let out = tool::run(&op, &bins.save, &["-t", table], None).await?;
         if out.success() {
             text.push_str(&out.stdout);
         } else if !out.stderr.contains("does not exist") && !out.stderr.contains("initialize") {
-            return Err(format!("{op}: {}", out.message()));
+            return Err(LiveReadError::Refused(format!("{op}: {}", out.message())));
         }
     }
     Ok(diff::parse_tables(&text))
@@ -413,89 +419,25 @@ async fn saved_tables(bins: &IptablesBinaries) -> Result<Tables, String> {
 /// `restore` loaded into a private network namespace with `bins` and saved
 /// back (`iptables-save` syntax). The sets (IPVS mode) and nfacct objects
 /// the rules name are created there first.
-async fn canonical(bins: &IptablesBinaries, restore: &str, plan: &str, mode: ProxyMode) -> Result<String, String> {
+async fn canonical(
+    bins: &IptablesBinaries,
+    restore: &str,
+    plan: &str,
+    mode: ProxyMode,
+) -> Result<String, ScratchError> {
     let creates: Vec<String> = match mode {
         ProxyMode::Ipvs => {
             section(plan, "# ipset").into_iter().filter(|l| l.starts_with("create ")).map(str::to_string).collect()
         }
         _ => Vec::new(),
     };
-    let nfacct: BTreeSet<&'static str> =
-        crate::nfacct::OBJECTS.iter().copied().filter(|o| restore.contains(&format!("--nfacct-name {o}"))).collect();
+    let nfacct: BTreeSet<&'static str> = crate::proxier::nfacct::OBJECTS
+        .iter()
+        .copied()
+        .filter(|o| restore.contains(&format!("--nfacct-name {o}")))
+        .collect();
     let (bins, restore) = (bins.clone(), restore.to_string());
-    in_scratch_thread(move || in_scratch_netns(&bins, &restore, &creates, &nfacct)).await
-}
-
-/// Runs `job` on a thread of its own (which it may move into a private
-/// network namespace: gone when the thread ends).
-async fn in_scratch_thread(job: impl FnOnce() -> Result<String, String> + Send + 'static) -> Result<String, String> {
-    let job = std::thread::Builder::new()
-        .name("dry-run-scratch-netns".into())
-        .spawn(job)
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
-    tokio::task::spawn_blocking(move || job.join())
-        .await
-        .map_err(|e| format!("scratch namespace: {e}"))?
-        .map_err(|_| "scratch namespace thread panicked".to_string())?
-}
-
-/// `bin ARGS` with `input` on its stdin; its stdout, or why it failed.
-fn run_with_input(bin: &str, args: &[&str], input: &str) -> Result<String, String> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {bin}: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).map_err(|e| format!("{bin}: writing its input: {e}"))?;
-    }
-    let out = child.wait_with_output().map_err(|e| format!("{bin}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!("{bin} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-/// Runs on a thread of its own: moves the thread into a new network
-/// namespace (gone when the thread ends), creates the sets and counters,
-/// restores, saves.
-fn in_scratch_netns(
-    bins: &IptablesBinaries,
-    restore: &str,
-    creates: &[String],
-    nfacct: &BTreeSet<&'static str>,
-) -> Result<String, String> {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("cannot make a private network namespace: {e}"))?;
-    let run = run_with_input;
-    if !creates.is_empty() {
-        run("ipset", &["restore"], &(creates.join("\n") + "\n"))?;
-    }
-    if !nfacct.is_empty() {
-        let names: Vec<&str> = nfacct.iter().copied().collect();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("tokio runtime: {e}"))?;
-        rt.block_on(async {
-            let client = crate::kernel::nfacct::NetlinkNfacct::new().map_err(|e| format!("nfacct: {e}"))?;
-            match client.ensure(&names).await.into_iter().find_map(Result::err) {
-                Some(e) => Err(format!("creating the nfacct objects: {e}")),
-                None => Ok(()),
-            }
-        })?;
-    }
-    run(&bins.restore, &["-w", "5", "--noflush"], restore)?;
-    let mut saved = String::new();
-    for table in TABLES {
-        saved.push_str(&run(&bins.save, &["-t", table], "")?);
-    }
-    Ok(saved)
+    scratch::in_thread(move || scratch::saved_after_restore(&bins, &restore, &creates, &nfacct)).await
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `--dry-run --diff`: what the first sync would change, as `+`/`-` lines
 //! in each tool's syntax. Pure: the desired lines come from the planner's
 //! renderers, the live lines from the kernel's own dumps (read by
-//! [`crate::preview`]), both already in one syntax; this module only
+//! [`super`]), both already in one syntax; this module only
 //! compares and prints.
 //!
 //! - Sections whose objects are a set (IPVS servers, set members,

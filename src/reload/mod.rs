@@ -1,5 +1,6 @@
 //! SIGHUP: which config changes apply live and which need a restart.
-//! Pure: compares the running configuration with a newly loaded one.
+//! Pure ([`plan`]): compares the running configuration with a newly
+//! loaded one; [`live`] applies the plan to the running daemon.
 //!
 //! Live: sync periods, the IPVS scheduler, timeouts and strictARP,
 //! masqueradeAll, localhostNodePorts, clusterCIDR and detect-local, nodePortAddresses, and log
@@ -11,6 +12,8 @@
 //! running values, so a default that follows them (nftables mode's
 //! `nodePortAddresses: [primary]`) follows the running mode, not the
 //! refused one.
+
+pub mod live;
 
 use serde_json::Value;
 

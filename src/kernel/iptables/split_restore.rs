@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::msgs::chains::is_service_chain;
+use crate::kernel::iptables::chains::is_service_chain;
 
 /// Lines per transaction. Each transaction with rules also costs a dump of
 /// the table's rules (≈ 0.6 s of kernel time once 10,000 services are
@@ -55,7 +55,7 @@ pub struct Split<'a> {
 /// service chains that jump to them, then the external and firewall chains
 /// that jump to those (upstream's KUBE-FW → KUBE-EXT → KUBE-SVC/SVL → KUBE-SEP).
 fn fill_rank(chain: &str) -> u8 {
-    use crate::msgs::chains::{EXT_PREFIX, FW_PREFIX, SEP_PREFIX};
+    use crate::kernel::iptables::chains::{EXT_PREFIX, FW_PREFIX, SEP_PREFIX};
     if chain.starts_with(SEP_PREFIX) {
         0
     } else if chain.starts_with(EXT_PREFIX) {

@@ -11,37 +11,16 @@
 use std::fmt::Write;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-
 use super::IpvsSet;
 use crate::net::{IpFamily, Protocol};
+use crate::plan::context::mark;
+use crate::plan::local::{if_not_local, LocalDetector};
 
 /// The chain vocabulary IPVS mode shares with the iptables handle.
-pub use crate::msgs::chains::{
+pub use crate::kernel::iptables::chains::{
     CANARY, IPVS_FILTER_CHAINS as FILTER_CHAINS, IPVS_JUMPS as JUMPS, IPVS_NAT_CHAINS as NAT_CHAINS,
     IPVS_PROFILE as PROFILE,
 };
-
-/// How "traffic from outside the cluster" is recognised (detectLocalMode).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LocalDetector {
-    None,
-    /// ClusterCIDR or NodeCIDR: `! -s <cidr>`.
-    Cidr(IpNet),
-    BridgeInterface(String),
-    InterfacePrefix(String),
-}
-
-impl LocalDetector {
-    fn if_not_local(&self) -> Option<String> {
-        match self {
-            LocalDetector::None => None,
-            LocalDetector::Cidr(c) => Some(format!("! -s {c}")),
-            LocalDetector::BridgeInterface(b) => Some(format!("! -i {b}")),
-            LocalDetector::InterfacePrefix(p) => Some(format!("! -i {p}+")),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpvsRulesConfig {
@@ -51,11 +30,6 @@ pub struct IpvsRulesConfig {
     pub local: LocalDetector,
     /// The iptables binary supports MASQUERADE --random-fully.
     pub random_fully: bool,
-}
-
-/// Upstream formats the mark with Go's `%#08x`: 1<<14 is `0x00004000`.
-pub fn mark(bit: u32) -> String {
-    format!("{:#010x}", 1u32 << bit.min(31))
 }
 
 /// Renders the iptables-restore input (for `--noflush`) of one IPVS-mode sync.
@@ -121,7 +95,7 @@ fn nat_rules(out: &mut String, cfg: &IpvsRulesConfig, has: &dyn Fn(IpvsSet) -> b
             IpvsSet::ClusterIp.comment(),
             name(IpvsSet::ClusterIp)
         );
-        match (cfg.masquerade_all, cfg.local.if_not_local()) {
+        match (cfg.masquerade_all, if_not_local(&cfg.local)) {
             (true, _) => writeln!(out, "{prefix} dst,dst -j KUBE-MARK-MASQ"),
             (false, Some(not_local)) => writeln!(out, "{prefix} dst,dst {not_local} -j KUBE-MARK-MASQ"),
             (false, None) => writeln!(out, "{prefix} src,dst -j KUBE-MARK-MASQ"),

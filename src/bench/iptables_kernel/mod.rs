@@ -1,5 +1,5 @@
 //! `kpr-bench iptables`: iptables mode on the real kernel, in a network
-//! namespace of its own on the host (issue 7).
+//! namespace of its own on the host.
 //!
 //! Each run starts a thread that unshares a fresh network namespace (the
 //! kernel deletes it when the thread and the processes it started are gone,
@@ -50,14 +50,18 @@ use crate::kernel::{Applied, IptablesKernel, KResult, Subsystem};
 use crate::metrics::ProxyMetrics;
 use crate::model::{Model, ModelChanges};
 use crate::msgs::{IptablesOp, SourceBatch, SourceEvent};
+use crate::mutex::lock;
 use crate::net::IpFamily;
 use crate::observe::SyncHooks;
 use crate::plan::iptables::{self as iptables_plan, is_service_chain, ServiceChains};
-use crate::runtime::{addr_source, context_builder, coordinator_settings, host_features};
+use crate::proxier::{addr_source, coordinator_settings, host_features, Mode};
 use crate::schedule::SyncKind;
 use crate::settings;
 use crate::stats::StatsRegistry;
-use crate::sync::lock;
+
+mod observed;
+
+pub use self::observed::{Captured, Probed, Recording, SyncSignal};
 
 /// Which iptables tools the handle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,206 +258,6 @@ fn clock_ticks() -> u64 {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Observing the daemon.
-
-/// What [`Probed`] tells about the last finished sync (cumulative counts).
-#[derive(Debug, Clone, Default)]
-pub struct SyncSignal {
-    pub generation: u64,
-    pub full: bool,
-    /// When the dataplane was asked to plan (after the model folded the changes).
-    pub started: Option<Instant>,
-    /// When the coordinator had every ack.
-    pub finished: Option<Instant>,
-    /// Planning (the dataplane's `sync`: iptables planner, conntrack frontends).
-    pub plan: Duration,
-    /// Sending the batches to the acks (iptables actor, then the conntrack reconcile).
-    pub run: Duration,
-    pub failed: usize,
-    /// The service-level chains (SVC, SVL, EXT, FW) of the changed service ports.
-    pub expected_chains: Vec<String>,
-    pub syncs: u64,
-    pub full_syncs: u64,
-    pub plan_total: Duration,
-    pub run_total: Duration,
-}
-
-/// The daemon's dataplane, timed: signals every finished sync.
-pub struct Probed<D: Dataplane> {
-    inner: D,
-    done: watch::Sender<SyncSignal>,
-    totals: SyncSignal,
-}
-
-impl<D: Dataplane> Dataplane for Probed<D> {
-    type Outcome = (D::Outcome, SyncSignal);
-    type Config = D::Config;
-
-    fn sync(
-        &mut self,
-        model: &Model,
-        changes: &ModelChanges,
-        kind: SyncKind,
-        generation: u64,
-    ) -> Planned<Self::Outcome> {
-        let started = Instant::now();
-        let planned = self.inner.sync(model, changes, kind, generation);
-        let plan = started.elapsed();
-        let expected_chains = if planned.full {
-            Vec::new()
-        } else {
-            changes
-                .ports
-                .iter()
-                .flat_map(|spn| {
-                    let c = ServiceChains::new(spn);
-                    [c.svc, c.svl, c.ext, c.fw]
-                })
-                .collect()
-        };
-        let full = planned.full;
-        let run = planned.run;
-        let run = async move {
-            let t = Instant::now();
-            let outcome = run.await;
-            let sig = SyncSignal {
-                generation,
-                full,
-                started: Some(started),
-                plan,
-                run: t.elapsed(),
-                expected_chains,
-                ..SyncSignal::default()
-            };
-            (outcome, sig)
-        };
-        Planned { full, ops: planned.ops, run: run.boxed_local() }
-    }
-
-    fn finished(&mut self, (outcome, mut sig): Self::Outcome) -> Finished {
-        let f = self.inner.finished(outcome);
-        sig.finished = Some(Instant::now());
-        sig.failed = f.failed;
-        let t = &mut self.totals;
-        t.syncs += 1;
-        t.full_syncs += u64::from(sig.full);
-        t.plan_total += sig.plan;
-        t.run_total += sig.run;
-        (sig.syncs, sig.full_syncs, sig.plan_total, sig.run_total) = (t.syncs, t.full_syncs, t.plan_total, t.run_total);
-        self.done.send_replace(sig);
-        f
-    }
-
-    fn hourly_full_sync(&self) -> bool {
-        self.inner.hourly_full_sync()
-    }
-
-    fn reconfigure(&mut self, config: D::Config) {
-        self.inner.reconfigure(config);
-    }
-}
-
-/// One batch the iptables handle applied.
-#[derive(Debug, Clone)]
-pub struct Captured {
-    pub full: bool,
-    /// The restore input as the coordinator sent it (empty unless capturing).
-    pub text: String,
-    /// The handle's apply: for a full batch also the jump check (two
-    /// `iptables-save`), and on the first one `iptables --version`.
-    pub apply: Duration,
-    /// Copying the text (a cost of this bench, not of the daemon).
-    pub copy: Duration,
-    pub ok: bool,
-    /// The first error, if any.
-    pub error: Option<String>,
-}
-
-/// The iptables handle, recording what it was given and how long it took.
-#[derive(Clone)]
-pub struct Recording {
-    inner: IptablesHandle,
-    capture: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<Captured>>>,
-    /// The handle's periodic canary checks (`iptables -S` in mangle, nat
-    /// and filter): when each started and how long it took. The actor
-    /// handles no batch meanwhile.
-    canary: Arc<Mutex<Vec<(Instant, Duration)>>>,
-}
-
-impl Recording {
-    fn texts(&self, ops: &[IptablesOp]) -> (String, Duration) {
-        let t = Instant::now();
-        if !self.capture.load(Ordering::Relaxed) {
-            return (String::new(), Duration::ZERO);
-        }
-        let text = ops.iter().map(|IptablesOp::Restore(r)| r.text()).collect();
-        (text, t.elapsed())
-    }
-
-    fn record(&self, c: Captured) {
-        lock(&self.log).push(c);
-    }
-
-    fn take(&self) -> Vec<Captured> {
-        std::mem::take(&mut *lock(&self.log))
-    }
-
-    fn take_canary(&self) -> Vec<(Instant, Duration)> {
-        std::mem::take(&mut *lock(&self.canary))
-    }
-}
-
-impl Subsystem for Recording {
-    type Op = IptablesOp;
-
-    fn apply(&self, ops: Vec<IptablesOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
-        let me = self.clone();
-        async move {
-            let (text, copy) = me.texts(&ops);
-            let t = Instant::now();
-            let res = me.inner.apply(ops).await;
-            let apply = t.elapsed();
-            let error = res.iter().find_map(|r| r.as_ref().err().map(ToString::to_string));
-            me.record(Captured { full: false, text, apply, copy, ok: error.is_none(), error });
-            res
-        }
-    }
-
-    fn reconcile(&self, desired: Vec<IptablesOp>) -> impl Future<Output = Applied<IptablesOp>> + 'static {
-        let me = self.clone();
-        async move {
-            let (text, copy) = me.texts(&desired);
-            let t = Instant::now();
-            let res = me.inner.reconcile(desired).await;
-            let apply = t.elapsed();
-            let error = match &res {
-                Ok((_, r)) => r.iter().find_map(|r| r.as_ref().err().map(ToString::to_string)),
-                Err(e) => Some(e.to_string()),
-            };
-            me.record(Captured { full: true, text, apply, copy, ok: error.is_none(), error });
-            res
-        }
-    }
-
-    fn periodic(&self) -> Option<Duration> {
-        self.inner.periodic()
-    }
-
-    fn run_periodic(&self) -> impl Future<Output = bool> + 'static {
-        let me = self.clone();
-        async move {
-            let started = Instant::now();
-            let drifted = me.inner.run_periodic().await;
-            lock(&me.canary).push((started, started.elapsed()));
-            drifted
-        }
-    }
-}
-
-impl IptablesKernel for Recording {}
-
 /// iptables mode's actors and coordinator, as the daemon starts them.
 struct Daemon {
     coord: Addr<Coordinator<Probed<IptablesDataplane>>>,
@@ -480,12 +284,12 @@ async fn start_daemon(flavour: Flavour, min_sync: Duration, sync_period: Duratio
         Recording { inner: handle.clone(), capture: Arc::default(), log: Arc::default(), canary: Arc::default() };
     let registry = StatsRegistry::default();
     let derived = settings::derive(&cfg, family, THIS_NODE, host_features(family, Default::default()).await);
-    let context = context_builder(&derived);
+    let context = IptablesDataplane::config(&derived);
     let settings = coordinator_settings(&derived);
     // The daemon's hooks (metrics, health), without the HTTP servers.
     let metrics = Arc::new(ProxyMetrics::new(cfg.proxy_mode(), registry.clone()));
     let proxy_health = Arc::new(ProxyHealth::new(health::health_timeout(&cfg)).with_metrics(metrics.clone()));
-    let hooks = SyncHooks::new(family, metrics, proxy_health);
+    let hooks = SyncHooks::new(family, metrics, proxy_health, registry.clone());
     let (tx, done) = watch::channel(SyncSignal::default());
     let actors = recording.clone();
     let registry_ref = &registry;
@@ -856,60 +660,4 @@ fn bench_churn(opts: &Options, c: &ChurnOptions, out: &mut Vec<Figure>) -> anyho
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_split_into_service_chains_and_the_rest() {
-        let text = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
-                    :KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-ABCDEFGHIJKLMNOP\n\
-                    -A KUBE-SVC-ABCDEFGHIJKLMNOP -j KUBE-SEP-ABCDEFGHIJKLMNOP\n-X KUBE-SEP-ABCDEFGHIJKLMNOP\nCOMMIT\n";
-        assert_eq!(count_lines(text), Lines { total: 8, service: 4 });
-        assert_eq!(foreign_chains(text, &["KUBE-SVC-ABCDEFGHIJKLMNOP".to_string()]), 0);
-        assert_eq!(foreign_chains(text, &[]), 1);
-    }
-
-    /// Every chain a rule of the generated cluster's full sync jumps to is
-    /// declared in the same table (or is a built-in target): otherwise the
-    /// kernel refuses the whole restore. (A NodePort with both traffic
-    /// policies Local once jumped to a cluster chain it never declared.)
-    #[test]
-    fn every_jump_target_of_a_generated_cluster_is_declared() {
-        use crate::plan::context::NodePortFilter;
-        use crate::plan::iptables::iptables_context;
-        use crate::plan::rules_ipvs::LocalDetector;
-        let cluster = Cluster::new(ClusterSpec { services: 1000, endpoints_per_service: 10, nodes: 100, seed: 1 });
-        let mut model = Model::new(IpFamily::V4, THIS_NODE);
-        for ev in cluster.expect("cluster").initial_events() {
-            model.record(&ev).expect("valid object");
-        }
-        model.apply();
-        let mut settings = crate::fixtures::iptables_settings(IpFamily::V4, THIS_NODE, NodePortFilter::All);
-        settings.local = LocalDetector::Cidr("10.0.0.0/8".parse().expect("cidr"));
-        let text =
-            iptables_plan::dry_run(&model, iptables_context(&settings, model.node(), &crate::bench::local_addrs()));
-        // Chains declared per table, then each rule's KUBE- target checked against its table's.
-        let mut declared: std::collections::HashMap<&str, std::collections::HashSet<&str>> = Default::default();
-        let mut table = "";
-        for line in text.lines() {
-            if let Some(t) = line.strip_prefix('*') {
-                table = t;
-            } else if let Some(d) = line.strip_prefix(':') {
-                declared.entry(table).or_default().insert(d.split_whitespace().next().unwrap_or_default());
-            }
-        }
-        let mut missing = Vec::new();
-        for line in text.lines() {
-            if let Some(t) = line.strip_prefix('*') {
-                table = t;
-            }
-            let words: Vec<&str> = line.split_whitespace().collect();
-            for w in words.windows(2).filter(|w| w[0] == "-j" || w[0] == "-g") {
-                if w[1].starts_with("KUBE-") && !declared.get(table).is_some_and(|d| d.contains(w[1])) {
-                    missing.push(line);
-                }
-            }
-        }
-        assert!(missing.is_empty(), "{} rules jump to undeclared chains, e.g. {:?}", missing.len(), missing.first());
-    }
-}
+mod tests;

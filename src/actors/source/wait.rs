@@ -1,4 +1,4 @@
-//! Waits at start say, at the default verbosity, what they wait for at
+//! A source's waits at start say, at the default verbosity, what they wait for at
 //! least every [`NOTE_EVERY`], and how they end. Pure: the callers poll or
 //! tick and pass the time waited.
 
