@@ -1407,13 +1407,6 @@ fn a_node_port_held_by_another_service_is_refused_and_named() {
     daemon.stop();
 }
 
-/// VmRSS of `pid`, in kB.
-fn vm_rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("kB")
-}
-
 /// Issue 15's flood, on the daemon: 800 connections to the healthz port
 /// (more than three times the server's cap), half idle and half
 /// slowloris-style (a header that never ends), each replaced as soon as
@@ -1430,7 +1423,7 @@ fn a_connection_flood_on_healthz_delays_nothing_and_leaves_no_memory_behind() {
     lab.wait_traffic("10.96.0.60:80", false, &["b1"], CHANGE_WAIT);
     let pid = daemon.child.as_ref().expect("running").id();
     assert!(http_status(&lab.node, 10256, "/healthz").is_ok_and(|(code, _)| code == 200));
-    let rss_before = vm_rss_kb(pid);
+    let rss_before = status_kb(pid, "VmRSS");
 
     let stop = std::sync::atomic::AtomicBool::new(false);
     let opened = std::sync::atomic::AtomicUsize::new(0);
@@ -1484,7 +1477,7 @@ fn a_connection_flood_on_healthz_delays_nothing_and_leaves_no_memory_behind() {
     assert!(answered < Duration::from_secs(1), "/healthz answered {answered:?} after the flood");
     daemon.assert_running();
     std::thread::sleep(Duration::from_secs(2));
-    let rss_after = vm_rss_kb(pid);
+    let rss_after = status_kb(pid, "VmRSS");
     eprintln!(
         "flood: {opened} connections opened; /healthz answered {answered:?} after; RSS {rss_before} -> {rss_after} kB"
     );
