@@ -52,9 +52,6 @@ pub struct Options {
     pub dual_every: usize,
     /// How the manifest files hold the objects.
     pub layout: Layout,
-    /// Compare with the tool's own load of the same rules (`nft -f` of
-    /// 10,000 services takes minutes).
-    pub tool: bool,
     /// The config's syncPeriod.
     pub sync_period: Duration,
     /// Serve the cluster from the test API server (inside the daemon's
@@ -63,6 +60,11 @@ pub struct Options {
     /// After the idle watch: this many EndpointSlice updates a second
     /// through the API server (needs `api_source`), for this long.
     pub churn: Option<(u32, Duration)>,
+    /// nftables mode's ruleset (`nftables.ruleset`).
+    pub nftables_ruleset: crate::plan::nftables::NftRuleset,
+    /// Also load the same rules with the tool alone (`nft -f` of
+    /// upstream's text at 10,000 services takes minutes).
+    pub tool: bool,
 }
 
 /// How the manifest files hold the cluster's objects.
@@ -311,8 +313,9 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         &config,
         format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
-             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\n{mode}:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n",
-            mode = opts.mode
+             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\n{mode}:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n{ruleset}",
+            mode = opts.mode,
+            ruleset = if opts.mode == "nftables" { format!("  ruleset: {}\n", opts.nftables_ruleset) } else { String::new() },
         ),
     )?;
     let log = work.join("daemon.log");

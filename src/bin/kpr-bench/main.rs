@@ -36,6 +36,7 @@ use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::ipvs::context::plan_context;
 use kube_proxy_rs::plan::ipvs::IpvsPlanner;
+use kube_proxy_rs::plan::nftables::NftRuleset;
 use kube_proxy_rs::stats::StatsRegistry;
 
 mod daemon;
@@ -145,7 +146,10 @@ enum Cmd {
         /// With `--dual-stack`: every this many-th Service is dual-stack (1: all).
         #[arg(long, default_value_t = 1)]
         dual_every: usize,
-        /// Skip the tool's own load of the same rules.
+        /// nftables mode's ruleset (`nftables.ruleset`).
+        #[arg(long, default_value = "upstream", value_parser = ["upstream", "maps"])]
+        ruleset: String,
+        /// Skip loading the same rules with the tool alone.
         #[arg(long)]
         no_tool: bool,
         /// The memory matrix of issue 29 at each size: `--mode` (or
@@ -190,6 +194,9 @@ enum Cmd {
         /// transaction is quadratic: 316 s at 10,000 services).
         #[arg(long, default_value_t = 10000)]
         tool_max: usize,
+        /// The ruleset the planner writes (`nftables.ruleset`).
+        #[arg(long, default_value = "upstream", value_parser = ["upstream", "maps"])]
+        ruleset: String,
     },
     /// iptables mode on the real kernel, as root, in a network namespace of its own:
     /// cold sync, endpoint changes vs iptables-restore alone, lines per change, CPU during churn.
@@ -601,6 +608,11 @@ fn bench_iptables_kernel(opts: &iptables_kernel::Options, r: &mut Report) -> any
     res
 }
 
+/// The ruleset `name` (`--ruleset`).
+fn nft_ruleset(name: &str) -> anyhow::Result<NftRuleset> {
+    NftRuleset::from_name(name).ok_or_else(|| anyhow::anyhow!("no nftables ruleset named {name:?}"))
+}
+
 fn main() {
     let cli = Cli::parse();
     let mut r = Report { rows: Vec::new() };
@@ -620,6 +632,7 @@ fn main() {
             churn_seconds,
             layout,
             dual_every,
+            ruleset,
             no_tool,
             matrix,
         } => {
@@ -629,30 +642,33 @@ fn main() {
                     .map(|p| p.with_file_name("kube-proxy-rs"))
                     .unwrap_or_else(|_| "kube-proxy-rs".into()),
             };
-            let base = |n: usize| daemon_run::Options {
-                spec: spec(&cli, n),
-                binary: binary.clone(),
-                flavour: flavour.clone(),
-                mode: mode.clone(),
-                idle: Duration::from_secs(*idle),
-                dual_stack: cli.dual_stack,
-                dual_every: *dual_every,
-                layout: daemon_run::Layout::named(layout).unwrap_or(daemon_run::Layout::Lists),
-                tool: !no_tool,
-                sync_period: Duration::from_secs(*sync_period),
-                api_source: source == "api",
-                churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
-            };
-            if *matrix {
-                bench_daemon_matrix(services, mode, base, &mut r)
-            } else {
-                services.iter().try_for_each(|&n| {
-                    for f in daemon_run::run_daemon(&base(n))? {
-                        r.add("daemon", n, &f.metric, f.value, f.unit);
-                    }
-                    Ok(())
-                })
-            }
+            nft_ruleset(ruleset).and_then(|nftables_ruleset| {
+                let base = |n: usize| daemon_run::Options {
+                    spec: spec(&cli, n),
+                    binary: binary.clone(),
+                    flavour: flavour.clone(),
+                    mode: mode.clone(),
+                    idle: Duration::from_secs(*idle),
+                    dual_stack: cli.dual_stack,
+                    dual_every: *dual_every,
+                    layout: daemon_run::Layout::named(layout).unwrap_or(daemon_run::Layout::Lists),
+                    tool: !no_tool,
+                    nftables_ruleset,
+                    sync_period: Duration::from_secs(*sync_period),
+                    api_source: source == "api",
+                    churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
+                };
+                if *matrix {
+                    bench_daemon_matrix(services, mode, base, &mut r)
+                } else {
+                    services.iter().try_for_each(|&n| {
+                        for f in daemon_run::run_daemon(&base(n))? {
+                            r.add("daemon", n, &f.metric, f.value, f.unit);
+                        }
+                        Ok(())
+                    })
+                }
+            })
         }
         Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),
         Cmd::Ipvs { services, changes, warmup, work_dir, no_verify, no_breakdown, json_out } => {
@@ -669,8 +685,9 @@ fn main() {
             };
             bench_ipvs_kernel(&opts, json_out.as_deref(), &mut r)
         }
-        Cmd::Nftables { services, changes, tool_max } => {
+        Cmd::Nftables { services, changes, tool_max, ruleset } => nft_ruleset(ruleset).and_then(|ruleset| {
             let opts = kube_proxy_rs::bench::nftables_kernel::Options {
+                ruleset,
                 seed: cli.seed,
                 nodes: cli.nodes,
                 endpoints: cli.endpoints,
@@ -687,7 +704,7 @@ fn main() {
                 }
             }
             res
-        }
+        }),
         Cmd::Iptables {
             services,
             changes,
