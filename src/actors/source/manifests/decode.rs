@@ -212,10 +212,49 @@ impl Object {
 /// time and a list's items one at a time (see [`DocumentSeed`]): no value
 /// tree of a whole file or list is built.
 pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplicate>) -> Result<Objects, ManifestError> {
-    let format = Format::of(path).unwrap_or(Format::Yaml);
     let mut objects = Objects::new();
-    let mut twice = Vec::new();
-    let mut out = Out { objects: &mut objects, twice: &mut twice };
+    read_file(path, bytes, Out::new(&mut objects, Keep::Whole), duplicates)?;
+    Ok(objects)
+}
+
+/// A file read for what a scan keeps of it: every object decoded (so any
+/// problem rejects the whole file, as [`parse_file`]) but kept only as
+/// [`Held::kept`] keeps it, and which documents are lists, so that
+/// [`each_object`] can read the file again handing its objects over one
+/// at a time.
+#[derive(Debug, Default)]
+pub(super) struct Outline {
+    pub(super) objects: Objects,
+    /// The lists by document index, with their items' type.
+    lists: BTreeMap<usize, Option<TypeMeta>>,
+}
+
+/// The [`Outline`] of a file; its errors are [`parse_file`]'s.
+pub(super) fn outline_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplicate>) -> Result<Outline, ManifestError> {
+    let mut outline = Outline::default();
+    let mut out = Out::new(&mut outline.objects, Keep::Kept);
+    out.lists = Some(&mut outline.lists);
+    read_file(path, bytes, out, duplicates)?;
+    Ok(outline)
+}
+
+/// Reads a file outlined by [`outline_file`] again and hands each object to
+/// `hand` as it is decoded (a later copy of an object too: the outline has
+/// the first), holding none.
+pub(super) fn each_object(
+    path: &Path,
+    bytes: &[u8],
+    outline: &Outline,
+    hand: &mut dyn FnMut(ObjectKey, Object),
+) -> Result<(), ManifestError> {
+    let mut objects = Objects::new();
+    let mut out = Out::new(&mut objects, Keep::Hand(hand));
+    out.known_lists = Some(&outline.lists);
+    read_file(path, bytes, out, &mut Vec::new())
+}
+
+fn read_file(path: &Path, bytes: &[u8], mut out: Out, duplicates: &mut Vec<Duplicate>) -> Result<(), ManifestError> {
+    let format = Format::of(path).unwrap_or(Format::Yaml);
     fn stopped<E>(
         stop: Stop<E>,
         syntax: impl Fn(E) -> ManifestError,
@@ -250,10 +289,10 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
             }
         }
     }
-    duplicates.extend(twice.into_iter().map(|(key, at)| {
+    duplicates.extend(out.twice.into_iter().map(|(key, at)| {
         Duplicate::of(&key, format!("twice in {}; the first is used, the one at {at} refused", path.display()))
     }));
-    Ok(objects)
+    Ok(())
 }
 
 /// Whether `bytes` (the file at `path`) holds a Node named `name`, read
@@ -307,15 +346,49 @@ pub(super) fn node_named(objects: &Objects, name: &str) -> Option<Arc<Node>> {
     })
 }
 
+/// What is kept of each object read.
+enum Keep<'h> {
+    /// The whole object.
+    Whole,
+    /// What [`Held::kept`] keeps.
+    Kept,
+    /// Each object is handed over as it is read; nothing is kept.
+    Hand(&'h mut dyn FnMut(ObjectKey, Object)),
+}
+
 /// Where a file's documents go: its objects, and the copies refused.
 struct Out<'a> {
     objects: &'a mut Objects,
-    twice: &'a mut Vec<(ObjectKey, Location)>,
+    keep: Keep<'a>,
+    twice: Vec<(ObjectKey, Location)>,
+    /// Where the lists found are noted, by document index.
+    lists: Option<&'a mut BTreeMap<usize, Option<TypeMeta>>>,
+    /// The file's lists, known from an earlier reading.
+    known_lists: Option<&'a BTreeMap<usize, Option<TypeMeta>>>,
 }
 
-impl Out<'_> {
+impl<'a> Out<'a> {
+    fn new(objects: &'a mut Objects, keep: Keep<'a>) -> Self {
+        Out { objects, keep, twice: Vec::new(), lists: None, known_lists: None }
+    }
+
+    /// What of an object read is held until its list is known to be one.
+    fn held(&self, held: Held) -> Held {
+        match self.keep {
+            Keep::Whole | Keep::Hand(_) => held,
+            Keep::Kept => held.kept(),
+        }
+    }
+
     /// Keeps the first copy of an object; a later one is refused.
     fn insert(&mut self, key: ObjectKey, held: Held, at: Location) {
+        if let Keep::Hand(hand) = &mut self.keep {
+            if let Some(object) = held.object {
+                hand(key, object);
+            }
+            return;
+        }
+        let held = self.held(held);
         match self.objects.entry(key) {
             std::collections::btree_map::Entry::Vacant(slot) => {
                 slot.insert(held);
@@ -454,8 +527,10 @@ impl<'de> Container<'de> for DocumentReader<'_, '_> {
         let mut read = ItemsRead::default();
         while let Some(key) = map.next_key::<String>()? {
             if key == "items" {
-                let so_far = ListSoFar::of(&fields);
-                items = map.next_value_seed(Shape(ItemsReader { at, so_far, read: &mut read }))?;
+                let known = self.out.known_lists.and_then(|lists| lists.get(&at.document));
+                let so_far = known.map_or_else(|| ListSoFar::of(&fields), |item| ListSoFar::List(item.clone()));
+                let reader = ItemsReader { at, so_far, read: &mut read, out: self.out };
+                items = map.next_value_seed(Shape(reader))?;
             } else {
                 fields.insert(key, map.next_value()?);
             }
@@ -464,7 +539,12 @@ impl<'de> Container<'de> for DocumentReader<'_, '_> {
         let type_meta = (TypeMeta::read(&document, None))
             .map_err(|p| refused(self.failure, DocFailure::invalid(at, p.to_string())))?;
         let result = match type_meta.kind.ends_with("List") {
-            true => add_items(items, read, &type_meta, at, self.out),
+            true => {
+                if let Some(lists) = &mut self.out.lists {
+                    lists.insert(at.document, type_meta.list_item());
+                }
+                add_items(items, read, &type_meta, at, self.out)
+            }
             false => add_object(document, &type_meta, at, self.out),
         };
         result.map_err(|failure| refused(self.failure, failure))?;
@@ -506,13 +586,14 @@ struct ItemsRead {
     failure: Option<DocFailure>,
 }
 
-struct ItemsReader<'a> {
+struct ItemsReader<'a, 'o> {
     at: Location,
     so_far: ListSoFar,
     read: &'a mut ItemsRead,
+    out: &'a mut Out<'o>,
 }
 
-impl<'de> Container<'de> for ItemsReader<'_> {
+impl<'de> Container<'de> for ItemsReader<'_, '_> {
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
         let default = match &self.so_far {
             ListSoFar::NotList => {
@@ -522,6 +603,7 @@ impl<'de> Container<'de> for ItemsReader<'_> {
             ListSoFar::List(default) => default.as_ref(),
             ListSoFar::Unknown => None,
         };
+        let known = self.out.known_lists.is_some() && matches!(self.so_far, ListSoFar::List(_));
         let mut index = 0;
         while self.read.failure.is_none() {
             let Some(item) = seq.next_element::<Value>()? else { return Ok(Found::Read) };
@@ -529,7 +611,9 @@ impl<'de> Container<'de> for ItemsReader<'_> {
             index += 1;
             match TypeMeta::read(&item, default) {
                 Ok(meta) => match decode_object(item, &meta, at) {
-                    Ok(Some((key, held))) => self.read.decoded.push((at, key, held)),
+                    // Known to be a list from an earlier reading: handed over now.
+                    Ok(Some((key, held))) if known => self.out.insert(key, held, at),
+                    Ok(Some((key, held))) => self.read.decoded.push((at, key, self.out.held(held))),
                     Ok(None) => {}
                     Err(failure) => self.read.failure = Some(failure),
                 },
