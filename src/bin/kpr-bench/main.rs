@@ -613,6 +613,10 @@ fn nft_ruleset(name: &str) -> anyhow::Result<NftRuleset> {
     NftRuleset::from_name(name).ok_or_else(|| anyhow::anyhow!("no nftables ruleset named {name:?}"))
 }
 
+/// jemalloc for every thread (src/heap.rs).
+#[global_allocator]
+static ALLOCATOR: kube_proxy_rs::heap::Allocator = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let cli = Cli::parse();
     let mut r = Report { rows: Vec::new() };
