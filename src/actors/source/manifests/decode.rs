@@ -230,7 +230,11 @@ pub(super) struct Outline {
 }
 
 /// The [`Outline`] of a file; its errors are [`parse_file`]'s.
-pub(super) fn outline_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplicate>) -> Result<Outline, ManifestError> {
+pub(super) fn outline_file(
+    path: &Path,
+    bytes: &[u8],
+    duplicates: &mut Vec<Duplicate>,
+) -> Result<Outline, ManifestError> {
     let mut outline = Outline::default();
     let mut out = Out::new(&mut outline.objects, Keep::Kept);
     out.lists = Some(&mut outline.lists);

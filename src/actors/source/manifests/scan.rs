@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Node;
 use tracing::{debug, warn};
 
-use super::decode::{each_object, names_node, node_named, outline_file, parse_file, Format, Object, ObjectKey, Objects, Outline};
+use super::decode::{
+    each_object, names_node, node_named, outline_file, parse_file, Format, Object, ObjectKey, Objects, Outline,
+};
 use super::error::{Duplicate, ManifestError};
 use crate::msgs::source::{ResourceKind, SourceEvent};
 
@@ -74,7 +76,14 @@ pub struct ManifestDir {
 impl ManifestDir {
     /// A manifest directory not scanned yet.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false, settle: SETTLE, chunks: Chunks::default() }
+        Self {
+            dir: dir.into(),
+            files: BTreeMap::new(),
+            current: Objects::new(),
+            synced: false,
+            settle: SETTLE,
+            chunks: Chunks::default(),
+        }
     }
 
     /// Another settle time than [`SETTLE`] (zero: read files as they are).
