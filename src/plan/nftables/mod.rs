@@ -95,10 +95,11 @@ pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names:
 
 /// One service port's objects in `ctx`'s ruleset.
 pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
-    match ctx.ruleset {
+    let objects = match ctx.ruleset {
         NftRuleset::Upstream => service::render_port(ctx, sp, endpoints),
         NftRuleset::Maps => maps::render_port(ctx, sp, endpoints),
-    }
+    };
+    objects.compact()
 }
 
 /// The shared objects serving `classes` (none in upstream's ruleset).

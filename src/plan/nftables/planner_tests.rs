@@ -227,7 +227,9 @@ fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
     let maps = NftablesContext { ruleset: NftRuleset::Maps, ..fake_ctx() };
     let v6 = NftablesContext { family: crate::net::IpFamily::V6, node_ip: None, ..fake_ctx() };
     let v6_model = super::tests::v6_model(json!({}), &["fd00:10:180::1", "fd00:10:180::2"]);
-    for (model, ctx) in [(model_with(&repeated_events()), fake_ctx()), (model_with(&repeated_events()), maps), (v6_model, v6)] {
+    for (model, ctx) in
+        [(model_with(&repeated_events()), fake_ctx()), (model_with(&repeated_events()), maps), (v6_model, v6)]
+    {
         let rs = desired(&model, &ctx);
         let mut held: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
         held.push("service-OLD00000-ns9/gone/tcp/p80".into());

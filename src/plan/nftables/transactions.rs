@@ -104,7 +104,12 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
 /// [`full_sync`] writing only the chains `write` takes (added, flushed,
 /// their rules); everything else as [`full_sync`] (the staged sync's last
 /// transaction: [`super::staging`]).
-pub fn full_sync_of(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool, write: impl Fn(&Chain) -> bool) -> Delta {
+pub fn full_sync_of(
+    new: &Ruleset,
+    kernel: &KernelObjects,
+    recreate_base: bool,
+    write: impl Fn(&Chain) -> bool,
+) -> Delta {
     let mut head = vec![NftOp::add_table()];
     if recreate_base {
         for c in new.top.chains.iter().filter(|c| c.base.is_some()) {
