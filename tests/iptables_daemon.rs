@@ -62,7 +62,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{self, create_items, http_exchange, http_exchange_with, http_get, wait_for, Daemon, SyncRec};
+use common::daemon::{
+    self, create_items, http_exchange, http_exchange_with, http_get, status_kb, wait_for, Daemon, SyncRec,
+};
 use common::lab::{
     self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
 };
@@ -1918,15 +1920,6 @@ fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
 fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
     let mut lab = Lab::new("ctstop", Flavour::Nft, &["b1", "b2"]);
     conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
-}
-
-/// `status` field `field` (`VmHWM`, `VmRSS`) of `pid`, in kB.
-fn status_kb(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = (status.lines())
-        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
-        .unwrap_or_else(|| panic!("no {field} in {status}"));
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
 
 /// One manifest file holding a whole cluster as one `kind: List` is read
