@@ -8,6 +8,7 @@ pub mod conntrack;
 pub mod daemon;
 pub mod lab;
 pub mod nft;
+pub mod soak;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

@@ -1,0 +1,545 @@
+//! The soak harness (convergence under churn and faults), for the
+//! per-mode soak tests on the host (`soak_iptables`, `soak_nftables`).
+//!
+//! A [`SoakLab`] is the packet lab ([`super::lab::topology`]: node, client,
+//! backends b1..b3) with the test API server inside the node namespace and
+//! the daemon binary run against it (`clientConnection.kubeconfig`). The
+//! cluster is [`SoakCluster`]'s (≥ 300 Services of every kind, probe
+//! Services whose endpoints are the lab's backends). [`SoakLab::run`]
+//! applies the seeded change stream at a rate for a total time, split into
+//! segments; after each segment it injects that segment's [`Fault`], lets
+//! the churn go on, then stops the churn and runs the convergence check
+//! ([`SoakLab::converge`]):
+//!
+//! - `kube-proxy-rs --dry-run --diff` in the node (the same config, the
+//!   same API server, a fresh process: a fresh full plan compared with the
+//!   live kernel) says nothing to add or remove, within [`CONVERGE_WAIT`];
+//! - every probe Service answers (TCP, each of its addresses) from exactly
+//!   the backends its final EndpointSlices make ready.
+//!
+//! Over the whole run the daemon's RSS is sampled each second
+//! (`/proc/PID/status`); at the end its longest-lived instance's last
+//! quarter median must be within a small margin of its first quarter's
+//! after the warm-up, and every WARN or ERROR line of every instance's log
+//! must be explained by a fault that was injected ([`Fault::explains`]).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_proxy_rs::bench::soak::check::{diff_leftovers, unexplained_log_lines, RssTrend};
+use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
+use serde_json::Value;
+
+use super::apiserver::{ApiServer, Kind};
+use super::daemon::{self, wait_for, Daemon};
+use super::lab::{self, names, Backend, NODE_IP, NODE_IP6};
+use super::{bin, Netns};
+
+/// How long the kernel may take to equal a fresh plan once the churn stops.
+pub const CONVERGE_WAIT: Duration = Duration::from_secs(30);
+/// How long the daemon may take to start and finish its first sync.
+const START_WAIT: Duration = Duration::from_secs(30);
+/// How long a probe waits before calling an exchange dropped.
+const DROP_WAIT: Duration = Duration::from_millis(700);
+/// RSS: seconds of warm-up left out, and the allowed growth.
+const RSS_WARMUP: f64 = 20.0;
+const RSS_MARGIN: f64 = 0.15;
+const RSS_SLACK_KIB: u64 = 4 * 1024;
+/// Warnings the test environment causes: the container does not let
+/// root lower its OOM score.
+const ENVIRONMENT_WARNINGS: [&str; 1] = ["could not set oom_score_adj"];
+/// The lab's backends.
+const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
+
+/// The proxy mode under soak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// iptables mode with iptables-legacy (so the xtables lock applies).
+    Iptables,
+    Nftables,
+}
+
+/// A fault injected during the churn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL right after a burst of changes (so a sync is under way),
+    /// then a new daemon.
+    Kill9,
+    /// The xtables lock (the lab's `XTABLES_LOCKFILE`) held for 10 s.
+    XtablesLock,
+    /// Another writer flushes one of our chains: iptables `KUBE-SERVICES`
+    /// in nat, nftables the `services` chain.
+    FlushChain,
+    /// Another writer deletes one element of ours: nftables a
+    /// `service-ips` map element (a Service's cluster IP); iptables a
+    /// rule in a Service's `KUBE-SVC-` chain.
+    DeleteElement,
+    /// Kernel ops refused for a while: nftables our table deleted (every
+    /// transaction that touches it is refused until a full sync writes
+    /// it again); iptables the xtables lock (restores time out).
+    RefuseOps,
+    /// The API server unreachable for 5 s, its watch history gone after
+    /// (as a restarted watch cache: resumed watches get 410).
+    ApiRestart,
+    /// Lists and watches of every kind answer 500 for 10 s, open watches cut.
+    Api500,
+    /// Every open watch closed mid-stream.
+    CloseWatches,
+    /// History compacted and watches cut: resuming gets 410 Gone.
+    Gone410,
+    /// 1,000 changes within one second.
+    Burst,
+}
+
+impl Fault {
+    /// Drift the daemon's checks leave to the hourly full resync (the
+    /// drift table of docs/operations.md): a rule inside one of our
+    /// iptables chains, and in nftables mode a flushed chain or a deleted
+    /// element (the table's generation moves, its handle, flags and use
+    /// count do not). The soak cannot wait an hour: after such a fault it
+    /// restarts the daemon (its first sync is full) before the
+    /// convergence check.
+    fn waits_for_full_resync(self, mode: Mode) -> bool {
+        matches!((self, mode), (Fault::DeleteElement, _) | (Fault::FlushChain, Mode::Nftables))
+    }
+
+    /// The log lines (substrings) this fault explains.
+    fn explains(self) -> &'static [&'static str] {
+        match self {
+            Fault::Kill9 | Fault::Burst | Fault::CloseWatches => &[],
+            Fault::XtablesLock | Fault::RefuseOps => &["restore", "lock", "refused", "transaction", "retry"],
+            Fault::FlushChain | Fault::DeleteElement => &["drift", "canary", "refused", "transaction"],
+            Fault::ApiRestart | Fault::Api500 | Fault::Gone410 => &["watch", "list", "API", "connect", "410", "500"],
+        }
+    }
+}
+
+/// A soak run: how long it churns, how fast, and the faults (one per
+/// segment; the churn time is split evenly over the segments, a final
+/// segment without a fault included).
+#[derive(Debug, Clone)]
+pub struct SoakPlan {
+    pub churn: Duration,
+    pub rate: u32,
+    pub faults: Vec<Fault>,
+}
+
+impl SoakPlan {
+    /// `faults` over `SOAK_SECONDS` (default 120) at 10 changes a second.
+    pub fn ci(faults: &[Fault]) -> SoakPlan {
+        let seconds = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+        SoakPlan { churn: Duration::from_secs(seconds), rate: 10, faults: faults.to_vec() }
+    }
+}
+
+/// The lab, the API server, the cluster and the running daemon.
+pub struct SoakLab {
+    /// First, so it stops (and its log is printed) before the namespaces
+    /// and the directory holding its log go.
+    daemon: Option<Daemon>,
+    pub node: Netns,
+    pub client: Netns,
+    _backends: Vec<Backend>,
+    dir: tempfile::TempDir,
+    api: ApiServer,
+    _serving: std::sync::mpsc::Sender<()>,
+    pub cluster: SoakCluster,
+    mode: Mode,
+    /// Every daemon started: its log and RSS samples (s since the run began, KiB).
+    instances: Vec<(PathBuf, Vec<(f64, u64)>)>,
+    began: Instant,
+    injected: Vec<Fault>,
+    /// Changes applied, and checks passed.
+    pub changes: u64,
+    pub checks: usize,
+}
+
+impl SoakLab {
+    /// The lab in `mode`, dual-stack or not, with the seeded cluster in the
+    /// API server and the daemon started and synced.
+    pub fn start(tag: &str, mode: Mode, dual_stack: bool, seed: u64) -> SoakLab {
+        let (node, client, backends) = lab::topology(&format!("soak-{tag}"), &BACKENDS);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (api, serving) = node.api_server();
+        let spec = SoakSpec { seed, services: 300, probes: 6, backends: BACKENDS.len(), dual_stack };
+        let cluster = SoakCluster::new(spec);
+        api.create(&SoakCluster::node(NODE_IP, dual_stack.then_some(NODE_IP6))).expect("the Node");
+        for o in cluster.objects() {
+            api.create(&o).unwrap_or_else(|e| panic!("create {o}: {e:?}"));
+        }
+        let mut lab = SoakLab {
+            daemon: None,
+            node,
+            client,
+            _backends: backends,
+            dir,
+            api,
+            _serving: serving,
+            cluster,
+            mode,
+            instances: Vec::new(),
+            began: Instant::now(),
+            injected: Vec::new(),
+            changes: 0,
+            checks: 0,
+        };
+        lab.write_config(dual_stack);
+        lab.start_daemon();
+        lab
+    }
+
+    fn write_config(&self, dual_stack: bool) {
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n\
+             contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\n\
+             users:\n- name: t\n  user: {{}}\n",
+            self.api.url()
+        );
+        std::fs::write(&kubeconfig, text).unwrap();
+        let mode = match self.mode {
+            Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
+        };
+        let cidr = if dual_stack { "10.244.0.0/16,fd00:244::/48" } else { "10.244.0.0/16" };
+        let config = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
+             hostnameOverride: {NODE}\nclusterCIDR: {cidr}\n\
+             iptables:\n  syncPeriod: 10s\n  minSyncPeriod: 1s\n\
+             nftables:\n  syncPeriod: 10s\n  minSyncPeriod: 1s\n\
+             clientConnection:\n  kubeconfig: {}\n",
+            kubeconfig.display()
+        );
+        std::fs::write(self.config_path(), config).unwrap();
+        std::fs::create_dir_all(self.shims()).unwrap();
+        for base in ["iptables", "ip6tables"] {
+            for suffix in ["", "-save", "-restore"] {
+                let target = which(&format!("{base}-legacy{suffix}"));
+                let _ = std::os::unix::fs::symlink(target, self.shims().join(format!("{base}{suffix}")));
+            }
+        }
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
+    fn shims(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.dir.path().join("xtables.lock")
+    }
+
+    /// `kube-proxy-rs ARGS` (or the daemon) in the node namespace: iptables
+    /// mode runs iptables-legacy (shims first on PATH) with the lab's own
+    /// xtables lock.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.node.name, &bin()]).args(args);
+        if self.mode == Mode::Iptables {
+            c.env("PATH", format!("{}:{}", self.shims().display(), std::env::var("PATH").unwrap_or_default()));
+            c.env("XTABLES_LOCKFILE", self.lock_path());
+        }
+        c
+    }
+
+    fn start_daemon(&mut self) {
+        let log = self.dir.path().join(format!("daemon-{}.log", self.instances.len() + 1));
+        let config = self.config_path();
+        let command = self.command(&["--config", config.to_str().expect("utf-8")]);
+        let mut d = daemon::spawn(command, &self.node, log.clone());
+        self.instances.push((log, Vec::new()));
+        let node = &self.node;
+        wait_for("the daemon's first sync", START_WAIT, || {
+            d.assert_running();
+            let syncs = daemon::syncs(node)?;
+            syncs.iter().any(|s| s.full && s.failed == 0).then_some(()).ok_or(format!("{syncs:?}"))
+        });
+        self.daemon = Some(d);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.daemon.as_ref().and_then(|d| d.child.as_ref()).map(Child::id)
+    }
+
+    /// One RSS sample of the running daemon.
+    fn sample_rss(&mut self) {
+        let Some(pid) = self.pid() else { return };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+        let t = self.began.elapsed().as_secs_f64();
+        if let (Some(kib), Some(last)) = (kib, self.instances.last_mut()) {
+            last.1.push((t, kib));
+        }
+    }
+
+    /// Applies one write to the API server.
+    fn write(&self, w: &Write) {
+        let result = match w {
+            Write::Create(o) => self.api.create(o),
+            Write::Update(o) => self.api.update(o),
+            Write::Delete(o) => self.api.delete(o),
+        };
+        result.unwrap_or_else(|e| panic!("{w:?}: {e:?}"));
+    }
+
+    /// The next change of the stream, written.
+    fn change(&mut self) {
+        let trigger = jiff::Timestamp::now().to_string();
+        let (_, writes) = self.cluster.next_change(Some(&trigger));
+        for w in &writes {
+            self.write(w);
+        }
+        self.changes += 1;
+    }
+
+    /// `rate` changes a second for `length`, sampling RSS each second and
+    /// checking the daemon still runs.
+    fn churn(&mut self, length: Duration, rate: u32) {
+        let start = Instant::now();
+        let every = Duration::from_secs(1) / rate.max(1);
+        let mut n: u32 = 0;
+        let mut next_sample = Instant::now();
+        while start.elapsed() < length {
+            self.change();
+            n += 1;
+            if Instant::now() >= next_sample {
+                self.sample_rss();
+                if let Some(d) = self.daemon.as_mut() {
+                    d.assert_running();
+                }
+                next_sample += Duration::from_secs(1);
+            }
+            if let Some(wait) = (every * n).checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+
+    /// The whole run: per segment churn, the fault, more churn, the
+    /// convergence check; then the RSS and log verdicts.
+    pub fn run(&mut self, plan: &SoakPlan) {
+        let segments = plan.faults.len() as u32 + 1;
+        let segment = plan.churn / segments;
+        for fault in plan.faults.iter().copied().map(Some).chain([None]) {
+            self.churn(segment / 2, plan.rate);
+            if let Some(f) = fault {
+                eprintln!("soak: {:?} after {} changes ({:.0} s)", f, self.changes, self.began.elapsed().as_secs_f64());
+                self.inject(f, plan.rate);
+            }
+            self.churn(segment / 2, plan.rate);
+            if fault.is_some_and(|f| f.waits_for_full_resync(self.mode)) {
+                // A new daemon's first sync is full (a SIGHUP with the same
+                // config applies nothing).
+                self.daemon.take().expect("a daemon runs").stop();
+                self.start_daemon();
+            }
+            self.converge(&format!("after {fault:?}"));
+        }
+        self.assert_rss_flat();
+        self.assert_logs_explained();
+    }
+
+    /// Injects `fault` (churning on where the fault lasts a while).
+    pub fn inject(&mut self, fault: Fault, rate: u32) {
+        self.injected.push(fault);
+        match fault {
+            Fault::Kill9 => {
+                for _ in 0..50 {
+                    self.change();
+                }
+                std::thread::sleep(Duration::from_millis(1100));
+                let mut d = self.daemon.take().expect("a daemon runs");
+                let mut child = d.child.take().expect("its child");
+                child.kill().expect("SIGKILL");
+                let status = child.wait().expect("wait");
+                assert!(status.code().is_none(), "killed by a signal: {status}");
+                drop(d);
+                self.churn(Duration::from_secs(2), rate);
+                self.start_daemon();
+            }
+            Fault::XtablesLock => self.hold_xtables_lock(rate),
+            Fault::RefuseOps => match self.mode {
+                Mode::Iptables => self.hold_xtables_lock(rate),
+                Mode::Nftables => {
+                    self.node.ok(&["nft", "delete", "table", "ip", "kube-proxy"]);
+                }
+            },
+            Fault::FlushChain => match self.mode {
+                Mode::Iptables => {
+                    self.node.ok(&["iptables-legacy", "-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
+                }
+                Mode::Nftables => {
+                    self.node.ok(&["nft", "flush", "chain", "ip", "kube-proxy", "services"]);
+                }
+            },
+            Fault::DeleteElement => self.delete_element(),
+            Fault::ApiRestart => {
+                self.api.set_reachable(false);
+                self.churn(Duration::from_secs(5), rate);
+                self.api.compact();
+                self.api.set_reachable(true);
+            }
+            Fault::Api500 => {
+                for kind in Kind::ALL {
+                    self.api.fail_kind(kind, true);
+                }
+                self.api.cut_watches();
+                self.churn(Duration::from_secs(10), rate);
+                for kind in Kind::ALL {
+                    self.api.fail_kind(kind, false);
+                }
+            }
+            Fault::CloseWatches => {
+                let cut = self.api.cut_watches();
+                assert!(cut > 0, "watches were open");
+            }
+            Fault::Gone410 => {
+                self.churn(Duration::from_secs(1), rate);
+                self.api.compact();
+                self.api.cut_watches();
+            }
+            Fault::Burst => {
+                // Generated first, so that the API server sees them within the second.
+                let trigger = jiff::Timestamp::now().to_string();
+                let burst: Vec<Write> = (0..1000).flat_map(|_| self.cluster.next_change(Some(&trigger)).1).collect();
+                let start = Instant::now();
+                for w in &burst {
+                    self.write(w);
+                }
+                self.changes += 1000;
+                let took = start.elapsed();
+                assert!(took < Duration::from_secs(1), "1,000 changes took {took:?}");
+            }
+        }
+    }
+
+    /// `flock` on the lab's xtables lock for 10 s while the churn goes on.
+    fn hold_xtables_lock(&mut self, rate: u32) {
+        let lock = self.lock_path();
+        let mut holder = Command::new("flock")
+            .arg(&lock)
+            .args(["sleep", "10"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("flock");
+        self.churn(Duration::from_secs(10), rate);
+        holder.wait().expect("flock ends");
+    }
+
+    /// One element of ours deleted by another writer.
+    fn delete_element(&mut self) {
+        match self.mode {
+            Mode::Nftables => {
+                let map = self.node.ok(&["nft", "-j", "list", "map", "ip", "kube-proxy", "service-ips"]);
+                let json: Value = serde_json::from_str(&map).expect("nft -j");
+                let elem = json["nftables"]
+                    .as_array()
+                    .and_then(|a| a.iter().find_map(|o| o["map"]["elem"].as_array().cloned()))
+                    .and_then(|e| e.first().cloned())
+                    .expect("a service-ips element");
+                let key = &elem[0]["concat"];
+                let key: Vec<String> = key.as_array().expect("concat").iter().map(value_text).collect();
+                let spec = format!("{{ {} }}", key.join(" . "));
+                self.node.ok(&["nft", "delete", "element", "ip", "kube-proxy", "service-ips", &spec]);
+            }
+            Mode::Iptables => {
+                let saved = self.node.ok(&["iptables-legacy-save", "-t", "nat"]);
+                let rule = saved
+                    .lines()
+                    .find(|l| l.starts_with("-A KUBE-SVC-") && l.contains("-j KUBE-SEP-"))
+                    .expect("a KUBE-SVC- rule");
+                let mut args = vec!["iptables-legacy", "-w", "5", "-t", "nat", "-D"];
+                args.extend(rule.trim_start_matches("-A ").split_whitespace());
+                self.node.ok(&args);
+            }
+        }
+    }
+
+    /// The convergence check: `--dry-run --diff` clean and the probes
+    /// answering from the right backends, within [`CONVERGE_WAIT`].
+    pub fn converge(&mut self, when: &str) {
+        let start = Instant::now();
+        let config = self.config_path();
+        wait_for(&format!("{when}: the kernel equal to a fresh full plan"), CONVERGE_WAIT, || {
+            if let Some(d) = self.daemon.as_mut() {
+                d.assert_running();
+            }
+            let out = self.command(&["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff"]).output();
+            let out = out.map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            match diff_leftovers(&text)? {
+                left if left.is_empty() => Ok(()),
+                left => Err(format!("{left:?}\n{}", changed_lines(&text))),
+            }
+        });
+        for (addrs, want) in self.cluster.probe_expectations() {
+            for to in &addrs {
+                let n = 6 * want.len();
+                let got = lab::ask(&self.client, to, n, false, DROP_WAIT);
+                assert!(got.iter().all(Result::is_ok), "{when}: {to} answers: {got:?}");
+                assert_eq!(names(&got), want, "{when}: {to} reaches its ready backends");
+            }
+        }
+        self.checks += 1;
+        eprintln!("soak: converged {when} in {:.1} s", start.elapsed().as_secs_f64());
+    }
+
+    fn assert_rss_flat(&self) {
+        let (log, samples) = self.instances.iter().max_by_key(|(_, s)| s.len()).expect("a daemon ran");
+        let start = samples.first().map_or(0.0, |s| s.0);
+        let rebased: Vec<(f64, u64)> = samples.iter().map(|(t, k)| (t - start, *k)).collect();
+        let trend = RssTrend::of(&rebased, RSS_WARMUP)
+            .unwrap_or_else(|| panic!("too few RSS samples of {}: {}", log.display(), samples.len()));
+        eprintln!("soak: RSS {trend:?}");
+        assert!(trend.is_flat(RSS_MARGIN, RSS_SLACK_KIB), "RSS grew: {trend:?} {rebased:?}");
+    }
+
+    fn assert_logs_explained(&self) {
+        let faults = self.injected.iter().flat_map(|f| f.explains().iter().copied());
+        let explained: Vec<&str> = ENVIRONMENT_WARNINGS.iter().copied().chain(faults).collect();
+        for (path, _) in &self.instances {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let bad = unexplained_log_lines(&log, &explained);
+            assert!(bad.is_empty(), "{} logged what no injected fault explains:\n{}", path.display(), bad.join("\n"));
+        }
+    }
+
+    /// Stops the daemon (SIGTERM, exit 0).
+    pub fn stop(mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.stop();
+        }
+        eprintln!("soak: {} changes, {} checks, {:.0} s", self.changes, self.checks, self.began.elapsed().as_secs_f64());
+    }
+}
+
+/// An nft JSON value as `nft` reads it back (a string or a number).
+fn value_text(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), String::from)
+}
+
+/// The `+`/`-` lines of a preview, at most 40.
+fn changed_lines(preview: &str) -> String {
+    let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(40).collect();
+    lines.join("\n")
+}
+
+/// The absolute path of `tool` on PATH.
+fn which(tool: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(tool))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{tool} not found on PATH"))
+}
