@@ -423,12 +423,8 @@ impl SoakLab {
     /// `flock` on the lab's xtables lock for 10 s while the churn goes on.
     fn hold_xtables_lock(&mut self, rate: u32) {
         let lock = self.lock_path();
-        let mut holder = Command::new("flock")
-            .arg(&lock)
-            .args(["sleep", "10"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("flock");
+        let mut holder =
+            Command::new("flock").arg(&lock).args(["sleep", "10"]).stdout(Stdio::null()).spawn().expect("flock");
         self.churn(Duration::from_secs(10), rate);
         holder.wait().expect("flock ends");
     }
@@ -457,7 +453,12 @@ impl SoakLab {
                     .expect("a KUBE-SVC- rule");
                 let mut args = vec!["iptables-legacy", "-w", "5", "-t", "nat", "-D"];
                 args.extend(rule.trim_start_matches("-A ").split_whitespace());
-                self.node.ok(&args);
+                // iptables-legacy answers EAGAIN when the daemon replaced the
+                // table between its read and its commit: try again.
+                wait_for("the rule deleted", Duration::from_secs(10), || {
+                    let out = self.node.exec(&args);
+                    out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+                });
             }
         }
     }
@@ -519,7 +520,12 @@ impl SoakLab {
         if let Some(d) = self.daemon.take() {
             d.stop();
         }
-        eprintln!("soak: {} changes, {} checks, {:.0} s", self.changes, self.checks, self.began.elapsed().as_secs_f64());
+        eprintln!(
+            "soak: {} changes, {} checks, {:.0} s",
+            self.changes,
+            self.checks,
+            self.began.elapsed().as_secs_f64()
+        );
     }
 }
 

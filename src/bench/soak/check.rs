@@ -96,7 +96,8 @@ mod tests {
 
     #[test]
     fn a_clean_summary_has_no_leftovers_and_a_changed_one_names_them() {
-        let clean = "# iptables\n+x\n# summary\nnat: 0 to add, 0 to remove, 10 kept\nfilter: 0 to add, 0 to remove, 3 kept\n";
+        let clean =
+            "# iptables\n+x\n# summary\nnat: 0 to add, 0 to remove, 10 kept\nfilter: 0 to add, 0 to remove, 3 kept\n";
         assert_eq!(diff_leftovers(clean), Ok(vec![]));
         let dirty = "# summary\nnat: 2 to add, 0 to remove, 10 kept\nfilter: 0 to add, 0 to remove, 3 kept\n";
         assert_eq!(diff_leftovers(dirty), Ok(vec!["nat: 2 to add, 0 to remove, 10 kept".to_string()]));
@@ -119,7 +120,10 @@ mod tests {
     fn warnings_an_injected_fault_explains_are_left_out() {
         let log = "2026-01-01T00:00:00Z  INFO a: ok\n2026-01-01T00:00:00Z  WARN a: restore failed: lock\n\
                    2026-01-01T00:00:01Z ERROR b: something else\n";
-        assert_eq!(unexplained_log_lines(log, &["restore failed"]), vec!["2026-01-01T00:00:01Z ERROR b: something else"]);
+        assert_eq!(
+            unexplained_log_lines(log, &["restore failed"]),
+            vec!["2026-01-01T00:00:01Z ERROR b: something else"]
+        );
     }
 
     #[test]
