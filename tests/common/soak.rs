@@ -107,10 +107,14 @@ impl Fault {
     /// The log lines (substrings) this fault explains.
     fn explains(self) -> &'static [&'static str] {
         match self {
-            Fault::Kill9 | Fault::Burst | Fault::CloseWatches => &[],
+            Fault::Kill9 | Fault::Burst => &[],
+            // kube-rs's client on a connection cut mid-stream.
+            Fault::CloseWatches => &["eof in poll", "client error (SendRequest)"],
             Fault::XtablesLock | Fault::RefuseOps => &["restore", "lock", "refused", "transaction", "retry"],
             Fault::FlushChain | Fault::DeleteElement => &["drift", "canary", "refused", "transaction"],
-            Fault::ApiRestart | Fault::Api500 | Fault::Gone410 => &["watch", "list", "API", "connect", "410", "500"],
+            Fault::ApiRestart | Fault::Api500 | Fault::Gone410 => {
+                &["watch", "list", "API", "connect", "410", "500", "eof in poll", "client error (SendRequest)"]
+            }
         }
     }
 }
