@@ -271,8 +271,15 @@ impl Lab {
         }
     }
 
+    /// The answer to `try TARGET FROM`, asked a second time when the first
+    /// gets none: a datagram or a backend's start can be late on a loaded
+    /// machine; a missing or wrong rule fails both times.
     fn answer(&self, target: &str, from: &str) -> Answer {
-        parse_answer(&self.try_(target, from, 3).unwrap_or_else(|e| panic!("try {target} from {from}: {e}")))
+        let text = self
+            .try_(target, from, 3)
+            .or_else(|_| self.try_(target, from, 3))
+            .unwrap_or_else(|e| panic!("try {target} from {from}, twice: {e}"));
+        parse_answer(&text)
     }
 
     /// `run ARGS...` in the background, its output in the log file.
