@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::bench::soak::check::{diff_leftovers, unexplained_log_lines, RssTrend};
+use kube_proxy_rs::bench::soak::check::{diff_leftovers, sync_in_progress, unexplained_log_lines, Explained, RssTrend};
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
 use serde_json::Value;
 
@@ -48,7 +48,9 @@ const RSS_MARGIN: f64 = 0.15;
 const RSS_SLACK_KIB: u64 = 4 * 1024;
 /// Warnings the test environment causes: the container does not let
 /// root lower its OOM score.
-const ENVIRONMENT_WARNINGS: [&str; 1] = ["could not set oom_score_adj"];
+const ENVIRONMENT_WARNINGS: [Explained; 1] = [&["kube_proxy_rs::startup::oom: could not set oom_score_adj"]];
+/// How many times kill -9 is tried before one lands inside a sync.
+const KILL_TRIES: usize = 3;
 /// The lab's backends.
 const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
 
@@ -63,8 +65,8 @@ pub enum Mode {
 /// A fault injected during the churn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// SIGKILL right after a burst of changes (so a sync is under way),
-    /// then a new daemon.
+    /// SIGKILL while a sync is under way (its `sync started` line logged,
+    /// its `sync finished` not), then a new daemon.
     Kill9,
     /// The xtables lock (the lab's `XTABLES_LOCKFILE`) held for 10 s.
     XtablesLock,
@@ -104,20 +106,28 @@ impl Fault {
         matches!((self, mode), (Fault::DeleteElement, _) | (Fault::FlushChain, Mode::Nftables))
     }
 
-    /// The log lines (substrings) this fault explains.
-    fn explains(self) -> &'static [&'static str] {
-        match self {
-            Fault::Kill9 | Fault::Burst => &[],
-            // kube-rs's client on a connection cut mid-stream.
-            Fault::CloseWatches => &["eof in poll", "client error (SendRequest)"],
-            Fault::XtablesLock | Fault::RefuseOps => &["restore", "lock", "refused", "transaction", "retry"],
-            Fault::FlushChain | Fault::DeleteElement => &["drift", "canary", "refused", "transaction"],
-            Fault::ApiRestart | Fault::Api500 | Fault::Gone410 => {
-                &["watch", "list", "API", "connect", "410", "500", "eof in poll", "client error (SendRequest)"]
-            }
+    /// The WARN/ERROR lines this fault causes, each as the tracing target
+    /// and message, and the cause's own words where a message has others.
+    fn explains(self, mode: Mode) -> &'static [Explained<'static>] {
+        match (self, mode) {
+            (Fault::Kill9 | Fault::Burst, _) => &[],
+            (Fault::XtablesLock | Fault::RefuseOps, Mode::Iptables) => &[
+                &[KERNEL_OP_FAILED, "Another app is currently holding the xtables lock"],
+                &["kube_proxy_rs::actors::coordinator::iptables: partial iptables restore failed: the next sync is a full one"],
+            ],
+            (Fault::XtablesLock, Mode::Nftables) => &[],
+            (Fault::RefuseOps, Mode::Nftables) => &[],
+            (Fault::FlushChain, Mode::Iptables) => &[&[DRIFT_FOUND]],
+            (Fault::FlushChain | Fault::DeleteElement, _) => &[],
+            (Fault::CloseWatches | Fault::ApiRestart | Fault::Api500 | Fault::Gone410, _) => &[],
         }
     }
 }
+
+/// The kernel actors' line for a failed op (the error says why).
+const KERNEL_OP_FAILED: &str = "kube_proxy_rs::actors::kernel_actor: kernel op failed";
+/// The kernel actors' line when their periodic check finds drift.
+const DRIFT_FOUND: &str = "kube_proxy_rs::actors::kernel_actor: kernel state changed behind our back; full resync";
 
 /// A soak run: how long it churns, how fast, and the faults (one per
 /// segment; the churn time is split evenly over the segments, a final
@@ -253,7 +263,8 @@ impl SoakLab {
     fn start_daemon(&mut self) {
         let log = self.dir.path().join(format!("daemon-{}.log", self.instances.len() + 1));
         let config = self.config_path();
-        let command = self.command(&["--config", config.to_str().expect("utf-8")]);
+        // Debug lines: the coordinator's `sync started` (for kill -9 in a sync).
+        let command = self.command(&["--config", config.to_str().expect("utf-8"), "--v=2"]);
         let mut d = daemon::spawn(command, &self.node, log.clone());
         self.instances.push((log, Vec::new()));
         let node = &self.node;
@@ -355,18 +366,8 @@ impl SoakLab {
         self.injected.push(fault);
         match fault {
             Fault::Kill9 => {
-                for _ in 0..50 {
-                    self.change();
-                }
-                std::thread::sleep(Duration::from_millis(1100));
-                let mut d = self.daemon.take().expect("a daemon runs");
-                let mut child = d.child.take().expect("its child");
-                child.kill().expect("SIGKILL");
-                let status = child.wait().expect("wait");
-                assert!(status.code().is_none(), "killed by a signal: {status}");
-                drop(d);
-                self.churn(Duration::from_secs(2), rate);
-                self.start_daemon();
+                let landed = (0..KILL_TRIES).any(|_| self.kill_in_a_sync(rate));
+                assert!(landed, "none of {KILL_TRIES} kills landed while a sync was under way");
             }
             Fault::XtablesLock => self.hold_xtables_lock(rate),
             Fault::RefuseOps => match self.mode {
@@ -422,6 +423,38 @@ impl SoakLab {
                 assert!(took < Duration::from_secs(1), "1,000 changes took {took:?}");
             }
         }
+    }
+
+    /// A burst of 50 changes; SIGKILL as soon as the log shows a sync
+    /// under way; churn, then a new daemon. Whether the kill landed in
+    /// that sync (the killed daemon's log has no `sync finished` for it).
+    fn kill_in_a_sync(&mut self, rate: u32) -> bool {
+        for _ in 0..50 {
+            self.change();
+        }
+        let mut d = self.daemon.take().expect("a daemon runs");
+        let log_path = d.log.clone();
+        let before = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
+        let deadline = Instant::now() + START_WAIT;
+        let under_way = loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            match sync_in_progress(&log) {
+                Some(sync) if Some(&sync) != before.as_ref() => break sync,
+                _ if Instant::now() >= deadline => panic!("no sync started within {START_WAIT:?} of 50 changes"),
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+        };
+        let mut child = d.child.take().expect("its child");
+        child.kill().expect("SIGKILL");
+        let status = child.wait().expect("wait");
+        assert!(status.code().is_none(), "killed by a signal: {status}");
+        drop(d);
+        let after = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
+        let landed = after.as_ref() == Some(&under_way);
+        eprintln!("soak: SIGKILL with {under_way} under way: {}", if landed { "in the sync" } else { "it had finished" });
+        self.churn(Duration::from_secs(2), rate);
+        self.start_daemon();
+        landed
     }
 
     /// `flock` on the lab's xtables lock for 10 s while the churn goes on.
@@ -510,12 +543,19 @@ impl SoakLab {
     }
 
     fn assert_logs_explained(&self) {
-        let faults = self.injected.iter().flat_map(|f| f.explains().iter().copied());
-        let explained: Vec<&str> = ENVIRONMENT_WARNINGS.iter().copied().chain(faults).collect();
+        let faults = self.injected.iter().flat_map(|f| f.explains(self.mode).iter().copied());
+        let explained: Vec<Explained> = ENVIRONMENT_WARNINGS.iter().copied().chain(faults).collect();
         for (path, _) in &self.instances {
             let log = std::fs::read_to_string(path).unwrap_or_default();
             let bad = unexplained_log_lines(&log, &explained);
             assert!(bad.is_empty(), "{} logged what no injected fault explains:\n{}", path.display(), bad.join("\n"));
+            let all = unexplained_log_lines(&log, &[]);
+            for parts in &explained {
+                let n = all.iter().filter(|l| parts.iter().all(|p| l.contains(p))).count();
+                if n > 0 {
+                    eprintln!("soak: {}: {n} × {parts:?}", path.display());
+                }
+            }
         }
     }
 

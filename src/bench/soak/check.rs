@@ -50,13 +50,39 @@ impl RssTrend {
     }
 }
 
+/// A log line an injected fault (or the environment) explains: a line
+/// matches when it contains every one of its parts (the tracing target and
+/// message, and where one message has many causes, the cause's words).
+pub type Explained<'a> = &'a [&'a str];
+
 /// The `WARN` and `ERROR` lines of a daemon log (tracing's text format)
-/// that contain none of `explained`.
-pub fn unexplained_log_lines<'a>(log: &'a str, explained: &[&str]) -> Vec<&'a str> {
+/// that no entry of `explained` matches.
+pub fn unexplained_log_lines<'a>(log: &'a str, explained: &[Explained]) -> Vec<&'a str> {
     log.lines()
         .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        .filter(|l| !explained.iter().any(|e| l.contains(e)))
+        .filter(|l| !explained.iter().any(|parts| parts.iter().all(|p| l.contains(p))))
         .collect()
+}
+
+/// The sync a daemon log shows under way: the last `sync started` line
+/// (the coordinator's, at debug level) with no `sync finished` line of the
+/// same family and generation after it; its `ip_family=… generation=…`.
+pub fn sync_in_progress(log: &str) -> Option<String> {
+    let key = |line: &str| -> Option<String> {
+        let field = |name: &str| line.split(&format!(" {name}=")).nth(1)?.split(' ').next();
+        Some(format!("ip_family={} generation={}", field("ip_family")?, field("generation")?))
+    };
+    let mut open: Vec<String> = Vec::new();
+    for line in log.lines() {
+        if line.contains(": sync started ") {
+            open.extend(key(line));
+        } else if line.contains(": sync finished ") {
+            if let Some(k) = key(line) {
+                open.retain(|o| *o != k);
+            }
+        }
+    }
+    open.pop()
 }
 
 /// The `q` quantile (0..=1) of a Prometheus histogram's cumulative
@@ -118,12 +144,30 @@ mod tests {
 
     #[test]
     fn warnings_an_injected_fault_explains_are_left_out() {
-        let log = "2026-01-01T00:00:00Z  INFO a: ok\n2026-01-01T00:00:00Z  WARN a: restore failed: lock\n\
+        let log = "2026-01-01T00:00:00Z  INFO a: ok\n\
+                   2026-01-01T00:00:00Z  WARN a: kernel op failed error=restore: Can't lock /run/xtables.lock\n\
+                   2026-01-01T00:00:01Z  WARN a: kernel op failed error=restore: line 3 failed\n\
                    2026-01-01T00:00:01Z ERROR b: something else\n";
         assert_eq!(
-            unexplained_log_lines(log, &["restore failed"]),
-            vec!["2026-01-01T00:00:01Z ERROR b: something else"]
+            unexplained_log_lines(log, &[&["a: kernel op failed", "Can't lock"]]),
+            vec![
+                "2026-01-01T00:00:01Z  WARN a: kernel op failed error=restore: line 3 failed",
+                "2026-01-01T00:00:01Z ERROR b: something else"
+            ]
         );
+    }
+
+    #[test]
+    fn a_sync_is_under_way_from_its_start_line_until_its_finish_line() {
+        let started = |f: &str, g: u32| format!("T DEBUG c: sync started ip_family=\"{f}\" generation={g} full=false\n");
+        let finished = |f: &str, g: u32| format!("T  INFO c: sync finished ip_family=\"{f}\" generation={g} ms=3\n");
+        let log = [started("IPv4", 1), finished("IPv4", 1), started("IPv4", 2)].concat();
+        assert_eq!(sync_in_progress(&log).as_deref(), Some("ip_family=\"IPv4\" generation=2"));
+        let log = [log, started("IPv6", 2), finished("IPv4", 2)].concat();
+        assert_eq!(sync_in_progress(&log).as_deref(), Some("ip_family=\"IPv6\" generation=2"), "per family");
+        let log = [log, finished("IPv6", 2)].concat();
+        assert_eq!(sync_in_progress(&log), None);
+        assert_eq!(sync_in_progress(""), None);
     }
 
     #[test]

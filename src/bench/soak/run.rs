@@ -152,7 +152,7 @@ pub fn run_soak(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         }
     }
     let text = std::fs::read_to_string(&log)?;
-    let errors = unexplained_log_lines(&text, &["could not set oom_score_adj"]);
+    let errors = unexplained_log_lines(&text, &[&["kube_proxy_rs::startup::oom: could not set oom_score_adj"]]);
     fig("WARN/ERROR log lines".into(), errors.len() as f64, "");
     for line in errors.iter().take(5) {
         eprintln!("{line}");
