@@ -115,17 +115,48 @@ impl Fault {
                 &[KERNEL_OP_FAILED, "Another app is currently holding the xtables lock"],
                 &["kube_proxy_rs::actors::coordinator::iptables: partial iptables restore failed: the next sync is a full one"],
             ],
-            (Fault::XtablesLock, Mode::Nftables) => &[],
-            (Fault::RefuseOps, Mode::Nftables) => &[],
+            // Our table gone: every transaction naming it is refused (ENOENT).
+            (Fault::RefuseOps, Mode::Nftables) => &[
+                &[KERNEL_OP_FAILED, NFT_ENOENT],
+                &[NFT_SYNC_FAILED, NFT_ENOENT],
+                &["kube_proxy_rs::actors::coordinator::nftables: deleting stale chains failed", NFT_ENOENT],
+            ],
+            // A partial sync deleting the element another writer deleted.
+            (Fault::DeleteElement, Mode::Nftables) => &[
+                &[KERNEL_OP_FAILED, "(delete element ", NFT_ENOENT],
+                &[NFT_SYNC_FAILED, "(delete element ", NFT_ENOENT],
+            ],
+            // The 10 s check running between the flush and the next restore.
             (Fault::FlushChain, Mode::Iptables) => &[&[DRIFT_FOUND]],
-            (Fault::FlushChain | Fault::DeleteElement, _) => &[],
-            (Fault::CloseWatches | Fault::ApiRestart | Fault::Api500 | Fault::Gone410, _) => &[],
+            (Fault::XtablesLock, Mode::Nftables) | (Fault::FlushChain, Mode::Nftables) => &[],
+            (Fault::DeleteElement, Mode::Iptables) => &[],
+            // A 410 relists at INFO; the cut itself is the only warning.
+            (Fault::CloseWatches | Fault::Gone410, _) => &[WATCH_CUT],
+            (Fault::ApiRestart, _) => &[
+                WATCH_CUT,
+                &["kube_client::client::builder: failed with error client error (SendRequest)"],
+                &[WATCH_FAILED, "ServiceError: client error (SendRequest)"],
+            ],
+            (Fault::Api500, _) => &[
+                WATCH_CUT,
+                &["kube_client::client::builder: failed with status 500 Internal Server Error"],
+                &[WATCH_FAILED, "ApiError: Internal error occurred: the test API server fails "],
+            ],
         }
     }
 }
 
+/// kube-rs's line when the API server cuts a watch's stream.
+const WATCH_CUT: Explained = &["kube_client::client: eof in poll", "unexpected EOF during chunk size line"];
+/// The API source's line when a list or watch fails (the error says why).
+const WATCH_FAILED: &str = "kube_proxy_rs::actors::source::kube: watching the API server failed; retrying with backoff";
 /// The kernel actors' line for a failed op (the error says why).
 const KERNEL_OP_FAILED: &str = "kube_proxy_rs::actors::kernel_actor: kernel op failed";
+/// The nftables coordinator's line when a transaction is refused.
+const NFT_SYNC_FAILED: &str =
+    "kube_proxy_rs::actors::coordinator::nftables: nftables sync failed: the next sync is a full one";
+/// nf_tables refusing an op on an object that is not there.
+const NFT_ENOENT: &str = "No such file or directory (os error 2); nothing of the transaction applied";
 /// The kernel actors' line when their periodic check finds drift.
 const DRIFT_FOUND: &str = "kube_proxy_rs::actors::kernel_actor: kernel state changed behind our back; full resync";
 
@@ -544,7 +575,9 @@ impl SoakLab {
 
     fn assert_logs_explained(&self) {
         let faults = self.injected.iter().flat_map(|f| f.explains(self.mode).iter().copied());
-        let explained: Vec<Explained> = ENVIRONMENT_WARNINGS.iter().copied().chain(faults).collect();
+        let mut explained: Vec<Explained> = ENVIRONMENT_WARNINGS.iter().copied().chain(faults).collect();
+        explained.sort_unstable();
+        explained.dedup();
         for (path, _) in &self.instances {
             let log = std::fs::read_to_string(path).unwrap_or_default();
             let bad = unexplained_log_lines(&log, &explained);
