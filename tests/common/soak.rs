@@ -36,9 +36,11 @@ use super::daemon::{self, wait_for, Daemon};
 use super::lab::{self, names, Backend, NODE_IP, NODE_IP6};
 use super::{bin, Netns};
 
-/// How long the kernel may take to equal a fresh plan once the churn stops.
-pub const CONVERGE_WAIT: Duration = Duration::from_secs(30);
-/// How long the daemon may take to start and finish its first sync.
+/// How long the kernel may take to equal a fresh plan once the churn
+/// stops (times [`slowdown`]).
+const CONVERGE_WAIT: Duration = Duration::from_secs(30);
+/// How long the daemon may take to start and finish its first sync (times
+/// [`slowdown`]).
 const START_WAIT: Duration = Duration::from_secs(30);
 /// How long a probe waits before calling an exchange dropped.
 const DROP_WAIT: Duration = Duration::from_millis(700);
@@ -54,12 +56,24 @@ const KILL_TRIES: usize = 3;
 /// The lab's backends.
 const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
 
+/// How much slower than the host the soak runs: 4 in the VM (TCG: the
+/// daemon's first lists of 300 Services take 10 s there), else 1.
+fn slowdown() -> u32 {
+    if std::env::var_os("VMTEST").is_some() {
+        4
+    } else {
+        1
+    }
+}
+
 /// The proxy mode under soak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// iptables mode with iptables-legacy (so the xtables lock applies).
     Iptables,
     Nftables,
+    /// IPVS mode (needs a kernel with IPVS: the qemu VM).
+    Ipvs,
 }
 
 /// A fault injected during the churn.
@@ -75,8 +89,13 @@ pub enum Fault {
     FlushChain,
     /// Another writer deletes one element of ours: nftables a
     /// `service-ips` map element (a Service's cluster IP); iptables a
-    /// rule in a Service's `KUBE-SVC-` chain.
+    /// rule in a Service's `KUBE-SVC-` chain; IPVS a `KUBE-CLUSTER-IP`
+    /// ipset member.
     DeleteElement,
+    /// IPVS: another writer removes a real server (`ipvsadm -d`).
+    RemoveRealServer,
+    /// IPVS: another writer deletes a Service address from kube-ipvs0.
+    DeleteServiceAddress,
     /// Kernel ops refused for a while: nftables our table deleted (every
     /// transaction that touches it is refused until a full sync writes
     /// it again); iptables the xtables lock (restores time out).
@@ -99,11 +118,18 @@ impl Fault {
     /// drift table of docs/operations.md): a rule inside one of our
     /// iptables chains, and in nftables mode a flushed chain or a deleted
     /// element (the table's generation moves, its handle, flags and use
-    /// count do not). The soak cannot wait an hour: after such a fault it
+    /// count do not), and in IPVS mode a removed real server (the
+    /// syncPeriod's check reads the virtual servers, not their real
+    /// servers). The soak cannot wait an hour: after such a fault it
     /// restarts the daemon (its first sync is full) before the
     /// convergence check.
     fn waits_for_full_resync(self, mode: Mode) -> bool {
-        matches!((self, mode), (Fault::DeleteElement, _) | (Fault::FlushChain, Mode::Nftables))
+        matches!(
+            (self, mode),
+            (Fault::DeleteElement, Mode::Iptables | Mode::Nftables)
+                | (Fault::FlushChain, Mode::Nftables)
+                | (Fault::RemoveRealServer, _)
+        )
     }
 
     /// The WARN/ERROR lines this fault causes, each as the tracing target
@@ -111,7 +137,7 @@ impl Fault {
     fn explains(self, mode: Mode) -> &'static [Explained<'static>] {
         match (self, mode) {
             (Fault::Kill9 | Fault::Burst, _) => &[],
-            (Fault::XtablesLock | Fault::RefuseOps, Mode::Iptables) => &[
+            (Fault::XtablesLock | Fault::RefuseOps, Mode::Iptables | Mode::Ipvs) => &[
                 &[KERNEL_OP_FAILED, "Another app is currently holding the xtables lock"],
                 &["kube_proxy_rs::actors::coordinator::iptables: partial iptables restore failed: the next sync is a full one"],
             ],
@@ -129,7 +155,10 @@ impl Fault {
             // The 10 s check running between the flush and the next restore.
             (Fault::FlushChain, Mode::Iptables) => &[&[DRIFT_FOUND]],
             (Fault::XtablesLock, Mode::Nftables) | (Fault::FlushChain, Mode::Nftables) => &[],
-            (Fault::DeleteElement, Mode::Iptables) => &[],
+            (Fault::DeleteElement, Mode::Iptables) | (Fault::RemoveRealServer, _) => &[],
+            // The syncPeriod's checks: an ipset's member count, kube-ipvs0's addresses.
+            (Fault::DeleteElement | Fault::DeleteServiceAddress, Mode::Ipvs) => &[&[DRIFT_FOUND]],
+            (Fault::DeleteServiceAddress, _) | (Fault::FlushChain, Mode::Ipvs) => &[],
             // A 410 relists at INFO; the cut itself is the only warning.
             (Fault::CloseWatches | Fault::Gone410, _) => &[WATCH_CUT],
             (Fault::ApiRestart, _) => &[
@@ -246,6 +275,7 @@ impl SoakLab {
         let mode = match self.mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
         };
         let cidr = if dual_stack { "10.244.0.0/16,fd00:244::/48" } else { "10.244.0.0/16" };
         let config = format!(
@@ -253,6 +283,8 @@ impl SoakLab {
              hostnameOverride: {NODE}\nclusterCIDR: {cidr}\n\
              iptables:\n  syncPeriod: 10s\n  minSyncPeriod: 1s\n\
              nftables:\n  syncPeriod: 10s\n  minSyncPeriod: 1s\n\
+             ipvs:\n  syncPeriod: 10s\n  minSyncPeriod: 1s\n\
+             conntrack:\n  maxPerCore: 0\n\
              clientConnection:\n  kubeconfig: {}\n",
             kubeconfig.display()
         );
@@ -286,8 +318,8 @@ impl SoakLab {
         c.args(["netns", "exec", &self.node.name, &bin()]).args(args);
         if self.mode == Mode::Iptables {
             c.env("PATH", format!("{}:{}", self.shims().display(), std::env::var("PATH").unwrap_or_default()));
-            c.env("XTABLES_LOCKFILE", self.lock_path());
         }
+        c.env("XTABLES_LOCKFILE", self.lock_path());
         c
     }
 
@@ -299,7 +331,7 @@ impl SoakLab {
         let mut d = daemon::spawn(command, &self.node, log.clone());
         self.instances.push((log, Vec::new()));
         let node = &self.node;
-        wait_for("the daemon's first sync", START_WAIT, || {
+        wait_for("the daemon's first sync", START_WAIT * slowdown(), || {
             d.assert_running();
             let syncs = daemon::syncs(node)?;
             syncs.iter().any(|s| s.full && s.failed == 0).then_some(()).ok_or(format!("{syncs:?}"))
@@ -402,20 +434,33 @@ impl SoakLab {
             }
             Fault::XtablesLock => self.hold_xtables_lock(rate),
             Fault::RefuseOps => match self.mode {
-                Mode::Iptables => self.hold_xtables_lock(rate),
+                Mode::Iptables | Mode::Ipvs => self.hold_xtables_lock(rate),
                 Mode::Nftables => {
                     self.node.ok(&["nft", "delete", "table", "ip", "kube-proxy"]);
                 }
             },
             Fault::FlushChain => match self.mode {
-                Mode::Iptables => {
-                    self.node.ok(&["iptables-legacy", "-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
+                Mode::Iptables | Mode::Ipvs => {
+                    let tool = if self.mode == Mode::Iptables { "iptables-legacy" } else { "iptables" };
+                    self.node.ok(&[tool, "-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
                 }
                 Mode::Nftables => {
                     self.node.ok(&["nft", "flush", "chain", "ip", "kube-proxy", "services"]);
                 }
             },
             Fault::DeleteElement => self.delete_element(),
+            Fault::RemoveRealServer => {
+                let saved = self.node.ok(&["ipvsadm", "-S", "-n"]);
+                let line = saved.lines().find(|l| l.starts_with("-a ")).expect("a real server");
+                let words: Vec<&str> = line.split_whitespace().collect();
+                // -a -t VIP:PORT -r RIP:PORT ...
+                self.node.ok(&["ipvsadm", "-d", words[1], words[2], words[3], words[4]]);
+            }
+            Fault::DeleteServiceAddress => {
+                let addrs = self.node.ok(&["ip", "-o", "-4", "addr", "show", "dev", "kube-ipvs0"]);
+                let addr = addrs.split_whitespace().skip_while(|w| *w != "inet").nth(1).expect("an address");
+                self.node.ok(&["ip", "addr", "del", addr, "dev", "kube-ipvs0"]);
+            }
             Fault::ApiRestart => {
                 self.api.set_reachable(false);
                 self.churn(Duration::from_secs(5), rate);
@@ -466,12 +511,14 @@ impl SoakLab {
         let mut d = self.daemon.take().expect("a daemon runs");
         let log_path = d.log.clone();
         let before = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
-        let deadline = Instant::now() + START_WAIT;
+        let deadline = Instant::now() + START_WAIT * slowdown();
         let under_way = loop {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             match sync_in_progress(&log) {
                 Some(sync) if Some(&sync) != before.as_ref() => break sync,
-                _ if Instant::now() >= deadline => panic!("no sync started within {START_WAIT:?} of 50 changes"),
+                _ if Instant::now() >= deadline => {
+                    panic!("no sync started within {:?} of 50 changes", START_WAIT * slowdown())
+                }
                 _ => std::thread::sleep(Duration::from_millis(2)),
             }
         };
@@ -482,7 +529,10 @@ impl SoakLab {
         drop(d);
         let after = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
         let landed = after.as_ref() == Some(&under_way);
-        eprintln!("soak: SIGKILL with {under_way} under way: {}", if landed { "in the sync" } else { "it had finished" });
+        eprintln!(
+            "soak: SIGKILL with {under_way} under way: {}",
+            if landed { "in the sync" } else { "it had finished" }
+        );
         self.churn(Duration::from_secs(2), rate);
         self.start_daemon();
         landed
@@ -500,6 +550,16 @@ impl SoakLab {
     /// One element of ours deleted by another writer.
     fn delete_element(&mut self) {
         match self.mode {
+            Mode::Ipvs => {
+                let set = self.node.ok(&["ipset", "list", "KUBE-CLUSTER-IP"]);
+                let member = set
+                    .lines()
+                    .skip_while(|l| !l.starts_with("Members:"))
+                    .nth(1)
+                    .and_then(|l| l.split_whitespace().next())
+                    .expect("a KUBE-CLUSTER-IP member");
+                self.node.ok(&["ipset", "del", "KUBE-CLUSTER-IP", member]);
+            }
             Mode::Nftables => {
                 let map = self.node.ok(&["nft", "-j", "list", "map", "ip", "kube-proxy", "service-ips"]);
                 let json: Value = serde_json::from_str(&map).expect("nft -j");
@@ -536,7 +596,7 @@ impl SoakLab {
     pub fn converge(&mut self, when: &str) {
         let start = Instant::now();
         let config = self.config_path();
-        wait_for(&format!("{when}: the kernel equal to a fresh full plan"), CONVERGE_WAIT, || {
+        wait_for(&format!("{when}: the kernel equal to a fresh full plan"), CONVERGE_WAIT * slowdown(), || {
             if let Some(d) = self.daemon.as_mut() {
                 d.assert_running();
             }

@@ -159,7 +159,8 @@ mod tests {
 
     #[test]
     fn a_sync_is_under_way_from_its_start_line_until_its_finish_line() {
-        let started = |f: &str, g: u32| format!("T DEBUG c: sync started ip_family=\"{f}\" generation={g} full=false\n");
+        let started =
+            |f: &str, g: u32| format!("T DEBUG c: sync started ip_family=\"{f}\" generation={g} full=false\n");
         let finished = |f: &str, g: u32| format!("T  INFO c: sync finished ip_family=\"{f}\" generation={g} ms=3\n");
         let log = [started("IPv4", 1), finished("IPv4", 1), started("IPv4", 2)].concat();
         assert_eq!(sync_in_progress(&log).as_deref(), Some("ip_family=\"IPv4\" generation=2"));
