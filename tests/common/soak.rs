@@ -165,6 +165,9 @@ impl Fault {
                 WATCH_CUT,
                 &["kube_client::client::builder: failed with error client error (SendRequest)"],
                 &[WATCH_FAILED, "ServiceError: client error (SendRequest)"],
+                // A request on a connection the unreachable server dropped.
+                &["kube_client::client::builder: failed with error client error (Canceled)"],
+                &[WATCH_FAILED, "ServiceError: client error (Canceled)"],
             ],
             (Fault::Api500, _) => &[
                 WATCH_CUT,
