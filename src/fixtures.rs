@@ -194,7 +194,7 @@ pub fn iptables_settings(
         node_name: node_name.to_string(),
         masquerade_all: false,
         masquerade_bit: 14,
-        local: crate::plan::rules_ipvs::LocalDetector::None,
+        local: crate::plan::local::LocalDetector::None,
         random_fully: true,
         localhost_node_ports: true,
         node_ports,

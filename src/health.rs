@@ -23,7 +23,7 @@
 //! The rules are pure ([`HealthState`], time is an argument);
 //! [`ProxyHealth`] wraps them in a lock for the sync loop and the servers.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -11,9 +11,13 @@ use ipnet::IpNet;
 use crate::config::{FeatureGates, Gate, KubeProxyConfiguration, LocalMode};
 use crate::model::{ModelGates, NodeInfo};
 use crate::net::IpFamily;
-use crate::plan::context::PlanSettings;
-use crate::plan::iptables::{HostFeatures, IptablesSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::context::{LocalAddr, PlanSettings};
+use crate::plan::iptables::{iptables_context, HostFeatures, IptablesContext, IptablesSettings};
+use crate::plan::ipvs::context::plan_context;
+use crate::plan::ipvs::rules::IpvsRulesConfig;
+use crate::plan::ipvs::PlanContext;
+use crate::plan::local::LocalDetector;
+use crate::plan::nftables::{nftables_context, NftRuleset, NftablesContext};
 
 /// Syncs the scheduler lets through at once before minSyncPeriod applies
 /// (upstream's BoundedFrequencyRunner burst).
@@ -68,6 +72,8 @@ pub struct FamilySettings {
     pub host: HostFeatures,
     /// What the feature gates change in the model.
     pub model_gates: ModelGates,
+    /// Which ruleset nftables mode writes.
+    pub nftables_ruleset: NftRuleset,
 }
 
 /// `family`'s settings from the configuration, for node `node_name`, on a
@@ -103,6 +109,7 @@ pub fn derive(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, h
         ipvs_exclude_cidrs: cfg.ipvs_exclude_cidrs(),
         host,
         model_gates: model_gates(&cfg.gates()),
+        nftables_ruleset: NftRuleset::from_name(&cfg.nftables.ruleset).unwrap_or_default(),
     }
 }
 
@@ -146,6 +153,26 @@ impl FamilySettings {
     }
 }
 
+/// The planners' contexts: what each mode plans a sync with, for the
+/// current Node and the node's addresses (read by the caller).
+impl FamilySettings {
+    /// IPVS mode's planner context.
+    pub fn ipvs_context(&self, node: &NodeInfo, addrs: &[LocalAddr]) -> PlanContext {
+        plan_context(&self.plan, node, addrs)
+    }
+
+    /// iptables mode's planner context.
+    pub fn iptables_context(&self, node: &NodeInfo, addrs: &[LocalAddr]) -> IptablesContext {
+        iptables_context(&self.iptables_settings(node), node, addrs)
+    }
+
+    /// nftables mode's planner context, with the ServiceCIDRs the model
+    /// holds.
+    pub fn nftables_context(&self, node: &NodeInfo, service_cidrs: &[IpNet], addrs: &[LocalAddr]) -> NftablesContext {
+        nftables_context(&self.nftables_settings(node, service_cidrs), node, addrs)
+    }
+}
+
 impl FamilySettings {
     /// nftables mode's settings on `node`, with the ServiceCIDRs the model
     /// holds (`Model::service_cidrs`; the context keeps this family's):
@@ -157,6 +184,7 @@ impl FamilySettings {
     ) -> crate::plan::nftables::NftablesSettings {
         crate::plan::nftables::NftablesSettings {
             family: self.family,
+            ruleset: self.nftables_ruleset,
             node_name: self.plan.node_name.clone(),
             masquerade_all: self.masquerade_all,
             masquerade_bit: self.masquerade_bit,
@@ -186,6 +214,22 @@ mod tests {
         let cfg = KubeProxyConfiguration::with_defaults();
         let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
         assert_eq!(s.model_gates, ModelGates { service_cidrs: true });
+    }
+
+    /// `nftables.ruleset` (each name validation takes) picks the ruleset
+    /// the nftables planner writes; blank is upstream's.
+    #[test]
+    fn the_nftables_ruleset_field_picks_the_ruleset() {
+        let mut cfg = KubeProxyConfiguration::with_defaults();
+        let ruleset = |cfg: &KubeProxyConfiguration| {
+            let s = derive(cfg, IpFamily::V6, "node-a", HostFeatures::default());
+            s.nftables_settings(&NodeInfo::default(), &[]).ruleset
+        };
+        assert_eq!(ruleset(&cfg), NftRuleset::Upstream);
+        for name in crate::config::NFTABLES_RULESETS {
+            cfg.nftables.ruleset = name.into();
+            assert_eq!(ruleset(&cfg).name(), name);
+        }
     }
 
     #[test]
@@ -263,6 +307,23 @@ mod tests {
         assert!(!s.localhost_node_ports && s.masquerade_all && s.random_fully && !s.conntrack_tcp_liberal);
         assert_eq!(s.node_ports, NodePortAddresses::All);
         assert_eq!((s.node_name.as_str(), s.local), ("n", LocalDetector::None));
+    }
+
+    #[test]
+    fn each_modes_planning_context_follows_the_settings() {
+        let mut cfg = KubeProxyConfiguration::with_defaults();
+        cfg.ipvs.scheduler = "lc".into();
+        let v4 = derive(&cfg, IpFamily::V4, "n", HostFeatures::default());
+        let v6 = derive(&cfg, IpFamily::V6, "n", HostFeatures::default());
+        let node = NodeInfo::default();
+        assert_eq!(v4.ipvs_context(&node, &[]).scheduler, "lc");
+        assert!(v4.iptables_context(&node, &[]).needs_route_localnet(), "localhost NodePorts, IPv4");
+        assert!(!v6.iptables_context(&node, &[]).needs_route_localnet(), "no localhost NodePorts in IPv6");
+        cfg.iptables.localhost_node_ports = Some(false);
+        let off = derive(&cfg, IpFamily::V4, "n", HostFeatures::default());
+        assert!(!off.iptables_context(&node, &[]).needs_route_localnet());
+        let cidrs: Vec<IpNet> = vec!["10.96.0.0/16".parse().unwrap(), "fd00:96::/112".parse().unwrap()];
+        assert_eq!(v6.nftables_context(&node, &cidrs, &[]).service_cidrs, cidrs[1..]);
     }
 
     #[test]

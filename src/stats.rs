@@ -4,7 +4,7 @@
 //! each family's recent syncs and model counts, as the sync hooks report
 //! them, for the dashboard.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -27,8 +27,8 @@ use crate::msgs::{SourceBatch, SourceEvent};
 use crate::net::{IpFamily, Protocol};
 use crate::plan::context::LocalAddr;
 use crate::plan::iptables::HostFeatures;
+use crate::plan::ipvs::{IpvsPlanner, IpvsSet};
 use crate::plan::trace::{Kernel, Origin, Packet, Set, Tracer, Verdict};
-use crate::plan::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
 
 /// The daemon's flags in the VM (start_daemon).
@@ -145,7 +145,7 @@ async fn sync(family: IpFamily, events: Vec<SourceEvent>) -> Kernel {
         Box::new(|| NODE_ADDRS.iter().map(|(ifname, a)| LocalAddr { ifname: ifname.to_string(), ip: ip(a) }).collect());
     let host = HostFeatures { random_fully: true, ..HostFeatures::default() };
     let family_settings = crate::settings::derive(&cfg, family, "node-a", host);
-    let settings = crate::runtime::coordinator_settings(&family_settings);
+    let settings = crate::proxier::coordinator_settings(&family_settings);
     let rules: RulesRenderer =
         Box::new(move |p: &IpvsPlanner, node: &NodeInfo| p.rules(&family_settings.rules_config(node)));
     let coord = Coordinator::create(|ctx| {

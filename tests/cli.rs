@@ -151,7 +151,7 @@ fn dry_run_in_iptables_mode_restores_into_an_empty_namespace() {
         // The daemon creates the nfacct objects its rules name before its first restore.
         let created = ns.block_on(|| async {
             let nfacct = kube_proxy_rs::kernel::nfacct::NetlinkNfacct::new().expect("netfilter netlink socket");
-            nfacct.ensure(&kube_proxy_rs::nfacct::OBJECTS).await
+            nfacct.ensure(&kube_proxy_rs::proxier::nfacct::OBJECTS).await
         });
         assert!(created.iter().all(Result::is_ok), "{created:?}");
         for (tool, heading) in [("iptables", "# iptables"), ("ip6tables", "# iptables ipv6")] {
@@ -380,7 +380,7 @@ fn dry_run_from_the_cluster_prints_the_plan_of_the_same_objects_as_files() {
 fn write_iptables_mode_rules(ns: &Netns, out: &str, tool: &str) {
     let created = ns.block_on(|| async {
         let nfacct = kube_proxy_rs::kernel::nfacct::NetlinkNfacct::new().expect("netfilter netlink socket");
-        nfacct.ensure(&kube_proxy_rs::nfacct::OBJECTS).await
+        nfacct.ensure(&kube_proxy_rs::proxier::nfacct::OBJECTS).await
     });
     assert!(created.iter().all(Result::is_ok), "{created:?}");
     let v6 = tool.replacen("iptables", "ip6tables", 1);

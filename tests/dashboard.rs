@@ -31,7 +31,7 @@ use actix::prelude::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use kube_proxy_rs::actors::coordinator::{
-    AddrSource, ContextBuilder, Coordinator, IptablesDataplane, NftContextBuilder, NftablesDataplane, RulesRenderer,
+    AddrSource, Coordinator, IptablesDataplane, NftablesDataplane, RulesRenderer,
 };
 use kube_proxy_rs::actors::wiring::{start_iptables_actors, start_ipvs_actors, start_nftables_actors, IpvsKernels};
 use kube_proxy_rs::bench::dual::dual_stack;
@@ -49,10 +49,9 @@ use kube_proxy_rs::msgs::{ResourceKind, SourceBatch, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::observe::SyncHooks;
 use kube_proxy_rs::plan::context::LocalAddr;
-use kube_proxy_rs::plan::iptables::{iptables_context, HostFeatures};
-use kube_proxy_rs::plan::nftables::nftables_context;
-use kube_proxy_rs::plan::{IpvsPlanner, IpvsSet};
-use kube_proxy_rs::runtime::coordinator_settings;
+use kube_proxy_rs::plan::iptables::HostFeatures;
+use kube_proxy_rs::plan::ipvs::{IpvsPlanner, IpvsSet};
+use kube_proxy_rs::proxier::{coordinator_settings, Mode};
 use kube_proxy_rs::settings::{self, FamilySettings};
 use kube_proxy_rs::stats::StatsRegistry;
 use serde::Deserialize;
@@ -151,8 +150,7 @@ fn start_daemon(
                 .recipient()
             }
             ProxyMode::Iptables => {
-                let context: ContextBuilder =
-                    Box::new(move |node, addrs| iptables_context(&s.iptables_settings(node), node, addrs));
+                let context = IptablesDataplane::config(&s);
                 let (iptables, conntrack) = (MemIptables::new(&journal), MemConntrack::new(&journal));
                 Coordinator::create(|ctx| {
                     let targets = start_iptables_actors(iptables, conntrack, &actors, ctx.address().recipient());
@@ -162,9 +160,7 @@ fn start_daemon(
                 .recipient()
             }
             ProxyMode::Nftables => {
-                let context: NftContextBuilder = Box::new(move |node, cidrs, addrs| {
-                    nftables_context(&s.nftables_settings(node, cidrs), node, addrs)
-                });
+                let context = NftablesDataplane::config(&s);
                 let (nft, conntrack) = (MemNftables::new(&journal), MemConntrack::new(&journal));
                 Coordinator::create(|ctx| {
                     let targets = start_nftables_actors(nft, family, conntrack, &actors, ctx.address().recipient());

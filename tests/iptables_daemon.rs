@@ -820,7 +820,7 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
         ("filter", "KUBE-IPVS-FILTER"),
         ("filter", "KUBE-IPVS-OUT-FILTER"),
     ];
-    let ipvs_jumps: Vec<String> = kube_proxy_rs::plan::rules_ipvs::JUMPS
+    let ipvs_jumps: Vec<String> = kube_proxy_rs::plan::ipvs::rules::JUMPS
         .iter()
         .filter(|j| !JUMPS.contains(j))
         .map(|j| format!("{} {}", j.table, j.save_line()))

@@ -46,7 +46,7 @@ use kube_proxy_rs::plan::context::NodePortFilter;
 use kube_proxy_rs::plan::iptables::{
     iptables_context, IptablesContext, IptablesPlanner, IptablesSettings, Jump, JUMPS, KUBELET_JUMPS,
 };
-use kube_proxy_rs::plan::rules_ipvs::LocalDetector;
+use kube_proxy_rs::plan::local::LocalDetector;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";

@@ -20,7 +20,7 @@ use kube_proxy_rs::kernel::ipset::IpsetHandle;
 use kube_proxy_rs::kernel::{IpsetKernel, KResult, Subsystem};
 use kube_proxy_rs::msgs::{IpsetOp, SetEntry, SetSpec, SetType};
 use kube_proxy_rs::net::{IpFamily, Protocol};
-use kube_proxy_rs::plan::IpvsSet;
+use kube_proxy_rs::plan::ipvs::IpvsSet;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")

@@ -18,16 +18,15 @@ mod common;
 use common::Netns;
 use kube_proxy_rs::kernel::ipset::netlink::NetlinkIpset;
 use kube_proxy_rs::kernel::ipset::IpsetHandle;
+use kube_proxy_rs::kernel::iptables::fingerprint::{self, Backend};
 use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use kube_proxy_rs::kernel::nftables::NetlinkNftables;
-use kube_proxy_rs::kernel::xtables_gen::{self, Backend};
 use kube_proxy_rs::kernel::{IpsetKernel, Subsystem};
 use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
 use kube_proxy_rs::net::IpFamily;
-use kube_proxy_rs::plan::rules_ipvs::{
-    render, IpvsRulesConfig, LocalDetector, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS,
-};
-use kube_proxy_rs::plan::IpvsSet;
+use kube_proxy_rs::plan::ipvs::rules::{render, IpvsRulesConfig, CANARY, FILTER_CHAINS, JUMPS, NAT_CHAINS};
+use kube_proxy_rs::plan::ipvs::IpvsSet;
+use kube_proxy_rs::plan::local::LocalDetector;
 
 /// The rules of a cluster with ClusterIPs, LoadBalancers with source
 /// ranges, NodePorts and hairpin endpoints.
@@ -203,7 +202,7 @@ fn periodic_check_finds_a_flushed_table(family: IpFamily, flavour: &str) {
     let fingerprint = || {
         ns.block_on(|| async {
             let nft = NetlinkNftables::new().expect("an nf_tables socket");
-            xtables_gen::fingerprint(family, backend, &nft).await.expect("fingerprint")
+            fingerprint::fingerprint(family, backend, &nft).await.expect("fingerprint")
         })
     };
     let (quiet, quiet_again) = ns.block_on(|| async {
@@ -420,7 +419,11 @@ fn a_large_restore_on_iptables_nft_is_split_into_transactions_with_the_same_resu
             (0..20).flat_map(|s| (0..5).map(move |e| format!("KUBE-SEP-OLD{s:05}X{e}"))).collect();
         stale.push("KUBE-SVC-STALE".into());
         let new = many_services(1_500, "NEW", &stale.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(new.lines().count() > kube_proxy_rs::kernel::nft_split::SPLIT_FROM, "{} lines", new.lines().count());
+        assert!(
+            new.lines().count() > kube_proxy_rs::kernel::iptables::split_restore::SPLIT_FROM,
+            "{} lines",
+            new.lines().count()
+        );
         let generations = ns.block_on(|| async {
             let (_, r) = h.reconcile(vec![restore(old)]).await.expect("the earlier run");
             assert_eq!(r, [Ok(())]);

@@ -8,12 +8,13 @@ use actix::prelude::*;
 use super::conntrack::ConntrackActor;
 use super::coordinator::{ConntrackTarget, IptablesTargets, NftablesTargets, Target, Targets};
 use super::kernel_actor::KernelActor;
+#[cfg(any(test, feature = "testkit"))]
 use crate::kernel::mem::{Journal, MemConntrack, MemIpset, MemIptables, MemIpvs, MemLink};
 use crate::kernel::nftables::{NfTables, NftablesTable};
 use crate::kernel::{ConntrackKernel, IpsetKernel, IptablesKernel, IpvsKernel, LinkKernel, Subsystem};
 use crate::msgs::DriftDetected;
 use crate::net::IpFamily;
-use crate::plan::IpvsSet;
+use crate::plan::ipvs::IpvsSet;
 use crate::stats::StatsRegistry;
 
 /// The kernel handles of IPVS mode, one per actor.
@@ -25,6 +26,7 @@ pub struct IpvsKernels<I, S, L, T, C> {
     pub conntrack: C,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl IpvsKernels<MemIpvs, MemIpset, MemLink, MemIptables, MemConntrack> {
     /// IPVS mode's kernels of `family` in memory, every one recording to
     /// `journal` (tests and benchmarks).

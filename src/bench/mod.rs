@@ -1,4 +1,4 @@
-//! Benchmark support (issue 7): a deterministic synthetic cluster and churn
+//! Benchmark support: a deterministic synthetic cluster and churn
 //! generator, used by the `kpr-bench` binary and by tests that need a
 //! realistic cluster of a given size.
 
@@ -13,7 +13,8 @@ pub mod stats;
 
 use crate::net::IpFamily;
 use crate::plan::context::{LocalAddr, NodePortFilter, PlanSettings};
-use crate::plan::rules_ipvs::{IpvsRulesConfig, LocalDetector};
+use crate::plan::ipvs::rules::IpvsRulesConfig;
+use crate::plan::local::LocalDetector;
 use gen::{node_ip, THIS_NODE};
 
 const FAMILY: IpFamily = IpFamily::V4;

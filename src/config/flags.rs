@@ -26,7 +26,7 @@ use super::ConfigError;
 #[command(
     name = "kube-proxy-rs",
     version,
-    about = "Kubernetes network proxy: programs Services into IPVS/iptables on this node"
+    about = "Kubernetes network proxy: programs Services into IPVS, iptables or nftables on this node"
 )]
 pub struct Flags {
     /// Path to a KubeProxyConfiguration file (YAML or JSON). When given, the
@@ -114,6 +114,9 @@ pub struct Flags {
     /// Proxy mode: iptables (default), ipvs or nftables.
     #[arg(long = "proxy-mode", value_name = "MODE")]
     pub proxy_mode: Option<String>,
+    /// nftables mode's ruleset: upstream (default) or maps (kube-proxy-rs only).
+    #[arg(long = "nftables-ruleset", value_name = "RULESET")]
+    pub nftables_ruleset: Option<String>,
 
     /// fwmark bit for SNAT, 0..=31.
     #[arg(long = "iptables-masquerade-bit", value_name = "BIT", allow_hyphen_values = true, value_parser = parse_i32)]
@@ -257,18 +260,47 @@ pub struct FeatureGateList(pub Vec<(String, bool)>);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VModuleList(pub Vec<VModuleItem>);
 
+/// Why a flag's value was refused; clap prints it after the flag's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagValueError {
+    #[error("{0:?} is not a boolean (true or false)")]
+    NotBool(String),
+    #[error("{0:?} is not a 32-bit integer")]
+    NotI32(String),
+    #[error("{0:?} is not a verbosity level (0..2147483647)")]
+    NotVerbosity(String),
+    #[error("missing bool value for {0}")]
+    GateWithoutValue(String),
+    #[error("invalid value of {pair}: {source}")]
+    GateValue {
+        pair: String,
+        #[source]
+        source: Box<FlagValueError>,
+    },
+    #[error("{0:?} is not a valid IP address")]
+    NotIp(String),
+    #[error("{0:?} is not in a valid format (ip or ip:port)")]
+    NotIpPort(String),
+    #[error("{0:?} is not a valid port number")]
+    NotPort(String),
+    #[error("{0:?} does not have the pattern=N format")]
+    NotVModule(String),
+    #[error("parsing verbosity in {0:?}: invalid level")]
+    VModuleLevel(String),
+}
+
 /// Go's `strconv.ParseBool`.
-fn parse_bool(s: &str) -> Result<bool, String> {
+fn parse_bool(s: &str) -> Result<bool, FlagValueError> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean (true or false)")),
+        _ => Err(FlagValueError::NotBool(s.to_string())),
     }
 }
 
 /// Go's `strconv.ParseInt(s, 0, 32)`: optional sign, `0x`/`0o`/`0b`/`0` prefixes.
-fn parse_i32(s: &str) -> Result<i32, String> {
-    let err = || format!("{s:?} is not a 32-bit integer");
+fn parse_i32(s: &str) -> Result<i32, FlagValueError> {
+    let err = || FlagValueError::NotI32(s.to_string());
     let (neg, digits) = match s.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -284,71 +316,74 @@ fn parse_i32(s: &str) -> Result<i32, String> {
     if body.is_empty() || body.starts_with(['+', '-']) {
         return Err(err());
     }
-    let magnitude = i64::from_str_radix(body, radix).map_err(|_| err())?;
-    i32::try_from(if neg { -magnitude } else { magnitude }).map_err(|_| err())
+    let magnitude = i64::from_str_radix(body, radix).ok().ok_or_else(err)?;
+    i32::try_from(if neg { -magnitude } else { magnitude }).ok().ok_or_else(err)
 }
 
 /// klog's verbosity: `strconv.ParseUint(s, 0, 31)`.
-fn parse_verbosity(s: &str) -> Result<u32, String> {
+fn parse_verbosity(s: &str) -> Result<u32, FlagValueError> {
     match parse_i32(s) {
         Ok(v) if v >= 0 && !s.starts_with(['-', '+']) => Ok(v as u32),
-        _ => Err(format!("{s:?} is not a verbosity level (0..2147483647)")),
+        _ => Err(FlagValueError::NotVerbosity(s.to_string())),
     }
 }
 
 /// cliflag `MapStringBool`: `Name=bool` pairs, comma separated.
-fn parse_feature_gates(s: &str) -> Result<FeatureGateList, String> {
+fn parse_feature_gates(s: &str) -> Result<FeatureGateList, FlagValueError> {
     let mut gates = Vec::new();
     for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').ok_or_else(|| format!("missing bool value for {pair}"))?;
-        let enabled = parse_bool(value.trim()).map_err(|e| format!("invalid value of {pair}: {e}"))?;
+        let (name, value) = pair.split_once('=').ok_or_else(|| FlagValueError::GateWithoutValue(pair.to_string()))?;
+        let enabled = parse_bool(value.trim())
+            .map_err(|e| FlagValueError::GateValue { pair: pair.to_string(), source: Box::new(e) })?;
         gates.push((name.trim().to_string(), enabled));
     }
     Ok(FeatureGateList(gates))
 }
 
 /// pflag `StringSlice`: comma separated; an empty value is an empty list.
-fn parse_list(s: &str) -> Result<CommaList, String> {
+fn parse_list(s: &str) -> Result<CommaList, std::convert::Infallible> {
     Ok(CommaList(if s.is_empty() { Vec::new() } else { s.split(',').map(|p| p.trim().to_string()).collect() }))
 }
 
 /// `utilflag.IPVar`: an IP address, or empty.
-fn parse_ip_flag(s: &str) -> Result<String, String> {
+fn parse_ip_flag(s: &str) -> Result<String, FlagValueError> {
     let t = s.trim();
     if t.is_empty() || parse_ip_sloppy(t).is_some() {
         Ok(t.to_string())
     } else {
-        Err(format!("{s:?} is not a valid IP address"))
+        Err(FlagValueError::NotIp(s.to_string()))
     }
 }
 
 /// `utilflag.IPPortVar`: an IP, `IP:port`, or empty.
-fn parse_ip_port_flag(s: &str) -> Result<String, String> {
+fn parse_ip_port_flag(s: &str) -> Result<String, FlagValueError> {
     let t = s.trim();
     if t.is_empty() || parse_ip_sloppy(t).is_some() {
         return Ok(t.to_string());
     }
-    let (host, port) = split_host_port(t).ok_or_else(|| format!("{s:?} is not in a valid format (ip or ip:port)"))?;
+    let (host, port) = split_host_port(t).ok_or_else(|| FlagValueError::NotIpPort(s.to_string()))?;
     if parse_ip_sloppy(host).is_none() {
-        return Err(format!("{host:?} is not a valid IP address"));
+        return Err(FlagValueError::NotIp(host.to_string()));
     }
-    port.parse::<u16>().map_err(|_| format!("{port:?} is not a valid port number"))?;
+    if port.parse::<u16>().is_err() {
+        return Err(FlagValueError::NotPort(port.to_string()));
+    }
     Ok(t.to_string())
 }
 
 /// component-base vmodule flag: `pattern=N` pairs, comma separated.
-fn parse_vmodule(s: &str) -> Result<VModuleList, String> {
+fn parse_vmodule(s: &str) -> Result<VModuleList, FlagValueError> {
     s.split(',')
         .map(|item| {
             let (pattern, level) = item
                 .split_once('=')
                 .filter(|(_, l)| !l.contains('='))
-                .ok_or_else(|| format!("{item:?} does not have the pattern=N format"))?;
+                .ok_or_else(|| FlagValueError::NotVModule(item.to_string()))?;
             let verbosity = level.parse::<u32>().ok().filter(|v| *v <= i32::MAX as u32);
-            let verbosity = verbosity.ok_or_else(|| format!("parsing verbosity in {item:?}: invalid level"))?;
+            let verbosity = verbosity.ok_or_else(|| FlagValueError::VModuleLevel(item.to_string()))?;
             Ok(VModuleItem { file_pattern: pattern.to_string(), verbosity })
         })
-        .collect::<Result<_, String>>()
+        .collect::<Result<_, FlagValueError>>()
         .map(VModuleList)
 }
 
@@ -489,6 +524,7 @@ impl Flags {
     /// the other mode family are ignored.
     fn apply_modes(&self, cfg: &mut KubeProxyConfiguration) {
         set(&mut cfg.mode, &self.proxy_mode);
+        set(&mut cfg.nftables.ruleset, &self.nftables_ruleset);
         set_opt(&mut cfg.iptables.masquerade_bit, &self.iptables_masquerade_bit);
         set_opt(&mut cfg.iptables.localhost_node_ports, &self.iptables_localhost_nodeports);
         let ipvs = &mut cfg.ipvs;
@@ -589,119 +625,4 @@ impl Flags {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Flags, String> {
-        let argv = std::iter::once("kube-proxy-rs").chain(args.iter().copied());
-        Flags::try_parse_args(argv).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn value_flags_take_equals_or_next_argument() {
-        assert_eq!(parse(&["--proxy-mode=ipvs"]).unwrap().proxy_mode.as_deref(), Some("ipvs"));
-        assert_eq!(parse(&["--proxy-mode", "ipvs"]).unwrap().proxy_mode.as_deref(), Some("ipvs"));
-        assert_eq!(parse(&["--oom-score-adj", "-999"]).unwrap().oom_score_adj, Some(-999));
-        assert_eq!(parse(&["--ipvs-scheduler", "lc"]).unwrap().ipvs_scheduler.as_deref(), Some("lc"));
-        assert!(parse(&["stray"]).is_err());
-    }
-
-    #[test]
-    fn verbosity_long_and_short() {
-        for args in [&["--v=2"][..], &["--v", "2"], &["-v", "2"], &["-v=2"], &["-v2"]] {
-            assert_eq!(parse(args).unwrap().v, Some(2), "{args:?}");
-        }
-        assert!(parse(&["--v=-1"]).is_err());
-    }
-
-    #[test]
-    fn booleans_are_pflag_style() {
-        assert_eq!(parse(&["--masquerade-all"]).unwrap().masquerade_all, Some(true));
-        assert_eq!(parse(&["--masquerade-all=false"]).unwrap().masquerade_all, Some(false));
-        assert_eq!(parse(&["--masquerade-all=T"]).unwrap().masquerade_all, Some(true));
-        assert_eq!(parse(&[]).unwrap().masquerade_all, None);
-        // As with pflag, a bool value must be attached with '='.
-        assert!(parse(&["--masquerade-all", "false"]).is_err());
-        assert!(parse(&["--masquerade-all=yes"]).is_err());
-        let f = parse(&["--cleanup", "--dry-run=true", "--init-only=0"]).unwrap();
-        assert!(f.cleanup && f.dry_run && !f.init_only);
-    }
-
-    #[test]
-    fn durations_are_go_durations() {
-        let f = parse(&["--ipvs-min-sync-period=1m30s", "--conntrack-tcp-timeout-close-wait", "1h"]).unwrap();
-        assert_eq!(f.ipvs_min_sync_period.map(|d| d.to_string()).as_deref(), Some("1m30s"));
-        assert_eq!(f.conntrack_tcp_timeout_close_wait.map(|d| d.to_string()).as_deref(), Some("1h0m0s"));
-        let err = parse(&["--iptables-sync-period=-1s"]).unwrap_err();
-        assert!(err.contains("--iptables-sync-period") && err.contains("\"-1s\""), "{err}");
-        assert!(parse(&["--config-sync-period=15"]).is_err());
-    }
-
-    #[test]
-    fn lists_split_on_commas_and_repeat() {
-        let f = parse(&["--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/8", "--ipvs-exclude-cidrs", "1.2.3.0/24"]).unwrap();
-        assert_eq!(CommaList::join(&f.ipvs_exclude_cidrs), ["10.0.0.0/8", "fd00::/8", "1.2.3.0/24"]);
-        let f = parse(&["--nodeport-addresses="]).unwrap();
-        assert!(CommaList::join(&f.nodeport_addresses).is_empty() && !f.nodeport_addresses.is_empty());
-        let f = parse(&["--feature-gates=A=true, B=false", "--feature-gates", "C=1"]).unwrap();
-        let gates: Vec<_> = f.feature_gates.iter().flat_map(|l| l.0.clone()).collect();
-        assert_eq!(gates, [("A".into(), true), ("B".into(), false), ("C".into(), true)]);
-        assert!(parse(&["--feature-gates=A"]).unwrap_err().contains("missing bool value for A"));
-        assert!(parse(&["--vmodule=foo"]).unwrap_err().contains("pattern=N"));
-    }
-
-    #[test]
-    fn addresses_are_checked_at_parse_time() {
-        assert_eq!(parse(&["--bind-address=::1"]).unwrap().bind_address.as_deref(), Some("::1"));
-        assert!(parse(&["--bind-address=1.2.3.4:5"]).is_err());
-        let f = parse(&["--metrics-bind-address=0.0.0.0", "--healthz-bind-address=[::]:1"]).unwrap();
-        assert_eq!(
-            (f.metrics_bind_address.as_deref(), f.healthz_bind_address.as_deref()),
-            (Some("0.0.0.0"), Some("[::]:1"))
-        );
-        assert_eq!(parse(&["--healthz-bind-address="]).unwrap().healthz_bind_address.as_deref(), Some(""));
-        assert!(parse(&["--metrics-bind-address=1.2.3.4:99999"]).is_err());
-        assert!(parse(&["--metrics-bind-address=localhost:80"]).is_err());
-    }
-
-    #[test]
-    fn records_which_flags_were_given() {
-        let f = parse(&["-v", "2", "--proxy-mode=ipvs", "--cleanup", "--nodeport-addresses="]).unwrap();
-        assert_eq!(f.given(), ["cleanup", "proxy-mode", "nodeport-addresses", "v"]);
-        assert_eq!(f.ignored_with_config(), ["proxy-mode", "nodeport-addresses"]);
-        assert!(parse(&[]).unwrap().given().is_empty());
-    }
-
-    #[test]
-    fn values_are_the_given_ones_else_the_defaults() {
-        let f = parse(&["--v=3", "--ipvs-exclude-cidrs=10.0.0.0/8", "--ipvs-exclude-cidrs", "fd00::/8", "--cleanup"])
-            .unwrap();
-        let values = f.values(|flag| (flag == "proxy-mode").then(|| "from-default".to_string()));
-        assert_eq!(values["v"], "3");
-        assert_eq!(values["ipvs-exclude-cidrs"], "10.0.0.0/8,fd00::/8");
-        assert_eq!((values["cleanup"].as_str(), values["dry-run"].as_str()), ("true", "false"));
-        assert_eq!((values["proxy-mode"].as_str(), values["kubeconfig"].as_str()), ("from-default", ""));
-        assert!(values.contains_key("healthz-port"), "hidden flags too, as pflag's VisitAll");
-    }
-
-    #[test]
-    fn go_integer_forms() {
-        let table =
-            [("14", 14), ("-999", -999), ("+5", 5), ("0x1f", 31), ("0o17", 15), ("017", 15), ("0b101", 5), ("0", 0)];
-        for (text, want) in table {
-            assert_eq!(parse_i32(text), Ok(want), "{text}");
-        }
-        for bad in ["", "x", "0x", "1.5", "2147483648", "--1", "+-1"] {
-            assert!(parse_i32(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn hostname_override_is_trimmed_and_lowercased() {
-        let mut cfg = KubeProxyConfiguration::default();
-        parse(&["--hostname-override= Node-A "]).unwrap().apply_hostname_override(&mut cfg).unwrap();
-        assert_eq!(cfg.hostname_override, "node-a");
-        parse(&["--hostname-override="]).unwrap().apply_hostname_override(&mut cfg).unwrap();
-        assert_eq!(cfg.hostname_override, "node-a");
-    }
-}
+mod tests;

@@ -22,7 +22,7 @@
 //! the sync path, and a request costs the number of actors and syncs kept,
 //! not the cluster's size.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};

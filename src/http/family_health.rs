@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use super::ServiceHealthServers;
 use crate::model::service::NamespacedName;
+use crate::mutex::lock;
 use crate::net::IpFamily;
-use crate::sync::lock;
 
 /// What one family last reported.
 #[derive(Debug, Default)]

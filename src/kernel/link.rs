@@ -13,7 +13,7 @@
 //! The socket lives in the network namespace of the thread that called
 //! [`DummyLink::new`].
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;

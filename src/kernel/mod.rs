@@ -10,18 +10,15 @@ pub mod blocking;
 pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
-pub mod iptables_probe;
 pub mod ipvs;
 pub mod link;
 #[cfg(any(test, feature = "testkit"))]
 pub mod mem;
 pub mod netlink;
 pub mod nfacct;
-pub mod nft_split;
 pub mod nftables;
 pub mod sysctl;
 pub mod tool;
-pub mod xtables_gen;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

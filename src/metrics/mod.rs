@@ -26,11 +26,12 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::config::ProxyMode;
 use crate::health::{Probe, ProbeCounter};
+use crate::model::intake::Notice;
 use crate::net::IpFamily;
 use crate::stats::StatsRegistry;
 
 pub use exposition::TEXT_CONTENT_TYPE;
-pub use nfacct::NfacctReader;
+pub use nfacct::{NfacctReadError, NfacctReader};
 
 /// The labels of one series, in order.
 type Labels = Vec<(&'static str, String)>;
@@ -382,6 +383,19 @@ impl ProxyMetrics {
     /// A configuration reload (SIGHUP) was refused; the old config stays.
     pub fn config_reload_failed(&self) {
         self.server.config_reload_failures.inc();
+    }
+
+    /// What the proxiers left out of a source batch: a value, or an object
+    /// (or a part of one), counted and listed on the dashboard.
+    pub fn notice(&self, n: &Notice) {
+        match n {
+            Notice::Value(v) => self.value_ignored(v.kind, &v.object, v.value.field, &v.value.path, &v.value.detail()),
+            other => {
+                if let Some((kind, object, reason, detail)) = other.ignored_object() {
+                    self.object_ignored(kind, object, reason, &detail);
+                }
+            }
+        }
     }
 
     /// A source object (or a part of one) that every proxier ignores (see

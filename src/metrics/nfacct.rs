@@ -17,7 +17,17 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 /// Reads one accounting object's packet count (its name as argument).
-pub type NfacctReader = Arc<dyn Fn(&'static str) -> BoxFuture<'static, Result<u64, String>> + Send + Sync>;
+pub type NfacctReader = Arc<dyn Fn(&'static str) -> BoxFuture<'static, Result<u64, NfacctReadError>> + Send + Sync>;
+
+/// Why an accounting object's count could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NfacctReadError {
+    #[error("nfacct object {0} is gone")]
+    Gone(&'static str),
+    /// The reader's own error.
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// The nfacct object behind each metric, the metric (without `_total`, which
 /// the encoder appends) and upstream's help.
@@ -50,7 +60,7 @@ struct State {
 
 impl std::fmt::Debug for NfacctMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let values = crate::sync::lock(&self.state).values.clone();
+        let values = crate::mutex::lock(&self.state).values.clone();
         f.debug_struct("NfacctMetrics").field("values", &values).finish()
     }
 }
@@ -63,7 +73,7 @@ impl NfacctMetrics {
     /// Serves the metrics of `objects` (names of nfacct objects the rules
     /// count into), at 0 until the first reading, read with `reader`.
     pub(super) fn serve(&self, objects: &[&'static str], reader: NfacctReader) {
-        let mut state = crate::sync::lock(&self.state);
+        let mut state = crate::mutex::lock(&self.state);
         state.values = METRICS
             .iter()
             .filter(|(object, _, _)| objects.contains(object))
@@ -75,7 +85,7 @@ impl NfacctMetrics {
     /// Reads every served counter from the kernel.
     pub(super) async fn refresh(&self) {
         let (reader, objects) = {
-            let state = crate::sync::lock(&self.state);
+            let state = crate::mutex::lock(&self.state);
             let objects: Vec<&'static str> = state.values.iter().map(|(o, _)| *o).collect();
             (state.reader.clone(), objects)
         };
@@ -91,7 +101,7 @@ impl NfacctMetrics {
             };
             read.push((object, value));
         }
-        crate::sync::lock(&self.state).values = read;
+        crate::mutex::lock(&self.state).values = read;
     }
 }
 
@@ -109,7 +119,7 @@ impl std::fmt::Debug for State {
 
 impl Collector for NfacctCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let values = crate::sync::lock(&self.state).values.clone();
+        let values = crate::mutex::lock(&self.state).values.clone();
         for (object, name, help) in METRICS {
             let Some(Some(v)) = values.iter().find(|(o, _)| *o == object).map(|(_, v)| *v) else { continue };
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;

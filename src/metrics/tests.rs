@@ -317,7 +317,7 @@ async fn nfacct_counters_are_read_at_each_scrape() {
             if object == NFACCT_CT_STATE_INVALID {
                 Ok(n)
             } else {
-                Err("gone".to_string())
+                Err(NfacctReadError::Gone(object))
             }
         }
         .boxed()

@@ -8,6 +8,7 @@
 
 pub mod addresses;
 pub mod endpoints;
+pub mod intake;
 pub mod node;
 pub mod node_change;
 pub mod node_ports;

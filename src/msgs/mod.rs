@@ -5,7 +5,6 @@
 //! sync generation; the actor applies it and answers with an [`Ack`] naming
 //! the ops that failed.
 
-pub mod chains;
 pub mod conntrack;
 pub mod error;
 pub mod ipset;

@@ -10,7 +10,7 @@
 //! cluster) writes nothing: the kernel still holds the last restore, which
 //! the iptables actor's drift check vouches for. The conntrack reconcile
 //! ([`ConntrackPlanner`]) follows a successful restore (upstream's order:
-//! the rules no longer lead to a removed endpoint when its entries go);
+//! the rules lead nowhere near a removed endpoint by the time its entries go);
 //! after a failed one it waits for the next sync.
 
 use futures::FutureExt;

@@ -38,8 +38,9 @@ use super::{
 use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::conntrack::ConntrackPlanner;
-use crate::plan::context::{plan_context, LocalAddr, PlanSettings};
-use crate::plan::{IpvsDesired, IpvsPlanner, IpvsSet};
+use crate::plan::context::{LocalAddr, PlanSettings};
+use crate::plan::ipvs::context::plan_context;
+use crate::plan::ipvs::{IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::SyncKind;
 use crate::stats::{FailingKey, FAILING_LISTED};
 

@@ -267,7 +267,7 @@ impl Dataplane for NftablesDataplane {
                 Some(Err(e)) => return self.not_sent(e, full),
                 None => KernelObjects::default(),
             };
-            // Chains deleted by this sync's cleanup are no longer there to flush.
+            // Chains this sync's cleanup deletes are gone: nothing to flush.
             if let Some(tx) = &cleanup {
                 kernel.chains.retain(|c| !tx.ops.iter().any(|op| matches!(op, NftOp::DeleteChain(d) if d == c)));
             }

@@ -29,7 +29,7 @@
 //! - `ZPages`, `Logs`, `Metrics`: k8s.io/component-base v0.36.3
 //!   `zpages/features`, `logs/api/v1`, `metrics/features`.
 //! - `ClientGo`: k8s.io/client-go v0.36.3 `features/known_features.go`.
-//! - `Kube137`: `KubeProxyIPVS`, the one 1.37 gate taken (issue 27):
+//! - `Kube137`: `KubeProxyIPVS`, the one 1.37 gate taken:
 //!   GA from 1.0 and deprecated, still on by default, in 1.37 (KEP-5495).
 //!
 //! Where 1.37 differs for kube-proxy: it adds `KubeProxyNFTablesLocalhostNodePorts`

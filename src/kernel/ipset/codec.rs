@@ -728,9 +728,24 @@ pub struct Range {
     pub max: u8,
 }
 
+/// What an answer lacks that it must carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// The attribute an answer must have.
+    #[error("no {0}")]
+    Missing(&'static str),
+    /// The attribute a set's header must have.
+    #[error("a header without {0}")]
+    HeaderWithout(&'static str),
+    #[error("no answer")]
+    NoAnswer,
+    #[error("a listing without the set's header")]
+    NoHeader,
+}
+
 /// The kernel's protocol range from its `IPSET_CMD_PROTOCOL` answer (a
 /// kernel that predates `IPSET_ATTR_PROTOCOL_MIN` speaks only its one).
-pub fn protocol_range(msg: &IpsetMessage) -> Result<Range, String> {
+pub fn protocol_range(msg: &IpsetMessage) -> Result<Range, Unusable> {
     let mut max = None;
     let mut min = None;
     for a in &msg.attrs {
@@ -740,12 +755,12 @@ pub fn protocol_range(msg: &IpsetMessage) -> Result<Range, String> {
             _ => {}
         }
     }
-    let max = max.ok_or("no IPSET_ATTR_PROTOCOL")?;
+    let max = max.ok_or(Unusable::Missing("IPSET_ATTR_PROTOCOL"))?;
     Ok(Range { min: min.unwrap_or(max), max })
 }
 
 /// A set type's revision range from the kernel's `IPSET_CMD_TYPE` answer.
-pub fn revision_range(msg: &IpsetMessage) -> Result<Range, String> {
+pub fn revision_range(msg: &IpsetMessage) -> Result<Range, Unusable> {
     let mut max = None;
     let mut min = None;
     for a in &msg.attrs {
@@ -755,7 +770,7 @@ pub fn revision_range(msg: &IpsetMessage) -> Result<Range, String> {
             _ => {}
         }
     }
-    let max = max.ok_or("no IPSET_ATTR_REVISION")?;
+    let max = max.ok_or(Unusable::Missing("IPSET_ATTR_REVISION"))?;
     Ok(Range { min: min.unwrap_or(max), max })
 }
 
@@ -771,7 +786,7 @@ pub struct SetHeader {
 
 /// The header in a `HEADER` answer or a listing's message; `None` for a
 /// listing's later messages (members only).
-pub fn set_header(msg: &IpsetMessage) -> Result<Option<SetHeader>, String> {
+pub fn set_header(msg: &IpsetMessage) -> Result<Option<SetHeader>, Unusable> {
     let (mut type_name, mut family, mut revision, mut elements) = (None, None, None, None);
     for a in &msg.attrs {
         match a {
@@ -789,8 +804,8 @@ pub fn set_header(msg: &IpsetMessage) -> Result<Option<SetHeader>, String> {
     };
     Ok(Some(SetHeader {
         type_name,
-        family: family.ok_or("a header without IPSET_ATTR_FAMILY")?,
-        revision: revision.ok_or("a header without IPSET_ATTR_REVISION")?,
+        family: family.ok_or(Unusable::HeaderWithout("IPSET_ATTR_FAMILY"))?,
+        revision: revision.ok_or(Unusable::HeaderWithout("IPSET_ATTR_REVISION"))?,
         elements,
     }))
 }

@@ -79,7 +79,11 @@ pub enum IpsetError {
         source: Arc<DecodeError>,
     },
     #[error("{request}: unusable reply: {what}")]
-    Reply { request: Request, what: String },
+    Reply {
+        request: Request,
+        #[source]
+        what: codec::Unusable,
+    },
     #[error("{type_name}: the kernel has revisions {}-{} and we know up to {ours}", kernel.min, kernel.max)]
     Revision { type_name: &'static str, kernel: Range, ours: u8 },
     #[error("the kernel speaks ipset protocols {}-{}, we speak {}-{}", kernel.min, kernel.max, codec::IPSET_PROTOCOL_MIN, codec::IPSET_PROTOCOL)]
@@ -299,7 +303,7 @@ impl NetlinkIpset {
         let answer = self.nl.get(raw_request(&msg)).await.map_err(|e| IpsetError::netlink(request.clone(), e, None))?;
         match answer.first() {
             Some(raw) => parse_reply(request, raw),
-            None => Err(IpsetError::Reply { request: request.clone(), what: "no answer".into() }),
+            None => Err(IpsetError::Reply { request: request.clone(), what: codec::Unusable::NoAnswer }),
         }
     }
 
@@ -333,7 +337,7 @@ fn listing(request: &Request, answer: Result<Vec<RawNfnl>, NfnlError>) -> Result
     }
     match header {
         Some(header) => Ok(Some(Listing { header, members })),
-        None => Err(IpsetError::Reply { request: request.clone(), what: "a listing without the set's header".into() }),
+        None => Err(IpsetError::Reply { request: request.clone(), what: codec::Unusable::NoHeader }),
     }
 }
 

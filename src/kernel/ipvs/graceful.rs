@@ -12,7 +12,7 @@
 //!   family, `--ipvs-exclude-cidrs`) and treats extra real servers like
 //!   removed ones.
 
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -131,7 +131,7 @@ impl IpvsError {
     }
 
     /// True when the request may have been applied anyway: the caller's view
-    /// of the kernel is no longer trustworthy (needs a full resync).
+    /// of the kernel is untrustworthy (needs a full resync).
     pub fn is_unknown_outcome(&self) -> bool {
         matches!(self, IpvsError::NoReply { .. } | IpvsError::ConnectionClosed { .. })
     }

@@ -7,7 +7,7 @@
 mod nftables;
 
 pub use self::nftables::{MemChain, MemNftables, MemSet, MemTable, MemTables};
-use crate::sync::lock;
+use crate::mutex::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;

@@ -274,12 +274,24 @@ pub struct Counter {
     pub bytes: u64,
 }
 
+/// Why an answer does not describe an object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("a {0:?} message, not a description of an object")]
+    NotADescription(AcctCommand),
+    /// The attribute a description must have.
+    #[error("no {0}")]
+    Missing(&'static str),
+    #[error("an ack without the object")]
+    NoObject,
+}
+
 impl Counter {
     /// Reads a `NEW` message (a `GET`'s answer): name, packets and bytes
     /// are required (upstream's decoder is as strict).
-    pub fn from_message(msg: &AcctMessage) -> Result<Counter, String> {
+    pub fn from_message(msg: &AcctMessage) -> Result<Counter, Unusable> {
         if msg.command != AcctCommand::New {
-            return Err(format!("a {:?} message, not a description of an object", msg.command));
+            return Err(Unusable::NotADescription(msg.command));
         }
         let (mut name, mut packets, mut bytes) = (None, None, None);
         for a in &msg.attrs {
@@ -291,9 +303,9 @@ impl Counter {
             }
         }
         Ok(Counter {
-            name: name.ok_or("no NFACCT_NAME")?,
-            packets: packets.ok_or("no NFACCT_PKTS")?,
-            bytes: bytes.ok_or("no NFACCT_BYTES")?,
+            name: name.ok_or(Unusable::Missing("NFACCT_NAME"))?,
+            packets: packets.ok_or(Unusable::Missing("NFACCT_PKTS"))?,
+            bytes: bytes.ok_or(Unusable::Missing("NFACCT_BYTES"))?,
         })
     }
 }
@@ -467,7 +479,7 @@ mod tests {
         assert!(parse(0x0700, &unterminated).is_err());
         // A description without its byte count is not a counter.
         let msg = parse(0x0700, &payload[..48]).expect("name and packets parse");
-        assert_eq!(Counter::from_message(&msg), Err("no NFACCT_BYTES".to_string()));
+        assert_eq!(Counter::from_message(&msg), Err(Unusable::Missing("NFACCT_BYTES")));
         let get = parse(0x0701, &GET_LOCALHOST[16..]).expect("a GET parses");
         assert!(Counter::from_message(&get).is_err(), "a GET is no description");
     }

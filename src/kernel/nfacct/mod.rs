@@ -74,7 +74,11 @@ pub enum NfacctError {
         source: Arc<DecodeError>,
     },
     #[error("{request}: unusable reply: {what}")]
-    Reply { request: Request, what: String },
+    Reply {
+        request: Request,
+        #[source]
+        what: codec::Unusable,
+    },
     #[error("cannot open a netfilter netlink socket: {0}")]
     Socket(#[source] Arc<io::Error>),
     #[error(transparent)]
@@ -183,7 +187,7 @@ fn get_outcome(request: &Request, answer: Result<Vec<RawNfnl>, NfnlError>) -> Re
         Err(e) => return Err(NfacctError::netlink(request.clone(), e)),
     };
     let Some(raw) = objects.last() else {
-        return Err(NfacctError::Reply { request: request.clone(), what: "an ack without the object".into() });
+        return Err(NfacctError::Reply { request: request.clone(), what: codec::Unusable::NoObject });
     };
     let msg = codec::parse(raw.message_type(), raw.payload())
         .map_err(|e| NfacctError::Decode { request: request.clone(), source: Arc::new(e) })?;

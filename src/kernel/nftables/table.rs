@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use super::{Listed, NfTables, TableInfo, TransactionError};
 use crate::kernel::{Applied, Checked, KResult, KernelError, NftablesKernel, Subsystem};
 use crate::msgs::nftables::{Transaction, TABLE};
+use crate::mutex::lock;
 use crate::net::IpFamily;
-use crate::sync::lock;
 
 /// The ruleset's generation and our table, read right after a transaction
 /// of ours: a later generation means somebody committed since, and the

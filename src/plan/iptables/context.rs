@@ -9,8 +9,9 @@ use ipnet::IpNet;
 
 use crate::model::NodeInfo;
 use crate::net::IpFamily;
+use crate::plan::context::mark;
 use crate::plan::context::{node_ip, LocalAddr, NodePortFilter};
-use crate::plan::rules_ipvs::{mark, LocalDetector};
+use crate::plan::local::LocalDetector;
 
 /// The sysctl that lets NodePorts answer on 127.0.0.0/8 (upstream's
 /// sysctlRouteLocalnet): the runtime must set it to 1 when

@@ -43,7 +43,7 @@ mod tests;
 use crate::msgs::RestoreInput;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-pub use crate::msgs::chains::{Jump, JUMP_POSITION};
+pub use crate::kernel::iptables::chains::{Jump, JUMP_POSITION};
 pub use context::{iptables_context, HostFeatures, IptablesContext, IptablesSettings, NodePortDestinations};
 pub use names::{endpoint_chain, is_service_chain, port_proto_hash, ServiceChains};
 
@@ -52,7 +52,7 @@ use render::{restore_input, Fragment, Frame};
 use service::render_port;
 
 /// The chain vocabulary iptables mode shares with the iptables handle.
-pub use crate::msgs::chains::{
+pub use crate::kernel::iptables::chains::{
     CANARY, CLEANUP_FILTER_CHAINS, CLEANUP_NAT_CHAINS, IPTABLES_JUMPS as JUMPS, IPTABLES_PROFILE as PROFILE,
     KUBELET_JUMPS, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -182,7 +182,7 @@ impl IptablesPlanner {
 
     /// Partial sync: the top-level chains, the chains of `changed` service
     /// ports (added, updated or removed; e.g. `ModelChanges::ports`), and
-    /// the deletion of chains no longer used.
+    /// the deletion of unused chains.
     pub fn partial<'a>(&mut self, model: &Model, changed: impl IntoIterator<Item = &'a ServicePortName>) -> String {
         self.partial_input(model, changed).text()
     }
@@ -236,8 +236,8 @@ impl IptablesPlanner {
         self.total_endpoints = self.total_endpoints - old + new;
     }
 
-    /// Renders `spn` again (or forgets it), moving chains it no longer
-    /// uses to the stale set. Returns the rules of its own chains if it
+    /// Renders `spn` again (or forgets it), moving chains it has stopped
+    /// using to the stale set. Returns the rules of its own chains if it
     /// still exists (its chains stay in `ports`).
     fn rerender(&mut self, model: &Model, spn: &ServicePortName, large: bool) -> Option<String> {
         let old = self.ports.remove(spn);

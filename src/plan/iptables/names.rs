@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::{Endpoint, ServicePortName};
 
-pub use crate::msgs::chains::{
+pub use crate::kernel::iptables::chains::{
     is_service_chain, EXT_PREFIX, FW_PREFIX, SEP_PREFIX, SERVICE_CHAIN_PREFIXES, SVC_PREFIX, SVL_PREFIX,
 };
 

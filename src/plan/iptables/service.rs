@@ -9,7 +9,7 @@ use super::names::{endpoint_chain, ServiceChains};
 use super::{KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES};
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::{if_local, if_not_local};
 
 /// One service port's rules, split the way upstream's line buffers are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -237,26 +237,6 @@ fn node_port_rules(ctx: &IptablesContext, p: &Plan, out: &mut PortRules) {
              --dport {np} -j {}",
             f.comment, f.target
         );
-    }
-}
-
-/// The detector's "not from a pod" match (upstream's IfNotLocal).
-pub fn if_not_local(d: &LocalDetector) -> Option<String> {
-    match d {
-        LocalDetector::None => None,
-        LocalDetector::Cidr(c) => Some(format!("! -s {c}")),
-        LocalDetector::BridgeInterface(b) => Some(format!("! -i {b}")),
-        LocalDetector::InterfacePrefix(p) => Some(format!("! -i {p}+")),
-    }
-}
-
-/// The detector's "from a pod" match (upstream's IfLocal).
-pub fn if_local(d: &LocalDetector) -> Option<String> {
-    match d {
-        LocalDetector::None => None,
-        LocalDetector::Cidr(c) => Some(format!("-s {c}")),
-        LocalDetector::BridgeInterface(b) => Some(format!("-i {b}")),
-        LocalDetector::InterfacePrefix(p) => Some(format!("-i {p}+")),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::fixtures::*;
 use crate::model::{Model, NamespacedName, ServicePortName};
 use crate::msgs::{ResourceKind, SourceEvent};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 const NODE: &str = "test-node";
 
@@ -570,7 +570,7 @@ fn random_fully_liberal_conntrack_and_no_nfacct() {
         random_fully: true,
         conntrack_tcp_liberal: true,
         nfacct_localhost_node_ports: false,
-        mark: crate::plan::rules_ipvs::mark(14),
+        mark: crate::plan::context::mark(14),
         ..fake_ctx()
     };
     let text = dry_run(&model, ctx);

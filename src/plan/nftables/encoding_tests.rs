@@ -1,6 +1,6 @@
 //! The planner's transactions encoded by the codec, against netlink bytes
 //! captured from the path that compiled upstream's rule text (the
-//! planner's `nft` text, tokenized, compiled; `src/plan/testdata/
+//! planner's `nft` text, tokenized, compiled; `src/plan/nftables/testdata/
 //! nftables-netlink.txt`): the typed path sends the same messages, with
 //! the same flags, byte for byte. Each message is a line `FLAGS PAYLOAD`
 //! (hex; the payload after the netlink header), under a `# case` heading.
@@ -13,7 +13,7 @@ use crate::kernel::nftables::codec;
 use crate::msgs::SourceEvent;
 use crate::net::IpFamily;
 
-const CAPTURE: &str = include_str!("../testdata/nftables-netlink.txt");
+const CAPTURE: &str = include_str!("testdata/nftables-netlink.txt");
 
 /// `tx`'s messages as the capture writes them (anonymous sets numbered from 1).
 fn hex(tx: &Transaction) -> String {

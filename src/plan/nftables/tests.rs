@@ -12,11 +12,11 @@ use crate::fixtures::*;
 use crate::model::{Model, NamespacedName, ServicePortName};
 use crate::msgs::{ResourceKind, SourceEvent};
 use crate::net::{IpFamily, Protocol};
-use crate::plan::rules_ipvs::LocalDetector;
+use crate::plan::local::LocalDetector;
 
 const NODE: &str = "test-node";
-const BASE: &str = include_str!("../testdata/nftables-base.txt");
-const OVERALL: &str = include_str!("../testdata/nftables-overall.txt");
+const BASE: &str = include_str!("testdata/nftables-base.txt");
+const OVERALL: &str = include_str!("testdata/nftables-overall.txt");
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -28,6 +28,7 @@ fn ip(s: &str) -> IpAddr {
 pub(crate) fn fake_ctx() -> NftablesContext {
     NftablesContext {
         family: IpFamily::V4,
+        ruleset: NftRuleset::Upstream,
         node_name: NODE.into(),
         zone: String::new(),
         node_ip: Some(ip("192.168.0.2")),
@@ -48,6 +49,19 @@ pub(crate) fn model_with(events: &[SourceEvent]) -> Model {
     }
     m.apply();
     m
+}
+
+/// `n` ClusterIP Services `ns/svc<i>` on 172.30.<i/250>.<i%250>:80, each
+/// with `endpoints` endpoints 10.<k+1>.<i/250>.<i%250> on no node.
+pub(super) fn cluster_ips(n: usize, endpoints: usize) -> Model {
+    let mut events = vec![];
+    for i in 0..n {
+        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
+        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
+        let eps_of: Vec<Ep> = (1..=endpoints).map(|k| no_node(&format!("10.{k}.{a}.{b}"))).collect();
+        events.push(eps("ns", &name, 80, &eps_of));
+    }
+    model_with(&events)
 }
 
 /// A Service from its spec (and optional status); ports are named p<port>.
@@ -502,7 +516,7 @@ fn the_nftables_config_section_shapes_the_ruleset() {
 fn the_secondary_familys_section_is_named_after_it() {
     let text = "# nftables\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n";
     assert_eq!(
-        crate::daemon::with_heading_suffix(text, " ipv6"),
+        crate::dry_run::with_heading_suffix(text, " ipv6"),
         "# nftables ipv6\nadd table ip6 kube-proxy { comment \"rules for kube-proxy\" ; }\n"
     );
 }

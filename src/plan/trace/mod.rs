@@ -29,12 +29,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-pub use rules::Set;
 use rules::{Env, Pkt, Tables, Target};
+pub use rules::{Set, Unreadable};
 
-use super::rules_ipvs::JUMPS;
+use super::ipvs::rules::JUMPS;
+use crate::kernel::iptables::chains::Jump;
 use crate::kernel::IpvsTable;
-use crate::msgs::chains::Jump;
 use crate::msgs::VsKey;
 use crate::net::Protocol;
 
@@ -87,11 +87,19 @@ pub struct Trace {
 pub enum TraceError {
     /// A line the tracer does not understand, or iptables-restore would refuse.
     #[error("{line}: {why}")]
-    Parse { line: String, why: String },
+    Parse {
+        line: String,
+        #[source]
+        why: Unreadable,
+    },
     /// A rule a packet reached that cannot be evaluated (a missing set, a
     /// set used with the wrong number of directions, a source port).
     #[error("{rule}: {why}")]
-    Match { rule: String, why: String },
+    Match {
+        rule: String,
+        #[source]
+        why: Unreadable,
+    },
     #[error("no chain {0}")]
     NoChain(String),
     #[error("chains nest deeper than {0}")]

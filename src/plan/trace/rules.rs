@@ -100,6 +100,63 @@ const BUILT_IN: [(&str, &[&str]); 3] = [
     ("filter", &["INPUT", "FORWARD", "OUTPUT"]),
 ];
 
+/// What the tracer cannot read in a line, or cannot evaluate in a rule a
+/// packet reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    #[error("outside a table")]
+    OutsideTable,
+    #[error("setting a built-in chain's policy is not modelled")]
+    BuiltInPolicy,
+    #[error("no COMMIT")]
+    NoCommit,
+    #[error("no chain or target {0}")]
+    NoTarget(String),
+    #[error("too short")]
+    TooShort,
+    #[error("no such chain")]
+    NoSuchChain,
+    #[error("insert position out of range")]
+    InsertPosition,
+    #[error("unknown command {0}")]
+    UnknownCommand(String),
+    #[error("unterminated quote")]
+    UnterminatedQuote,
+    #[error("-j needs a target")]
+    NeedsTarget,
+    #[error("-m needs a module")]
+    NeedsModule,
+    #[error("unknown match -m {0}")]
+    UnknownModule(String),
+    #[error("unknown option {0}")]
+    UnknownOption(String),
+    #[error("{0} needs a value")]
+    NeedsValue(String),
+    #[error("a trailing !")]
+    TrailingNot,
+    #[error("bad port {0}")]
+    BadPort(String),
+    #[error("only address type LOCAL is modelled")]
+    AddressType,
+    /// The target's name and options.
+    #[error("unknown target -j {0}")]
+    UnknownTarget(String),
+    #[error("bad address {0}")]
+    BadAddress(String),
+    #[error("unknown protocol {0}")]
+    UnknownProtocol(String),
+    #[error("bad set direction {0}")]
+    BadDirection(String),
+    #[error("bad number {0}")]
+    BadNumber(String),
+    #[error("no set {0}")]
+    NoSet(String),
+    #[error("source ports are not modelled")]
+    SourcePort,
+    #[error("{count} directions for a {set_type} set")]
+    Directions { count: usize, set_type: &'static str },
+}
+
 /// Tables of chains, as after `iptables-restore --noflush` of every input given.
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
@@ -130,42 +187,42 @@ impl Tables {
     pub fn restore(&mut self, text: &str) -> Result<(), TraceError> {
         let mut table: Option<String> = None;
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-            let bad = |why: &str| TraceError::Parse { line: line.to_string(), why: why.to_string() };
+            let bad = |why: Unreadable| TraceError::Parse { line: line.to_string(), why };
             if let Some(t) = line.strip_prefix('*') {
                 table = Some(t.to_string());
                 continue;
             }
-            let Some(t) = table.clone() else { return Err(bad("outside a table")) };
+            let Some(t) = table.clone() else { return Err(bad(Unreadable::OutsideTable)) };
             if line == "COMMIT" {
                 self.check_targets(&t)?;
                 table = None;
             } else if let Some(decl) = line.strip_prefix(':') {
                 let chain = decl.split_whitespace().next().unwrap_or_default();
                 if Self::is_built_in(&t, chain) {
-                    return Err(bad("setting a built-in chain's policy is not modelled"));
+                    return Err(bad(Unreadable::BuiltInPolicy));
                 }
                 self.chains.insert((t, chain.to_string()), Vec::new());
             } else {
-                self.command(&t, line).map_err(|why| bad(&why))?;
+                self.command(&t, line).map_err(bad)?;
             }
         }
         match table {
-            Some(t) => Err(TraceError::Parse { line: format!("*{t}"), why: "no COMMIT".into() }),
+            Some(t) => Err(TraceError::Parse { line: format!("*{t}"), why: Unreadable::NoCommit }),
             None => Ok(()),
         }
     }
 
-    fn command(&mut self, table: &str, line: &str) -> Result<(), String> {
+    fn command(&mut self, table: &str, line: &str) -> Result<(), Unreadable> {
         let words = split(line)?;
         let (cmd, chain) = match words.as_slice() {
             [cmd, chain, ..] => (cmd.as_str(), chain.as_str()),
-            _ => return Err("too short".into()),
+            _ => return Err(Unreadable::TooShort),
         };
         let key = (table.to_string(), chain.to_string());
         if cmd == "-X" {
-            return self.chains.remove(&key).map(drop).ok_or_else(|| "no such chain".into());
+            return self.chains.remove(&key).map(drop).ok_or(Unreadable::NoSuchChain);
         }
-        let rules = self.chains.get_mut(&key).ok_or("no such chain")?;
+        let rules = self.chains.get_mut(&key).ok_or(Unreadable::NoSuchChain)?;
         match cmd {
             "-F" => rules.clear(),
             "-A" => rules.push(parse_rule(line, &words[2..])?),
@@ -175,13 +232,13 @@ impl Tables {
                     None => (1, 3),
                 };
                 if at == 0 || at > rules.len() + 1 {
-                    return Err("insert position out of range".into());
+                    return Err(Unreadable::InsertPosition);
                 }
                 // As iptables-save will show it.
                 let spec = line.splitn(skip, ' ').last().unwrap_or_default();
                 rules.insert(at - 1, parse_rule(&format!("-A {chain} {spec}"), &words[skip - 1..])?);
             }
-            _ => return Err(format!("unknown command {cmd}")),
+            _ => return Err(Unreadable::UnknownCommand(cmd.to_string())),
         }
         Ok(())
     }
@@ -192,10 +249,7 @@ impl Tables {
             for r in rules {
                 if let Target::Jump(to) = &r.target {
                     if !self.chains.contains_key(&(t.clone(), to.clone())) {
-                        return Err(TraceError::Parse {
-                            line: r.text.clone(),
-                            why: format!("no chain or target {to}"),
-                        });
+                        return Err(TraceError::Parse { line: r.text.clone(), why: Unreadable::NoTarget(to.clone()) });
                     }
                 }
             }
@@ -205,12 +259,12 @@ impl Tables {
 }
 
 /// Words of a rule, with double-quoted strings as one word.
-fn split(line: &str) -> Result<Vec<String>, String> {
+fn split(line: &str) -> Result<Vec<String>, Unreadable> {
     let mut words = Vec::new();
     let mut rest = line.trim_start();
     while !rest.is_empty() {
         let (word, tail) = match rest.strip_prefix('"') {
-            Some(q) => q.split_once('"').ok_or("unterminated quote")?,
+            Some(q) => q.split_once('"').ok_or(Unreadable::UnterminatedQuote)?,
             None => rest.split_once(' ').unwrap_or((rest, "")),
         };
         words.push(word.to_string());
@@ -232,7 +286,7 @@ const MODULES: [(&str, &[&str]); 9] = [
     ("udp", &["--dport"]),
 ];
 
-fn parse_rule(line: &str, words: &[String]) -> Result<Rule, String> {
+fn parse_rule(line: &str, words: &[String]) -> Result<Rule, Unreadable> {
     let mut rule = Rule { text: line.to_string(), matches: Vec::new(), target: Target::None };
     let mut modules: Vec<&str> = Vec::new();
     let mut negate = false;
@@ -241,19 +295,22 @@ fn parse_rule(line: &str, words: &[String]) -> Result<Rule, String> {
         match w {
             "!" => negate = true,
             "-j" => {
-                let name = it.next().ok_or("-j needs a target")?;
+                let name = it.next().ok_or(Unreadable::NeedsTarget)?;
                 rule.target = parse_target(name, &mut it)?;
             }
             "-m" => {
-                let name = it.next().ok_or("-m needs a module")?;
-                let known = MODULES.iter().find(|(m, _)| *m == name).ok_or(format!("unknown match -m {name}"))?;
+                let name = it.next().ok_or(Unreadable::NeedsModule)?;
+                let known = MODULES
+                    .iter()
+                    .find(|(m, _)| *m == name)
+                    .ok_or_else(|| Unreadable::UnknownModule(name.to_string()))?;
                 modules.push(known.0);
             }
             _ => {
                 if w.starts_with("--") && !MODULES.iter().any(|(m, opts)| modules.contains(m) && opts.contains(&w)) {
-                    return Err(format!("unknown option {w}"));
+                    return Err(Unreadable::UnknownOption(w.to_string()));
                 }
-                let arg = || it.next().ok_or_else(|| format!("{w} needs a value"));
+                let arg = || it.next().ok_or_else(|| Unreadable::NeedsValue(w.to_string()));
                 if let Some(m) = parse_match(w, arg)? {
                     if let Match::Proto(p) = m {
                         modules.push(p.lower());
@@ -264,14 +321,14 @@ fn parse_rule(line: &str, words: &[String]) -> Result<Rule, String> {
         }
     }
     if negate {
-        return Err("a trailing !".into());
+        return Err(Unreadable::TrailingNot);
     }
     Ok(rule)
 }
 
 /// One match option and its value (`None` for a comment).
-fn parse_match<'a>(w: &str, mut arg: impl FnMut() -> Result<&'a str, String>) -> Result<Option<Match>, String> {
-    let port = |s: &str| s.parse::<u16>().map_err(|_| format!("bad port {s}"));
+fn parse_match<'a>(w: &str, mut arg: impl FnMut() -> Result<&'a str, Unreadable>) -> Result<Option<Match>, Unreadable> {
+    let port = |s: &str| s.parse::<u16>().ok().ok_or_else(|| Unreadable::BadPort(s.to_string()));
     Ok(Some(match w {
         "-s" => Match::Src(net(arg()?)?),
         "-d" => Match::Dst(net(arg()?)?),
@@ -287,7 +344,7 @@ fn parse_match<'a>(w: &str, mut arg: impl FnMut() -> Result<&'a str, String>) ->
         "--src-type" | "--dst-type" => match (w, arg()?) {
             ("--src-type", "LOCAL") => Match::SrcLocal,
             (_, "LOCAL") => Match::DstLocal,
-            _ => return Err("only address type LOCAL is modelled".into()),
+            _ => return Err(Unreadable::AddressType),
         },
         "--physdev-is-in" => Match::PhysdevIsIn,
         "--mark" => {
@@ -299,11 +356,11 @@ fn parse_match<'a>(w: &str, mut arg: impl FnMut() -> Result<&'a str, String>) ->
         "--vproto" => Match::IpvsVproto(proto(arg()?)?),
         "--vport" => Match::IpvsVport(port(arg()?)?),
         "--dport" => Match::DPort(port(arg()?)?),
-        _ => return Err(format!("unknown option {w}")),
+        _ => return Err(Unreadable::UnknownOption(w.to_string())),
     }))
 }
 
-fn parse_target<'a>(name: &str, opts: &mut impl Iterator<Item = &'a str>) -> Result<Target, String> {
+fn parse_target<'a>(name: &str, opts: &mut impl Iterator<Item = &'a str>) -> Result<Target, Unreadable> {
     let opts: Vec<&str> = opts.collect();
     let target = match (name, opts.as_slice()) {
         ("ACCEPT", []) => Target::Accept,
@@ -319,37 +376,39 @@ fn parse_target<'a>(name: &str, opts: &mut impl Iterator<Item = &'a str>) -> Res
             Target::Mark { and_not: m, xor: v }
         }
         (chain, []) => Target::Jump(chain.to_string()),
-        _ => return Err(format!("unknown target -j {name} {}", opts.join(" "))),
+        _ => return Err(Unreadable::UnknownTarget(format!("{name} {}", opts.join(" ")))),
     };
     Ok(target)
 }
 
-fn net(s: &str) -> Result<IpNet, String> {
-    s.parse::<IpNet>().or_else(|_| s.parse::<IpAddr>().map(IpNet::from)).map_err(|_| format!("bad address {s}"))
+fn net(s: &str) -> Result<IpNet, Unreadable> {
+    let parsed = s.parse::<IpNet>().ok().or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from));
+    parsed.ok_or_else(|| Unreadable::BadAddress(s.to_string()))
 }
 
-fn proto(s: &str) -> Result<Protocol, String> {
-    Protocol::from_k8s(&s.to_uppercase()).filter(|_| !s.is_empty()).ok_or(format!("unknown protocol {s}"))
+fn proto(s: &str) -> Result<Protocol, Unreadable> {
+    let known = Protocol::from_k8s(&s.to_uppercase()).filter(|_| !s.is_empty());
+    known.ok_or_else(|| Unreadable::UnknownProtocol(s.to_string()))
 }
 
-fn dir(s: &str) -> Result<Dir, String> {
+fn dir(s: &str) -> Result<Dir, Unreadable> {
     match s {
         "src" => Ok(Dir::Src),
         "dst" => Ok(Dir::Dst),
-        _ => Err(format!("bad set direction {s}")),
+        _ => Err(Unreadable::BadDirection(s.to_string())),
     }
 }
 
-fn number(s: &str) -> Result<u32, String> {
+fn number(s: &str) -> Result<u32, Unreadable> {
     let n = match s.strip_prefix("0x") {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
     };
-    n.map_err(|_| format!("bad number {s}"))
+    n.ok().ok_or_else(|| Unreadable::BadNumber(s.to_string()))
 }
 
 /// `VALUE[/MASK]`.
-fn mark(s: &str) -> Result<(u32, u32), String> {
+fn mark(s: &str) -> Result<(u32, u32), Unreadable> {
     match s.split_once('/') {
         Some((v, m)) => Ok((number(v)?, number(m)?)),
         None => Ok((number(s)?, u32::MAX)),
@@ -369,14 +428,14 @@ impl Rule {
 }
 
 impl Match {
-    fn holds(&self, p: &Pkt, env: &Env) -> Result<bool, String> {
+    fn holds(&self, p: &Pkt, env: &Env) -> Result<bool, Unreadable> {
         Ok(match self {
             Match::Src(n) => n.contains(&p.src),
             Match::Dst(n) => n.contains(&p.dst),
             Match::Proto(pr) => *pr == p.proto,
             Match::DPort(port) => *port == p.dport,
             Match::Set { name, dirs } => {
-                let set = env.sets.get(name).ok_or(format!("no set {name}"))?;
+                let set = env.sets.get(name).ok_or_else(|| Unreadable::NoSet(name.clone()))?;
                 in_set(set, dirs, p)?
             }
             Match::SrcLocal => env.local.contains(&p.src),
@@ -395,9 +454,9 @@ impl Match {
 /// `-m set --match-set NAME dirs`: the packet's fields picked by `dirs`, in
 /// the set's dimensions. Ports are destination ports (the tracer's packets
 /// have no source port).
-fn in_set(set: &Set, dirs: &[Dir], p: &Pkt) -> Result<bool, String> {
+fn in_set(set: &Set, dirs: &[Dir], p: &Pkt) -> Result<bool, Unreadable> {
     let ip = |d: Dir| if d == Dir::Src { p.src } else { p.dst };
-    let port = |d: Dir| if d == Dir::Dst { Ok(p.dport) } else { Err("source ports are not modelled".to_string()) };
+    let port = |d: Dir| if d == Dir::Dst { Ok(p.dport) } else { Err(Unreadable::SourcePort) };
     let has = |e: SetEntry| set.members.contains(&e);
     Ok(match (set.set_type, dirs) {
         (SetType::HashIp, [a]) => has(SetEntry::Ip(ip(*a))),
@@ -410,6 +469,6 @@ fn in_set(set: &Set, dirs: &[Dir], p: &Pkt) -> Result<bool, String> {
             })
         }
         (SetType::BitmapPort, [a]) => has(SetEntry::Port(port(*a)?)),
-        (t, _) => return Err(format!("{} directions for a {} set", dirs.len(), t.as_str())),
+        (t, _) => return Err(Unreadable::Directions { count: dirs.len(), set_type: t.as_str() }),
     })
 }

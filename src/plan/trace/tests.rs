@@ -40,7 +40,7 @@ fn what_the_tracer_does_not_understand_is_an_error() {
 fn a_missing_or_misused_set_is_an_error() {
     let rules =
         "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst -j ACCEPT\nCOMMIT\n";
-    let jumps = [crate::msgs::chains::jump("nat", "PREROUTING", "", "", "KUBE-SERVICES")];
+    let jumps = [crate::kernel::iptables::chains::jump("nat", "PREROUTING", "", "", "KUBE-SERVICES")];
     let p = Packet {
         origin: Origin::Pod,
         src: "10.244.0.5".parse().unwrap(),

@@ -16,7 +16,7 @@ use crate::kernel::conntrack::Request;
 use crate::kernel::mem::*;
 use crate::net::IpFamily;
 use crate::plan::context::NodePortFilter;
-use crate::plan::{IpvsPlanner, IpvsSet};
+use crate::plan::ipvs::{IpvsPlanner, IpvsSet};
 use crate::stats::StatsRegistry;
 
 mod conntrack;

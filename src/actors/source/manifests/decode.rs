@@ -224,6 +224,35 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
     Ok(objects)
 }
 
+/// Whether `bytes` (the file at `path`) holds a Node named `name`, read
+/// without decoding any object: the file the start-up decodes to find its
+/// Node ([`super::ManifestDir::find_node`]). False for a file that does not
+/// parse.
+pub(super) fn names_node(path: &Path, bytes: &[u8], name: &str) -> bool {
+    let format = Format::of(path).unwrap_or(Format::Yaml);
+    let Ok(documents) = read_documents(path, format, bytes) else { return false };
+    let is_ours = |value: &Value, default: Option<&TypeMeta>| {
+        let node =
+            TypeMeta::read(value, default).is_ok_and(|t| (t.api_version.as_str(), t.kind.as_str()) == ("v1", "Node"));
+        node && value.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+    };
+    documents.iter().any(|document| match TypeMeta::read(document, None) {
+        Ok(t) if t.kind.ends_with("List") => {
+            let items = document.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            items.iter().any(|item| is_ours(item, t.list_item().as_ref()))
+        }
+        _ => is_ours(document, None),
+    })
+}
+
+/// The Node named `name` among a file's objects.
+pub(super) fn node_named(objects: &Objects, name: &str) -> Option<Arc<Node>> {
+    objects.values().find_map(|held| match &held.object {
+        Some(Object::Node(node)) if node.metadata.name.as_deref() == Some(name) => Some(node.clone()),
+        _ => None,
+    })
+}
+
 /// Where a file's documents go: its objects, and the copies refused.
 struct Out<'a> {
     objects: &'a mut Objects,
@@ -261,6 +290,16 @@ impl fmt::Display for Location {
     }
 }
 
+/// Why an object's `apiVersion` and `kind` could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TypeMetaError {
+    /// What JSON type the value is instead.
+    #[error("expected an object, found {0}")]
+    NotAnObject(&'static str),
+    #[error("missing or non-string {0}")]
+    Missing(&'static str),
+}
+
 /// An object's `apiVersion` and `kind`.
 #[derive(Debug, Clone)]
 struct TypeMeta {
@@ -270,16 +309,16 @@ struct TypeMeta {
 
 impl TypeMeta {
     /// Reads them from an object, or takes `default` if it has neither.
-    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, String> {
+    fn read(value: &Value, default: Option<&TypeMeta>) -> Result<Self, TypeMetaError> {
         let Value::Object(map) = value else {
-            return Err(format!("expected an object, found {}", json_type(value)));
+            return Err(TypeMetaError::NotAnObject(json_type(value)));
         };
         let field = |name| map.get(name).and_then(Value::as_str).map(str::to_owned);
         match (field("apiVersion"), field("kind"), default) {
             (Some(api_version), Some(kind), _) => Ok(Self { api_version, kind }),
             (None, None, Some(default)) => Ok(default.clone()),
-            (None, _, _) => Err("missing or non-string apiVersion".to_owned()),
-            (_, None, _) => Err("missing or non-string kind".to_owned()),
+            (None, _, _) => Err(TypeMetaError::Missing("apiVersion")),
+            (_, None, _) => Err(TypeMetaError::Missing("kind")),
         }
     }
 
@@ -305,7 +344,7 @@ fn add_document(document: Value, at: Location, out: &mut Out) -> Result<(), DocF
     if document.is_null() {
         return Ok(());
     }
-    let type_meta = TypeMeta::read(&document, None).map_err(|p| DocFailure::invalid(at, p))?;
+    let type_meta = TypeMeta::read(&document, None).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
     if type_meta.kind.ends_with("List") {
         return add_list(document, &type_meta, at, out);
     }
@@ -328,7 +367,8 @@ fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> R
     };
     for (index, item) in items.into_iter().enumerate() {
         let at = Location { item: Some(index), ..at };
-        let item_meta = TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p))?;
+        let item_meta =
+            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
         add_object(item, &item_meta, at, out)?;
     }
     Ok(())

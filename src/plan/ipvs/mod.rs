@@ -1,0 +1,313 @@
+//! IPVS mode's planner: what each service port wants (virtual servers,
+//! real servers, set entries, kube-ipvs0 addresses; [`service`]), kept with
+//! the service ports that claim it ([`claims`]), so replanning one service
+//! port yields only its deltas; upstream's ipsets ([`sets`]), the mode's
+//! iptables rules ([`rules`]), the planner's context ([`context`]) and
+//! `--dry-run`'s text ([`render`]).
+
+pub mod claims;
+pub mod context;
+pub mod render;
+pub mod rules;
+pub mod service;
+pub mod sets;
+
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use claims::{Claims, GroupedClaims, Moved, Owner};
+pub use service::{Contribution, PlanContext};
+pub use sets::IpvsSet;
+
+use crate::model::{EndpointList, Model, ServicePort, ServicePortName};
+use crate::msgs::{DestKey, DestSpec, IpsetOp, IpvsOp, LinkOp, SetEntry, VsKey, VsSpec};
+use crate::net::Protocol;
+
+/// The ops one IPVS-mode sync sends, per actor.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IpvsDeltas {
+    pub ipvs: Vec<IpvsOp>,
+    pub sets: BTreeMap<IpvsSet, Vec<IpsetOp>>,
+    pub link: Vec<LinkOp>,
+}
+
+impl IpvsDeltas {
+    pub fn is_empty(&self) -> bool {
+        self.ipvs.is_empty() && self.sets.is_empty() && self.link.is_empty()
+    }
+
+    /// Number of kernel objects touched.
+    pub fn len(&self) -> usize {
+        self.ipvs.len() + self.sets.values().map(Vec::len).sum::<usize>() + self.link.len()
+    }
+}
+
+/// The complete desired IPVS-mode state (for full resyncs and --dry-run).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IpvsDesired {
+    /// AddService and AddDest ops, sorted.
+    pub ipvs: Vec<IpvsOp>,
+    /// Members of every set (every set present, possibly empty).
+    pub sets: BTreeMap<IpvsSet, Vec<SetEntry>>,
+    /// Addresses bound to kube-ipvs0, sorted.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// What the planner remembers of one service port: its owner id and the
+/// inputs it was last planned from, the model's own shared values (two
+/// pointers, nothing copied). Planning the same inputs with the same context
+/// gives the same [`Contribution`], so that is how the planner knows what
+/// the port claims without storing it a second time beside the claims.
+///
+/// Identified by the port's name: a set of these is a map by name.
+#[derive(Debug)]
+struct Planned {
+    owner: Owner,
+    port: Arc<ServicePort>,
+    endpoints: Option<EndpointList>,
+}
+
+impl Planned {
+    fn contribution(&self, ctx: &PlanContext) -> Contribution {
+        service::contribution(ctx, &self.port, self.endpoints.as_deref().unwrap_or_default())
+    }
+
+    /// Whether the model still holds exactly these inputs.
+    fn same_inputs(&self, port: &Arc<ServicePort>, endpoints: Option<&EndpointList>) -> bool {
+        Arc::ptr_eq(&self.port, port)
+            && match (&self.endpoints, endpoints) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+impl Borrow<ServicePortName> for Planned {
+    fn borrow(&self) -> &ServicePortName {
+        &self.port.name
+    }
+}
+
+impl PartialEq for Planned {
+    fn eq(&self, other: &Planned) -> bool {
+        self.port.name == other.port.name
+    }
+}
+
+impl Eq for Planned {}
+
+impl Hash for Planned {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.port.name.hash(state)
+    }
+}
+
+/// The IPVS-mode planner: remembers what each service port claimed, so a
+/// change replans only the service ports it touches.
+#[derive(Debug)]
+pub struct IpvsPlanner {
+    ctx: PlanContext,
+    planned: HashSet<Planned>,
+    next_owner: Owner,
+    services: Claims<VsKey, VsSpec>,
+    dests: GroupedClaims<VsKey, DestKey, DestSpec>,
+    entries: Claims<(IpvsSet, SetEntry), ()>,
+    addresses: Claims<IpAddr, ()>,
+    set_sizes: HashMap<IpvsSet, usize>,
+    no_node_access: Claims<(IpAddr, Protocol, u16), ()>,
+}
+
+impl IpvsPlanner {
+    pub fn new(ctx: PlanContext) -> IpvsPlanner {
+        IpvsPlanner {
+            ctx,
+            planned: HashSet::new(),
+            next_owner: 0,
+            services: Claims::default(),
+            dests: GroupedClaims::default(),
+            entries: Claims::default(),
+            addresses: Claims::default(),
+            set_sizes: HashMap::new(),
+            no_node_access: Claims::default(),
+        }
+    }
+
+    pub fn context(&self) -> &PlanContext {
+        &self.ctx
+    }
+
+    fn new_owner(&mut self) -> Owner {
+        let o = self.next_owner;
+        self.next_owner += 1;
+        o
+    }
+
+    /// Replans `ports` against the model and returns the deltas.
+    pub fn update<'a>(&mut self, model: &Model, ports: impl IntoIterator<Item = &'a ServicePortName>) -> IpvsDeltas {
+        self.plan(model, ports, None)
+    }
+
+    /// Replans `ports`; their previous plans were made with `old_ctx`, or
+    /// with the current context if `None`.
+    fn plan<'a>(
+        &mut self,
+        model: &Model,
+        ports: impl IntoIterator<Item = &'a ServicePortName>,
+        old_ctx: Option<&PlanContext>,
+    ) -> IpvsDeltas {
+        let same_ctx = old_ctx.is_none_or(|c| *c == self.ctx);
+        let mut d = IpvsDeltas::default();
+        for spn in ports {
+            let sp = model.service_port(spn);
+            let endpoints = model.endpoint_list(spn);
+            let old = self.planned.take(spn);
+            let owner = match &old {
+                Some(p) => p.owner,
+                None => self.new_owner(),
+            };
+            let unchanged = matches!((&old, sp), (Some(old), Some(sp)) if same_ctx && old.same_inputs(sp, endpoints));
+            if !unchanged {
+                let old = old.map(|p| p.contribution(old_ctx.unwrap_or(&self.ctx))).unwrap_or_default();
+                let new = sp.map(|sp| service::contribution(&self.ctx, sp, model.endpoints(spn))).unwrap_or_default();
+                self.replace(owner, &old, &new, &mut d);
+            }
+            if let Some(sp) = sp {
+                self.planned.insert(Planned { owner, port: sp.clone(), endpoints: endpoints.cloned() });
+            }
+        }
+        // Equal ops are identical: an unstable sort needs no scratch buffer.
+        // A full sync's deltas are large and live until every actor has
+        // applied them: no spare room.
+        d.ipvs.sort_unstable();
+        d.ipvs.shrink_to_fit();
+        for ops in d.sets.values_mut() {
+            ops.sort_unstable();
+            ops.shrink_to_fit();
+        }
+        d.link.sort_unstable();
+        d.link.shrink_to_fit();
+        d
+    }
+
+    /// Replans every service port with a new context (config or node
+    /// addresses changed, or a full resync).
+    pub fn replan_all(&mut self, model: &Model, ctx: PlanContext) -> IpvsDeltas {
+        let old_ctx = std::mem::replace(&mut self.ctx, ctx);
+        let gone: Vec<ServicePortName> = self
+            .planned
+            .iter()
+            .filter(|p| model.service_port(&p.port.name).is_none())
+            .map(|p| p.port.name.clone())
+            .collect();
+        let mut ports: Vec<&ServicePortName> = model.service_ports().map(|sp| &sp.name).chain(&gone).collect();
+        ports.sort();
+        self.plan(model, ports, Some(&old_ctx))
+    }
+
+    fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, d: &mut IpvsDeltas) {
+        for (k, m) in self.services.replace(owner, &old.services, &new.services) {
+            d.ipvs.push(match m {
+                Moved::Added(s) => IpvsOp::AddService(k, s),
+                Moved::Changed(s) => IpvsOp::EditService(k, s),
+                Moved::Removed => IpvsOp::DelService(k),
+            });
+        }
+        for ((vs, dest), m) in self.dests.replace(owner, &old.dests, &new.dests) {
+            d.ipvs.push(match m {
+                Moved::Added(s) => IpvsOp::AddDest(vs, dest, s),
+                Moved::Changed(s) => IpvsOp::EditDest(vs, dest, s),
+                Moved::Removed => IpvsOp::DelDest(vs, dest),
+            });
+        }
+        for ((set, entry), m) in self.entries.replace(owner, &old.entries, &new.entries) {
+            let size = self.set_sizes.entry(set).or_default();
+            let op = match m {
+                Moved::Added(()) | Moved::Changed(()) => {
+                    *size += 1;
+                    IpsetOp::Add(entry)
+                }
+                Moved::Removed => {
+                    *size = size.saturating_sub(1);
+                    IpsetOp::Del(entry)
+                }
+            };
+            d.sets.entry(set).or_default().push(op);
+        }
+        self.no_node_access.replace(owner, &old.lb_no_node_access, &new.lb_no_node_access);
+        for (addr, m) in self.addresses.replace(owner, &old.addresses, &new.addresses) {
+            d.link.push(match m {
+                Moved::Added(()) | Moved::Changed(()) => LinkOp::Bind(addr),
+                Moved::Removed => LinkOp::Unbind(addr),
+            });
+        }
+    }
+
+    /// Whether a set currently has members (upstream writes some iptables
+    /// rules only for non-empty sets).
+    pub fn set_has_members(&self, set: IpvsSet) -> bool {
+        self.set_sizes.get(&set).is_some_and(|n| *n > 0)
+    }
+
+    /// LB (vip, protocol, port) the node itself may not reach, sorted.
+    pub fn lb_no_node_access(&self) -> Vec<(IpAddr, Protocol, u16)> {
+        let mut v: Vec<_> = self.no_node_access.iter().map(|(k, ())| *k).collect();
+        v.sort();
+        v
+    }
+
+    /// The IPVS-mode iptables rules for the current plan.
+    pub fn rules(&self, cfg: &rules::IpvsRulesConfig) -> String {
+        rules::render(cfg, &|s| self.set_has_members(s), &self.lb_no_node_access())
+    }
+
+    /// The complete desired state.
+    pub fn desired(&self) -> IpvsDesired {
+        let mut ipvs = Vec::with_capacity(self.services.len() + self.dests.len());
+        ipvs.extend(self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())));
+        ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(vs, d, *s)));
+        ipvs.sort_unstable();
+        IpvsDesired { ipvs, sets: self.desired_sets(), addresses: self.desired_addresses() }
+    }
+
+    /// The virtual servers alone (AddService ops, sorted): what the
+    /// syncPeriod's cheap check compares.
+    pub fn desired_services(&self) -> Vec<IpvsOp> {
+        let mut ipvs: Vec<IpvsOp> = self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())).collect();
+        ipvs.sort_unstable();
+        ipvs
+    }
+
+    /// Members of every set (every set present, possibly empty), sorted.
+    pub fn desired_sets(&self) -> BTreeMap<IpvsSet, Vec<SetEntry>> {
+        let mut sets: BTreeMap<IpvsSet, Vec<SetEntry>> = IpvsSet::ALL
+            .iter()
+            .map(|s| (*s, Vec::with_capacity(self.set_sizes.get(s).copied().unwrap_or(0))))
+            .collect();
+        for ((set, entry), ()) in self.entries.iter() {
+            sets.entry(*set).or_default().push(*entry);
+        }
+        for v in sets.values_mut() {
+            v.sort_unstable();
+        }
+        sets
+    }
+
+    /// Addresses bound to kube-ipvs0, sorted.
+    pub fn desired_addresses(&self) -> Vec<IpAddr> {
+        let mut addresses: Vec<IpAddr> = self.addresses.iter().map(|(a, ())| *a).collect();
+        addresses.sort_unstable();
+        addresses
+    }
+
+    /// Counts of planned objects: (virtual servers, real servers, set entries, addresses).
+    pub fn sizes(&self) -> (usize, usize, usize, usize) {
+        (self.services.len(), self.dests.len(), self.entries.len(), self.addresses.len())
+    }
+}

@@ -1,0 +1,467 @@
+//! `--dry-run --diff`: the migration preview. Reads this node's live kernel
+//! state, read-only (IPVS, the ipsets, kube-ipvs0's addresses, iptables of
+//! both backends), and prints what the first sync of the chosen mode would
+//! change, per section and family, in each tool's syntax with `+`/`-`
+//! lines and a summary ([`diff`] compares; this module reads).
+//!
+//! - The plan is `--dry-run`'s own output (a full sync from an empty
+//!   kernel). Sections of the other mode are planned empty when the node
+//!   holds that mode's chains (the daemon would clean it up, as upstream's
+//!   CleanupLeftovers); otherwise they are left as they are and only noted.
+//! - iptables rules are compared in `iptables-save`'s syntax: the planned
+//!   input is loaded with the node's own `iptables-restore` into a private
+//!   network namespace (its sets and nfacct objects created there first)
+//!   and saved back, so both sides are printed by the same tool. The node's
+//!   own namespace is only read. Where that cannot be done (no privilege to
+//!   make a namespace) the planned text is compared as it is, with a note.
+//! - The backend `iptables` does not use is read too: rules of ours there
+//!   are named (the daemon would not touch them; both would be active).
+//! - nftables mode's table is compared as `nft list table` prints it: the
+//!   planned text loaded with `nft -f` into a private network namespace and
+//!   listed back, one line per chain, rule, set and element
+//!   ([`diff::nft_listing_lines`]). In the other modes a table of ours
+//!   that the daemon would delete is listed as removed.
+//! - In every mode, the live UDP conntrack entries the first sync's
+//!   reconcile would delete ([`FamilyPlan::conntrack`]) are listed as
+//!   removed, in `conntrack -L`'s words; the family's other UDP entries
+//!   count as kept.
+
+pub mod diff;
+mod scratch;
+
+use std::collections::BTreeSet;
+
+use crate::config::ProxyMode;
+use crate::kernel::conntrack::codec::Entry;
+use crate::kernel::conntrack::filter::is_stale;
+use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::iptables::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
+use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
+use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
+use crate::kernel::link::DummyLink;
+use crate::kernel::tool;
+use crate::kernel::LinkKernel;
+use crate::msgs::link::DUMMY_LINK;
+use crate::msgs::{IpvsOp, ReconcileConntrack};
+use crate::net::{IpFamily, Protocol};
+use crate::plan::ipvs::IpvsSet;
+use crate::plan::nftables::names::TABLE as NFT_TABLE;
+use crate::plan::nftables::ruleset::nft_family;
+use crate::settings::FamilySettings;
+
+use self::diff::{SectionDiff, Tables};
+use self::scratch::ScratchError;
+
+/// Why a live object could not be read.
+#[derive(Debug, thiserror::Error)]
+enum LiveReadError {
+    #[error(transparent)]
+    Tool(#[from] crate::kernel::KernelError),
+    /// The tool ran and refused: its message.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// One family's plan: its settings and its `--dry-run` text (unsuffixed headings).
+pub struct FamilyPlan {
+    pub settings: FamilySettings,
+    pub text: String,
+    /// The first sync's conntrack reconcile (none without a UDP Service
+    /// with serving endpoints).
+    pub conntrack: Option<ReconcileConntrack>,
+    /// Appended to the headings (`" ipv6"` for a dual-stack node's secondary family).
+    pub suffix: String,
+}
+
+/// The preview of every family's first sync in `mode`.
+pub async fn diff(mode: ProxyMode, plans: &[FamilyPlan]) -> String {
+    let mut sections = Vec::new();
+    for p in plans {
+        sections.extend(family_diff(mode, p).await);
+    }
+    diff::render(&sections)
+}
+
+/// The lines of section `heading` of a `--dry-run` text.
+fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    let mut lines = text.lines().skip_while(|l| *l != heading);
+    if lines.next().is_none() {
+        return Vec::new();
+    }
+    lines.take_while(|l| !l.starts_with("# ")).collect()
+}
+
+/// The profile of `mode`'s iptables chains, and the other mode's.
+fn profiles(mode: ProxyMode) -> (&'static ChainProfile, Option<&'static ChainProfile>) {
+    match mode {
+        ProxyMode::Ipvs => (&IPVS_PROFILE, Some(&IPTABLES_PROFILE)),
+        ProxyMode::Iptables => (&IPTABLES_PROFILE, Some(&IPVS_PROFILE)),
+        ProxyMode::Nftables => (&IPTABLES_PROFILE, None),
+    }
+}
+
+async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
+    let family = p.settings.family;
+    let heading = |h: &str| format!("{h}{}", p.suffix);
+    if mode == ProxyMode::Nftables {
+        let note = "iptables and IPVS mode's leftovers, which the daemon removes when their chains are there, are not previewed";
+        let nft = nftables_section(heading("# nftables"), p, true).await.note(note);
+        return vec![nft, conntrack_section(heading("# conntrack"), p).await];
+    }
+    let (own, other) = profiles(mode);
+    // Whether the first sync would clean up the other mode (its marker chains are there).
+    let cleans_ipvs = match (mode, other) {
+        (ProxyMode::Iptables, Some(o)) => {
+            IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false)
+        }
+        _ => false,
+    };
+    let cleans_iptables = match (mode, other) {
+        (ProxyMode::Ipvs, Some(o)) => IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false),
+        _ => false,
+    };
+    let ipvs_planned = mode == ProxyMode::Ipvs;
+    let mut out = Vec::new();
+    out.push(ipvs_section(heading("# ipvs"), p, ipvs_planned, cleans_ipvs).await);
+    out.push(ipset_section(heading("# ipset"), p, ipvs_planned, cleans_ipvs).await);
+    out.push(address_section(heading(&format!("# addresses {DUMMY_LINK}")), p, ipvs_planned, cleans_ipvs).await);
+    let owned = move |table: &str, chain: &str| {
+        let listed = |pr: &ChainProfile| match table {
+            "nat" => pr.nat_chains.contains(&chain) || (pr.service_chains && is_service_chain(chain)),
+            "filter" => pr.filter_chains.contains(&chain),
+            _ => false,
+        };
+        chain == CANARY || listed(own) || ((cleans_ipvs || cleans_iptables) && other.is_some_and(listed))
+    };
+    out.extend(iptables_sections(&heading("# iptables"), p, mode, owned).await);
+    // Our nftables table, which the daemon deletes when it starts in this mode.
+    let nft = nftables_section(heading("# nftables"), p, false).await;
+    if nft.removed > 0 {
+        out.push(nft.note("nftables mode's table: removed by the switch"));
+    }
+    out.push(conntrack_section(heading("# conntrack"), p).await);
+    out
+}
+
+/// The family's live UDP conntrack entries the first sync's reconcile
+/// would delete, as removed lines; the other UDP entries, as kept.
+async fn conntrack_section(heading: String, p: &FamilyPlan) -> SectionDiff {
+    let section = SectionDiff::new(&heading);
+    let Some(rc) = &p.conntrack else {
+        return section.note("no UDP Service has serving endpoints: the first sync reconciles nothing");
+    };
+    let entries = match NetlinkConntrack::new() {
+        Ok(ct) => ct.entries(p.settings.family).await,
+        Err(e) => Err(e),
+    };
+    let entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => return section.note(format!("the conntrack table could not be read: {e}")),
+    };
+    let udp: Vec<&Entry> = entries.iter().filter(|e| e.protocol() == Some(Protocol::Udp)).collect();
+    let (stale, kept): (Vec<&Entry>, Vec<&Entry>) = udp.into_iter().partition(|e| is_stale(rc, e));
+    let mut lines: Vec<String> = stale.iter().map(|e| format!("-{e}")).collect();
+    lines.sort();
+    SectionDiff { removed: lines.len(), kept: kept.len(), lines, ..section }
+}
+
+/// nftables mode's `kube-proxy` table of the family: the live one (`nft
+/// list table`) against the planned one (`planned`: the dry run's text
+/// loaded with `nft -f` into a private network namespace and listed back,
+/// so both sides are printed by `nft`; else an empty table), as lines of
+/// [`diff::nft_listing_lines`].
+async fn nftables_section(heading: String, p: &FamilyPlan, planned: bool) -> SectionDiff {
+    let family = nft_family(p.settings.family);
+    let s = SectionDiff::new(&heading);
+    let args = ["list", "table", family, NFT_TABLE];
+    let live = match tool::run("nft list table", "nft", &args, None).await {
+        Ok(out) if out.success() => diff::nft_listing_lines(&out.stdout),
+        Ok(out) if out.stderr.contains("No such file") => Vec::new(),
+        Ok(out) => return s.note(format!("cannot read the table: nft list table: {}", out.message())),
+        Err(e) => return s.note(format!("cannot read the table: {e}")),
+    };
+    let desired = if planned {
+        let text: String = section(&p.text, "# nftables").iter().map(|l| format!("{l}\n")).collect();
+        let family = family.to_string();
+        match scratch::in_thread(move || scratch::nft_listed(&text, &family)).await {
+            Ok(listing) => diff::nft_listing_lines(&listing),
+            Err(e) => return s.note(format!("cannot list the planned table in a private namespace: {e}")),
+        }
+    } else {
+        Vec::new()
+    };
+    s.compare(&desired, &live)
+}
+
+/// The section of the other mode's objects: removed when the daemon would
+/// clean that mode up, else left as they are and noted.
+fn unplanned(heading: String, what: &str, live: Vec<String>, cleans: bool) -> SectionDiff {
+    if cleans {
+        SectionDiff::new(&heading).note(format!("IPVS mode's {what}: removed by the switch")).compare(&[], &live)
+    } else {
+        left_alone(heading, live.len())
+    }
+}
+
+/// `n` lines of the other mode's that the first sync leaves as they are.
+fn left_alone(heading: String, n: usize) -> SectionDiff {
+    let mut s = SectionDiff::new(&heading).note(format!("not this mode's; left as they are ({n} lines)"));
+    s.kept = n;
+    s
+}
+
+async fn ipvs_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bool) -> SectionDiff {
+    let ipvs = match NetlinkIpvs::connect().await {
+        Ok(ipvs) => ipvs,
+        Err(IpvsError::NotAvailable) => {
+            let s = SectionDiff::new(&heading).note("no IPVS in this kernel");
+            let desired = if planned { owned_lines(section(&p.text, "# ipvs")) } else { Vec::new() };
+            return s.compare(&desired, &[]);
+        }
+        Err(e) => return SectionDiff::new(&heading).note(format!("cannot read IPVS: {e}")),
+    };
+    let family = p.settings.family;
+    let exclude = &p.settings.ipvs_exclude_cidrs;
+    let mut live = Vec::new();
+    match ipvs.services().await {
+        Ok(services) => {
+            for (vs, spec) in services {
+                // Upstream's ownership: the family's servers outside excludeCIDRs
+                // (a cleanup flushes every one of the family's).
+                if !family.matches(&vs.addr) || (planned && exclude.iter().any(|n| n.contains(&vs.addr))) {
+                    continue;
+                }
+                live.push(IpvsOp::AddService(vs, spec).to_string());
+                match ipvs.dests(&vs).await {
+                    Ok(dests) => {
+                        live.extend(dests.into_iter().map(|(d, ds, _, _)| IpvsOp::AddDest(vs, d, ds).to_string()))
+                    }
+                    Err(e) => return SectionDiff::new(&heading).note(format!("cannot read the servers of {vs}: {e}")),
+                }
+            }
+        }
+        Err(e) => return SectionDiff::new(&heading).note(format!("cannot read IPVS: {e}")),
+    }
+    if planned {
+        SectionDiff::new(&heading).compare(&owned_lines(section(&p.text, "# ipvs")), &live)
+    } else {
+        unplanned(heading, "virtual servers", live, cleans)
+    }
+}
+
+fn owned_lines(lines: Vec<&str>) -> Vec<String> {
+    lines.into_iter().map(str::to_string).collect()
+}
+
+/// A set's create line reduced to what the daemon checks (name, type,
+/// family or range): the kernel adds `bucketsize` and a random `initval`.
+fn create_key(line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut key: Vec<&str> = words.iter().take(3).copied().collect();
+    for pair in words.get(3..).unwrap_or(&[]).windows(2) {
+        if pair[0] == "family" || pair[0] == "range" {
+            key.extend_from_slice(pair);
+        }
+    }
+    key.join(" ")
+}
+
+async fn ipset_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bool) -> SectionDiff {
+    let family = p.settings.family;
+    let desired = section(&p.text, "# ipset");
+    let mut out = SectionDiff::new(&heading);
+    let mut left = 0;
+    for set in IpvsSet::ALL {
+        let name = set.name(family);
+        let live = match saved_set(&name).await {
+            Ok(lines) => lines,
+            Err(e) => return out.note(format!("cannot read ipset {name}: {e}")),
+        };
+        if !planned && !cleans {
+            left += live.len();
+            continue;
+        }
+        let want: Vec<&str> =
+            desired.iter().copied().filter(|l| planned && l.split_whitespace().nth(1) == Some(name.as_str())).collect();
+        // The create line first (compared on what the daemon checks, printed
+        // whole), then the members.
+        let create = |l: &&str| l.starts_with("create ");
+        let (want_create, want_adds): (Vec<&str>, Vec<&str>) = want.into_iter().partition(create);
+        let (live_create, live_adds): (Vec<&str>, Vec<&str>) = live.iter().map(String::as_str).partition(create);
+        let keys = |v: &[&str]| v.iter().map(|l| create_key(l)).collect::<Vec<_>>();
+        if keys(&want_create) == keys(&live_create) {
+            out.kept += want_create.len();
+        } else {
+            out = out.compare(&owned_lines(want_create), &owned_lines(live_create));
+        }
+        out = out.compare(&owned_lines(want_adds), &owned_lines(live_adds));
+    }
+    match (planned, cleans) {
+        (true, _) => out,
+        (false, true) => out.note("IPVS mode's sets: removed by the switch"),
+        (false, false) => left_alone(heading, left),
+    }
+}
+
+/// `ipset save NAME`'s lines; none when the set does not exist.
+async fn saved_set(name: &str) -> Result<Vec<String>, LiveReadError> {
+    let out = tool::run(&format!("ipset save {name}"), "ipset", &["save", name], None).await?;
+    if out.success() {
+        Ok(out.stdout.lines().map(str::to_string).collect())
+    } else if out.stderr.contains("does not exist") {
+        Ok(Vec::new())
+    } else {
+        Err(LiveReadError::Refused(out.message()))
+    }
+}
+
+async fn address_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bool) -> SectionDiff {
+    let family = p.settings.family;
+    let live = match DummyLink::new() {
+        Ok(link) => link.with_family(family).addresses().await,
+        Err(e) => Err(e),
+    };
+    let live: Vec<String> = match live {
+        Ok(addrs) => addrs.iter().map(ToString::to_string).collect(),
+        Err(e) => return SectionDiff::new(&heading).note(format!("cannot read {DUMMY_LINK}'s addresses: {e}")),
+    };
+    if planned {
+        let desired = owned_lines(section(&p.text, &format!("# addresses {DUMMY_LINK}")));
+        SectionDiff::new(&heading).compare(&desired, &live)
+    } else {
+        unplanned(heading, "addresses", live, cleans)
+    }
+}
+
+/// The tables the preview reads.
+const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
+
+async fn iptables_sections(
+    heading: &str,
+    p: &FamilyPlan,
+    mode: ProxyMode,
+    owned: impl Fn(&str, &str) -> bool + Copy,
+) -> Vec<SectionDiff> {
+    let family = p.settings.family;
+    let planned = section(&p.text, "# iptables").join("\n") + "\n";
+    let used = used_backend(family).await;
+    let mut out = Vec::new();
+    for backend in ["legacy", "nft"] {
+        let bins = IptablesBinaries::variant(family, backend);
+        let live = match saved_tables(&bins).await {
+            Ok(t) => t,
+            Err(e) => {
+                out.push(SectionDiff::new(&format!("{heading} {backend}")).note(format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        let name = format!("{heading} {backend}");
+        if used.as_deref() != Some(backend) {
+            let ours = diff::iptables_diff(&name, &Tables::new(), &live, owned);
+            let mut s = SectionDiff::new(&name);
+            s.kept = ours.removed;
+            let what = used.as_deref().map_or("unknown".to_string(), |u| format!("iptables-{u}"));
+            if ours.removed > 0 {
+                s = s.note(format!(
+                    "`iptables` here is {what}: these {} chains and rules of kube-proxy's in iptables-{backend} \
+                     are not touched and stay active beside ours",
+                    ours.removed
+                ));
+            } else {
+                s = s.note(format!("`iptables` here is {what}; nothing of kube-proxy's in iptables-{backend}"));
+            }
+            out.push(s);
+            continue;
+        }
+        let (desired, note) = match canonical(&bins, &planned, &p.text, mode).await {
+            Ok(saved) => (diff::parse_tables(&saved), None),
+            Err(e) => {
+                (diff::parse_tables(&planned), Some(format!("planned rules compared as written, not as saved: {e}")))
+            }
+        };
+        let mut s = diff::iptables_diff(&name, &desired, &live, owned);
+        if let Some(n) = note {
+            s.notes.insert(0, n);
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// "legacy" or "nft": the backend `iptables` (`ip6tables`) runs here.
+async fn used_backend(family: IpFamily) -> Option<String> {
+    let bin = IptablesBinaries::for_family(family).iptables;
+    let out = tool::run(&format!("{bin} --version"), &bin, &["--version"], None).await.ok()?;
+    if out.stdout.contains("nf_tables") {
+        Some("nft".into())
+    } else if out.stdout.contains("legacy") || out.success() {
+        Some("legacy".into())
+    } else {
+        None
+    }
+}
+
+/// The live tables of one backend (a table the kernel lacks is empty).
+async fn saved_tables(bins: &IptablesBinaries) -> Result<Tables, LiveReadError> {
+    let mut text = String::new();
+    for table in TABLES {
+        let op = format!("{} -t {table}", bins.save);
+        let out = tool::run(&op, &bins.save, &["-t", table], None).await?;
+        if out.success() {
+            text.push_str(&out.stdout);
+        } else if !out.stderr.contains("does not exist") && !out.stderr.contains("initialize") {
+            return Err(LiveReadError::Refused(format!("{op}: {}", out.message())));
+        }
+    }
+    Ok(diff::parse_tables(&text))
+}
+
+/// `restore` loaded into a private network namespace with `bins` and saved
+/// back (`iptables-save` syntax). The sets (IPVS mode) and nfacct objects
+/// the rules name are created there first.
+async fn canonical(
+    bins: &IptablesBinaries,
+    restore: &str,
+    plan: &str,
+    mode: ProxyMode,
+) -> Result<String, ScratchError> {
+    let creates: Vec<String> = match mode {
+        ProxyMode::Ipvs => {
+            section(plan, "# ipset").into_iter().filter(|l| l.starts_with("create ")).map(str::to_string).collect()
+        }
+        _ => Vec::new(),
+    };
+    let nfacct: BTreeSet<&'static str> = crate::proxier::nfacct::OBJECTS
+        .iter()
+        .copied()
+        .filter(|o| restore.contains(&format!("--nfacct-name {o}")))
+        .collect();
+    let (bins, restore) = (bins.clone(), restore.to_string());
+    scratch::in_thread(move || scratch::saved_after_restore(&bins, &restore, &creates, &nfacct)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_section_is_the_lines_under_its_heading() {
+        let text =
+            "# ipvs\n-A -t 1.2.3.4:80 -s rr\n# ipset\ncreate X hash:ip family inet hashsize 1024 maxelem 65536\n";
+        assert_eq!(section(text, "# ipvs"), ["-A -t 1.2.3.4:80 -s rr"]);
+        assert_eq!(section(text, "# ipset").len(), 1);
+        assert!(section(text, "# iptables").is_empty());
+    }
+
+    #[test]
+    fn create_lines_compare_on_name_type_and_family() {
+        let ours = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536";
+        let live = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1f2e3d4c";
+        assert_eq!(create_key(ours), create_key(live));
+        assert_ne!(create_key(ours), create_key("create KUBE-CLUSTER-IP hash:ip family inet hashsize 1024"));
+        assert_eq!(
+            create_key("create KUBE-NODE-PORT-TCP bitmap:port range 0-65535"),
+            "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535"
+        );
+    }
+}
