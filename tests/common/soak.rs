@@ -324,6 +324,14 @@ impl SoakLab {
         self.dir.path().join("xtables.lock")
     }
 
+    /// `XTABLES_LOCKFILE=` the lab's lock, for `env`: another writer of
+    /// iptables takes the lock the daemon takes, as on a node (without it
+    /// iptables-legacy's commit and the daemon's restore race, and one of
+    /// them fails with EAGAIN).
+    fn lock_env(&self) -> String {
+        format!("XTABLES_LOCKFILE={}", self.lock_path().display())
+    }
+
     /// `kube-proxy-rs ARGS` (or the daemon) in the node namespace: iptables
     /// mode runs iptables-legacy (shims first on PATH) with the lab's own
     /// xtables lock.
@@ -462,7 +470,8 @@ impl SoakLab {
             Fault::FlushChain => match self.mode {
                 Mode::Iptables | Mode::Ipvs => {
                     let tool = if self.mode == Mode::Iptables { "iptables-legacy" } else { "iptables" };
-                    self.node.ok(&[tool, "-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
+                    let lock = self.lock_env();
+                    self.node.ok(&["env", &lock, tool, "-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
                 }
                 Mode::Nftables => {
                     self.node.ok(&["nft", "flush", "chain", "ip", "kube-proxy", "services"]);
@@ -599,14 +608,10 @@ impl SoakLab {
                     .lines()
                     .find(|l| l.starts_with("-A KUBE-SVC-") && l.contains("-j KUBE-SEP-"))
                     .expect("a KUBE-SVC- rule");
-                let mut args = vec!["iptables-legacy", "-w", "5", "-t", "nat", "-D"];
+                let lock = self.lock_env();
+                let mut args = vec!["env", &lock, "iptables-legacy", "-w", "5", "-t", "nat", "-D"];
                 args.extend(rule.trim_start_matches("-A ").split_whitespace());
-                // iptables-legacy answers EAGAIN when the daemon replaced the
-                // table between its read and its commit: try again.
-                wait_for("the rule deleted", Duration::from_secs(10), || {
-                    let out = self.node.exec(&args);
-                    out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
-                });
+                self.node.ok(&args);
             }
         }
     }
