@@ -22,6 +22,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::soak::{Fault, Mode, SoakLab, SoakPlan};
+use common::vm::VmRun;
 
 const TEST: &str = "ipvs_converges_under_churn_kill_and_foreign_writes";
 /// Seconds of churn in the VM over both families.
@@ -33,34 +34,15 @@ fn ipvs_converges_under_churn_kill_and_foreign_writes() {
         guest();
         return;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let me = std::env::current_exe().expect("test binary path");
-    let log = std::env::temp_dir().join(format!("kpr-vm-soak-{}.log", std::process::id()));
     let started = Instant::now();
-    let mut vm = Command::new(format!("{root}/tests/vm/run-vm-test.sh"));
-    vm.args(["--quiet", "--timeout", "900", "--mem", "1536", "--bin", &common::bin()]).arg("--log").arg(&log);
     let seconds = std::env::var("SOAK_SECONDS").unwrap_or_else(|_| VM_CHURN_SECONDS.to_string());
-    vm.args(["--env", &format!("SOAK_SECONDS={seconds}")]);
-    if let Ok(families) = std::env::var("SOAK_FAMILIES") {
-        vm.args(["--env", &format!("SOAK_FAMILIES={families}")]);
-    }
-    let out = vm
-        .arg("--exec")
-        .arg(&me)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-        .output()
-        .expect("run tests/vm/run-vm-test.sh (is qemu installed? run .ci/install-deps.sh)");
-    let console = std::fs::read_to_string(&log).unwrap_or_default();
-    let soak: Vec<&str> = console.lines().filter(|l| l.contains("soak: ")).collect();
+    let mut env = vec![format!("SOAK_SECONDS={seconds}")];
+    env.extend(std::env::var("SOAK_FAMILIES").map(|f| format!("SOAK_FAMILIES={f}")));
+    let run = VmRun::this_test(TEST, 900, 1536, &env);
+    let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
-    eprintln!("VM soak took {:.0} s; console log {}", started.elapsed().as_secs_f64(), log.display());
-    let tail: Vec<&str> = console.lines().rev().take(60).collect();
-    assert!(
-        out.status.success(),
-        "the soak failed in the VM (exit {:?}); console tail:\n{}",
-        out.status.code(),
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    );
+    eprintln!("VM soak took {:.0} s", started.elapsed().as_secs_f64());
+    run.assert_passed();
 }
 
 /// In the VM: the daemon binary is on PATH (`--bin`); the harness runs the
