@@ -110,10 +110,10 @@ pub struct Figure {
 }
 
 /// A network namespace, deleted on drop.
-struct Netns(String);
+pub(crate) struct Netns(pub(crate) String);
 
 impl Netns {
-    fn new(name: String) -> anyhow::Result<Netns> {
+    pub(crate) fn new(name: String) -> anyhow::Result<Netns> {
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         run("ip", &["netns", "add", &name])?;
         let ns = Netns(name);
@@ -121,7 +121,7 @@ impl Netns {
         Ok(ns)
     }
 
-    fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub(crate) fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut all = vec!["netns", "exec", &self.0];
         all.extend_from_slice(args);
         run("ip", &all)
@@ -266,7 +266,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let mut fig = |metric: &str, value: f64, unit: &'static str| {
         out.push(Figure { metric: metric.to_string(), value: (value * 1000.0).round() / 1000.0, unit })
     };
-    let work = tempfile_dir()?;
+    let work = tempfile_dir("daemon")?;
     let manifests = work.join("manifests");
     std::fs::create_dir_all(&manifests)?;
     let cluster = Cluster::new(opts.spec)?;
@@ -524,8 +524,8 @@ fn without_nfacct(saved: &str) -> String {
     out
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("kpr-bench-daemon-{}", std::process::id()));
+pub(crate) fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kpr-bench-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     Ok(dir)

@@ -159,6 +159,23 @@ enum Cmd {
         #[arg(long)]
         matrix: bool,
     },
+    /// The long soak (root): the daemon binary against the test API server
+    /// serving the soak cluster, a seeded change of every kind `rate` times
+    /// a second for `minutes`, then `--dry-run --diff` clean, sync and
+    /// network programming p50/p99, RSS over time, WARN/ERROR lines.
+    Soak {
+        #[arg(long, default_value_t = 300)]
+        services: usize,
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables"])]
+        mode: String,
+        #[arg(long, default_value_t = 10)]
+        rate: u32,
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// The daemon binary (default: kube-proxy-rs beside this binary).
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+    },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
     Ipvs {
@@ -671,6 +688,33 @@ fn main() {
                         }
                         Ok(())
                     })
+                }
+            })
+        }
+        Cmd::Soak { services, mode, rate, minutes, binary } => {
+            let binary = binary.clone().unwrap_or_else(|| {
+                std::env::current_exe()
+                    .map(|p| p.with_file_name("kube-proxy-rs"))
+                    .unwrap_or_else(|_| "kube-proxy-rs".into())
+            });
+            let spec = kube_proxy_rs::bench::soak::cluster::SoakSpec {
+                seed: cli.seed,
+                services: *services,
+                probes: 6,
+                backends: 3,
+                dual_stack: cli.dual_stack,
+            };
+            let opts = kube_proxy_rs::bench::soak::run::Options {
+                spec,
+                binary,
+                mode: mode.clone(),
+                rate: *rate,
+                duration: Duration::from_secs(minutes * 60),
+                rss_every: Duration::from_secs(300),
+            };
+            kube_proxy_rs::bench::soak::run::run_soak(&opts).map(|figures| {
+                for f in figures {
+                    r.add("soak", *services, &f.metric, f.value, f.unit);
                 }
             })
         }
