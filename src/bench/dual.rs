@@ -110,7 +110,9 @@ pub fn dual_stack(events: &[SourceEvent]) -> Vec<SourceEvent> {
 
 /// `events` of an IPv4 cluster on a dual-stack node where every `every`-th
 /// Service (the first, then every `every`-th in event order) is dual-stack
-/// with its slices' IPv6 twins; the other Services stay IPv4 only.
+/// with its slices' IPv6 twins; the other Services stay IPv4 only. With
+/// `every` over 1 a slice is twinned only when its Service's event came
+/// earlier in `events`.
 pub fn dual_stack_every(events: &[SourceEvent], every: usize) -> Vec<SourceEvent> {
     let every = every.max(1);
     let mut dual = std::collections::HashSet::new();
@@ -132,7 +134,9 @@ pub fn dual_stack_every(events: &[SourceEvent], every: usize) -> Vec<SourceEvent
                 out.push(ev.clone());
                 let meta = &c.object().metadata;
                 let service = meta.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).cloned();
-                if !dual.contains(&(meta.namespace.clone(), service)) {
+                // With every Service dual-stack, every slice has its twin, also
+                // in a batch of slice changes without their Services.
+                if every > 1 && !dual.contains(&(meta.namespace.clone(), service)) {
                     continue;
                 }
                 if let Some(s) = v6_slice(c.object()) {
@@ -174,6 +178,18 @@ mod tests {
             })
             .collect();
         assert_eq!(slices, ["a-1", "a-1-v6", "b-1"]);
+    }
+
+    #[test]
+    fn a_batch_of_slice_changes_alone_gets_its_twins() {
+        let sl = applied_slice(slice("default", "a-1", "a", &[("http", "TCP", 8080)], &[ep("10.1.0.5", "n")]));
+        let names: Vec<String> = (dual_stack(&[sl]).iter())
+            .filter_map(|e| match e {
+                SourceEvent::EndpointSlice(c) => c.object().metadata.name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["a-1", "a-1-v6"]);
     }
 
     #[test]
