@@ -12,14 +12,16 @@ pub struct VmRun {
 }
 
 impl VmRun {
-    /// Runs `test` of the current test binary in the VM (`timeout` and
-    /// `mem` as run-vm-test.sh's options), `env` passed as `NAME=VALUE`.
-    pub fn this_test(test: &str, timeout: u32, mem: u32, env: &[String]) -> VmRun {
+    /// Runs `test` of the current test binary in the VM (`timeout`,
+    /// `retries` and `mem` as run-vm-test.sh's options), `env` passed as
+    /// `NAME=VALUE`.
+    pub fn this_test(test: &str, timeout: u32, retries: u32, mem: u32, env: &[String]) -> VmRun {
         let root = env!("CARGO_MANIFEST_DIR");
         let me = std::env::current_exe().expect("test binary path");
         let log = std::env::temp_dir().join(format!("kpr-vm-{test}-{}.log", std::process::id()));
         let mut vm = Command::new(format!("{root}/tests/vm/run-vm-test.sh"));
-        vm.args(["--quiet", "--timeout", &timeout.to_string(), "--mem", &mem.to_string(), "--bin", &super::bin()]);
+        vm.args(["--quiet", "--timeout", &timeout.to_string(), "--retries", &retries.to_string()]);
+        vm.args(["--mem", &mem.to_string(), "--bin", &super::bin()]);
         vm.arg("--log").arg(&log);
         for e in env {
             vm.args(["--env", e]);
