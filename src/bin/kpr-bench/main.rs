@@ -152,7 +152,7 @@ enum Cmd {
         /// Skip loading the same rules with the tool alone.
         #[arg(long)]
         no_tool: bool,
-        /// The memory matrix of issue 29 at each size: `--mode` (or
+        /// The memory matrix at each size: `--mode` (or
         /// iptables and nftables with `--mode all`) × source (one file,
         /// one file per object, API) × single-stack and dual-stack with
         /// every second Service dual-stack; no tool comparison.
@@ -549,7 +549,7 @@ fn bench_ipvs_kernel(
     res
 }
 
-/// `kpr-bench daemon --matrix`: one daemon run per cell of issue 29's
+/// `kpr-bench daemon --matrix`: one daemon run per cell of the
 /// memory matrix; every run's figures go to the report, and a table of the
 /// cells (first sync, peak RSS, RSS 60 s after the first sync) is printed
 /// to stderr as each cell finishes and in the report at the end.
