@@ -132,13 +132,7 @@ impl Lab {
         let dir = tempfile::tempdir().expect("tempdir");
         let lab = Lab { node, client, _backends: list, flavour, dir, started: 0 };
         std::fs::create_dir(lab.manifests()).unwrap();
-        std::fs::create_dir(lab.shims()).unwrap();
-        for base in ["iptables", "ip6tables"] {
-            for suffix in ["", "-save", "-restore"] {
-                let target = which(&flavour.tool(base, suffix));
-                std::os::unix::fs::symlink(target, lab.shims().join(format!("{base}{suffix}"))).unwrap();
-            }
-        }
+        kube_proxy_rs::bench::daemon_run::iptables_shims(&lab.shims(), flavour.name()).expect("iptables shims");
         lab.config("iptables", "30s");
         lab.put("node", &node_manifest());
         lab

@@ -156,6 +156,28 @@ impl Drop for Netns {
     }
 }
 
+/// Makes `dir` hold `iptables`, `ip6tables` and their `-save` and
+/// `-restore` as links to `flavour`'s tools (`legacy` or `nft`, found on
+/// PATH or in /usr/sbin), for a daemon whose PATH starts with `dir`.
+/// Links already there are replaced.
+pub fn iptables_shims(dir: &Path, flavour: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = std::env::var("PATH").unwrap_or_default();
+    for base in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let tool = format!("{base}-{flavour}{suffix}");
+            let target = (path.split(':').chain(["/usr/sbin"]))
+                .map(|d| Path::new(d).join(&tool))
+                .find(|p| p.exists())
+                .with_context(|| format!("{tool} not found on PATH or in /usr/sbin"))?;
+            let link = dir.join(format!("{base}{suffix}"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link).with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn run(bin: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(bin).args(args).output().with_context(|| format!("{bin} {args:?}"))?;
     ensure!(out.status.success(), "{bin} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -298,14 +320,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     node.exec(&["ip", "link", "set", "eth1", "up"])?;
     // The flavour first on the daemon's PATH.
     let shims = work.join("bin");
-    std::fs::create_dir_all(&shims)?;
-    for base in ["iptables", "ip6tables"] {
-        for suffix in ["", "-save", "-restore"] {
-            let target = format!("/usr/sbin/{base}-{}{suffix}", opts.flavour);
-            ensure!(Path::new(&target).exists(), "{target} not found");
-            std::os::unix::fs::symlink(&target, shims.join(format!("{base}{suffix}")))?;
-        }
-    }
+    iptables_shims(&shims, &opts.flavour)?;
     let cidr = if opts.dual_stack { "10.0.0.0/8,fd00::/16" } else { "10.0.0.0/8" };
     let config = work.join("config.yaml");
     let period = format!("{}s", opts.sync_period.as_secs());

@@ -303,13 +303,7 @@ impl SoakLab {
             kubeconfig.display()
         );
         std::fs::write(self.config_path(), config).unwrap();
-        std::fs::create_dir_all(self.shims()).unwrap();
-        for base in ["iptables", "ip6tables"] {
-            for suffix in ["", "-save", "-restore"] {
-                let target = which(&format!("{base}-legacy{suffix}"));
-                let _ = std::os::unix::fs::symlink(target, self.shims().join(format!("{base}{suffix}")));
-            }
-        }
+        kube_proxy_rs::bench::daemon_run::iptables_shims(&self.shims(), "legacy").expect("iptables-legacy shims");
     }
 
     fn config_path(&self) -> PathBuf {
@@ -703,14 +697,4 @@ fn value_text(v: &Value) -> String {
 fn changed_lines(preview: &str) -> String {
     let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(40).collect();
     lines.join("\n")
-}
-
-/// The absolute path of `tool` on PATH.
-fn which(tool: &str) -> PathBuf {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .map(|d| std::path::Path::new(d).join(tool))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{tool} not found on PATH"))
 }

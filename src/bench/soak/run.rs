@@ -71,15 +71,7 @@ pub fn run_soak(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         ),
     )?;
     let shims = work.join("bin");
-    std::fs::create_dir_all(&shims)?;
-    for base in ["iptables", "ip6tables"] {
-        for suffix in ["", "-save", "-restore"] {
-            let _ = std::os::unix::fs::symlink(
-                format!("/usr/sbin/{base}-legacy{suffix}"),
-                shims.join(format!("{base}{suffix}")),
-            );
-        }
-    }
+    crate::bench::daemon_run::iptables_shims(&shims, "legacy")?;
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
     let daemon_args = |extra: &[&str]| {
         let mut c = Command::new("ip");
