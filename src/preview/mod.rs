@@ -29,7 +29,7 @@
 pub mod diff;
 mod scratch;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::ProxyMode;
 use crate::kernel::conntrack::codec::Entry;
@@ -270,13 +270,15 @@ async fn ipset_section(heading: String, p: &FamilyPlan, planned: bool, cleans: b
     let family = p.settings.family;
     let desired = section(&p.text, "# ipset");
     let mut out = SectionDiff::new(&heading);
+    let saved = match saved_sets().await {
+        Ok(text) => text,
+        Err(e) => return out.note(format!("cannot read the ipsets: {e}")),
+    };
+    let by_set = lines_by_set(&saved);
     let mut left = 0;
     for set in IpvsSet::ALL {
         let name = set.name(family);
-        let live = match saved_set(&name).await {
-            Ok(lines) => lines,
-            Err(e) => return out.note(format!("cannot read ipset {name}: {e}")),
-        };
+        let live: Vec<String> = by_set.get(name.as_str()).map_or_else(Vec::new, |l| owned_lines(l.clone()));
         if !planned && !cleans {
             left += live.len();
             continue;
@@ -303,16 +305,26 @@ async fn ipset_section(heading: String, p: &FamilyPlan, planned: bool, cleans: b
     }
 }
 
-/// `ipset save NAME`'s lines; none when the set does not exist.
-async fn saved_set(name: &str) -> Result<Vec<String>, LiveReadError> {
-    let out = tool::run(&format!("ipset save {name}"), "ipset", &["save", name], None).await?;
+/// `ipset save`: every set of the node, in one run of the tool.
+async fn saved_sets() -> Result<String, LiveReadError> {
+    let out = tool::run("ipset save", "ipset", &["save"], None).await?;
     if out.success() {
-        Ok(out.stdout.lines().map(str::to_string).collect())
-    } else if out.stderr.contains("does not exist") {
-        Ok(Vec::new())
+        Ok(out.stdout)
     } else {
         Err(LiveReadError::Refused(out.message()))
     }
+}
+
+/// `ipset save`'s lines grouped by the set they name (each line's second
+/// word: `create NAME …`, `add NAME …`), in order.
+fn lines_by_set(saved: &str) -> BTreeMap<&str, Vec<&str>> {
+    let mut sets: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for line in saved.lines() {
+        if let Some(name) = line.split_whitespace().nth(1) {
+            sets.entry(name).or_default().push(line);
+        }
+    }
+    sets
 }
 
 async fn address_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bool) -> SectionDiff {
@@ -451,6 +463,25 @@ mod tests {
         assert_eq!(section(text, "# ipvs"), ["-A -t 1.2.3.4:80 -s rr"]);
         assert_eq!(section(text, "# ipset").len(), 1);
         assert!(section(text, "# iptables").is_empty());
+    }
+
+    #[test]
+    fn saved_sets_split_by_the_set_each_line_names() {
+        let saved = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+                     add KUBE-CLUSTER-IP 10.96.0.1,tcp:443\n\
+                     create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536\n\
+                     add KUBE-CLUSTER-IP 10.96.0.10,udp:53\n\n";
+        let sets = lines_by_set(saved);
+        assert_eq!(
+            sets["KUBE-CLUSTER-IP"],
+            [
+                "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536",
+                "add KUBE-CLUSTER-IP 10.96.0.1,tcp:443",
+                "add KUBE-CLUSTER-IP 10.96.0.10,udp:53"
+            ]
+        );
+        assert_eq!(sets["KUBE-6-CLUSTER-IP"].len(), 1);
+        assert_eq!(sets.len(), 2, "blank lines name no set");
     }
 
     #[test]
