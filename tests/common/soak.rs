@@ -27,7 +27,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::bench::soak::check::{diff_leftovers, sync_in_progress, unexplained_log_lines, Explained, RssTrend};
+use kube_proxy_rs::bench::soak::check::{
+    diff_leftovers, finished_syncs, sync_in_progress, syncs_in_progress, unexplained_log_lines, Explained, RssTrend,
+};
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
 use serde_json::Value;
 
@@ -42,6 +44,9 @@ const CONVERGE_WAIT: Duration = Duration::from_secs(30);
 /// How long the daemon may take to start and finish its first sync (times
 /// [`slowdown`]).
 const START_WAIT: Duration = Duration::from_secs(30);
+/// How long the daemon must have finished no sync before the convergence
+/// check reads the kernel.
+const QUIET: Duration = Duration::from_secs(2);
 /// How long a probe waits before calling an exchange dropped.
 const DROP_WAIT: Duration = Duration::from_millis(700);
 /// RSS: seconds of warm-up left out, and the allowed growth.
@@ -230,6 +235,8 @@ pub struct SoakLab {
     instances: Vec<(PathBuf, Vec<(f64, u64)>)>,
     began: Instant,
     injected: Vec<Fault>,
+    /// The running daemon's `sync finished` lines already reported.
+    syncs_reported: usize,
     /// Changes applied, and checks passed.
     pub changes: u64,
     pub checks: usize,
@@ -261,6 +268,7 @@ impl SoakLab {
             instances: Vec::new(),
             began: Instant::now(),
             injected: Vec::new(),
+            syncs_reported: 0,
             changes: 0,
             checks: 0,
         };
@@ -347,6 +355,7 @@ impl SoakLab {
         let started = Instant::now();
         let mut d = daemon::spawn(command, &self.node, log.clone());
         self.instances.push((log, Vec::new()));
+        self.syncs_reported = 0;
         let node = &self.node;
         wait_for("the daemon's first sync", START_WAIT * slowdown(), || {
             d.assert_running();
@@ -526,25 +535,28 @@ impl SoakLab {
         }
     }
 
-    /// A burst of 50 changes; SIGKILL as soon as the log shows a sync
-    /// under way; churn, then a new daemon. Whether the kill landed in
-    /// that sync (the killed daemon's log has no `sync finished` for it).
+    /// A burst of 50 changes; SIGKILL as soon as the log shows an IPv4
+    /// sync under way (the family every soak cluster has Services of: a
+    /// single-stack cluster's IPv6 syncs on a dual-stack node carry nothing
+    /// and end at once); churn, then a new daemon. Whether the kill landed
+    /// in that sync (the killed daemon's log has no `sync finished` for it).
     fn kill_in_a_sync(&mut self, rate: u32) -> bool {
         for _ in 0..50 {
             self.change();
         }
         let mut d = self.daemon.take().expect("a daemon runs");
         let log_path = d.log.clone();
-        let before = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
+        let before = syncs_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
         let deadline = Instant::now() + START_WAIT * slowdown();
         let under_way = loop {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            match sync_in_progress(&log) {
-                Some(sync) if Some(&sync) != before.as_ref() => break sync,
-                _ if Instant::now() >= deadline => {
-                    panic!("no sync started within {:?} of 50 changes", START_WAIT * slowdown())
+            let new = syncs_in_progress(&log).into_iter().find(|s| s.contains("IPv4") && !before.contains(s));
+            match new {
+                Some(sync) => break sync,
+                None if Instant::now() >= deadline => {
+                    panic!("no IPv4 sync started within {:?} of 50 changes", START_WAIT * slowdown())
                 }
-                _ => std::thread::sleep(Duration::from_millis(2)),
+                None => std::thread::sleep(Duration::from_millis(2)),
             }
         };
         let mut child = d.child.take().expect("its child");
@@ -552,8 +564,7 @@ impl SoakLab {
         let status = child.wait().expect("wait");
         assert!(status.code().is_none(), "killed by a signal: {status}");
         drop(d);
-        let after = sync_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default());
-        let landed = after.as_ref() == Some(&under_way);
+        let landed = syncs_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default()).contains(&under_way);
         eprintln!(
             "soak: SIGKILL with {under_way} under way: {}",
             if landed { "in the sync" } else { "it had finished" }
@@ -616,22 +627,32 @@ impl SoakLab {
     /// answering from the right backends, within [`CONVERGE_WAIT`].
     pub fn converge(&mut self, when: &str) {
         let start = Instant::now();
+        self.report_syncs();
+        if self.mode == Mode::Ipvs {
+            self.settle();
+        }
         let config = self.config_path();
+        let mut attempts: Vec<String> = Vec::new();
         wait_for(&format!("{when}: the kernel equal to a fresh full plan"), CONVERGE_WAIT * slowdown(), || {
             if let Some(d) = self.daemon.as_mut() {
                 d.assert_running();
             }
+            let began = Instant::now();
             let out = self.command(&["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff"]).output();
             let out = out.map_err(|e| e.to_string())?;
             if !out.status.success() {
                 return Err(format!("--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr)));
             }
             let text = String::from_utf8_lossy(&out.stdout);
-            match diff_leftovers(&text)? {
+            let left = diff_leftovers(&text)?;
+            attempts.push(format!("{:.1} s ({} sections left)", began.elapsed().as_secs_f64(), left.len()));
+            match left {
                 left if left.is_empty() => Ok(()),
                 left => Err(format!("{left:?}\n{}", changed_lines(&text))),
             }
         });
+        eprintln!("soak: --dry-run --diff {when}: {}", attempts.join(", "));
+        let probing = Instant::now();
         for (addrs, want) in self.cluster.probe_expectations() {
             for to in &addrs {
                 let n = 6 * want.len();
@@ -641,7 +662,60 @@ impl SoakLab {
             }
         }
         self.checks += 1;
-        eprintln!("soak: converged {when} in {:.1} s", start.elapsed().as_secs_f64());
+        self.report_syncs();
+        eprintln!(
+            "soak: converged {when} in {:.1} s (probes {:.1} s)",
+            start.elapsed().as_secs_f64(),
+            probing.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Waits until the running daemon has finished a syncPeriod sync (its
+    /// drift checks) since now and then gone quiet: no sync under way and
+    /// none finished for [`QUIET`]. In IPVS mode a `--dry-run --diff`
+    /// before that would find the repair still to come, and each one costs
+    /// 30-70 s in the VM (a second on the host, where the retries are cheaper
+    /// than waiting for the syncPeriod).
+    /// Gives up after [`CONVERGE_WAIT`] (times [`slowdown`]): the diff
+    /// stays the verdict.
+    fn settle(&self) {
+        let Some((log, _)) = self.instances.last() else { return };
+        let read = || std::fs::read_to_string(log).unwrap_or_default();
+        let start = Instant::now();
+        let before = finished_syncs(&read()).len();
+        let (mut seen, mut quiet_since) = (before, Instant::now());
+        while start.elapsed() < CONVERGE_WAIT * slowdown() {
+            let text = read();
+            let syncs = finished_syncs(&text);
+            let checked = syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
+            if syncs.len() != seen || sync_in_progress(&text).is_some() {
+                (seen, quiet_since) = (syncs.len(), Instant::now());
+            } else if checked && quiet_since.elapsed() >= QUIET {
+                eprintln!("soak: the daemon settled in {:.1} s", start.elapsed().as_secs_f64());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("soak: the daemon did not settle within {:?}", CONVERGE_WAIT * slowdown());
+    }
+
+    /// The running daemon's syncs finished since the last report: how
+    /// many, how many full, their total and longest time.
+    fn report_syncs(&mut self) {
+        let Some((log, _)) = self.instances.last() else { return };
+        let syncs = finished_syncs(&std::fs::read_to_string(log).unwrap_or_default());
+        let new = syncs.get(self.syncs_reported..).unwrap_or_default();
+        let total: f64 = new.iter().map(|s| s.ms).sum();
+        let longest = new.iter().map(|s| s.ms).fold(0.0, f64::max);
+        let full = new.iter().filter(|s| s.full).count();
+        eprintln!(
+            "soak: daemon {}: {} syncs ({full} full) in {:.1} s, the longest {:.0} ms",
+            self.instances.len(),
+            new.len(),
+            total / 1000.0,
+            longest
+        );
+        self.syncs_reported = syncs.len();
     }
 
     fn assert_rss_flat(&self) {

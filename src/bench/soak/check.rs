@@ -64,10 +64,11 @@ pub fn unexplained_log_lines<'a>(log: &'a str, explained: &[Explained]) -> Vec<&
         .collect()
 }
 
-/// The sync a daemon log shows under way: the last `sync started` line
-/// (the coordinator's, at debug level) with no `sync finished` line of the
-/// same family and generation after it; its `ip_family=… generation=…`.
-pub fn sync_in_progress(log: &str) -> Option<String> {
+/// The syncs a daemon log shows under way: each `sync started` line (the
+/// coordinator's, at debug level) with no `sync finished` line of the same
+/// family and generation after it, as `ip_family=… generation=…`, oldest
+/// first.
+pub fn syncs_in_progress(log: &str) -> Vec<String> {
     let key = |line: &str| -> Option<String> {
         let field = |name: &str| line.split(&format!(" {name}=")).nth(1)?.split(' ').next();
         Some(format!("ip_family={} generation={}", field("ip_family")?, field("generation")?))
@@ -82,7 +83,36 @@ pub fn sync_in_progress(log: &str) -> Option<String> {
             }
         }
     }
-    open.pop()
+    open
+}
+
+/// The newest of [`syncs_in_progress`].
+pub fn sync_in_progress(log: &str) -> Option<String> {
+    syncs_in_progress(log).pop()
+}
+
+/// A sync a daemon log shows finished (the coordinator's `sync finished` line).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinishedSync {
+    pub full: bool,
+    /// The syncPeriod's sync (with its drift checks).
+    pub periodic: bool,
+    pub ms: f64,
+}
+
+/// The syncs a daemon log shows finished, in log order.
+pub fn finished_syncs(log: &str) -> Vec<FinishedSync> {
+    log.lines()
+        .filter(|l| l.contains(": sync finished "))
+        .filter_map(|l| {
+            let field = |name: &str| l.split(&format!(" {name}=")).nth(1)?.split(' ').next();
+            Some(FinishedSync {
+                full: field("full")? == "true",
+                periodic: field("periodic")? == "true",
+                ms: field("ms")?.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The `q` quantile (0..=1) of a Prometheus histogram's cumulative
@@ -166,9 +196,24 @@ mod tests {
         assert_eq!(sync_in_progress(&log).as_deref(), Some("ip_family=\"IPv4\" generation=2"));
         let log = [log, started("IPv6", 2), finished("IPv4", 2)].concat();
         assert_eq!(sync_in_progress(&log).as_deref(), Some("ip_family=\"IPv6\" generation=2"), "per family");
+        let both = [started("IPv4", 7), started("IPv6", 8)].concat();
+        let open = ["ip_family=\"IPv4\" generation=7", "ip_family=\"IPv6\" generation=8"];
+        assert_eq!(syncs_in_progress(&both), open, "oldest first");
+        assert_eq!(sync_in_progress(&both).as_deref(), Some(open[1]));
         let log = [log, finished("IPv6", 2)].concat();
         assert_eq!(sync_in_progress(&log), None);
         assert_eq!(sync_in_progress(""), None);
+    }
+
+    #[test]
+    fn finished_syncs_are_read_with_their_kind_and_time() {
+        let log = "T DEBUG c: sync started ip_family=\"IPv4\" generation=1 full=true\n\
+                   T  INFO c: sync finished ip_family=\"IPv4\" generation=1 full=true periodic=false ms=812.5 ports=3\n\
+                   T  INFO c: sync finished ip_family=\"IPv6\" generation=2 full=false periodic=true ms=4 ports=0\n\
+                   T  INFO c: sync finished ip_family=\"IPv6\" generation=3 full=false periodic=false ms=x\n";
+        let sync = |full, periodic, ms| FinishedSync { full, periodic, ms };
+        assert_eq!(finished_syncs(log), vec![sync(true, false, 812.5), sync(false, true, 4.0)]);
+        assert!(finished_syncs("").is_empty());
     }
 
     #[test]
