@@ -13,7 +13,10 @@
 //!
 //! - `kube-proxy-rs --dry-run --diff` in the node (the same config, the
 //!   same API server, a fresh process: a fresh full plan compared with the
-//!   live kernel) says nothing to add or remove, within [`CONVERGE_WAIT`];
+//!   live kernel) says nothing to add or remove, within [`CONVERGE_WAIT`]
+//!   (in IPVS mode, besides real servers of weight 0 that graceful
+//!   termination drains: [`only_draining`]; there the check first waits
+//!   for the daemon to settle, [`SoakLab::settle`]);
 //! - every probe Service answers (TCP, each of its addresses) from exactly
 //!   the backends its final EndpointSlices make ready.
 //!
@@ -28,7 +31,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::bench::soak::check::{
-    diff_leftovers, finished_syncs, sync_in_progress, syncs_in_progress, unexplained_log_lines, Explained, RssTrend,
+    diff_leftovers, finished_syncs, only_draining, sync_in_progress, syncs_in_progress, unexplained_log_lines,
+    Explained, RssTrend,
 };
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
 use serde_json::Value;
@@ -645,9 +649,15 @@ impl SoakLab {
             }
             let text = String::from_utf8_lossy(&out.stdout);
             let left = diff_leftovers(&text)?;
-            attempts.push(format!("{:.1} s ({} sections left)", began.elapsed().as_secs_f64(), left.len()));
+            let draining = if left.is_empty() || self.mode != Mode::Ipvs { None } else { only_draining(&text) };
+            let what = match (left.is_empty(), draining) {
+                (true, _) => "clean".to_string(),
+                (false, Some(n)) => format!("{n} real servers of weight 0 draining"),
+                (false, None) => left.join("; "),
+            };
+            attempts.push(format!("{:.1} s ({what})", began.elapsed().as_secs_f64()));
             match left {
-                left if left.is_empty() => Ok(()),
+                left if left.is_empty() || draining.is_some() => Ok(()),
                 left => Err(format!("{left:?}\n{}", changed_lines(&text))),
             }
         });

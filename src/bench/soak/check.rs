@@ -13,6 +13,18 @@ pub fn diff_leftovers(preview: &str) -> Result<Vec<String>, String> {
     Ok(lines.into_iter().filter(|l| !l.contains(": 0 to add, 0 to remove,")).map(String::from).collect())
 }
 
+/// The real servers a `--dry-run --diff` preview removes when that is all
+/// it changes and each has weight 0: graceful termination draining them
+/// (as upstream, a removed TCP real server with connections keeps weight 0
+/// until they end, TIME_WAIT ones after two minutes; the daemon then
+/// deletes it). A fresh plan lacks them, and they take no new
+/// connections. `None` when the preview changes anything else.
+pub fn only_draining(preview: &str) -> Option<usize> {
+    let changed: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).collect();
+    let draining = |l: &&str| l.starts_with("--a ") && l.ends_with(" -w 0");
+    (!changed.is_empty() && changed.iter().all(draining)).then_some(changed.len())
+}
+
 /// RSS samples (seconds since start, KiB) reduced to what "flat" means:
 /// the median of the first quarter after `warmup` seconds and of the last
 /// quarter.
@@ -159,6 +171,20 @@ mod tests {
         assert_eq!(diff_leftovers(dirty), Ok(vec!["nat: 2 to add, 0 to remove, 10 kept".to_string()]));
         assert!(diff_leftovers("nothing").is_err());
         assert!(diff_leftovers("# summary\n").is_err());
+    }
+
+    #[test]
+    fn only_weight_0_real_servers_removed_is_draining() {
+        let draining = "# ipvs\n--a -t 10.96.0.5:80 -r 10.244.1.2:8080 -m -w 0\n\
+                        --a -t 10.96.0.6:80 -r 10.244.1.3:8080 -m -w 0\n# ipset\n\
+                        # summary\nipvs: 0 to add, 2 to remove, 900 kept\nipset: 0 to add, 0 to remove, 5 kept\n";
+        assert_eq!(only_draining(draining), Some(2));
+        let weighted = draining.replace("8080 -m -w 0\n--a -t 10.96.0.6", "8080 -m -w 1\n--a -t 10.96.0.6");
+        assert_eq!(only_draining(&weighted), None, "a real server with weight is not draining");
+        let added = format!("{draining}+-a -t 10.96.0.5:80 -r 10.244.1.2:8080 -m -w 1\n");
+        assert_eq!(only_draining(&added), None, "a real server to add");
+        assert_eq!(only_draining("# ipset\n-add KUBE-CLUSTER-IP 10.96.0.1,tcp:80 -w 0\n"), None);
+        assert_eq!(only_draining("# summary\nipvs: 0 to add, 0 to remove, 9 kept\n"), None, "nothing changed");
     }
 
     #[test]
