@@ -38,9 +38,9 @@ fn ipvs_converges_under_churn_kill_and_foreign_writes() {
     let seconds = std::env::var("SOAK_SECONDS").unwrap_or_else(|_| VM_CHURN_SECONDS.to_string());
     let mut env = vec![format!("SOAK_SECONDS={seconds}")];
     env.extend(std::env::var("SOAK_FAMILIES").map(|f| format!("SOAK_FAMILIES={f}")));
-    // Both families take 17-20 min under TCG on 2 cores (one family alone
-    // 8-12 min); no second boot: a hang would double the CI time.
-    let run = VmRun::this_test(TEST, 1800, 0, 1536, &env);
+    // Both families took 1,248 s under TCG on 2 cores at load 9-16 (other
+    // builds); no second boot: a hang would double the CI time.
+    let run = VmRun::this_test(TEST, 1500, 0, 1536, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
     eprintln!("VM soak took {:.0} s", started.elapsed().as_secs_f64());
