@@ -187,7 +187,14 @@ impl<K: Watched> Default for RelistState<K> {
 impl<K: Watched> RelistState<K> {
     /// Nothing known, nothing listed yet.
     pub fn new() -> Self {
-        Self { known: BTreeMap::new(), relisting: None, chunk: Vec::new(), passed_on: 0, synced: false, refusals: Vec::new() }
+        Self {
+            known: BTreeMap::new(),
+            relisting: None,
+            chunk: Vec::new(),
+            passed_on: 0,
+            synced: false,
+            refusals: Vec::new(),
+        }
     }
 
     /// The first list has completed.

@@ -403,7 +403,7 @@ impl Pass {
 
     fn touch_differences(&mut self, old: &FileObjects, new: &FileObjects) {
         let keys = old.keys().chain(new.keys());
-        let changed = keys.filter(|key| old.get(*key) != new.get(*key));
+        let changed = keys.filter(|key| old.get(key) != new.get(key));
         self.touched.extend(changed.cloned());
     }
 }
