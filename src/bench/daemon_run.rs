@@ -185,7 +185,7 @@ fn run(bin: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// The object a source event carries, as manifest JSON.
-fn object(ev: &SourceEvent) -> Option<Value> {
+pub fn object(ev: &SourceEvent) -> Option<Value> {
     let applied = |v: Result<Value, serde_json::Error>, api: &str, kind: &str| {
         let mut v = v.ok()?;
         v["apiVersion"] = Value::from(api);
@@ -243,7 +243,7 @@ fn status_mb(pid: u32, field: &str) -> anyhow::Result<f64> {
 }
 
 /// Generation-1 `sync finished` lines in the log, one per family.
-fn first_syncs(log: &Path) -> usize {
+pub fn first_syncs(log: &Path) -> usize {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()

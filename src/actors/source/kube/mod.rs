@@ -28,16 +28,18 @@
 //!
 //! kube-rs's watcher lists, then watches from the list's resourceVersion;
 //! when a watch expires (410 Gone) it lists again. A (re)list arrives as
-//! `Init`, `InitApply`…, `InitDone`. [`RelistState`] buffers the listed
+//! `Init`, `InitApply`…, `InitDone`. A kind's first list is passed on as it
+//! is read, [`FIRST_LIST_CHUNK`] objects at a time, then `Synced(kind)`
+//! (nothing syncs before it). [`RelistState`] buffers a later relist's
 //! objects and on `InitDone` swaps them in: `Applied` for every object that
 //! is new or changed (another resourceVersion), `Deleted` for every object no
-//! longer listed, and after the first list `Synced(kind)`. A relist that
+//! longer listed. A relist that
 //! finds what was already known emits nothing, so a 410 does not make the
 //! kernel flap. Watch events (`Apply`, `Delete`) pass through, minus exact
 //! repeats of what is known.
 //!
 //! Each watcher event becomes at most one [`SourceBatch`]; a relist is one
-//! batch.
+//! batch, a first list one per chunk.
 //!
 //! # One object at a time
 //!
@@ -74,7 +76,7 @@ mod relist;
 
 pub use self::client::{client, client_config};
 pub use self::item::{Item, Refused, REFUSAL_DETAIL_MAX};
-pub use self::relist::{Kept, RelistState, Watched};
+pub use self::relist::{Kept, RelistState, Watched, FIRST_LIST_CHUNK};
 
 use std::error::Error as StdError;
 use std::fmt::Debug;
@@ -256,7 +258,7 @@ pub trait Refusals: Send + Sync + 'static {
 
 /// Watches Services, EndpointSlices, the Node `node_name` and the
 /// ServiceCIDRs and feeds `sink` one [`SourceBatch`] per change (a whole
-/// relist is one batch).
+/// relist is one batch; a first list one per [`FIRST_LIST_CHUNK`] objects).
 /// Objects that do not decode are refused and reported to `refusals`.
 /// Runs until the future is dropped; API errors are logged and retried.
 pub async fn run<R: Refusals>(

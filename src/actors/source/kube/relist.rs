@@ -147,17 +147,32 @@ fn same_version<K: Watched>(a: &K, b: &K) -> bool {
     }
 }
 
+/// Objects of a kind's first list passed on together, before the list is
+/// complete ([`RelistState`]): the size of kube-rs's list pages.
+pub const FIRST_LIST_CHUNK: usize = 500;
+
 /// What one kind's consumer has been told, and the relist in progress: the
 /// pure core of the source. Feed it watcher events; it returns the source
 /// events to send, logs the objects it refuses and counts them
 /// ([`RelistState::take_refusals`]).
+///
+/// Until the kind's first list completes, its objects are passed on as
+/// they are listed, [`FIRST_LIST_CHUNK`] at a time, and only their
+/// identities kept: nothing syncs before the kind's `Synced`, so there is
+/// nothing to swap at once, and the whole list is never held decoded (at
+/// 10,000 services, dual-stack, ≈ 80 MB that stayed alive into the first
+/// sync). A later relist is buffered and swapped in whole.
 #[derive(Debug)]
 pub struct RelistState<K> {
     /// The objects as last sent, as [`Watched::kept`] keeps them.
     known: BTreeMap<ObjectKey, Kept<K>>,
     /// Objects listed since `Init`, until `InitDone`: as read, or (refused
-    /// when listed) as known before.
+    /// when listed, or already passed on in the first list) as known.
     relisting: Option<BTreeMap<ObjectKey, Listed<K>>>,
+    /// First-list objects not passed on yet.
+    chunk: Vec<SourceEvent>,
+    /// First-list objects passed on since `Init` (for the log).
+    passed_on: usize,
     synced: bool,
     /// Objects refused since the last [`RelistState::take_refusals`].
     refusals: Vec<Refused>,
@@ -172,7 +187,14 @@ impl<K: Watched> Default for RelistState<K> {
 impl<K: Watched> RelistState<K> {
     /// Nothing known, nothing listed yet.
     pub fn new() -> Self {
-        Self { known: BTreeMap::new(), relisting: None, synced: false, refusals: Vec::new() }
+        Self {
+            known: BTreeMap::new(),
+            relisting: None,
+            chunk: Vec::new(),
+            passed_on: 0,
+            synced: false,
+            refusals: Vec::new(),
+        }
     }
 
     /// The first list has completed.
@@ -212,10 +234,13 @@ impl<K: Watched> RelistState<K> {
         match event {
             Event::Init => {
                 self.relisting = Some(BTreeMap::new());
-                Vec::new()
+                self.passed_on = 0;
+                // A first list starting over: what it passed on is known.
+                std::mem::take(&mut self.chunk)
             }
             Event::InitApply(item) => {
                 match item.0 {
+                    Ok(object) if !self.synced => return self.pass_on_listed(object),
                     Ok(object) => {
                         let listed = self.relisting.get_or_insert_default();
                         listed.insert(key_of(&object), Ok(Arc::new(object)));
@@ -224,7 +249,11 @@ impl<K: Watched> RelistState<K> {
                 }
                 Vec::new()
             }
-            Event::InitDone => self.swap(),
+            Event::InitDone => {
+                let mut events = std::mem::take(&mut self.chunk);
+                events.extend(self.swap());
+                events
+            }
             Event::Apply(item) => match item.0 {
                 Ok(object) => self.apply(object).into_iter().collect(),
                 Err(refused) => {
@@ -245,6 +274,22 @@ impl<K: Watched> RelistState<K> {
                 };
                 self.delete(object).into_iter().collect()
             }
+        }
+    }
+
+    /// An object of the first list: known and counted as listed at once,
+    /// passed on with the chunk it fills.
+    fn pass_on_listed(&mut self, object: K) -> Vec<SourceEvent> {
+        let key = key_of(&object);
+        let object = Arc::new(object);
+        let kept = K::kept(object.clone());
+        self.relisting.get_or_insert_default().insert(key.clone(), Err(kept.clone()));
+        self.known.insert(key, kept);
+        self.passed_on += 1;
+        self.chunk.push(K::event(Change::Applied(object)));
+        match self.chunk.len() >= FIRST_LIST_CHUNK {
+            true => std::mem::take(&mut self.chunk),
+            false => Vec::new(),
         }
     }
 
@@ -279,7 +324,7 @@ impl<K: Watched> RelistState<K> {
         info!(
             kind = %K::KIND,
             objects = listed.len(),
-            applied = events.len() - deleted,
+            applied = events.len() - deleted + std::mem::take(&mut self.passed_on),
             deleted,
             first,
             "list complete"

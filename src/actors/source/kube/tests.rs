@@ -86,12 +86,56 @@ fn an_empty_first_list_only_syncs() {
 }
 
 #[test]
-fn nothing_is_emitted_before_init_done() {
-    let mut state = RelistState::new();
+fn a_relist_emits_nothing_before_init_done() {
+    let mut state = listed_state(vec![]);
     assert!(state.handle(Event::Init).is_empty());
     assert!(state.handle(Event::InitApply(service("a", "3", "10.96.0.1"))).is_empty());
-    assert!(!state.is_synced());
     assert!(state.is_empty());
+}
+
+/// The first list of `n` Services `s0`…, one event at a time: the number
+/// of events each `InitApply` and the `InitDone` returned, where not 0.
+fn first_list_batches(state: &mut RelistState<Service>, n: usize) -> Vec<usize> {
+    let mut batches = vec![state.handle(Event::Init).len()];
+    for i in 0..n {
+        batches.push(state.handle(Event::InitApply(service(&format!("s{i}"), "1", "10.96.0.1"))).len());
+    }
+    batches.push(state.handle(Event::InitDone).len());
+    batches.retain(|n| *n > 0);
+    batches
+}
+
+#[test]
+fn the_first_list_is_passed_on_in_chunks_before_it_completes() {
+    let mut state = RelistState::new();
+    let batches = first_list_batches(&mut state, 2 * FIRST_LIST_CHUNK + 3);
+    // Two full chunks as listed; the rest and `Synced` at `InitDone`.
+    assert_eq!(batches, [FIRST_LIST_CHUNK, FIRST_LIST_CHUNK, 3 + 1]);
+    assert!(state.is_synced());
+    assert_eq!(state.len(), 2 * FIRST_LIST_CHUNK + 3);
+}
+
+#[test]
+fn a_first_list_started_over_deletes_what_its_first_try_passed_on_and_no_longer_lists() {
+    let mut state = RelistState::new();
+    state.handle(Event::Init);
+    let mut passed = Vec::new();
+    for i in 0..FIRST_LIST_CHUNK {
+        passed.extend(state.handle(Event::InitApply(service(&format!("s{i}"), "1", "10.96.0.1"))));
+    }
+    assert_eq!(passed.len(), FIRST_LIST_CHUNK);
+    // The list failed half-way, and `gone` (listed, not passed on yet) too.
+    state.handle(Event::InitApply(service("gone", "2", "10.96.0.2")));
+    let held = state.handle(Event::Init);
+    assert_eq!(summary(&held), ["applied Service default/gone@2"]);
+    // The second try lists all but s0 and gone.
+    for i in 1..FIRST_LIST_CHUNK {
+        state.handle(Event::InitApply(service(&format!("s{i}"), "1", "10.96.0.1")));
+    }
+    let done = summary(&state.handle(Event::InitDone));
+    let not_applied: Vec<&String> = done.iter().filter(|l| !l.starts_with("applied")).collect();
+    assert_eq!(not_applied, ["deleted Service default/gone@2", "deleted Service default/s0@1", "synced Service"]);
+    assert_eq!(state.len(), FIRST_LIST_CHUNK - 1);
 }
 
 #[test]

@@ -49,6 +49,24 @@ fn only_identities_are_kept_between_scans() {
     assert!(file.objects.values().all(|h| h.object.is_none()));
 }
 
+/// A file's cache finds each of its objects by key, whatever their order
+/// in the file, and holds exactly them.
+#[test]
+fn a_files_cache_finds_each_of_its_objects_by_key() {
+    let dir = TempDir::new().unwrap();
+    let names = ["web", "api", "db", "cache"];
+    let text: Vec<String> = names.iter().enumerate().map(|(i, n)| service(n, &format!("10.96.0.{}", i + 1))).collect();
+    write(&dir, "a.yaml", &text.join("---\n"));
+    let (manifests, _) = first_scan(&dir);
+    let file = manifests.files.values().next().unwrap();
+    assert_eq!(file.objects.keys().count(), names.len());
+    for key in manifests.current.keys() {
+        assert!(file.objects.get(key).is_some(), "{key}");
+    }
+    let keys: Vec<&ObjectKey> = file.objects.keys().collect();
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "sorted: {keys:?}");
+}
+
 #[test]
 fn only_visible_manifest_files_are_read() {
     let dir = TempDir::new().unwrap();
