@@ -126,7 +126,8 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
 }
 
-/// A full sync staged: per-service chains declared first (new ones), then
+/// A full sync staged: per-service chains declared first (new ones, in
+/// bounded transactions after the sets and top-level chains), then
 /// written in bounded transactions, endpoint chains before the chains that
 /// jump to them, each chain whole in one transaction (flushed first if the
 /// kernel holds it); everything else last. No op is lost.
@@ -151,16 +152,24 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         let kernel = KernelObjects { chains: existing.iter().cloned().collect(), sets: vec![] };
         let steps: Vec<Transaction> = Staged::new(Arc::new(rs.clone()), &kernel, true, 3).collect();
         assert!(steps.len() > 3, "{}", steps.len());
-        let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
-        let middle = &steps[1..steps.len() - 1];
-        let declared: BTreeSet<String> = declare
-            .ops
+        let rest = &steps[steps.len() - 1];
+        let writes_from = steps.iter().position(|t| t.ops.iter().any(|op| chain_of(op).is_some())).expect("writes");
+        let (declares, middle) = (&steps[..writes_from], &steps[writes_from..steps.len() - 1]);
+        // The per-service chains are declared after the rest, in transactions of at most 3 ops.
+        for t in &declares[1..] {
+            assert!(t.len() <= 3, "{t}");
+            assert!(t.ops.iter().all(|op| matches!(op, NftOp::AddChain { name, .. } if service_chain(name))), "{t}");
+        }
+        assert!(!declares[0].ops.iter().any(|op| matches!(op, NftOp::AddChain { name, .. } if service_chain(name))));
+        let declared: BTreeSet<String> = declares
             .iter()
+            .flat_map(|t| &t.ops)
             .filter_map(|op| match op {
                 NftOp::AddChain { name, .. } => Some(name.clone()),
                 _ => None,
             })
             .collect();
+        assert_eq!(declares.len() > 1, existing.is_empty(), "new chains only are declared");
         let exists = |c: &str| declared.contains(c) || existing.contains(c);
         // Where each chain's ops are, and that a chain is whole in one transaction.
         let mut at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -264,6 +273,7 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
         })
         .collect();
     let mut declare = vec![NftOp::add_table()];
+    let mut new_chains: Vec<NftOp> = Vec::new();
     let mut order: Vec<String> = Vec::new();
     let mut per_chain: HashMap<String, Vec<NftOp>> = HashMap::new();
     let mut rest = Vec::new();
@@ -279,7 +289,7 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
                     order.push(name.clone());
                 }
                 if !existing.contains(name) {
-                    declare.push(op);
+                    new_chains.push(op);
                 }
             }
             NftOp::AddChain { name, .. } if !base.contains(name) => {
@@ -311,6 +321,11 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
     chains.sort_by_key(|(name, _)| rank(name));
     let size = chunk.max(staged_ops / STAGES).max(1);
     let mut out = vec![Transaction { family, ops: declare }];
+    let declare_size = chunk.max(new_chains.len() / STAGES).max(1);
+    let mut pieces = new_chains.into_iter().peekable();
+    while pieces.peek().is_some() {
+        out.push(Transaction { family, ops: pieces.by_ref().take(declare_size).collect() });
+    }
     let mut current: Vec<NftOp> = Vec::new();
     for (_, ops) in chains {
         if current.len() >= size {
