@@ -45,16 +45,85 @@ impl Numbered {
 /// (each starting at a multiple of 4 bytes), into one datagram.
 pub fn datagram(msgs: &mut [Msg], first: u32) -> (Vec<u8>, Numbered) {
     let len = msgs.iter().map(|m| m.buffer_len().next_multiple_of(4)).sum();
-    let mut out = vec![0u8; len];
-    let mut at = 0;
+    let mut out = Vec::with_capacity(len);
     for (i, m) in msgs.iter_mut().enumerate() {
         m.header.sequence_number = first.wrapping_add(i as u32);
-        m.finalize();
-        let n = m.buffer_len();
-        m.serialize(&mut out[at..at + n]);
-        at += n.next_multiple_of(4);
+        put(&mut out, m);
     }
     (out, Numbered { first, count: msgs.len() })
+}
+
+/// Appends `msg` (its length set) to `out`, padded to a multiple of 4 bytes.
+fn put(out: &mut Vec<u8>, msg: &mut Msg) {
+    msg.finalize();
+    let n = msg.buffer_len();
+    let at = out.len();
+    out.resize(at + n.next_multiple_of(4), 0);
+    msg.serialize(&mut out[at..at + n]);
+}
+
+/// One transaction of an nfnetlink subsystem written into its datagram as
+/// its messages are made: the batch begin marker, the messages (asking no
+/// ack: a large transaction's acks would overflow any receive buffer), the
+/// end marker ([`Batch::end`]). Only the bytes are held, never the
+/// messages; the sequence numbers are written when it is sent
+/// ([`Batch::number`]).
+#[derive(Debug)]
+pub struct Batch {
+    bytes: Vec<u8>,
+    /// Messages written, the markers included.
+    count: usize,
+    end: Option<Msg>,
+}
+
+impl Batch {
+    /// An open transaction of `subsystem`: its begin marker.
+    pub fn new(subsystem: u16) -> Batch {
+        let (mut begin, end) = batch_markers(subsystem);
+        let mut bytes = Vec::new();
+        put(&mut bytes, &mut begin);
+        Batch { bytes, count: 1, end: Some(end) }
+    }
+
+    /// Appends `msg`, asking no ack.
+    pub fn push(&mut self, mut msg: Msg) {
+        msg.header.flags &= !NLM_F_ACK;
+        put(&mut self.bytes, &mut msg);
+        self.count += 1;
+    }
+
+    /// The messages pushed (the markers left out).
+    pub fn messages(&self) -> usize {
+        self.count.saturating_sub(1 + usize::from(self.end.is_none()))
+    }
+
+    /// Closes the transaction with its end marker.
+    pub fn end(mut self) -> Batch {
+        if let Some(mut end) = self.end.take() {
+            put(&mut self.bytes, &mut end);
+            self.count += 1;
+        }
+        self.bytes.shrink_to_fit();
+        self
+    }
+
+    /// The datagram's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Numbers the messages from `first` on, in place.
+    pub fn number(&mut self, first: u32) -> Numbered {
+        let mut at = 0;
+        let mut i: u32 = 0;
+        while let Some(header) = self.bytes.get_mut(at..at + 16) {
+            let len = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            header[8..12].copy_from_slice(&first.wrapping_add(i).to_ne_bytes());
+            i = i.wrapping_add(1);
+            at += len.max(16).next_multiple_of(4);
+        }
+        Numbered { first, count: self.count }
+    }
 }
 
 /// The messages of a datagram the kernel sent, each with its sequence
@@ -277,6 +346,30 @@ mod tests {
         assert_eq!(r.messages, [(1, Errno::EEXIST), (2, Errno::ENOENT)]);
         assert_eq!(r.batch, [Errno(95), Errno(1)], "begin and end: the batch; 9 and 15 are not ours");
         assert!(Refusals::default().is_empty());
+    }
+
+    /// A transaction written message by message, numbered when sent: the
+    /// bytes of its markers and messages numbered and written together.
+    #[test]
+    fn a_batch_written_as_made_is_the_framed_datagram() {
+        let raw = |t: u16, payload: Vec<u8>| RawNfnl { message_type: t, payload };
+        let made = || [raw(0x0a03, vec![1, 2, 3]), raw(0x0a06, vec![7; 9]), raw(0x0a0c, vec![])];
+        let mut batch = Batch::new(10);
+        for r in made() {
+            batch.push(request(r, NLM_F_ACK | 0x400));
+        }
+        assert_eq!(batch.messages(), 3);
+        let mut batch = batch.end();
+        assert_eq!(batch.messages(), 3);
+        let numbered = batch.number(u32::MAX - 1);
+        let (begin, end) = batch_markers(10);
+        let mut framed = vec![begin];
+        framed.extend(made().into_iter().map(|r| request(r, 0x400)));
+        framed.push(end);
+        let (want, want_numbered) = datagram(&mut framed, u32::MAX - 1);
+        assert_eq!(batch.bytes(), &want[..]);
+        assert_eq!(numbered, want_numbered);
+        assert_eq!(numbered.index(2), Some(4), "numbers wrap");
     }
 
     /// The markers `nft` sends: type 0x10 / 0x11 (subsystem none), the

@@ -17,7 +17,7 @@
 pub mod exchange;
 pub mod nfnl;
 
-pub use self::exchange::{request, Msg, Refusals};
+pub use self::exchange::{request, Batch, Msg, Refusals};
 pub use self::nfnl::{Nfnl, NfnlError, DUMP_ATTEMPTS};
 
 use std::fmt::Debug;

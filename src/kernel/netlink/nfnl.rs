@@ -33,7 +33,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::TimeVal;
 use tracing::trace;
 
-use super::exchange::{self, AckFault, Acks, Msg, Numbered, Refusals, Reply};
+use super::exchange::{self, AckFault, Acks, Batch, Msg, Numbered, Refusals, Reply};
 use super::{Errno, RawNfnl, DEFAULT_REPLY_TIMEOUT, MAX_BATCH};
 use crate::kernel::blocking::{off_thread, PoolError};
 
@@ -216,22 +216,15 @@ impl Nfnl {
         .await?
     }
 
-    /// Sends `msgs` as one transaction of nfnetlink subsystem `subsystem`
-    /// (between the batch markers, in one datagram) and returns what the
-    /// kernel refused: nothing when it committed. The messages ask no ack
-    /// (a large transaction's acks would overflow any receive buffer), so
-    /// only refusals come back, and they are all queued once the send
-    /// returns (nfnetlink processes a batch within the send).
-    pub async fn transaction(&self, subsystem: u16, msgs: Vec<Msg>) -> Result<Refusals, NfnlError> {
-        let (begin, end) = exchange::batch_markers(subsystem);
-        let mut framed = Vec::with_capacity(msgs.len() + 2);
-        framed.push(begin);
-        framed.extend(msgs.into_iter().map(|mut m| {
-            m.header.flags &= !NLM_F_ACK;
-            m
-        }));
-        framed.push(end);
-        self.run("netlink transaction", move |engine| engine.transaction(&mut framed)).await?
+    /// Sends `batch` as one transaction (in one datagram, ended with its
+    /// marker) and returns what the kernel refused: nothing when it
+    /// committed. The messages ask no ack (a large transaction's acks would
+    /// overflow any receive buffer), so only refusals come back, and they
+    /// are all queued once the send returns (nfnetlink processes a batch
+    /// within the send).
+    pub async fn transaction(&self, batch: Batch) -> Result<Refusals, NfnlError> {
+        let mut batch = batch.end();
+        self.run("netlink transaction", move |engine| engine.transaction(&mut batch)).await?
     }
 
     /// Runs `job` on the socket, on the blocking pool, once the exchanges
@@ -280,10 +273,16 @@ impl Engine {
     /// Numbers `msgs` and sends them in one datagram.
     fn send(&mut self, msgs: &mut [Msg]) -> Result<Numbered, NfnlError> {
         let (bytes, numbered) = exchange::datagram(msgs, self.next_seq);
-        self.next_seq = self.next_seq.wrapping_add(msgs.len() as u32);
-        self.counters.messages.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        self.send_numbered(&bytes, numbered)
+    }
+
+    /// Sends a datagram whose messages are numbered `numbered`, from the
+    /// next sequence number on.
+    fn send_numbered(&mut self, bytes: &[u8], numbered: Numbered) -> Result<Numbered, NfnlError> {
+        self.next_seq = self.next_seq.wrapping_add(numbered.count as u32);
+        self.counters.messages.fetch_add(numbered.count as u64, Ordering::Relaxed);
         self.counters.datagrams.fetch_add(1, Ordering::Relaxed);
-        self.socket.send(&bytes, 0).map_err(|e| NfnlError::io("sending", e))?;
+        self.socket.send(bytes, 0).map_err(|e| NfnlError::io("sending", e))?;
         Ok(numbered)
     }
 
@@ -368,12 +367,12 @@ impl Engine {
         })
     }
 
-    /// Sends a framed transaction and collects the refusals already queued.
-    fn transaction(&mut self, framed: &mut [Msg]) -> Result<Refusals, NfnlError> {
-        let len: usize = framed.iter().map(|m| m.buffer_len()).sum();
+    /// Sends a transaction and collects the refusals already queued.
+    fn transaction(&mut self, batch: &mut Batch) -> Result<Refusals, NfnlError> {
         // A datagram must fit the send buffer (the kernel checks its length against it).
-        force_buffer(&self.socket, sockopt::SndBufForce, len + (64 << 10));
-        let numbered = self.send(framed)?;
+        force_buffer(&self.socket, sockopt::SndBufForce, batch.bytes().len() + (64 << 10));
+        let numbered = batch.number(self.next_seq);
+        let numbered = self.send_numbered(batch.bytes(), numbered)?;
         let mut refusals = Refusals::default();
         while let Some(datagram) = self.receive(false)? {
             for msg in exchange::messages(datagram) {

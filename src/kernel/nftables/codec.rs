@@ -149,6 +149,18 @@ pub struct Request {
 /// anonymous sets.
 pub fn requests(family: IpFamily, table: &str, ops: &[NftOp], next_id: &mut u32) -> Result<Vec<Request>, EncodeError> {
     let mut out = Vec::with_capacity(ops.len());
+    encode(family, table, ops, next_id, |r| out.push(r))?;
+    Ok(out)
+}
+
+/// [`requests`], each handed to `emit` as it is made (none is kept here).
+pub fn encode(
+    family: IpFamily,
+    table: &str,
+    ops: &[NftOp],
+    next_id: &mut u32,
+    mut emit: impl FnMut(Request),
+) -> Result<(), EncodeError> {
     for (i, op) in ops.iter().enumerate() {
         let flags = op_flags(op) & !NLM_F_ACK;
         if let NftOp::AddRule { chain, rule } = op {
@@ -156,7 +168,7 @@ pub fn requests(family: IpFamily, table: &str, ops: &[NftOp], next_id: &mut u32)
             for a in &compiled.anon {
                 for msg in anon_set_messages(table, a) {
                     // Created as `nft` creates a rule's anonymous sets.
-                    out.push(Request { msg: wrap(family, msg), flags: NLM_F_CREATE, op: i });
+                    emit(Request { msg: wrap(family, msg), flags: NLM_F_CREATE, op: i });
                 }
             }
             let exprs = compiled.exprs.into_iter().map(ListAttribute::<ExpressionAttribute>::from).collect();
@@ -168,13 +180,13 @@ pub fn requests(family: IpFamily, table: &str, ops: &[NftOp], next_id: &mut u32)
             if let Some(c) = &rule.comment {
                 attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
             }
-            out.push(Request { msg: wrap(family, NfTablesMessage::NewRule(RuleMessage { attributes })), flags, op: i });
+            emit(Request { msg: wrap(family, NfTablesMessage::NewRule(RuleMessage { attributes })), flags, op: i });
         } else {
             let msg = object_message(table, op).map_err(|why| EncodeError { what: op.to_string(), why })?;
-            out.push(Request { msg: wrap(family, msg), flags, op: i });
+            emit(Request { msg: wrap(family, msg), flags, op: i });
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The netlink flags `nft` sends `op` with.

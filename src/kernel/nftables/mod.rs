@@ -37,7 +37,7 @@ use netlink_packet_netfilter::NetfilterMessage;
 pub use self::codec::TableInfo;
 pub use self::expr::EncodeError;
 pub use self::table::NftablesTable;
-use crate::kernel::netlink::{self, Errno, Msg, Nfnl, NfnlError, RawNfnl, Refusals};
+use crate::kernel::netlink::{self, Batch, Errno, Msg, Nfnl, NfnlError, RawNfnl, Refusals};
 pub use crate::msgs::nftables::NftOp;
 use crate::msgs::nftables::Transaction;
 use crate::net::IpFamily;
@@ -155,12 +155,16 @@ impl NetlinkNftables {
         }
         // One transaction at a time per socket (the actor's), so the ids it takes are its own.
         let mut next_id = self.anon_ids.load(Ordering::Relaxed);
-        let requests = codec::requests(family, table, ops, &mut next_id)?;
+        // Each message is written into the datagram as it is made: no typed
+        // message, nor a message's bytes, outlives its turn.
+        let mut batch = Batch::new(NFNL_SUBSYS_NFTABLES);
+        let mut owner: Vec<usize> = Vec::new();
+        codec::encode(family, table, ops, &mut next_id, |r| {
+            owner.push(r.op);
+            batch.push(request(&r.msg, r.flags));
+        })?;
         self.anon_ids.store(next_id, Ordering::Relaxed);
-        // Each typed message goes as its bytes are made: the two are not held whole at once.
-        let (owner, msgs): (Vec<usize>, Vec<Msg>) =
-            requests.into_iter().map(|r| (r.op, request(&r.msg, r.flags))).unzip();
-        match self.nl.transaction(NFNL_SUBSYS_NFTABLES, msgs).await {
+        match self.nl.transaction(batch).await {
             Ok(refusals) => refused(&refusals, &owner, ops),
             Err(e) => Err(transaction_failure(e, ops.len())),
         }

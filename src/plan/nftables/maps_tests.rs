@@ -96,7 +96,7 @@ fn an_endpoint_change_is_elements_only() {
         let tx = sync(&mut p, &mut model, &first(svc, n));
         assert_eq!(ops_of_kind(&tx), ["add element", "delete element"], "{svc} to {n}\n{tx}");
     }
-    assert_eq!(p.applied(), Some(&kept_desired(&model, &p)));
+    assert_eq!(p.applied(), Some(&super::tests::held(kept_desired(&model, &p))));
 }
 
 /// A count above the precreated ones adds its set and chain and rewrites

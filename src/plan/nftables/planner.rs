@@ -48,7 +48,9 @@ enum Pending {
 #[derive(Debug)]
 pub struct NftablesPlanner {
     ctx: NftablesContext,
-    /// What the kernel holds: `None` until a full sync is confirmed, and after a failure.
+    /// What the kernel holds: `None` until a full sync is confirmed, and
+    /// after a failure. Its service ports are held ([`Objects::hold`]: rules
+    /// dropped, a digest kept).
     applied: Option<Arc<Ruleset>>,
     /// How many service ports (or the top level) hold each element of `applied`.
     refs: ElementRefs,
@@ -81,7 +83,8 @@ impl NftablesPlanner {
         &self.ctx
     }
 
-    /// What the kernel holds after the last confirmed sync.
+    /// What the kernel holds after the last confirmed sync, its service
+    /// ports held ([`Objects::hold`]).
     pub fn applied(&self) -> Option<&Ruleset> {
         self.applied.as_deref()
     }
@@ -154,7 +157,7 @@ impl NftablesPlanner {
         let port_pairs = ports.iter().filter_map(|(spn, new)| {
             let old = applied.services.get(spn).unwrap_or(&empty);
             let new = new.as_ref().unwrap_or(&empty);
-            (old != new).then_some((old, new))
+            (!old.same_as(new)).then_some((old, new))
         });
         let pairs = shared_parts.iter().map(|(o, n)| (o, n)).chain(port_pairs);
         let delta = groups_sync(self.ctx.family, pairs, &self.refs);
@@ -186,11 +189,15 @@ impl NftablesPlanner {
     pub fn confirm_applied(&mut self, now: Duration) {
         match std::mem::take(&mut self.pending) {
             Pending::Nothing => {}
-            Pending::Full(rs) => {
+            Pending::Full(mut rs) => {
                 self.refs = element_refs(&rs);
                 if !self.stale.is_empty() {
                     let written: BTreeSet<&str> = rs.chains().map(|c| c.name.as_str()).collect();
                     self.stale.retain(|c, _| !written.contains(c.as_str()));
+                }
+                // The staged sync that shared the ruleset is done with it: held in place, no copy.
+                if let Some(rs) = Arc::get_mut(&mut rs) {
+                    rs.hold();
                 }
                 self.applied = Some(rs);
             }
@@ -206,7 +213,7 @@ impl NftablesPlanner {
                         let old = match objects {
                             Some(o) => {
                                 count(&mut self.refs, &o, 1);
-                                applied.services.insert(spn, o)
+                                applied.services.insert(spn, o.hold())
                             }
                             None => applied.services.remove(&spn),
                         };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::tests::{cluster_ips, deleted, eps, fake_ctx, model_with, no_node, port, repeated_events, step, svc};
+use super::tests::{cluster_ips, deleted, eps, fake_ctx, held, model_with, no_node, port, repeated_events, step, svc};
 use super::*;
 use crate::model::{NamespacedName, ServicePortName};
 use crate::net::Protocol;
@@ -28,7 +28,7 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
         .to_string()
         .contains("add chain ip kube-proxy nat-prerouting\ndelete chain ip kube-proxy nat-prerouting\n"));
     p.confirm_applied(s(0));
-    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
+    assert_eq!(p.applied(), Some(&held(desired(&model, &fake_ctx()))));
 
     // svc1's endpoint moves: its old endpoint chain is stale.
     model.record(&eps("ns1", "svc1", 80, &[no_node("10.0.1.2")])).unwrap();
@@ -61,7 +61,7 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
     p.confirm_applied(s(20));
     assert!(p.delete_due(s(30)).is_some_and(|t| !t.to_string().contains("10.0.1.1/80")));
 
-    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())), "partial syncs commit what they wrote");
+    assert_eq!(p.applied(), Some(&held(desired(&model, &fake_ctx()))), "partial syncs commit what they wrote");
 
     // A failure: the next sync must be full, and it does not re-create the base chains.
     p.failed();
@@ -85,7 +85,7 @@ fn an_endpoint_change_costs_the_same_at_any_cluster_size() {
     // Service chain and new endpoint chain: add, flush, 2 rules each; the old one flushed.
     assert_eq!(d.tx.len(), 9, "{}", d.tx);
     p.confirm_applied(std::time::Duration::ZERO);
-    assert_eq!(p.applied(), Some(&desired(&model, &fake_ctx())));
+    assert_eq!(p.applied(), Some(&held(desired(&model, &fake_ctx()))));
 }
 
 /// A ClusterIP is in `cluster-ips` once, for all the ports of its service,
@@ -126,7 +126,8 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
 }
 
-/// A full sync staged: per-service chains declared first (new ones), then
+/// A full sync staged: per-service chains declared first (new ones, in
+/// bounded transactions after the sets and top-level chains), then
 /// written in bounded transactions, endpoint chains before the chains that
 /// jump to them, each chain whole in one transaction (flushed first if the
 /// kernel holds it); everything else last. No op is lost.
@@ -151,16 +152,24 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         let kernel = KernelObjects { chains: existing.iter().cloned().collect(), sets: vec![] };
         let steps: Vec<Transaction> = Staged::new(Arc::new(rs.clone()), &kernel, true, 3).collect();
         assert!(steps.len() > 3, "{}", steps.len());
-        let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
-        let middle = &steps[1..steps.len() - 1];
-        let declared: BTreeSet<String> = declare
-            .ops
+        let rest = &steps[steps.len() - 1];
+        let writes_from = steps.iter().position(|t| t.ops.iter().any(|op| chain_of(op).is_some())).expect("writes");
+        let (declares, middle) = (&steps[..writes_from], &steps[writes_from..steps.len() - 1]);
+        // The per-service chains are declared after the rest, in transactions of at most 3 ops.
+        for t in &declares[1..] {
+            assert!(t.len() <= 3, "{t}");
+            assert!(t.ops.iter().all(|op| matches!(op, NftOp::AddChain { name, .. } if service_chain(name))), "{t}");
+        }
+        assert!(!declares[0].ops.iter().any(|op| matches!(op, NftOp::AddChain { name, .. } if service_chain(name))));
+        let declared: BTreeSet<String> = declares
             .iter()
+            .flat_map(|t| &t.ops)
             .filter_map(|op| match op {
                 NftOp::AddChain { name, .. } => Some(name.clone()),
                 _ => None,
             })
             .collect();
+        assert_eq!(declares.len() > 1, existing.is_empty(), "new chains only are declared");
         let exists = |c: &str| declared.contains(c) || existing.contains(c);
         // Where each chain's ops are, and that a chain is whole in one transaction.
         let mut at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -264,6 +273,7 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
         })
         .collect();
     let mut declare = vec![NftOp::add_table()];
+    let mut new_chains: Vec<NftOp> = Vec::new();
     let mut order: Vec<String> = Vec::new();
     let mut per_chain: HashMap<String, Vec<NftOp>> = HashMap::new();
     let mut rest = Vec::new();
@@ -279,7 +289,7 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
                     order.push(name.clone());
                 }
                 if !existing.contains(name) {
-                    declare.push(op);
+                    new_chains.push(op);
                 }
             }
             NftOp::AddChain { name, .. } if !base.contains(name) => {
@@ -311,6 +321,11 @@ fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<
     chains.sort_by_key(|(name, _)| rank(name));
     let size = chunk.max(staged_ops / STAGES).max(1);
     let mut out = vec![Transaction { family, ops: declare }];
+    let declare_size = chunk.max(new_chains.len() / STAGES).max(1);
+    let mut pieces = new_chains.into_iter().peekable();
+    while pieces.peek().is_some() {
+        out.push(Transaction { family, ops: pieces.by_ref().take(declare_size).collect() });
+    }
     let mut current: Vec<NftOp> = Vec::new();
     for (_, ops) in chains {
         if current.len() >= size {
@@ -349,4 +364,40 @@ fn a_service_cidr_change_rewrites_the_top_level_only() {
     planner.confirm_applied(std::time::Duration::ZERO);
     let again = planner.partial_with(&model, with).expect("a confirmed state");
     assert!(again.tx.is_empty(), "{}", again.tx);
+}
+
+/// What the planner keeps of a confirmed sync: each service port's chain
+/// names, sets and elements, its rules only as a digest. A changed rule
+/// changes the digest; a partial sync over the held ruleset sends what one
+/// over the whole ruleset sends (both rulesets).
+#[test]
+fn a_held_ruleset_keeps_digests_of_the_rules_and_syncs_as_the_whole_one() {
+    let maps = NftablesContext { ruleset: NftRuleset::Maps, ..fake_ctx() };
+    let events = repeated_events();
+    for ctx in [fake_ctx(), maps] {
+        let old = desired(&model_with(&events), &ctx);
+        let kept = held(old.clone());
+        assert_eq!(kept.top, old.top);
+        for (spn, o) in &old.services {
+            let h = &kept.services[spn];
+            assert!(h.held.is_some() && h.chains.iter().all(|c| c.rules.is_empty()), "{spn}");
+            assert_eq!(
+                h.chains.iter().map(|c| &c.name).collect::<Vec<_>>(),
+                o.chains.iter().map(|c| &c.name).collect::<Vec<_>>()
+            );
+            assert_eq!((&h.sets, &h.elements), (&o.sets, &o.elements));
+            assert!(h.same_as(o), "{spn}");
+            let Some(c) = o.chains.iter().position(|c| !c.rules.is_empty()) else { continue };
+            let mut changed = o.clone();
+            changed.chains[c].rules.pop();
+            assert_ne!(changed.digest(), o.digest(), "{spn}");
+            assert!(!h.same_as(&changed), "{spn}");
+        }
+        for n in [1, events.len() / 2, events.len() - 1] {
+            let new = desired(&model_with(&events[..n]), &ctx);
+            assert_eq!(partial_sync(&kept, &new), partial_sync(&old, &new), "{:?} {n} events", ctx.ruleset);
+            assert!(!partial_sync(&kept, &new).tx.is_empty());
+        }
+        assert!(partial_sync(&kept, &old).tx.is_empty());
+    }
 }

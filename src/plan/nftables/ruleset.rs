@@ -68,6 +68,9 @@ pub struct Objects {
     /// The `maps` ruleset: the endpoint classes a service port's elements
     /// use, which the shared objects serve ([`super::maps::shared`]).
     pub classes: Vec<PickClass>,
+    /// `Some(digest)` when the chains' rules are dropped ([`Objects::hold`]):
+    /// the digest of the objects as they were rendered.
+    pub held: Option<u64>,
 }
 
 impl Objects {
@@ -83,6 +86,38 @@ impl Objects {
         self.elements.shrink_to_fit();
         self.classes.shrink_to_fit();
         self
+    }
+
+    /// A digest of every chain (rules included), set, element and class:
+    /// what a held group is compared by ([`Objects::same_as`]).
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        (&self.chains, &self.sets, &self.elements, &self.classes).hash(&mut h);
+        h.finish()
+    }
+
+    /// The objects as the planner keeps what the kernel holds between
+    /// syncs: the chains' rules dropped (a change rewrites a chain whole,
+    /// so only its name is needed), their digest kept; the names, sets and
+    /// elements (a partial sync deletes and adds by them) as they are.
+    pub fn hold(mut self) -> Objects {
+        if self.held.is_none() {
+            self.held = Some(self.digest());
+            for c in &mut self.chains {
+                c.rules = Vec::new();
+            }
+        }
+        self
+    }
+
+    /// Whether `new` (rendered) has what these objects have: the same
+    /// digest when these are held, else equal.
+    pub fn same_as(&self, new: &Objects) -> bool {
+        match (self.held, new.held) {
+            (Some(d), None) => d == new.digest(),
+            _ => self == new,
+        }
     }
 }
 
@@ -100,6 +135,14 @@ pub struct Ruleset {
 }
 
 impl Ruleset {
+    /// Holds each service port's objects ([`Objects::hold`]): what the
+    /// planner keeps of what the kernel holds.
+    pub fn hold(&mut self) {
+        for objects in self.services.values_mut() {
+            *objects = std::mem::take(objects).hold();
+        }
+    }
+
     /// Every group: the top level, the shared objects, each service port's.
     pub fn groups(&self) -> impl Iterator<Item = &Objects> {
         [&self.top, &self.shared].into_iter().chain(self.services.values())

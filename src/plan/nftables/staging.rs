@@ -24,9 +24,10 @@ pub const STAGE_OPS: usize = 8192;
 pub const STAGES: usize = 32;
 
 /// A full sync of a ruleset as the nftables actor sends it, an iterator of
-/// transactions: first one declaring the sets and the chains (per-service
-/// chains the kernel has not got, top-level regular chains the rules jump
-/// to); then the per-service chains (each flushed if the kernel holds it,
+/// transactions: first one declaring the sets and the top-level regular
+/// chains the rules jump to; then the per-service chains the kernel has not
+/// got, declared in transactions of about `max(chunk, chains / STAGES)`
+/// ops; then the per-service chains (each flushed if the kernel holds it,
 /// then its rules; endpoint chains before the service, external and
 /// firewall chains that jump to them), in transactions of about
 /// `max(chunk, ops / STAGES)` ops; last one transaction with the rest:
@@ -38,10 +39,11 @@ pub const STAGES: usize = 32;
 /// single one does. A transaction that fails stops the sync: the next full
 /// sync finds what was written and writes over it, or flushes it as stale.
 ///
-/// Each per-service transaction is built from the ruleset when it is due
+/// Each declaring and per-service transaction is built from the ruleset
+/// when it is due
 /// (the ruleset is shared with the planner, which keeps it as what the
-/// kernel holds): the sync's ops are held one transaction at a time, not
-/// all at once.
+/// kernel holds): the sync's ops are held one bounded transaction at a
+/// time, not all at once (the last one aside: its maps switch at once).
 ///
 /// Why: within one transaction the kernel's cost per anonymous set (each
 /// `numgen ... vmap` rule brings one) grows with the transaction's length
@@ -53,16 +55,59 @@ pub struct Staged {
     rs: Arc<Ruleset>,
     /// Per-service chains the kernel holds (flushed before their rules).
     existing: BTreeSet<String>,
-    declare: Option<Transaction>,
-    /// Per-service chains in the order they are written: (group in
-    /// [`Ruleset::groups`], chain in the group).
-    order: Vec<(usize, usize)>,
-    /// Where each per-service transaction ends in `order`.
-    cuts: Vec<usize>,
-    /// The next per-service transaction (an index into `cuts`).
-    next: usize,
+    /// The table, the sets and the top-level regular chains.
+    head: Option<Transaction>,
+    /// The per-service chains the kernel has not got, declared in
+    /// transactions of about `max(chunk, chains / STAGES)` ops.
+    declared: Pieces,
+    /// Every per-service chain, written in transactions of about
+    /// `max(chunk, ops / STAGES)` ops (leaves first).
+    written: Pieces,
     rest: Option<Transaction>,
     ops: usize,
+}
+
+/// Per-service chains cut into transactions: (group in
+/// [`Ruleset::groups`], chain in the group), where each transaction ends,
+/// and the next one to build.
+#[derive(Debug, Default)]
+struct Pieces {
+    order: Vec<(usize, usize)>,
+    cuts: Vec<usize>,
+    next: usize,
+}
+
+impl Pieces {
+    /// `order` cut into pieces of at least `size` by `weight` (a chain is
+    /// not split).
+    fn cut(order: Vec<(usize, usize)>, size: usize, weight: impl Fn(&(usize, usize)) -> usize) -> Pieces {
+        let mut cuts = Vec::new();
+        let mut current = 0;
+        for (n, at) in order.iter().enumerate() {
+            if current >= size {
+                cuts.push(n);
+                current = 0;
+            }
+            current += weight(at);
+        }
+        if current > 0 {
+            cuts.push(order.len());
+        }
+        Pieces { order, cuts, next: 0 }
+    }
+
+    fn left(&self) -> usize {
+        self.cuts.len() - self.next
+    }
+
+    /// The chains of the next piece, if any is left.
+    fn take(&mut self) -> Option<&[(usize, usize)]> {
+        let n = self.next;
+        let end = *self.cuts.get(n)?;
+        self.next += 1;
+        let start = if n == 0 { 0 } else { self.cuts[n - 1] };
+        Some(&self.order[start..end])
+    }
 }
 
 impl Staged {
@@ -74,22 +119,19 @@ impl Staged {
         let family = rs.family;
         let mut rest = full_sync_of(&rs, kernel, recreate_base, |c| !is_service_chain(&c.name)).tx;
         let mut order: Vec<(usize, usize)> = Vec::new();
-        let mut declare = Transaction { family, ops: vec![NftOp::add_table()] };
-        declare.ops.extend(rs.sets().cloned().map(NftOp::AddSet));
+        let mut head = Transaction { family, ops: vec![NftOp::add_table()] };
+        head.ops.extend(rs.sets().cloned().map(NftOp::AddSet));
         for (g, objects) in rs.groups().enumerate() {
             for (i, c) in objects.chains.iter().enumerate() {
                 if is_service_chain(&c.name) {
                     order.push((g, i));
-                    if !existing.contains(&c.name) {
-                        declare.ops.push(c.add_op());
-                    }
                 } else if c.base.is_none() {
-                    declare.ops.push(c.add_op());
+                    head.ops.push(c.add_op());
                 }
             }
         }
         if nodeport_ips_missing(&rs) {
-            declare.ops.push(NftOp::AddSet(super::base::nodeport_ips_set(family)));
+            head.ops.push(NftOp::AddSet(super::base::nodeport_ips_set(family)));
         }
         let groups: Vec<&Objects> = rs.groups().collect();
         let chain = |&(g, i): &(usize, usize)| &groups[g].chains[i];
@@ -97,27 +139,19 @@ impl Staged {
         let staged_ops: usize = order.iter().map(|at| chain_ops(chain(at))).sum();
         if staged_ops == 0 {
             let ops = rest.len();
-            return Staged { rs, existing, declare: None, order: vec![], cuts: vec![], next: 0, rest: Some(rest), ops };
+            let (declared, written) = (Pieces::default(), Pieces::default());
+            return Staged { rs, existing, head: None, declared, written, rest: Some(rest), ops };
         }
+        let new: Vec<(usize, usize)> = order.iter().copied().filter(|at| !existing.contains(&chain(at).name)).collect();
+        let declare_size = chunk.max(new.len() / STAGES).max(1);
+        let declared = Pieces::cut(new, declare_size, |_| 1);
         // Leaves first: what a chain jumps to has its rules before it does.
         order.sort_by_key(|at| chain_rank(&chain(at).name));
-        let size = chunk.max(staged_ops / STAGES).max(1);
-        let mut cuts = Vec::new();
-        let mut current = 0;
-        for (n, at) in order.iter().enumerate() {
-            if current >= size {
-                cuts.push(n);
-                current = 0;
-            }
-            current += chain_ops(chain(at));
-        }
-        if current > 0 {
-            cuts.push(order.len());
-        }
+        let written = Pieces::cut(order, chunk.max(staged_ops / STAGES).max(1), |at| chain_ops(chain(at)));
         drop(groups);
         rest.ops.shrink_to_fit();
-        let ops = declare.len() + staged_ops + rest.len();
-        Staged { rs, existing, declare: Some(declare), order, cuts, next: 0, rest: Some(rest), ops }
+        let ops = head.len() + declared.order.len() + staged_ops + rest.len();
+        Staged { rs, existing, head: Some(head), declared, written, rest: Some(rest), ops }
     }
 
     /// The ops of every transaction together.
@@ -127,22 +161,28 @@ impl Staged {
 
     /// How many transactions are left to send.
     pub fn transactions(&self) -> usize {
-        usize::from(self.declare.is_some()) + self.cuts.len() - self.next + usize::from(self.rest.is_some())
+        usize::from(self.head.is_some()) + self.declared.left() + self.written.left() + usize::from(self.rest.is_some())
     }
 
-    /// The `n`th per-service transaction.
-    fn per_service(&self, n: usize) -> Transaction {
-        let start = if n == 0 { 0 } else { self.cuts[n - 1] };
+    /// The next transaction declaring per-service chains.
+    fn declaring(&mut self) -> Option<Transaction> {
+        let groups: Vec<&Objects> = self.rs.groups().collect();
+        let ops = self.declared.take()?.iter().map(|&(g, i)| groups[g].chains[i].add_op()).collect();
+        Some(Transaction { family: self.rs.family, ops })
+    }
+
+    /// The next transaction writing per-service chains' rules.
+    fn writing(&mut self) -> Option<Transaction> {
         let groups: Vec<&Objects> = self.rs.groups().collect();
         let mut ops = Vec::new();
-        for &(g, i) in &self.order[start..self.cuts[n]] {
+        for &(g, i) in self.written.take()? {
             let c = &groups[g].chains[i];
             if self.existing.contains(&c.name) {
                 ops.push(NftOp::FlushChain(c.name.clone()));
             }
             ops.extend(c.rules.iter().map(|r| NftOp::AddRule { chain: c.name.clone(), rule: r.clone() }));
         }
-        Transaction { family: self.rs.family, ops }
+        Some(Transaction { family: self.rs.family, ops })
     }
 }
 
@@ -150,14 +190,10 @@ impl Iterator for Staged {
     type Item = Transaction;
 
     fn next(&mut self) -> Option<Transaction> {
-        if let Some(declare) = self.declare.take() {
-            return Some(declare);
+        if let Some(head) = self.head.take() {
+            return Some(head);
         }
-        if self.next < self.cuts.len() {
-            self.next += 1;
-            return Some(self.per_service(self.next - 1));
-        }
-        self.rest.take()
+        self.declaring().or_else(|| self.writing()).or_else(|| self.rest.take())
     }
 }
 

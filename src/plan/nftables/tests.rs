@@ -40,6 +40,12 @@ pub(crate) fn fake_ctx() -> NftablesContext {
     }
 }
 
+/// `rs` as the planner keeps it once the kernel holds it ([`Ruleset::hold`]).
+pub(crate) fn held(mut rs: Ruleset) -> Ruleset {
+    rs.hold();
+    rs
+}
+
 pub(crate) fn model_with(events: &[SourceEvent]) -> Model {
     let mut m = Model::new(IpFamily::V4, NODE);
     m.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();

@@ -128,8 +128,9 @@ pub fn full_sync_of(
     new.chains().filter(|c| write(c)).for_each(|c| ops.rewrite(c));
     let stale = stale_chains(new, kernel);
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
-    let mut seen: BTreeSet<(String, Vec<KeyPart>)> = BTreeSet::new();
-    for e in new.elements().filter(|e| seen.insert(e.id())) {
+    // Borrowed ids: a copy of every element's key would be held while the ops are built.
+    let mut seen: BTreeSet<(&str, &[KeyPart])> = BTreeSet::new();
+    for e in new.elements().filter(|e| seen.insert((&e.set, &e.element.key))) {
         push(&mut ops.element_adds, e.add_op());
     }
     if nodeport_ips_missing(new) {
@@ -172,8 +173,9 @@ pub fn element_refs(rs: &Ruleset) -> ElementRefs {
     refs
 }
 
-/// A partial sync from `old` (what the kernel holds) to `new`: only groups
-/// (the top-level objects, each service port) that differ are written.
+/// A partial sync from `old` (what the kernel holds, its service ports
+/// possibly held: [`Objects::hold`]) to `new`: only groups (the top-level
+/// objects, each service port) that differ are written.
 /// Compares every group; a caller that knows what changed uses
 /// [`groups_sync`] with those groups only.
 pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
@@ -189,7 +191,7 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
     let names: BTreeSet<_> = old.services.keys().chain(new.services.keys()).collect();
     for spn in names {
         let (o, n) = (old.services.get(spn).unwrap_or(&empty), new.services.get(spn).unwrap_or(&empty));
-        if o != n {
+        if !o.same_as(n) {
             pairs.push((o, n));
         }
     }
@@ -208,6 +210,7 @@ pub fn changed_parts(old: &Objects, new: &Objects) -> (Objects, Objects) {
         sets: a.sets.iter().filter(|s| !b.sets.contains(s)).cloned().collect(),
         elements: a.elements.iter().filter(|e| !b.elements.contains(e)).cloned().collect(),
         classes: vec![],
+        held: None,
     };
     (only(old, new), only(new, old))
 }
