@@ -1,7 +1,9 @@
 //! Removing what a proxy mode left in the kernel: `--cleanup` (every
 //! mode's state, both families: [`cleanup`]) and, at every start, what
-//! the node's earlier mode left ([`clean_other_modes`], upstream's
-//! CleanupLeftovers of the inactive proxiers).
+//! the node's earlier mode left, after the new mode's first sync
+//! ([`switch_modes`], in the steps of [`crate::plan::switch`]).
+
+use std::future::Future;
 
 use crate::config::ProxyMode;
 use crate::kernel::ipset::netlink::{IpsetError, NetlinkIpset};
@@ -18,6 +20,7 @@ use crate::plan::ipvs::rules::PROFILE as IPVS_PROFILE;
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
+use crate::plan::switch::{switch_steps, Found, SwitchStep};
 
 /// One piece of a mode's state that could not be removed.
 #[derive(Debug, thiserror::Error)]
@@ -96,62 +99,105 @@ pub fn cleanup() -> Result<(), CleanupError> {
     })
 }
 
-/// A node switching modes: removes what the other modes left (upstream's
-/// CleanupLeftovers of the inactive proxiers: iptables and IPVS mode's
-/// rules, sets and IPVS state when switching to nftables mode; our
-/// nftables table when switching to iptables or IPVS mode). Only what is
-/// there, so a plain restart touches nothing; what cannot be removed is
-/// logged.
-pub async fn clean_other_modes(mode: ProxyMode, family: IpFamily) {
-    let others: &[&'static ChainProfile] = match mode {
-        ProxyMode::Iptables => &[&IPVS_PROFILE],
-        ProxyMode::Ipvs => &[&IPTABLES_PROFILE],
-        ProxyMode::Nftables => &[&IPTABLES_PROFILE, &IPVS_PROFILE],
-    };
-    let mut found: Vec<&'static ChainProfile> = Vec::new();
-    for other in others {
-        match IptablesHandle::new(family).for_mode(other).has_leftovers().await {
-            Ok(false) => {}
-            Ok(true) => found.push(other),
-            Err(e) => tracing::warn!(error = %e, mode = other.mode, "cannot check for the other mode's rules"),
-        }
+/// A node switching modes: finds what the other modes left in `family`
+/// and logs the switch's steps ([`switch_steps`]); once `first_sync` says
+/// the new mode's first sync succeeded, removes it (upstream's
+/// CleanupLeftovers of the inactive proxiers, which upstream runs before
+/// its first sync). Only what is there, so a plain restart touches
+/// nothing; what cannot be removed is logged. Nothing goes when
+/// `first_sync` ends without a sync (the daemon stopped first).
+pub async fn switch_modes(mode: ProxyMode, family: IpFamily, first_sync: impl Future<Output = bool>) {
+    let steps = switch_steps(mode, find_other_modes(mode, family).await);
+    if steps.is_empty() {
+        return;
     }
-    for other in &found {
-        tracing::info!(mode = other.mode, "removing what the node's earlier proxy mode left");
+    for step in &steps {
+        tracing::info!(family = ?family, %step, "switching proxy mode");
     }
-    let errors = match (mode, found.as_slice()) {
-        (_, []) => Vec::new(),
-        (ProxyMode::Iptables, _) => cleanup_ipvs_mode(family).await,
-        (ProxyMode::Ipvs, _) => cleanup_iptables_mode(family).await,
-        (ProxyMode::Nftables, found) => {
-            // Both modes' chains in one restore when both are there: they share chains.
-            let mut errors = match IptablesHandle::new(family).cleanup_modes(found).await {
-                Ok(()) => Vec::new(),
-                Err(source) => vec![LeftoverError::Iptables { what: "iptables", family, source }],
-            };
-            if found.iter().any(|p| p.mode == IPVS_PROFILE.mode) {
-                errors.extend(cleanup_ipvs_state(family).await);
-            }
-            errors
-        }
-    };
-    for e in errors {
-        tracing::warn!(error = %e, "cleaning up the other mode");
+    if !first_sync.await {
+        tracing::info!(family = ?family, "stopped before the first sync: the earlier mode's state stays");
+        return;
     }
-    if mode != ProxyMode::Nftables {
-        match delete_nftables_table(family).await {
-            Ok(true) => tracing::info!(table = NFT_TABLE, "removed what the node's earlier nftables mode left"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "cleaning up nftables mode's table"),
+    for step in steps {
+        for e in remove(step, family).await {
+            tracing::warn!(error = %e, "cleaning up the other mode");
         }
     }
 }
 
-/// iptables mode's jumps and chains (per-service ones included).
-async fn cleanup_iptables_mode(family: IpFamily) -> Vec<LeftoverError> {
-    match IptablesHandle::new(family).for_mode(&IPTABLES_PROFILE).cleanup().await {
-        Ok(()) => Vec::new(),
-        Err(source) => vec![LeftoverError::Iptables { what: "iptables mode's rules", family, source }],
+/// What the other modes than `mode` left in `family` (read only).
+pub async fn find_other_modes(mode: ProxyMode, family: IpFamily) -> Found {
+    let chains = |other: ProxyMode| async move {
+        let Some(profile) = chain_profile(other).filter(|_| other != mode) else { return false };
+        match IptablesHandle::new(family).for_mode(profile).has_leftovers().await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, mode = profile.mode, "cannot check for the other mode's rules");
+                false
+            }
+        }
+    };
+    let nftables_table = mode != ProxyMode::Nftables && nftables_table_there(family).await;
+    Found {
+        iptables_chains: chains(ProxyMode::Iptables).await,
+        ipvs_chains: chains(ProxyMode::Ipvs).await,
+        nftables_table,
+    }
+}
+
+/// Whether nftables mode's table of `family` is there (when that cannot be
+/// read: assumed there, and its deletion tells).
+async fn nftables_table_there(family: IpFamily) -> bool {
+    let nft = match NetlinkNftables::new() {
+        Ok(nft) => nft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check for nftables mode's table");
+            return true;
+        }
+    };
+    match nft.table_info(family, NFT_TABLE).await {
+        Ok(table) => table.is_some(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check for nftables mode's table");
+            true
+        }
+    }
+}
+
+/// The iptables chains `mode` writes (none in nftables mode).
+fn chain_profile(mode: ProxyMode) -> Option<&'static ChainProfile> {
+    match mode {
+        ProxyMode::Iptables => Some(&IPTABLES_PROFILE),
+        ProxyMode::Ipvs => Some(&IPVS_PROFILE),
+        ProxyMode::Nftables => None,
+    }
+}
+
+/// Does one removal step of a switch in `family`.
+async fn remove(step: SwitchStep, family: IpFamily) -> Vec<LeftoverError> {
+    match step {
+        SwitchStep::FirstSync(_) => Vec::new(),
+        SwitchStep::RemoveChains { modes, keep } => {
+            for mode in &modes {
+                tracing::info!(mode = mode.as_str(), "removing what the node's earlier proxy mode left");
+            }
+            let profiles: Vec<&ChainProfile> = modes.into_iter().filter_map(chain_profile).collect();
+            let keep = keep.and_then(chain_profile);
+            // The modes' chains in one restore: they share chains that the other's may reference.
+            match IptablesHandle::new(family).cleanup_modes_keeping(&profiles, keep).await {
+                Ok(()) => Vec::new(),
+                Err(source) => vec![LeftoverError::Iptables { what: "iptables", family, source }],
+            }
+        }
+        SwitchStep::RemoveIpvsState => cleanup_ipvs_state(family).await,
+        SwitchStep::DeleteNftablesTable => match delete_nftables_table(family).await {
+            Ok(true) => {
+                tracing::info!(table = NFT_TABLE, "removed what the node's earlier nftables mode left");
+                Vec::new()
+            }
+            Ok(false) => Vec::new(),
+            Err(e) => vec![e],
+        },
     }
 }
 

@@ -795,8 +795,9 @@ fn cleanup_removes_our_chains_and_jumps_and_nothing_else() {
 /// in iptables and ipset (restored from `--dry-run` of the same cluster in
 /// IPVS mode: its sets with members, its rules, and its jumps inserted by
 /// the crate's iptables handle as the IPVS daemon does). The daemon in
-/// iptables mode removes IPVS mode's chains, jumps and sets before its
-/// first sync, and ClusterIP traffic works. (IPVS virtual servers and
+/// iptables mode removes IPVS mode's chains, jumps and sets after its
+/// first sync (keeping the chains and jumps both modes write), and
+/// ClusterIP traffic works. (IPVS virtual servers and
 /// kube-ipvs0 cannot exist on this host: no ip_vs module, no dummy links.)
 #[test]
 fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
@@ -842,6 +843,14 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
 
     lab.config("iptables", "30s");
     let daemon = lab.start_synced();
+    wait_for("IPVS mode's sets removed after the first sync", CHANGE_WAIT, || {
+        let sets = lab.node.ok(&["ipset", "list", "-n"]);
+        if sets.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(sets)
+        }
+    });
     for (table, chain) in ipvs_only {
         assert!(!has(&lab, table, chain), "IPVS mode's {table} {chain} left:\n{}", lab.save(Some(table)));
     }

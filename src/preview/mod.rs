@@ -21,6 +21,9 @@
 //!   listed back, one line per chain, rule, set and element
 //!   ([`diff::nft_listing_lines`]). In the other modes a table of ours
 //!   that the daemon would delete is listed as removed.
+//! - A node holding another mode's state gets the switch's steps first
+//!   (`# mode switch`: the new mode's first sync, then each removal;
+//!   [`crate::plan::switch`]).
 //! - In every mode, the live UDP conntrack entries the first sync's
 //!   reconcile would delete ([`FamilyPlan::conntrack`]) are listed as
 //!   removed, in `conntrack -L`'s words; the family's other UDP entries
@@ -47,6 +50,7 @@ use crate::net::{IpFamily, Protocol};
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
+use crate::plan::switch::{switch_steps, SwitchStep};
 use crate::settings::FamilySettings;
 
 use self::diff::{SectionDiff, Tables};
@@ -73,13 +77,26 @@ pub struct FamilyPlan {
     pub suffix: String,
 }
 
-/// The preview of every family's first sync in `mode`.
+/// The preview of every family's first sync in `mode`, after the steps of
+/// a mode switch when the node holds another mode's state.
 pub async fn diff(mode: ProxyMode, plans: &[FamilyPlan]) -> String {
+    let mut steps = String::new();
     let mut sections = Vec::new();
     for p in plans {
+        let found = crate::cleanup::find_other_modes(mode, p.settings.family).await;
+        steps.push_str(&switch_text(&switch_steps(mode, found), &p.suffix));
         sections.extend(family_diff(mode, p).await);
     }
-    diff::render(&sections)
+    format!("{steps}{}", diff::render(&sections))
+}
+
+/// A switch's steps under a `# mode switch` heading (nothing without a switch).
+fn switch_text(steps: &[SwitchStep], suffix: &str) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let lines: String = steps.iter().map(|s| format!("{s}\n")).collect();
+    format!("# mode switch{suffix}\n{lines}\n")
 }
 
 /// The lines of section `heading` of a `--dry-run` text.
@@ -443,6 +460,18 @@ async fn canonical(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::switch::Found;
+
+    #[test]
+    fn a_switch_reads_as_its_steps_under_a_heading() {
+        let steps = switch_steps(ProxyMode::Nftables, Found { iptables_chains: true, ..Found::default() });
+        assert_eq!(
+            switch_text(&steps, " ipv6"),
+            "# mode switch ipv6\nfirst: nftables mode's first sync, complete and committed\n\
+             then: remove iptables mode's iptables jumps and chains\n\n"
+        );
+        assert_eq!(switch_text(&[], ""), "");
+    }
 
     #[test]
     fn a_section_is_the_lines_under_its_heading() {
