@@ -17,7 +17,7 @@ use crate::plan::ipvs::context::plan_context;
 use crate::plan::ipvs::rules::IpvsRulesConfig;
 use crate::plan::ipvs::PlanContext;
 use crate::plan::local::LocalDetector;
-use crate::plan::nftables::{nftables_context, NftablesContext};
+use crate::plan::nftables::{nftables_context, NftRuleset, NftablesContext};
 
 /// Syncs the scheduler lets through at once before minSyncPeriod applies
 /// (upstream's BoundedFrequencyRunner burst).
@@ -72,6 +72,8 @@ pub struct FamilySettings {
     pub host: HostFeatures,
     /// What the feature gates change in the model.
     pub model_gates: ModelGates,
+    /// Which ruleset nftables mode writes.
+    pub nftables_ruleset: NftRuleset,
 }
 
 /// `family`'s settings from the configuration, for node `node_name`, on a
@@ -107,6 +109,7 @@ pub fn derive(cfg: &KubeProxyConfiguration, family: IpFamily, node_name: &str, h
         ipvs_exclude_cidrs: cfg.ipvs_exclude_cidrs(),
         host,
         model_gates: model_gates(&cfg.gates()),
+        nftables_ruleset: NftRuleset::from_name(&cfg.nftables.ruleset).unwrap_or_default(),
     }
 }
 
@@ -181,6 +184,7 @@ impl FamilySettings {
     ) -> crate::plan::nftables::NftablesSettings {
         crate::plan::nftables::NftablesSettings {
             family: self.family,
+            ruleset: self.nftables_ruleset,
             node_name: self.plan.node_name.clone(),
             masquerade_all: self.masquerade_all,
             masquerade_bit: self.masquerade_bit,
@@ -210,6 +214,22 @@ mod tests {
         let cfg = KubeProxyConfiguration::with_defaults();
         let s = derive(&cfg, IpFamily::V4, "node-a", HostFeatures::default());
         assert_eq!(s.model_gates, ModelGates { service_cidrs: true });
+    }
+
+    /// `nftables.ruleset` (each name validation takes) picks the ruleset
+    /// the nftables planner writes; blank is upstream's.
+    #[test]
+    fn the_nftables_ruleset_field_picks_the_ruleset() {
+        let mut cfg = KubeProxyConfiguration::with_defaults();
+        let ruleset = |cfg: &KubeProxyConfiguration| {
+            let s = derive(cfg, IpFamily::V6, "node-a", HostFeatures::default());
+            s.nftables_settings(&NodeInfo::default(), &[]).ruleset
+        };
+        assert_eq!(ruleset(&cfg), NftRuleset::Upstream);
+        for name in crate::config::NFTABLES_RULESETS {
+            cfg.nftables.ruleset = name.into();
+            assert_eq!(ruleset(&cfg).name(), name);
+        }
     }
 
     #[test]

@@ -286,7 +286,9 @@ impl DocRun {
         for cmd in block {
             let line = with_prefix(&cmd.line, &self.prefix);
             if cmd.line.split(" #").next().map(str::trim) == Some("cargo build") {
-                continue; // the module's doc says why
+                // Stands for the build cargo test made (the module's doc says why).
+                assert_built();
+                continue;
             }
             if cmd.foreground {
                 self.start(&line);
@@ -516,4 +518,13 @@ fn anchors_as_github_makes_them() {
         ["a-page", "--dry-run---diff-the-migration-preview", "failed-ops-per-key-retries", "a-page-1"]
     );
     assert_eq!(link_targets("see [x](a.md#b) and `[y](not)` [z](../c)"), ["a.md#b", "../c"]);
+}
+
+/// What `cargo build` leaves for the demo: the binaries this test hands
+/// netns.sh; fails when one is missing instead of passing over the step.
+fn assert_built() {
+    for bin in [env!("CARGO_BIN_EXE_kube-proxy-rs"), env!("CARGO_BIN_EXE_kpr-demo-backends")] {
+        let meta = std::fs::metadata(bin).unwrap_or_else(|e| panic!("`cargo build` stands for {bin}: {e}"));
+        assert!(meta.is_file() && meta.len() > 0, "`cargo build` stands for {bin}: not a built binary");
+    }
 }

@@ -20,7 +20,7 @@ use kube_proxy_rs::msgs::nftables::{
 use kube_proxy_rs::net::{IpFamily, Protocol};
 use kube_proxy_rs::plan::local::LocalDetector;
 use kube_proxy_rs::plan::nftables::context::mark;
-use kube_proxy_rs::plan::nftables::{desired, NftablesContext, NodePorts};
+use kube_proxy_rs::plan::nftables::{desired, NftRuleset, NftablesContext, NodePorts};
 
 const TABLE: &str = "kube-proxy";
 
@@ -243,6 +243,11 @@ fn a_transaction_with_a_refused_op_changes_nothing_and_names_it() {
 /// empty `nodeport-ips` in IPv4, NodePorts on every local address in IPv6),
 /// no local-traffic detector, and the ServiceCIDRs given.
 fn demo_table(family: IpFamily, node_ports: NodePorts, service_cidrs: &[&str]) -> Transaction {
+    demo_table_in(NftRuleset::Upstream, family, node_ports, service_cidrs)
+}
+
+/// [`demo_table`] in `ruleset`.
+fn demo_table_in(ruleset: NftRuleset, family: IpFamily, node_ports: NodePorts, service_cidrs: &[&str]) -> Transaction {
     let dir = format!("{}/config/demo", env!("CARGO_MANIFEST_DIR"));
     let scan = ManifestDir::new(dir).with_settle(std::time::Duration::ZERO).scan();
     assert!(scan.errors.is_empty(), "{:?}", scan.errors);
@@ -253,6 +258,7 @@ fn demo_table(family: IpFamily, node_ports: NodePorts, service_cidrs: &[&str]) -
     model.apply();
     let ctx = NftablesContext {
         family,
+        ruleset,
         node_name: "demo-node".into(),
         zone: "zone-a".into(),
         node_ip: Some("192.168.50.2".parse().expect("node IP")),
@@ -293,6 +299,36 @@ fn the_demo_ruleset_in_one_transaction_lists_as_nft_f_of_the_same_text() {
             eprintln!("{a}");
         }
         assert_eq!(a, b, "{name}: ours:\n{a}\nnft -f:\n{b}");
+    }
+}
+
+/// The demo's whole table in the `maps` ruleset (data maps keyed with a
+/// `numgen` slot and their `typeof` user data, `dnat ip to ... map`, the
+/// slot constants, `update` with a concatenated key, `ct status dnat`, the
+/// hairpin pairs, per-slot affinity sets) in one transaction per family,
+/// listed by `nft` exactly as `nft -f` of the planner's text leaves it.
+#[test]
+fn the_maps_demo_ruleset_lists_as_nft_f_of_the_same_text() {
+    let v4 = demo_table_in(NftRuleset::Maps, IpFamily::V4, NodePorts::Ips(vec![]), &["10.96.0.0/12"]);
+    let v6 = demo_table_in(NftRuleset::Maps, IpFamily::V6, NodePorts::All, &["fd00:96::/112"]);
+    let text = format!("{v4}{v6}");
+    let v4_text = v4.to_string();
+    for want in [
+        "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod",
+        "ct status dnat",
+        "update @maps-",
+        "add element ip kube-proxy maps-cluster-endpoints",
+    ] {
+        assert!(v4_text.contains(want), "no {want:?} in:\n{v4_text}");
+    }
+    let ours = Netns::new("kpr-nft-maps");
+    let tool = Netns::new("kpr-nft-mapsf");
+    tool.pipe(&["nft", "-f", "-"], &text);
+    for (tx, name) in [(v4, "ip"), (v6, "ip6")] {
+        apply(&ours, tx.family, tx.ops).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (a, b) = (listed(&ours, name), listed(&tool, name));
+        assert_eq!(a, b, "{name}: ours:\n{a}\nnft -f:\n{b}");
+        assert!(a.contains("typeof "), "{name}:\n{a}");
     }
 }
 

@@ -36,6 +36,7 @@ use common::lab::{self, addr, names, set, Answer, Backend, Conn, Probe, Probes, 
 use common::nft::{self, blocks, Monitor};
 use common::{bin, conntrack, Netns};
 use kube_proxy_rs::plan::nftables::names::hash_and_truncate;
+use kube_proxy_rs::plan::nftables::NftRuleset;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-a";
@@ -57,13 +58,21 @@ struct Lab {
     started: usize,
     /// The daemon's PATH, when not the tests' own.
     path: Option<PathBuf>,
+    /// The nftables ruleset the config file asks for (`nftables.ruleset`).
+    ruleset: NftRuleset,
 }
 
 impl Lab {
     fn new(tag: &str, backends: &[&'static str]) -> Lab {
-        let (node, client, list) = lab::topology(&format!("nfd-{tag}"), backends);
+        Lab::in_ruleset(tag, backends, NftRuleset::Upstream)
+    }
+
+    /// A lab whose config file asks for `ruleset`.
+    fn in_ruleset(tag: &str, backends: &[&'static str], ruleset: NftRuleset) -> Lab {
+        let short = &ruleset.name()[..1];
+        let (node, client, list) = lab::topology(&format!("nfd{short}-{tag}"), backends);
         let dir = tempfile::tempdir().expect("tempdir");
-        let lab = Lab { node, client, _backends: list, dir, started: 0, path: None };
+        let lab = Lab { node, client, _backends: list, dir, started: 0, path: None, ruleset };
         std::fs::create_dir(lab.manifests()).unwrap();
         lab.config("nftables", "30s");
         lab.put("node", &node_manifest(false));
@@ -78,13 +87,15 @@ impl Lab {
         self.dir.path().join("config.yaml")
     }
 
-    /// Writes the config file: `mode` with `sync_period` (minSyncPeriod 0s).
+    /// Writes the config file: `mode` with `sync_period` (minSyncPeriod 0s)
+    /// and the lab's nftables ruleset.
     fn config(&self, mode: &str, sync_period: &str) {
+        let ruleset = self.ruleset;
         let text = format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
              hostnameOverride: {NODE}\nclusterCIDR: 10.244.0.0/16,fd00:244::/48\n\
              iptables:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n\
-             nftables:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n"
+             nftables:\n  syncPeriod: {sync_period}\n  minSyncPeriod: 0s\n  ruleset: {ruleset}\n"
         );
         std::fs::write(self.config_path(), text).unwrap();
     }
@@ -312,14 +323,30 @@ fn chains(listing: &str) -> Vec<String> {
 
 // -------------------------------------------------------------------- tests
 
+crate::rulesets!(
+    source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one,
+    traffic_follows_endpoints_and_deleted_services_leave_nothing,
+    an_established_connection_survives_a_daemon_restart,
+    the_api_source_programs_a_dual_stack_service,
+    cleanup_removes_the_tables,
+    switching_between_iptables_and_nftables_mode_removes_the_other_modes_state,
+    a_dual_stack_service_answers_on_both_families,
+    a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table,
+    the_sync_period_writes_nothing_while_the_cluster_is_quiet,
+    the_sync_period_repairs_a_deleted_table_and_ignores_other_tables,
+    service_cidrs_drop_unallocated_cluster_ips_until_deleted,
+    conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared,
+    conntrack_a_flow_to_another_port_of_the_same_endpoint_survives,
+    conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync,
+);
+
 /// loadBalancerSourceRanges as upstream's sloppy parser reads them, by
 /// packets (see `daemon::SOURCE_RANGE_CASES`): `192.168.050.000/024`
 /// admits the client, `198.051.100.000/024` drops it, and a range that
 /// does not parse at all drops everyone rather than admitting everyone;
 /// `--dry-run` shows the same firewall chains.
-#[test]
-fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
-    let mut lab = Lab::new("lbsr", &["b1"]);
+fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("lbsr", &["b1"], ruleset);
     for case in &daemon::SOURCE_RANGE_CASES {
         lab.put(case.name, &daemon::source_range_manifest(case));
     }
@@ -340,9 +367,14 @@ fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
         let element = format!("add element ip kube-proxy firewall-ips {{ {} . tcp . 80 : goto firewall-", case.vip);
         assert!(text.contains(&element), "{element} not in\n{text}");
     }
-    // lb-in's endpoint, written 010.244.001.002.
-    let lb_in_endpoint = text.lines().find(|l| l.contains("-default/lb-in/tcp/http__10.244.1.2/8080 "));
-    assert!(lb_in_endpoint.is_some(), "{text}");
+    // lb-in's endpoint, written 010.244.001.002: its endpoint chain, or its slot.
+    let lb_in_endpoint = match ruleset {
+        NftRuleset::Upstream => "-default/lb-in/tcp/http__10.244.1.2/8080 ",
+        NftRuleset::Maps => {
+            "add element ip kube-proxy maps-cluster-endpoints { 203.0.113.10 . tcp . 80 . 0 : 10.244.1.2 . 8080 }"
+        }
+    };
+    assert!(text.lines().any(|l| l.contains(lb_in_endpoint)), "{text}");
     let daemon = lab.start_synced();
     daemon::assert_source_ranges(&lab.node, &lab.client, DROP_WAIT, CHANGE_WAIT);
     daemon::assert_source_ranges_logged(&daemon.stop());
@@ -352,9 +384,8 @@ fn source_ranges_with_leading_zeros_apply_and_unparseable_ones_admit_no_one() {
 /// removed is a partial sync after which traffic avoids it and, a second
 /// later, its chains are gone from the table; a deleted Service's chains
 /// and map elements go too, and another Service never stops answering.
-#[test]
-fn traffic_follows_endpoints_and_deleted_services_leave_nothing() {
-    let mut lab = Lab::new("flow", &["b1", "b2"]);
+fn traffic_follows_endpoints_and_deleted_services_leave_nothing(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("flow", &["b1", "b2"], ruleset);
     lab.put("web", &web(&["b1", "b2"]));
     lab.put("api", &daemon::dual_stack_service_manifest("api", &["10.96.0.11"], 30011, &["b1"]));
     let mut daemon = lab.start_synced();
@@ -367,9 +398,17 @@ fn traffic_follows_endpoints_and_deleted_services_leave_nothing() {
     let seen = lab.ask(WEB, 8, false);
     assert!(seen.iter().all(|a| a.as_ref().is_ok_and(|(_, src)| src.starts_with("10.244."))), "{seen:?}");
     let table = lab.table("ip").expect("the ip kube-proxy table");
-    assert!(table.contains("10.244.2.2") && table.contains("default/web/tcp/http"), "{table}");
     let b2_chains: Vec<String> = chains(&table).into_iter().filter(|c| c.contains("10.244.2.2")).collect();
-    assert_eq!(b2_chains.len(), 2, "b2's endpoint chains (http and dns): {table}");
+    match ruleset {
+        NftRuleset::Upstream => {
+            assert!(table.contains("10.244.2.2") && table.contains("default/web/tcp/http"), "{table}");
+            assert_eq!(b2_chains.len(), 2, "b2's endpoint chains (http and dns): {table}");
+        }
+        NftRuleset::Maps => {
+            assert!(table.contains(": 10.244.2.2 . 8080") && table.contains("10.244.2.2 . 10.244.2.2"), "{table}");
+            assert!(b2_chains.is_empty() && !table.contains("default/web"), "no chain per Service: {table}");
+        }
+    }
 
     // b2 goes: a partial sync, then its endpoint chains are deleted.
     let last = lab.syncs().expect("syncs")[0].generation;
@@ -379,13 +418,12 @@ fn traffic_follows_endpoints_and_deleted_services_leave_nothing() {
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
     lab.wait_traffic(WEB, true, &["b1"], CHANGE_WAIT);
     let flushed_at = Instant::now();
-    lab.wait_table("b2's chains deleted", |t| !t.contains("10.244.2.2"));
+    lab.wait_table("b2's chains or elements deleted", |t| !t.contains("10.244.2.2"));
     assert!(flushed_at.elapsed() < Duration::from_secs(4), "deleted about a second later, not at the syncPeriod");
 
     // web is deleted: its chains and elements go; api keeps answering.
     lab.remove("web");
-    let table = lab.wait_table("web's objects gone", |t| !t.contains("default/web"));
-    assert!(!table.contains("10.96.0.10"), "{table}");
+    lab.wait_table("web's objects gone", |t| !t.contains("default/web") && !t.contains("10.96.0.10"));
     assert_eq!(lab.ask(WEB, 1, false), [Err(ErrorKind::TimedOut)], "no DNAT for a deleted Service");
     lab.wait_traffic("10.96.0.11:80", false, &["b1"], CHANGE_WAIT);
 
@@ -402,9 +440,8 @@ fn traffic_follows_endpoints_and_deleted_services_leave_nothing() {
 /// established TCP connection through a ClusterIP keeps exchanging data
 /// while no daemon runs and after the new one's first (full) sync; an
 /// endpoint added meanwhile is picked up.
-#[test]
-fn an_established_connection_survives_a_daemon_restart() {
-    let mut lab = Lab::new("rst", &["b1", "b2"]);
+fn an_established_connection_survives_a_daemon_restart(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("rst", &["b1", "b2"], ruleset);
     lab.put("web", &web(&["b1"]));
     let daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
@@ -527,6 +564,103 @@ fn a_table_upstream_wrote_is_taken_over_in_place() {
     daemon.stop();
 }
 
+/// How a node moves from one ruleset to the other.
+#[derive(Clone, Copy, PartialEq)]
+enum Switch {
+    /// The daemon stopped and started with the other ruleset; the first
+    /// table is upstream's own (`nft -f` of its text, as upstream
+    /// kube-proxy leaves it).
+    Restart,
+    /// `nftables.ruleset` changed in the file and SIGHUP: the reload's full
+    /// resync; the first table is the daemon's upstream ruleset.
+    Reload,
+}
+
+/// Whether the listing `table` holds `ruleset`'s objects and none of the other's.
+fn holds_only(ruleset: NftRuleset, table: &str) -> bool {
+    // Upstream's per-Service chains are named `…-<hash>-<namespace>/<name>/…`.
+    let per_service = chains(table).iter().any(|c| c.contains('/'));
+    match ruleset {
+        NftRuleset::Upstream => !table.contains("maps-") && table.contains("map service-ips {") && per_service,
+        NftRuleset::Maps => {
+            !table.contains("map service-ips {") && table.contains("maps-cluster-endpoints") && !per_service
+        }
+    }
+}
+
+/// A node switching from upstream's ruleset to `maps`, back, and to `maps`
+/// again, by `how`. An established TCP connection keeps exchanging, and a
+/// new TCP and UDP connection every 0.1 s (`Probes`) is answered
+/// throughout, including while no daemon runs; after each switch the table
+/// holds the running ruleset's objects only (the other's go in the first
+/// sync, its chains a second later).
+fn switching_rulesets_drops_no_connection(tag: &str, how: Switch) {
+    let mut lab = Lab::new(tag, &["b1", "b2"]);
+    let both = ["b1", "b2"];
+    lab.put("web", &web(&both));
+    let mut running = match how {
+        Switch::Restart => {
+            for (_, text) in lab.dry_run() {
+                lab.node.pipe(&["nft", "-f", "-"], &text);
+            }
+            None
+        }
+        Switch::Reload => Some(lab.start_synced()),
+    };
+    lab.wait_traffic(WEB, false, &both, CHANGE_WAIT);
+    let mut conn = lab.client.run(|| Conn::open(addr(WEB), DROP_WAIT)).expect("connect through the ClusterIP");
+    let first = conn.exchange().expect("first exchange");
+    let probes = Probes::start(&lab.client, WEB, DROP_WAIT);
+    for ruleset in [NftRuleset::Maps, NftRuleset::Upstream, NftRuleset::Maps] {
+        lab.ruleset = ruleset;
+        lab.config("nftables", "30s");
+        let daemon = match running.take() {
+            Some(mut daemon) => {
+                let last = lab.syncs().expect("syncs")[0].generation;
+                daemon.reload();
+                let resync = lab.wait_sync(&mut daemon, last, CHANGE_WAIT);
+                assert!(resync.full, "the reload is followed by a full resync: {resync:?}");
+                daemon
+            }
+            None => lab.start_synced(),
+        };
+        lab.wait_table(&format!("the {ruleset} ruleset's objects only"), |t| holds_only(ruleset, t));
+        lab.wait_traffic(WEB, false, &both, CHANGE_WAIT);
+        lab.wait_traffic(WEB, true, &both, CHANGE_WAIT);
+        assert_eq!(conn.exchange(), Ok(first.clone()), "after switching to {ruleset}");
+        match how {
+            Switch::Restart => {
+                daemon.stop();
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Switch::Reload => running = Some(daemon),
+        }
+    }
+    if let Some(daemon) = running {
+        let log = daemon.stop();
+        let applied = log.lines().filter(|l| l.contains("config reloaded: applying") && l.contains("nftables.ruleset"));
+        assert_eq!(applied.count(), 3, "{log}");
+    }
+    let probes = probes.stop();
+    let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
+    assert!(failed.is_empty(), "{} of {} probes failed: {failed:?}", failed.len(), probes.len());
+    assert!(probes.len() > 30, "{probes:?}");
+    let tcp: Vec<Answer> = probes.iter().map(|p| p.1.clone()).collect();
+    assert_eq!(names(&tcp), set(&both));
+}
+
+/// Upstream's table → `maps` → `upstream` → `maps` by restarts.
+#[test]
+fn switching_between_the_rulesets_drops_no_connection() {
+    switching_rulesets_drops_no_connection("rsw", Switch::Restart);
+}
+
+/// The same by SIGHUP: `nftables.ruleset` applies live.
+#[test]
+fn a_reload_switches_the_ruleset_and_drops_no_connection() {
+    switching_rulesets_drops_no_connection("rhup", Switch::Reload);
+}
+
 /// Issue 27: `--dry-run --diff` over a table holding the kernel's affinity
 /// entries. The dry run's table loaded with `nft -f` (a ClientIP-affinity
 /// Service with two endpoints), a client's connections through its
@@ -559,9 +693,8 @@ fn the_preview_leaves_the_kernels_affinity_entries_out() {
 /// arrives as a partial sync, after which IPv4 traffic avoids it (IPv6
 /// still reaches both) and its chains leave the table; the Service deleted
 /// through the API server leaves nothing of it in either table.
-#[test]
-fn the_api_source_programs_a_dual_stack_service() {
-    let mut lab = Lab::new("api", &["b1", "b2"]);
+fn the_api_source_programs_a_dual_stack_service(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("api", &["b1", "b2"], ruleset);
     let (api, _serving) = lab.node.api_server();
     api.create(&node_manifest(true)).unwrap();
     let web = daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]);
@@ -614,9 +747,8 @@ fn the_api_source_programs_a_dual_stack_service() {
 /// `kube-proxy-rs --cleanup` after the daemon ran: no `kube-proxy` table is
 /// left in either family, someone else's table is untouched, and a second
 /// cleanup (nothing to delete) succeeds.
-#[test]
-fn cleanup_removes_the_tables() {
-    let mut lab = Lab::new("cln", &["b1"]);
+fn cleanup_removes_the_tables(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("cln", &["b1"], ruleset);
     lab.node.pipe(&["nft", "-f", "-"], "add table ip mine\nadd chain ip mine c\n");
     lab.put("web", &web(&["b1"]));
     let daemon = lab.start_synced();
@@ -636,9 +768,8 @@ fn cleanup_removes_the_tables() {
 /// Switching modes, both ways: iptables mode after nftables mode deletes
 /// our tables; nftables mode after iptables mode removes iptables mode's
 /// chains; traffic works in each.
-#[test]
-fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state() {
-    let mut lab = Lab::new("sw", &["b1", "b2"]);
+fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("sw", &["b1", "b2"], ruleset);
     lab.put("web", &web(&["b1", "b2"]));
     let daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
@@ -734,9 +865,8 @@ fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
 /// both node IPs' NodePorts, and per-family metrics count each family's syncs.
 /// The families are probed through nf_tables, not iptables: the daemon runs
 /// with no iptables tool on its PATH.
-#[test]
-fn a_dual_stack_service_answers_on_both_families() {
-    let mut lab = Lab::new("ds", &["b1", "b2"]);
+fn a_dual_stack_service_answers_on_both_families(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("ds", &["b1", "b2"], ruleset);
     lab.without_tools();
     lab.put("node", &node_manifest(true));
     lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
@@ -764,9 +894,8 @@ fn a_dual_stack_service_answers_on_both_families() {
 /// later is a full sync that lists the (missing) table and writes it whole.
 /// (In a quiet cluster the syncPeriod's drift check notices: see
 /// `the_sync_period_repairs_a_deleted_table_and_ignores_other_tables`.)
-#[test]
-fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table() {
-    let mut lab = Lab::new("fail", &["b1", "b2"]);
+fn a_failed_transaction_makes_the_next_sync_full_and_repairs_the_table(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("fail", &["b1", "b2"], ruleset);
     lab.put("web", &web(&["b1"]));
     let mut daemon = lab.start_synced();
     lab.wait_traffic(WEB, false, &["b1"], CHANGE_WAIT);
@@ -834,8 +963,8 @@ fn a_thousand_services_are_written_by_one_full_sync() {
 /// A lab with a 2 s syncPeriod and `web` on b1, its daemon started and
 /// past the sync after the first (the start's stale chains, none here, and
 /// the first syncs settled): the lab, the daemon, that sync's generation.
-fn settled(tag: &str) -> (Lab, Daemon, u64) {
-    let mut lab = Lab::new(tag, &["b1"]);
+fn settled(tag: &str, ruleset: NftRuleset) -> (Lab, Daemon, u64) {
+    let mut lab = Lab::in_ruleset(tag, &["b1"], ruleset);
     lab.config("nftables", "2s");
     lab.put("web", &web(&["b1"]));
     let mut daemon = lab.start_synced();
@@ -847,9 +976,8 @@ fn settled(tag: &str) -> (Lab, Daemon, u64) {
 /// A quiet cluster: each syncPeriod (2 s here) brings a periodic partial
 /// sync that sends nothing: the namespace's nf_tables generation (which
 /// every transaction increments) stays as it was.
-#[test]
-fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
-    let (lab, mut daemon, first) = settled("qui");
+fn the_sync_period_writes_nothing_while_the_cluster_is_quiet(ruleset: NftRuleset) {
+    let (lab, mut daemon, first) = settled("qui", ruleset);
     // The namespace's nf_tables generation: every transaction increments it.
     let generation = |lab: &Lab| {
         lab.node.block_on(|| async {
@@ -873,9 +1001,8 @@ fn the_sync_period_writes_nothing_while_the_cluster_is_quiet() {
 /// table's handle and use count): somebody else's commit (another table)
 /// costs two gets and changes nothing; our table deleted is written again
 /// by the next periodic sync, a full one, not an hour later.
-#[test]
-fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables() {
-    let (lab, mut daemon, mut last) = settled("dri");
+fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables(ruleset: NftRuleset) {
+    let (lab, mut daemon, mut last) = settled("dri", ruleset);
     let mut next = |lab: &Lab, daemon: &mut Daemon| {
         let s = lab.wait_sync(daemon, last, CHANGE_WAIT);
         last = s.generation;
@@ -910,9 +1037,8 @@ fn the_sync_period_repairs_a_deleted_table_and_ignores_other_tables() {
 /// be told from a packet lost on the way, the node routes 10.96.0.0/16 to
 /// b1, which answers every address of it itself (RST: refused) once
 /// nothing drops them.
-#[test]
-fn service_cidrs_drop_unallocated_cluster_ips_until_deleted() {
-    let mut lab = Lab::new("scidr", &["b1"]);
+fn service_cidrs_drop_unallocated_cluster_ips_until_deleted(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("scidr", &["b1"], ruleset);
     lab.node.ok(&["ip", "route", "add", "10.96.0.0/16", "via", "10.244.1.2"]);
     lab._backends[0].1.ok(&["ip", "route", "add", "local", "10.96.0.0/16", "dev", "lo"]);
     lab.put("web", &web(&["b1"]));
@@ -954,24 +1080,21 @@ fn service_cidrs_drop_unallocated_cluster_ips_until_deleted() {
 
 /// (conntrack) A deleted UDP Service's flows to its NodePort and
 /// LoadBalancer IPs lose their entries; see `common::conntrack`.
-#[test]
-fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared() {
-    let mut lab = Lab::new("ctdel", &["b1"]);
+fn conntrack_a_deleted_services_node_port_and_load_balancer_flows_are_cleared(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("ctdel", &["b1"], ruleset);
     conntrack::a_deleted_services_node_port_and_load_balancer_flows_are_cleared(&mut lab);
 }
 
 /// (conntrack) One of a Service's two UDP ports to one endpoint removed:
 /// the other port's flows keep their entries and answers.
-#[test]
-fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives() {
-    let mut lab = Lab::new("ctport", &["b1"]);
+fn conntrack_a_flow_to_another_port_of_the_same_endpoint_survives(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("ctport", &["b1"], ruleset);
     conntrack::a_flow_to_another_port_of_the_same_endpoint_survives(&mut lab);
 }
 
 /// (conntrack) Entries made while the daemon was stopped, to an endpoint
 /// removed meanwhile, go at its first sync; others stay.
-#[test]
-fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync() {
-    let mut lab = Lab::new("ctstop", &["b1", "b2"]);
+fn conntrack_an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(ruleset: NftRuleset) {
+    let mut lab = Lab::in_ruleset("ctstop", &["b1", "b2"], ruleset);
     conntrack::an_entry_created_while_the_daemon_was_stopped_is_cleared_at_its_first_sync(&mut lab);
 }

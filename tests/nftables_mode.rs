@@ -8,8 +8,17 @@
 //! go there) routing between a client on 192.168.50.0/24 and backends b1,
 //! b2 (this node's) and b3 ("other-node") on 10.244.N.0/24, each serving
 //! TCP and UDP on 8080 and answering with its name and the source it saw.
-//! Transactions are applied with `nft -f -` inside the node namespace (the
-//! planner alone; the daemon's own netlink path is `nftables_daemon.rs`).
+//! Transactions are applied inside the node namespace with `nft -f -` in
+//! upstream's ruleset (the planner alone; the daemon's own netlink path is
+//! `nftables_daemon.rs`) and with our netlink codec in the `maps` ruleset:
+//! nft 1.0.6 cannot add a rule that names an existing map whose `typeof`
+//! data is `ip daddr . th dport` (it reads it back as "conflicting
+//! protocols specified: ip vs. th"), which a partial sync of that ruleset
+//! does when a count appears. The dry run still loads with `nft -f`.
+//!
+//! Every test runs in both rulesets (`upstream::…` and `maps::…`, see
+//! `common::nft`'s `rulesets!`), with the same packets and expectations, and
+//! ruleset-specific checks of what is written where the rulesets differ.
 //!
 //! Needs root, iproute2 and nft (package nftables); nothing is skipped.
 //! Traffic stays inside the namespaces created here.
@@ -23,14 +32,16 @@ use common::lab::{self, endpoints, names, service, set, Answer, Backend, CLIENT_
 use common::nft::{blocks, section};
 use common::{bin, Netns};
 use kube_proxy_rs::fixtures::{applied_slice, node, slice, Ep};
+use kube_proxy_rs::kernel::nftables::NetlinkNftables;
 use kube_proxy_rs::model::{Model, NodeInfo};
+use kube_proxy_rs::msgs::nftables::Transaction;
 use kube_proxy_rs::msgs::{ResourceKind, SourceEvent};
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::{LocalAddr, NodePortFilter};
 use kube_proxy_rs::plan::local::LocalDetector;
 use kube_proxy_rs::plan::nftables::{
-    delete_stale, desired, full_sync, nftables_context, KernelObjects, NftablesContext, NftablesPlanner,
-    NftablesSettings, STALE_CHAIN_DELAY,
+    delete_stale, desired, desired_keeping, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesContext,
+    NftablesPlanner, NftablesSettings, STALE_CHAIN_DELAY,
 };
 use serde_json::{json, Value};
 
@@ -42,13 +53,25 @@ fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
 }
 
+crate::rulesets!(
+    dry_run_loads_into_an_empty_namespace_with_nft,
+    cluster_ips_spread_reject_without_endpoints_and_drop_unallocated,
+    node_ports_load_balancers_and_affinity,
+    partial_syncs_change_the_kernel_service_by_service,
+    the_daemon_runs_in_nftables_mode,
+    traffic_policies_local_use_local_endpoints_or_drop,
+    node_ports_and_external_ips_without_endpoints_refuse_connections,
+    a_full_sync_over_the_kernels_table_repairs_it,
+    ipv6_cluster_ips_use_the_ip6_table,
+);
+
 /// `--dry-run --proxy-mode nftables` on the demo cluster loads into a fresh
 /// namespace with `nft -f` as one transaction, and `nft list table` shows
-/// upstream's objects with the demo's services in them.
-#[test]
-fn dry_run_loads_into_an_empty_namespace_with_nft() {
-    let mut ns = Netns::new("kpr-drynft");
-    ns.veth_to_host("192.168.50.2/24", "192.168.50.1/24");
+/// the ruleset's objects with the demo's services in them (upstream's: the
+/// dry run is `tests/golden/demo-nftables.txt`).
+fn dry_run_loads_into_an_empty_namespace_with_nft(ruleset: NftRuleset) {
+    let ns = Netns::new(&format!("kpr-drynft-{ruleset}"));
+    node_address(&ns);
     let args = [
         bin(),
         "--manifests".into(),
@@ -58,28 +81,35 @@ fn dry_run_loads_into_an_empty_namespace_with_nft() {
         "nftables".into(),
         "--hostname-override".into(),
         "demo-node".into(),
+        format!("--nftables-ruleset={ruleset}"),
     ];
     let out = ns.exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     let v4 = section(&stdout, "# nftables").unwrap_or_else(|| panic!("no # nftables section in:\n{stdout}"));
     assert!(v4.starts_with("add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n"), "{v4}");
-    let golden = std::fs::read_to_string(demo("../tests/golden/demo-nftables.txt")).expect("golden file");
-    if v4 != golden {
-        let path = std::env::temp_dir().join("demo-nftables.got.txt");
-        let _ = std::fs::write(&path, v4.as_bytes());
-        panic!("the dry run's IPv4 section differs from tests/golden/demo-nftables.txt; got {}", path.display());
+    if ruleset == NftRuleset::Upstream {
+        let golden = std::fs::read_to_string(demo("../tests/golden/demo-nftables.txt")).expect("golden file");
+        if v4 != golden {
+            let path = std::env::temp_dir().join("demo-nftables.got.txt");
+            let _ = std::fs::write(&path, v4.as_bytes());
+            panic!("the dry run's IPv4 section differs from tests/golden/demo-nftables.txt; got {}", path.display());
+        }
     }
-    let target = Netns::new("kpr-drynft-t");
+    let target = Netns::new(&format!("kpr-drynft-t-{ruleset}"));
     target.pipe(&["nft", "-f", "-"], v4);
     let listed = target.ok(&["nft", "list", "table", "ip", "kube-proxy"]);
+    let dispatch = match ruleset {
+        NftRuleset::Upstream => "map service-ips {",
+        NftRuleset::Maps => "map maps-cluster-endpoints {",
+    };
     for want in [
         "comment \"rules for kube-proxy\"",
         "chain nat-prerouting {",
         "type nat hook prerouting priority dstnat; policy accept;",
         "type filter hook prerouting priority dstnat - 10; policy accept;",
         "chain services {",
-        "map service-ips {",
+        dispatch,
         "map no-endpoint-services {",
         "set cluster-ips {",
         "chain mark-for-masquerade {",
@@ -100,8 +130,16 @@ fn dry_run_loads_into_an_empty_namespace_with_nft() {
     if let Some(v6) = section(&stdout, "# nftables ipv6") {
         target.pipe(&["nft", "-f", "-"], v6);
         let listed = target.ok(&["nft", "list", "table", "ip6", "kube-proxy"]);
-        assert!(listed.contains("map service-ips {") && listed.contains("ip6 daddr"), "{listed}");
+        assert!(listed.contains(dispatch) && listed.contains("ip6 daddr"), "{listed}");
     }
+}
+
+/// The demo node's address, on a veth pair inside `ns` (the host is not touched).
+fn node_address(ns: &Netns) {
+    for cmd in ["ip link add e0 type veth peer name e1", "ip addr add 192.168.50.2/24 dev e0", "ip link set e1 up"] {
+        ns.ok(&cmd.split(' ').collect::<Vec<_>>());
+    }
+    ns.ok(&["ip", "link", "set", "e0", "up"]);
 }
 
 /// The node, an off-cluster client, three backends, the model and the
@@ -117,12 +155,13 @@ struct Lab {
 }
 
 impl Lab {
-    fn new(tag: &str) -> Lab {
-        let (node, client, backends) = lab::topology(&format!("nfm-{tag}"), &BACKENDS);
+    fn new(tag: &str, ruleset: NftRuleset) -> Lab {
+        let short = &ruleset.name()[..1];
+        let (node, client, backends) = lab::topology(&format!("nfm{short}-{tag}"), &BACKENDS);
         let mut model = Model::new(IpFamily::V4, NODE);
         model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
         model.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
-        let ctx = lab_context();
+        let ctx = lab_context(ruleset);
         Lab { node, client, backends, model, planner: NftablesPlanner::new(ctx.clone()), ctx, clock: Duration::ZERO }
     }
 
@@ -141,13 +180,29 @@ impl Lab {
         self.node.pipe(&["nft", "-f", "-"], text);
     }
 
+    /// Applies `tx`: as `nft -f` input in upstream's ruleset, through our
+    /// codec in the `maps` ruleset (see the module's doc).
+    fn apply(&self, tx: &Transaction) {
+        match self.ctx.ruleset {
+            NftRuleset::Upstream => self.nft(&tx.to_string()),
+            NftRuleset::Maps => {
+                let (family, ops) = (tx.family, tx.ops.clone());
+                self.node
+                    .block_on(move || async move {
+                        let nft = NetlinkNftables::new().expect("netfilter netlink socket");
+                        nft.apply(family, "kube-proxy", &ops).await
+                    })
+                    .unwrap_or_else(|e| panic!("{e}\n{tx}"));
+            }
+        }
+    }
+
     /// A full sync (the planner's first re-creates the base chains).
     fn full_sync(&mut self) -> String {
         let delta = self.planner.full(&self.model, self.ctx.clone(), &KernelObjects::default());
-        let text = delta.tx.to_string();
-        self.nft(&text);
+        self.apply(&delta.tx);
         self.planner.confirm_applied(self.clock);
-        text
+        delta.tx.to_string()
     }
 
     /// A partial sync of `changed`; a second later (virtual) the chains it
@@ -156,12 +211,12 @@ impl Lab {
         let delta = self.planner.partial(&self.model, changed).expect("a full sync first");
         let text = delta.tx.to_string();
         if !delta.tx.is_empty() {
-            self.nft(&text);
+            self.apply(&delta.tx);
         }
         self.planner.confirm_applied(self.clock);
         self.clock += STALE_CHAIN_DELAY;
         if let Some(tx) = self.planner.delete_due(self.clock) {
-            self.nft(&tx.to_string());
+            self.apply(&tx);
         }
         (text, delta.stale_chains)
     }
@@ -173,9 +228,10 @@ impl Lab {
 
 /// What the daemon would compute for the lab's node: pods in 10.244.0.0/16,
 /// NodePorts on the node's primary IP, ServiceCIDR 10.96.0.0/16.
-fn lab_context() -> NftablesContext {
+fn lab_context(ruleset: NftRuleset) -> NftablesContext {
     let settings = NftablesSettings {
         family: IpFamily::V4,
+        ruleset,
         node_name: NODE.into(),
         masquerade_all: false,
         masquerade_bit: 14,
@@ -191,9 +247,8 @@ fn ask(ns: &Netns, to: &str, n: usize, udp: bool) -> Vec<Answer> {
     lab::ask(ns, to, n, udp, DROP_WAIT)
 }
 
-#[test]
-fn cluster_ips_spread_reject_without_endpoints_and_drop_unallocated() {
-    let mut lab = Lab::new("cip");
+fn cluster_ips_spread_reject_without_endpoints_and_drop_unallocated(ruleset: NftRuleset) {
+    let mut lab = Lab::new("cip", ruleset);
     lab.change(&[
         service("web", "10.96.0.10", true, json!({}), json!({})),
         endpoints("web", &BACKENDS),
@@ -223,9 +278,8 @@ fn cluster_ips_spread_reject_without_endpoints_and_drop_unallocated() {
     assert!(unallocated.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "{unallocated:?}");
 }
 
-#[test]
-fn node_ports_load_balancers_and_affinity() {
-    let mut lab = Lab::new("np");
+fn node_ports_load_balancers_and_affinity(ruleset: NftRuleset) {
+    let mut lab = Lab::new("np", ruleset);
     let lb = |node_port: u16, ranges: Value| {
         json!({"type": "LoadBalancer", "loadBalancerSourceRanges": ranges,
         "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": node_port}]})
@@ -259,12 +313,15 @@ fn node_ports_load_balancers_and_affinity() {
     assert_eq!(names(&ask(&lab.client, "10.96.0.50:80", 20, true)).len(), 1);
     assert_eq!(names(&ask(lab.backend("b2"), "10.96.0.50:80", 10, false)).len(), 1);
     let listed = lab.list();
-    assert!(listed.contains("set affinity-") && listed.contains("flags dynamic,timeout"), "{listed}");
+    let affinity = match ruleset {
+        NftRuleset::Upstream => "set affinity-",
+        NftRuleset::Maps => "set maps-cluster-affinity-300-slot-2",
+    };
+    assert!(listed.contains(affinity) && listed.contains("flags dynamic,timeout"), "{listed}");
 }
 
-#[test]
-fn partial_syncs_change_the_kernel_service_by_service() {
-    let mut lab = Lab::new("part");
+fn partial_syncs_change_the_kernel_service_by_service(ruleset: NftRuleset) {
+    let mut lab = Lab::new("part", ruleset);
     lab.change(&[
         service("web", "10.96.0.10", true, json!({}), json!({})),
         endpoints("web", &["b1", "b2"]),
@@ -273,20 +330,40 @@ fn partial_syncs_change_the_kernel_service_by_service() {
     ]);
     lab.full_sync();
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b2"]));
-    // One endpoint swapped: only web's chains and no element.
+    // One endpoint swapped: upstream rewrites web's chains and no element;
+    // the maps ruleset changes elements only.
     let changed = lab.change(&[endpoints("web", &["b1", "b3"])]);
     let (text, stale) = lab.partial_sync(&changed);
-    assert!(!text.contains("add element") && !text.contains("other"), "{text}");
-    assert_eq!(stale.len(), 2, "b2's endpoint chains (TCP and UDP): {stale:?}");
+    assert!(!text.contains("other"), "{text}");
+    match ruleset {
+        NftRuleset::Upstream => {
+            assert!(!text.contains("add element"), "{text}");
+            assert_eq!(stale.len(), 2, "b2's endpoint chains (TCP and UDP): {stale:?}");
+            assert!(!lab.list().contains(&stale[0]), "stale chain deleted");
+        }
+        NftRuleset::Maps => {
+            assert!(!text.contains(" chain ") && !text.contains("add rule"), "{text}");
+            assert!(text.contains("add element ip kube-proxy maps-cluster-endpoints { 10.96.0.10 . tcp . 80 . 1 : 10.244.3.2 . 8080 }"), "{text}");
+            assert!(stale.is_empty(), "{stale:?}");
+        }
+    }
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b3"]));
-    assert!(!lab.list().contains(&stale[0]), "stale chain deleted");
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, true)), set(&["b1", "b3"]));
     // All endpoints gone: the ClusterIP moves to no-endpoint-services and rejects.
     let changed = lab.change(&[endpoints("web", &[])]);
     let (text, stale) = lab.partial_sync(&changed);
-    assert!(text.contains("delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }"), "{text}");
+    let dispatch = match ruleset {
+        NftRuleset::Upstream => "service-ips",
+        NftRuleset::Maps => "maps-service-keys",
+    };
+    assert!(text.contains(&format!("delete element ip kube-proxy {dispatch} {{ 10.96.0.10 . tcp . 80 }}")), "{text}");
+    assert!(text.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 "), "{text}");
     assert!(!text.contains("cluster-ips"), "the ClusterIP stays: {text}");
-    assert_eq!(stale.len(), 6, "both ports' service chains and endpoint chains: {stale:?}");
+    let stale_chains = match ruleset {
+        NftRuleset::Upstream => 6,
+        NftRuleset::Maps => 0,
+    };
+    assert_eq!(stale.len(), stale_chains, "upstream: both ports' service chains and endpoint chains: {stale:?}");
     let refused = ask(&lab.client, "10.96.0.10:80", 2, false);
     assert!(refused.iter().all(|a| *a == Err(ErrorKind::ConnectionRefused)), "{refused:?}");
     // Back, and the other service never stopped.
@@ -296,25 +373,53 @@ fn partial_syncs_change_the_kernel_service_by_service() {
     assert_eq!(names(&ask(&lab.client, "10.96.0.12:80", 10, false)), set(&["b3"]));
     // What the kernel holds is what a full sync from scratch would write.
     let listed = lab.list();
-    let fresh = Netns::new("nfm-part-fresh");
-    fresh.pipe(&["nft", "-f", "-"], &desired(&lab.model, &lab.ctx).dump());
+    let fresh = Netns::new(&format!("nfm-part-fresh-{ruleset}"));
+    let kept = &lab.planner.applied().expect("confirmed").shared.classes;
+    fresh.pipe(&["nft", "-f", "-"], &desired_keeping(&lab.model, &lab.ctx, kept).dump());
     assert_eq!(blocks(&listed), blocks(&fresh.ok(&["nft", "list", "table", "ip", "kube-proxy"])), "{listed}");
+}
+
+/// The `maps` ruleset: a Service's endpoint count that no Service has but
+/// the full sync wrote (every count up to the power of two above the
+/// largest) is elements only; one above gets its chain, whose one rule is
+/// the only one written that reads the endpoints map; a count left by its
+/// last Service stays; the kernel sends the Service's connections to all
+/// its endpoints throughout.
+#[test]
+fn maps_a_new_endpoint_count_is_elements_or_one_chain() {
+    let mut lab = Lab::new("count", NftRuleset::Maps);
+    lab.change(&[service("web", "10.96.0.10", false, json!({}), json!({})), endpoints("web", &["b1"])]);
+    lab.full_sync();
+    let changed = lab.change(&[endpoints("web", &["b1", "b2"])]);
+    let (text, _) = lab.partial_sync(&changed);
+    assert!(!text.contains("add rule") && !text.contains(" chain "), "counts 1 and 2 were written\n{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&["b1", "b2"]));
+    let changed = lab.change(&[endpoints("web", &BACKENDS)]);
+    let (text, _) = lab.partial_sync(&changed);
+    assert!(text.contains("add chain ip kube-proxy maps-cluster-pick-3\n"), "{text}");
+    assert_eq!(text.matches("map @maps-cluster-endpoints").count(), 1, "{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 40, false)), set(&BACKENDS));
+    let changed = lab.change(&[endpoints("web", &["b3"])]);
+    let (text, stale) = lab.partial_sync(&changed);
+    assert!(!text.contains("add rule") && !text.contains(" chain ") && stale.is_empty(), "{text}");
+    assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 10, false)), set(&["b3"]));
+    assert!(lab.list().contains("chain maps-cluster-pick-3 {"), "{}", lab.list());
 }
 
 /// The daemon runs in nftables mode (`--proxy-mode nftables`): on the demo
 /// cluster it writes the `ip kube-proxy` table through its netlink client
 /// (the demo's services in it), and SIGTERM leaves it in place. The packet
 /// tests of the running daemon are `tests/nftables_daemon.rs`.
-#[test]
-fn the_daemon_runs_in_nftables_mode() {
-    let ns = Netns::new("kpr-nftrun");
-    // The node's address on a veth pair inside the namespace (the host is not touched).
-    for cmd in ["ip link add e0 type veth peer name e1", "ip addr add 192.168.50.2/24 dev e0", "ip link set e1 up"] {
-        ns.ok(&cmd.split(' ').collect::<Vec<_>>());
-    }
-    ns.ok(&["ip", "link", "set", "e0", "up"]);
+fn the_daemon_runs_in_nftables_mode(ruleset: NftRuleset) {
+    let ns = Netns::new(&format!("kpr-nftrun-{ruleset}"));
+    node_address(&ns);
     let log = tempfile::NamedTempFile::new().expect("log file");
-    let args = ["--manifests", &demo("demo"), "--proxy-mode", "nftables", "--hostname-override", "demo-node"];
+    let flag = format!("--nftables-ruleset={ruleset}");
+    let args = ["--manifests", &demo("demo"), "--proxy-mode", "nftables", "--hostname-override", "demo-node", &flag];
+    let dispatch = match ruleset {
+        NftRuleset::Upstream => "map service-ips",
+        NftRuleset::Maps => "map maps-cluster-endpoints",
+    };
     let mut child = std::process::Command::new("ip")
         .args(["netns", "exec", &ns.name, &bin()])
         .args(args)
@@ -327,7 +432,7 @@ fn the_daemon_runs_in_nftables_mode() {
     let listed = loop {
         let out = ns.exec(&["nft", "list", "table", "ip", "kube-proxy"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() && text.contains("map service-ips") && text.contains("elements = {") {
+        if out.status.success() && text.contains(dispatch) && text.contains("elements = {") {
             break Some(text);
         }
         if std::time::Instant::now() > deadline || child.try_wait().expect("try_wait").is_some() {
@@ -345,9 +450,8 @@ fn the_daemon_runs_in_nftables_mode() {
     assert!(ns.exec(&["nft", "list", "table", "ip", "kube-proxy"]).status.success(), "left in place");
 }
 
-#[test]
-fn traffic_policies_local_use_local_endpoints_or_drop() {
-    let mut lab = Lab::new("pol");
+fn traffic_policies_local_use_local_endpoints_or_drop(ruleset: NftRuleset) {
+    let mut lab = Lab::new("pol", ruleset);
     let np = |port: u16| {
         json!({"type": "NodePort", "externalTrafficPolicy": "Local",
         "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": port}]})
@@ -380,9 +484,8 @@ fn traffic_policies_local_use_local_endpoints_or_drop() {
     assert!(dropped.iter().all(|a| *a == Err(ErrorKind::TimedOut)), "{dropped:?}");
 }
 
-#[test]
-fn node_ports_and_external_ips_without_endpoints_refuse_connections() {
-    let mut lab = Lab::new("rej");
+fn node_ports_and_external_ips_without_endpoints_refuse_connections(ruleset: NftRuleset) {
+    let mut lab = Lab::new("rej", ruleset);
     let spec = json!({"type": "NodePort", "externalIPs": ["198.51.100.30"],
         "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30070}]});
     lab.change(&[service("empty", "10.96.0.80", false, spec, json!({}))]);
@@ -398,9 +501,8 @@ fn node_ports_and_external_ips_without_endpoints_refuse_connections() {
 /// A second full sync over the table in the kernel (as after a restart:
 /// base chains re-created, containers reset, an unknown per-service chain
 /// flushed) keeps traffic flowing.
-#[test]
-fn a_full_sync_over_the_kernels_table_repairs_it() {
-    let mut lab = Lab::new("full");
+fn a_full_sync_over_the_kernels_table_repairs_it(ruleset: NftRuleset) {
+    let mut lab = Lab::new("full", ruleset);
     lab.change(&[service("web", "10.96.0.10", true, json!({}), json!({})), endpoints("web", &BACKENDS)]);
     lab.full_sync();
     lab.nft("add chain ip kube-proxy service-XXXXXXXX-gone/svc/tcp/http\n");
@@ -417,8 +519,8 @@ fn a_full_sync_over_the_kernels_table_repairs_it() {
     assert!(kernel.chains.iter().any(|c| c.contains("gone")), "{kernel:?}");
     let delta = full_sync(lab.planner.applied().expect("a confirmed full sync"), &kernel, true);
     assert_eq!(delta.stale_chains, ["service-XXXXXXXX-gone/svc/tcp/http"]);
-    lab.nft(&delta.tx.to_string());
-    lab.nft(&delete_stale(IpFamily::V4, &delta.stale_chains).to_string());
+    lab.apply(&delta.tx);
+    lab.apply(&delete_stale(IpFamily::V4, &delta.stale_chains));
     assert!(!lab.list().contains("gone"));
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, false)), set(&BACKENDS));
     assert_eq!(names(&ask(&lab.client, "10.96.0.10:80", 30, true)), set(&BACKENDS));
@@ -426,9 +528,8 @@ fn a_full_sync_over_the_kernels_table_repairs_it() {
 
 /// The ip6 table: an IPv6 ClusterIP spread over the backends' IPv6
 /// addresses, masquerading the off-cluster client.
-#[test]
-fn ipv6_cluster_ips_use_the_ip6_table() {
-    let (node_ns, client, backends) = lab::topology("nfm-v6", &BACKENDS);
+fn ipv6_cluster_ips_use_the_ip6_table(ruleset: NftRuleset) {
+    let (node_ns, client, backends) = lab::topology(&format!("nfm{}-v6", &ruleset.name()[..1]), &BACKENDS);
     let mut model = Model::new(IpFamily::V6, NODE);
     model.record(&SourceEvent::Synced(ResourceKind::Service)).unwrap();
     model.record(&SourceEvent::Synced(ResourceKind::EndpointSlice)).unwrap();
@@ -441,6 +542,7 @@ fn ipv6_cluster_ips_use_the_ip6_table() {
     model.apply();
     let settings = NftablesSettings {
         family: IpFamily::V6,
+        ruleset,
         node_name: NODE.into(),
         masquerade_all: false,
         masquerade_bit: 14,
@@ -452,6 +554,7 @@ fn ipv6_cluster_ips_use_the_ip6_table() {
     let ctx = nftables_context(&settings, &NodeInfo::default(), &addrs);
     let rs = desired(&model, &ctx);
     node_ns.pipe(&["nft", "-f", "-"], &full_sync(&rs, &KernelObjects::default(), false).tx.to_string());
+    assert!(ruleset == NftRuleset::Upstream || rs.dump().contains("dnat ip6 to ip6 daddr"), "{}", rs.dump());
     let tcp = lab::ask(&client, "[fd00:96::10]:80", 45, false, DROP_WAIT);
     assert_eq!(names(&tcp), set(&BACKENDS), "{tcp:?}");
     assert!(tcp.iter().all(|a| a.as_ref().unwrap().1.starts_with("fd00:244:")), "masqueraded: {tcp:?}");

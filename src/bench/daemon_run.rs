@@ -54,6 +54,11 @@ pub struct Options {
     /// After the idle watch: this many EndpointSlice updates a second
     /// through the API server (needs `api_source`), for this long.
     pub churn: Option<(u32, Duration)>,
+    /// nftables mode's ruleset (`nftables.ruleset`).
+    pub nftables_ruleset: crate::plan::nftables::NftRuleset,
+    /// Also load the same rules with the tool alone (`nft -f` of
+    /// upstream's text at 10,000 services takes minutes).
+    pub tool: bool,
 }
 
 /// One figure.
@@ -257,8 +262,9 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         &config,
         format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
-             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\n{mode}:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n",
-            mode = opts.mode
+             hostnameOverride: {THIS_NODE}\nclusterCIDR: {cidr}\n{mode}:\n  syncPeriod: {period}\n  minSyncPeriod: 1s\n{ruleset}",
+            mode = opts.mode,
+            ruleset = if opts.mode == "nftables" { format!("  ruleset: {}\n", opts.nftables_ruleset) } else { String::new() },
         ),
     )?;
     let log = work.join("daemon.log");
@@ -303,7 +309,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     // daemon's own `--dry-run` text, restored plainly (flushing the tables);
     // nftables mode's text is what upstream pipes to `nft -f`.
     let nftables = opts.mode == "nftables";
-    let dry = if (opts.flavour == "nft" && opts.mode == "iptables") || nftables {
+    let dry = if opts.tool && ((opts.flavour == "nft" && opts.mode == "iptables") || nftables) {
         let out = Command::new("ip")
             .args(["netns", "exec", &node.0])
             .arg(&opts.binary)
@@ -322,7 +328,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     } else {
         Vec::new()
     };
-    let compared = if opts.mode == "ipvs" { 0 } else { families };
+    let compared = if opts.mode == "ipvs" || !opts.tool { 0 } else { families };
     for (i, (tool, label)) in [("iptables", "IPv4"), ("ip6tables", "IPv6")].iter().take(compared).enumerate() {
         let fresh = Netns::new(format!("kpr-bdt-{pid}"))?;
         if nftables {

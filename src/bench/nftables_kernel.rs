@@ -11,8 +11,12 @@
 //!   tables are then listed and compared (`nft list table`), so the
 //!   figures are of equal work;
 //! - endpoint changes, one at a time: the model's change → the planner's
-//!   partial sync → one transaction acked; wall time and ops;
+//!   partial sync → one transaction acked; wall time, its planner and
+//!   codec + kernel parts, and ops;
 //! - one new Service added among the N, the same way.
+//!
+//! The ruleset is `--ruleset` (`nftables.ruleset`): the figures are
+//! reported under `nftables` (upstream's) or `nftables-maps`.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -29,7 +33,7 @@ use crate::kernel::nftables::NetlinkNftables;
 use crate::model::Model;
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::iptables::HostFeatures;
-use crate::plan::nftables::{nftables_context, staged, KernelObjects, NftablesPlanner, STAGE_OPS};
+use crate::plan::nftables::{nftables_context, staged, KernelObjects, NftRuleset, NftablesPlanner, STAGE_OPS};
 use crate::settings;
 
 const FAMILY: IpFamily = IpFamily::V4;
@@ -45,12 +49,21 @@ pub struct Options {
     pub changes: usize,
     /// The largest size also loaded with `nft -f` for comparison.
     pub tool_max: usize,
+    /// The ruleset the planner writes.
+    pub ruleset: NftRuleset,
 }
 
 pub fn run(opts: &Options, out: &mut Vec<Figure>) -> anyhow::Result<()> {
     ensure!(Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success()), "nft is not installed");
+    let bench = match opts.ruleset {
+        NftRuleset::Upstream => "nftables",
+        NftRuleset::Maps => "nftables-maps",
+    };
     for &n in &opts.services {
-        bench_size(opts, n, out)?;
+        let first = out.len();
+        let res = bench_size(opts, n, out);
+        out[first..].iter_mut().for_each(|f| f.bench = bench);
+        res?;
     }
     Ok(())
 }
@@ -95,6 +108,39 @@ fn list_table() -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// One change's time from the model's change to the kernel's ack, and the
+/// planner's part of it (the rest is the codec, the send and the kernel's
+/// commit).
+struct Split {
+    total: Duration,
+    plan: Duration,
+    ops: usize,
+}
+
+/// `what → acked` p50 and p99 (limit `p99_limit` ms), the planner's and the
+/// kernel's p50 and p99 apart, and the slowest change's split and ops.
+fn split_figures(out: &mut Vec<Figure>, n: usize, what: &str, changes: &[Split], p99_limit: f64) {
+    let sorted = |f: &dyn Fn(&Split) -> Duration| {
+        let mut v: Vec<f64> = changes.iter().map(|c| ms(f(c))).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let total = sorted(&|c| c.total);
+    let plan = sorted(&|c| c.plan);
+    let kernel = sorted(&|c| c.total.saturating_sub(c.plan));
+    figure(out, n, &format!("{what} → acked, p50"), quantile(&total, 0.5), "ms", None);
+    figure(out, n, &format!("{what} → acked, p99"), quantile(&total, 0.99), "ms", Some(p99_limit));
+    for (part, v) in [("planner", &plan), ("codec + kernel", &kernel)] {
+        figure(out, n, &format!("{what}: {part}, p50"), quantile(v, 0.5), "ms", None);
+        figure(out, n, &format!("{what}: {part}, p99"), quantile(v, 0.99), "ms", None);
+    }
+    if let Some(slowest) = changes.iter().max_by_key(|c| c.total) {
+        figure(out, n, &format!("{what}, the slowest: planner"), ms(slowest.plan), "ms", None);
+        figure(out, n, &format!("{what}, the slowest: codec + kernel"), ms(slowest.total - slowest.plan), "ms", None);
+        figure(out, n, &format!("{what}, the slowest: ops"), slowest.ops as f64, "ops", None);
+    }
+}
+
 fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result<()> {
     let spec = ClusterSpec { services: n, endpoints_per_service: opts.endpoints, nodes: opts.nodes, seed: opts.seed };
     let mut cluster = Cluster::new(spec).context("generating the cluster")?;
@@ -106,6 +152,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.mode = "nftables".into();
     cfg.cluster_cidr = "10.0.0.0/8".into();
+    cfg.nftables.ruleset = opts.ruleset.name().into();
     let derived = settings::derive(&cfg, FAMILY, THIS_NODE, HostFeatures::default());
     let addrs = vec![LocalAddr { ifname: "eth0".into(), ip: node_ip(0).into() }];
     let ctx = nftables_context(&derived.nftables_settings(model.node(), model.service_cidrs()), model.node(), &addrs);
@@ -164,8 +211,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 let (_, events) = cluster.next_endpoint_change();
                 let t = Instant::now();
                 let ops = sync(&mut model, &mut planner, events)?;
+                let planned = t.elapsed();
                 nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("a change: {e}"))?;
-                times.push(t.elapsed());
+                times.push(Split { total: t.elapsed(), plan: planned, ops: ops.len() });
                 op_counts.push(ops.len());
                 now += Duration::from_millis(100);
                 planner.confirm_applied(now);
@@ -182,21 +230,40 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                 };
                 let t = Instant::now();
                 let ops = sync(&mut model, &mut planner, events)?;
+                let planned = t.elapsed();
                 nft.apply(FAMILY, TABLE, &ops).await.map_err(|e| anyhow::anyhow!("a new service: {e}"))?;
-                adds.push(t.elapsed());
+                adds.push(Split { total: t.elapsed(), plan: planned, ops: ops.len() });
                 now += Duration::from_millis(100);
                 planner.confirm_applied(now);
             }
             // Which transactions cost what, at this table size: a plain set
-            // element, a verdict-map element with a goto, a chain with a rule
-            // without a jump (each added, then deleted: two transactions).
+            // element, a verdict-map element with a goto (upstream's ruleset)
+            // or a data-map element (the maps ruleset's endpoint), a chain with
+            // a rule without a jump (each added, then deleted: two transactions).
             use crate::msgs::nftables::{Element, Expr, Field, KeyPart, NftOp, Rule, Verdict};
             use crate::net::Protocol;
-            let target = planner
-                .applied()
-                .and_then(|rs| rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next())
-                .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
             let addr = |i: u8| KeyPart::Addr(std::net::IpAddr::from([10, 255, 0, i]));
+            let service = vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)];
+            let element = match opts.ruleset {
+                NftRuleset::Upstream => {
+                    let target = planner
+                        .applied()
+                        .and_then(|rs| {
+                            rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next()
+                        })
+                        .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
+                    let set = "service-ips".to_string();
+                    let elements = vec![Element::to(service.clone(), Verdict::Goto(target))];
+                    ("a verdict-map element (goto)", set, elements, service)
+                }
+                NftRuleset::Maps => {
+                    let key: Vec<KeyPart> = service.into_iter().chain([KeyPart::Slot(0)]).collect();
+                    let set = "maps-cluster-endpoints".to_string();
+                    let elements = vec![Element::data(key.clone(), vec![addr(9), KeyPart::Port(8080)])];
+                    ("a data-map element (an endpoint's slot)", set, elements, key)
+                }
+            };
+            let (what, set, elements, key) = element;
             let kinds: [(&str, Vec<NftOp>, Vec<NftOp>); 3] = [
                 (
                     "a plain set element",
@@ -204,18 +271,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                     vec![NftOp::DeleteElements { set: "cluster-ips".into(), keys: vec![vec![addr(1)]] }],
                 ),
                 (
-                    "a verdict-map element (goto)",
-                    vec![NftOp::AddElements {
-                        set: "service-ips".into(),
-                        elements: vec![Element::to(
-                            vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)],
-                            Verdict::Goto(target),
-                        )],
-                    }],
-                    vec![NftOp::DeleteElements {
-                        set: "service-ips".into(),
-                        keys: vec![vec![addr(2), KeyPart::Proto(Protocol::Tcp), KeyPart::Port(80)]],
-                    }],
+                    what,
+                    vec![NftOp::AddElements { set: set.clone(), elements }],
+                    vec![NftOp::DeleteElements { set, keys: vec![key] }],
                 ),
                 (
                     "a chain with a dnat rule (no jump)",
@@ -288,18 +346,12 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
             None,
         );
     }
-    let mut t: Vec<f64> = change_times.iter().map(|d| ms(*d)).collect();
-    t.sort_by(f64::total_cmp);
-    figure(out, n, "endpoint change → acked, p50", quantile(&t, 0.5), "ms", None);
-    figure(out, n, "endpoint change → acked, p99", quantile(&t, 0.99), "ms", Some(5.0));
+    split_figures(out, n, "endpoint change", &change_times, 5.0);
     let mut o = change_ops.clone();
     o.sort();
     figure(out, n, "ops per endpoint change, p50", quantile(&o, 0.5) as f64, "ops", None);
     figure(out, n, "ops per endpoint change, max", o.last().copied().unwrap_or(0) as f64, "ops", None);
-    let mut a: Vec<f64> = add_times.iter().map(|d| ms(*d)).collect();
-    a.sort_by(f64::total_cmp);
-    figure(out, n, "new Service → acked, p50", quantile(&a, 0.5), "ms", None);
-    figure(out, n, "new Service → acked, p99", quantile(&a, 0.99), "ms", Some(10.0));
+    split_figures(out, n, "new Service", &add_times, 10.0);
     for (what, p50) in probes {
         figure(out, n, &format!("one transaction adding {what}, p50 of 20"), p50, "ms", None);
     }

@@ -88,6 +88,7 @@ pub const FLAGS: &[FlagEffect] = &[
     flag("profiling", Some("enableProfiling"), &["--profiling"], "`enableProfiling` (warned about, no profiler)", SAME_AS_FIELD),
     flag("show-hidden-metrics-for-version", Some("showHiddenMetricsForVersion"), &["--show-hidden-metrics-for-version=1.35"], "`showHiddenMetricsForVersion` (validated; no metric is hidden)", SAME_AS_FIELD),
     flag("proxy-mode", Some("mode"), &["--proxy-mode=nftables"], "`mode`", SAME_AS_FIELD),
+    flag("nftables-ruleset", Some("nftables.ruleset"), &["--nftables-ruleset=maps"], "`nftables.ruleset` (kube-proxy-rs only)", SAME_AS_FIELD),
     flag("iptables-masquerade-bit", Some("iptables.masqueradeBit"), &["--iptables-masquerade-bit=3"], "`iptables.masqueradeBit`", SAME_AS_FIELD),
     flag("masquerade-all", Some("iptables.masqueradeAll"), &["--masquerade-all"], "`iptables.masqueradeAll` (`nftables.masqueradeAll` in nftables mode)", SAME_AS_FIELD),
     flag("iptables-localhost-nodeports", Some("iptables.localhostNodePorts"), &["--iptables-localhost-nodeports=false"], "`iptables.localhostNodePorts`", SAME_AS_FIELD),
@@ -168,6 +169,7 @@ pub const FIELDS: &[FieldEffect] = &[
     field("nftables.masqueradeAll", Tested(&["masquerade_settings_follow_the_mode", "masquerade_all_and_other_local_detectors"])),
     field("nftables.syncPeriod", Tested(&["proxy_mode_and_its_sync_periods", "the_sync_period_repairs_a_deleted_table_and_ignores_other_tables"])),
     field("nftables.minSyncPeriod", Tested(&["proxy_mode_and_its_sync_periods"])),
+    field("nftables.ruleset", Tested(&["the_nftables_ruleset_field_picks_the_ruleset", "the_nftables_ruleset_applies_live", "a_reload_switches_the_ruleset_and_drops_no_connection"])),
     field("winkernel.networkName", WINDOWS),
     field("winkernel.sourceVip", WINDOWS),
     field("winkernel.enableDSR", WINDOWS),
@@ -250,6 +252,7 @@ pub fn config_field_paths() -> Vec<String> {
     let mut cfg = KubeProxyConfiguration::with_defaults();
     cfg.feature_gates = BTreeMap::from([("ComponentFlagz".to_string(), true)]);
     cfg.windows_run_as_service = true;
+    cfg.nftables.ruleset = "maps".into();
     cfg.logging.format = "text".into();
     cfg.logging.vmodule = vec![super::VModuleItem { file_pattern: "a".into(), verbosity: 1 }];
     for o in [&mut cfg.logging.options.text, &mut cfg.logging.options.json] {

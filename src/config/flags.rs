@@ -114,6 +114,9 @@ pub struct Flags {
     /// Proxy mode: iptables (default), ipvs or nftables.
     #[arg(long = "proxy-mode", value_name = "MODE")]
     pub proxy_mode: Option<String>,
+    /// nftables mode's ruleset: upstream (default) or maps (kube-proxy-rs only).
+    #[arg(long = "nftables-ruleset", value_name = "RULESET")]
+    pub nftables_ruleset: Option<String>,
 
     /// fwmark bit for SNAT, 0..=31.
     #[arg(long = "iptables-masquerade-bit", value_name = "BIT", allow_hyphen_values = true, value_parser = parse_i32)]
@@ -521,6 +524,7 @@ impl Flags {
     /// the other mode family are ignored.
     fn apply_modes(&self, cfg: &mut KubeProxyConfiguration) {
         set(&mut cfg.mode, &self.proxy_mode);
+        set(&mut cfg.nftables.ruleset, &self.nftables_ruleset);
         set_opt(&mut cfg.iptables.masquerade_bit, &self.iptables_masquerade_bit);
         set_opt(&mut cfg.iptables.localhost_node_ports, &self.iptables_localhost_nodeports);
         let ipvs = &mut cfg.ipvs;

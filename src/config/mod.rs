@@ -41,7 +41,7 @@ pub use types::{
     KubeProxyNFTablesConfiguration, KubeProxyWinkernelConfiguration, LoggingConfiguration, OutputRoutingOptions,
     Quantity, VModuleItem, API_VERSION, KIND,
 };
-pub use validation::{FieldError, FieldErrorKind};
+pub use validation::{FieldError, FieldErrorKind, NFTABLES_RULESETS};
 
 /// Why a configuration could not be loaded, parsed or accepted. Every
 /// message is one line and names the file, flag or field at fault.

@@ -219,6 +219,10 @@ pub struct KubeProxyNFTablesConfiguration {
     /// Minimum interval between resyncs.
     #[serde(default, deserialize_with = "nullable")]
     pub min_sync_period: GoDuration,
+    /// kube-proxy-rs only: the ruleset written, `upstream` (`""`, the
+    /// default) or `maps`. Left out of a written config when empty.
+    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "String::is_empty")]
+    pub ruleset: String,
 }
 
 /// Windows/HNS settings; parsed for compatibility, unused on Linux.

@@ -94,6 +94,8 @@ pub fn quote(s: &str) -> String {
 /// Linux proxy modes accepted by validation (besides `""`); `ipvs` only
 /// while the KubeProxyIPVS gate is on.
 pub const PROXY_MODES: [&str; 3] = ["iptables", "ipvs", "nftables"];
+/// `nftables.ruleset` values accepted by validation (ours; `""` is `upstream`).
+pub const NFTABLES_RULESETS: [&str; 2] = ["upstream", "maps"];
 /// detectLocalMode values accepted by validation.
 pub const LOCAL_MODES: [&str; 5] = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""];
 
@@ -106,6 +108,11 @@ pub fn validate_fields(cfg: &KubeProxyConfiguration) -> Vec<FieldError> {
         "ipvs" => validate_cidr_list(&cfg.ipvs.exclude_cidrs, "ipvs.excludeCIDRs", &mut errs),
         "nftables" => validate_masquerade_bit(cfg.nftables.masquerade_bit, "nftables.masqueradeBit", &mut errs),
         _ => {}
+    }
+    let ruleset = cfg.nftables.ruleset.as_str();
+    if !ruleset.is_empty() && !NFTABLES_RULESETS.contains(&ruleset) {
+        let detail = format!("must be {} or blank (blank means upstream)", NFTABLES_RULESETS.join(" or "));
+        errs.push(FieldError::invalid("nftables.ruleset", quote(ruleset), &detail));
     }
     validate_conntrack_and_oom(cfg, &mut errs);
     let gates = cfg.gates();
@@ -379,6 +386,18 @@ mod tests {
         assert_one(
             r#"mode: Invalid value: "foo": must be iptables, ipvs, nftables or blank (blank means the best-available proxy [currently iptables])"#,
             |c| c.mode = "foo".into(),
+        );
+    }
+
+    /// Ours: `nftables.ruleset` is `upstream`, `maps` or blank, in any mode.
+    #[test]
+    fn nftables_ruleset_must_be_known() {
+        for ok in ["", "upstream", "maps"] {
+            assert_eq!(errors(|c| c.nftables.ruleset = ok.into()), Vec::<String>::new(), "{ok:?}");
+        }
+        assert_one(
+            r#"nftables.ruleset: Invalid value: "Maps": must be upstream or maps or blank (blank means upstream)"#,
+            |c| c.nftables.ruleset = "Maps".into(),
         );
     }
 

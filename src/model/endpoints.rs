@@ -251,6 +251,10 @@ type ByAddress = BTreeMap<(IpAddr, u16), Endpoint>;
 pub struct SliceCache {
     by_service: HashMap<NamespacedName, Vec<SliceInfo>>,
     owner: HashMap<NamespacedName, String>,
+    /// Per service, the trigger times of its slices written since the last
+    /// [`SliceCache::take_trigger_times`] (as upstream's endpoints change
+    /// tracker: the changed slice's own annotation, not its siblings').
+    triggers: HashMap<NamespacedName, Vec<String>>,
 }
 
 impl SliceCache {
@@ -264,7 +268,12 @@ impl SliceCache {
             dirty.extend(self.remove(&slice));
         }
         let slices = self.by_service.entry(service.clone()).or_default();
-        match slices.binary_search_by(|s| s.name.cmp(&info.name)) {
+        let at = slices.binary_search_by(|s| s.name.cmp(&info.name));
+        let unchanged = at.is_ok_and(|i| slices[i] == info);
+        if let (false, Some(t)) = (unchanged, &info.trigger_time) {
+            self.triggers.entry(service.clone()).or_default().push(t.clone());
+        }
+        match at {
             Ok(i) => slices[i] = info,
             Err(i) => {
                 // Most services have one slice, a few have several: no spare room.
@@ -279,6 +288,9 @@ impl SliceCache {
     /// Removes a slice by its namespace/name. Returns the service it belonged to.
     pub fn remove(&mut self, slice: &NamespacedName) -> Option<NamespacedName> {
         let svc = NamespacedName { namespace: slice.namespace.clone(), name: self.owner.remove(slice)? };
+        // A deleted slice's annotation dates from its last update, not from
+        // the deletion: upstream drops the service's pending times.
+        self.triggers.remove(&svc);
         if let Some(slices) = self.by_service.get_mut(&svc) {
             slices.retain(|s| s.name != slice.name);
             if slices.is_empty() {
@@ -329,8 +341,9 @@ impl SliceCache {
             .collect()
     }
 
-    /// The trigger-time annotations of a service's slices.
-    pub fn trigger_times(&self, svc: &NamespacedName) -> Vec<String> {
-        self.by_service.get(svc).into_iter().flatten().filter_map(|s| s.trigger_time.clone()).collect()
+    /// The trigger-time annotations of the slices of `svc` written (with
+    /// a change) since the last call; cleared.
+    pub fn take_trigger_times(&mut self, svc: &NamespacedName) -> Vec<String> {
+        self.triggers.remove(svc).unwrap_or_default()
     }
 }

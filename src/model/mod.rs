@@ -320,8 +320,9 @@ impl Model {
             current.push(list);
             changed = true;
         }
+        let triggers = self.slices.take_trigger_times(&nn);
         if changed {
-            out.trigger_times.extend(self.slices.trigger_times(&nn));
+            out.trigger_times.extend(triggers);
             out.endpoints_updated.insert(nn.clone());
         }
         if current.is_empty() {

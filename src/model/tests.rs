@@ -188,6 +188,34 @@ fn deleting_the_last_slice_removes_the_endpoints() {
     assert!(m.endpoints(&spn("kube-system", "dns", "dns", Protocol::Udp)).is_empty());
 }
 
+fn with_trigger(
+    mut s: k8s_openapi::api::discovery::v1::EndpointSlice,
+    t: &str,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    let a = s.metadata.annotations.get_or_insert_with(Default::default);
+    a.insert(endpoints::ANNOTATION_TRIGGER_TIME.into(), t.into());
+    s
+}
+
+#[test]
+fn a_sync_takes_the_trigger_times_of_the_changed_slices_only() {
+    let (t0, t1, t2) = ("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z", "2026-01-01T00:00:20Z");
+    let mut m = model();
+    m.record(&applied_slice(with_trigger(dns_slice("dns-a", &[ep("10.244.1.5", "node-b")]), t0))).unwrap();
+    m.record(&applied_slice(with_trigger(dns_slice("dns-b", &[ep("10.244.2.5", "node-b")]), t0))).unwrap();
+    assert_eq!(m.apply().trigger_times, vec![t0, t0]);
+    // dns-b changes: its time only, not dns-a's older one.
+    m.record(&applied_slice(with_trigger(dns_slice("dns-b", &[ep("10.244.3.5", "node-b")]), t1))).unwrap();
+    assert_eq!(m.apply().trigger_times, vec![t1]);
+    // The same slice written again unchanged: no time, no change.
+    m.record(&applied_slice(with_trigger(dns_slice("dns-b", &[ep("10.244.3.5", "node-b")]), t1))).unwrap();
+    assert!(m.apply().trigger_times.is_empty());
+    // A deleted slice's annotation is from its last update: dropped, as upstream.
+    m.record(&applied_slice(with_trigger(dns_slice("dns-b", &[ep("10.244.4.5", "node-b")]), t2))).unwrap();
+    m.record(&deleted_slice(dns_slice("dns-a", &[]))).unwrap();
+    assert!(m.apply().trigger_times.is_empty());
+}
+
 #[test]
 fn not_initialized_until_services_and_slices_synced() {
     let mut m = Model::new(IpFamily::V4, "n");

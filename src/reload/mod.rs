@@ -3,8 +3,10 @@
 //! loaded one; [`live`] applies the plan to the running daemon.
 //!
 //! Live: sync periods, the IPVS scheduler, timeouts and strictARP,
-//! masqueradeAll, localhostNodePorts, clusterCIDR and detect-local, nodePortAddresses, and log
-//! verbosity. Everything else (mode, bind addresses, client connection,
+//! masqueradeAll, localhostNodePorts, clusterCIDR and detect-local, nodePortAddresses, log
+//! verbosity, and nftables mode's ruleset (`nftables.ruleset`, ours: the
+//! reload's full resync writes the new ruleset and removes the other's
+//! objects, as a start over the other's table does). Everything else (mode, bind addresses, client connection,
 //! hostname, exclude CIDRs, ...) is named in one log line and left as it was.
 //!
 //! A field left as it was changes nothing else either: the new file is
@@ -20,7 +22,7 @@ use serde_json::Value;
 use crate::config::{ConfigError, KubeProxyConfiguration, Merged};
 
 /// Field paths (camelCase, as in the file) whose change applies live.
-const LIVE: [&str; 17] = [
+const LIVE: [&str; 18] = [
     "iptables.syncPeriod",
     "iptables.minSyncPeriod",
     "iptables.masqueradeAll",
@@ -34,6 +36,7 @@ const LIVE: [&str; 17] = [
     "ipvs.strictARP",
     "nftables.syncPeriod",
     "nftables.minSyncPeriod",
+    "nftables.ruleset",
     "clusterCIDR",
     "nodePortAddresses",
     "detectLocalMode",
@@ -299,6 +302,31 @@ mod tests {
             assert_eq!(r.effective, want, "{name}: effective");
             assert_eq!(r.effective.proxy_mode(), running.proxy_mode(), "{name}");
         }
+    }
+
+    /// `nftables.ruleset` applies live, in nftables mode as in the others
+    /// (where it waits, unused, as nftables.syncPeriod does); a bad name
+    /// refuses the file.
+    #[test]
+    fn the_nftables_ruleset_applies_live() {
+        for mode in ["nftables", "iptables"] {
+            let r = plan(
+                &running(&format!("mode: {mode}\n")),
+                merged(&format!("mode: {mode}\nnftables:\n  ruleset: maps\n")),
+            );
+            let r = r.unwrap();
+            assert_eq!(r.applied, ["nftables.ruleset"], "{mode}");
+            assert!(r.needs_restart.is_empty(), "{mode}: {:?}", r.needs_restart);
+            assert_eq!(r.effective.nftables.ruleset, "maps", "{mode}");
+        }
+        let back = plan(&running("mode: nftables\nnftables:\n  ruleset: maps\n"), merged("mode: nftables\n")).unwrap();
+        assert_eq!(
+            (back.applied, back.effective.nftables.ruleset),
+            (vec!["nftables.ruleset".to_string()], String::new())
+        );
+        let err =
+            plan(&running("mode: nftables\n"), merged("mode: nftables\nnftables:\n  ruleset: Maps\n")).unwrap_err();
+        assert!(err.to_string().contains("nftables.ruleset: Invalid value: \"Maps\""), "{err}");
     }
 
     #[test]

@@ -96,3 +96,17 @@ impl Drop for Monitor {
         }
     }
 }
+
+/// Each test `fn name(ruleset: NftRuleset)` of the test crate as
+/// `upstream::name` and `maps::name` (nftables mode's two rulesets).
+#[macro_export]
+macro_rules! rulesets {
+    ($($name:ident),* $(,)?) => {
+        mod upstream {
+            $(#[test] fn $name() { super::$name(kube_proxy_rs::plan::nftables::NftRuleset::Upstream) })*
+        }
+        mod maps {
+            $(#[test] fn $name() { super::$name(kube_proxy_rs::plan::nftables::NftRuleset::Maps) })*
+        }
+    };
+}

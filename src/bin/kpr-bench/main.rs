@@ -35,6 +35,7 @@ use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::ipvs::context::plan_context;
 use kube_proxy_rs::plan::ipvs::IpvsPlanner;
+use kube_proxy_rs::plan::nftables::NftRuleset;
 use kube_proxy_rs::stats::StatsRegistry;
 
 mod daemon;
@@ -137,6 +138,12 @@ enum Cmd {
         /// How long the churn lasts, seconds.
         #[arg(long, default_value_t = 20)]
         churn_seconds: u64,
+        /// nftables mode's ruleset (`nftables.ruleset`).
+        #[arg(long, default_value = "upstream", value_parser = ["upstream", "maps"])]
+        ruleset: String,
+        /// Skip loading the same rules with the tool alone.
+        #[arg(long)]
+        no_tool: bool,
     },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
@@ -173,6 +180,9 @@ enum Cmd {
         /// transaction is quadratic: 316 s at 10,000 services).
         #[arg(long, default_value_t = 10000)]
         tool_max: usize,
+        /// The ruleset the planner writes (`nftables.ruleset`).
+        #[arg(long, default_value = "upstream", value_parser = ["upstream", "maps"])]
+        ruleset: String,
     },
     /// iptables mode on the real kernel, as root, in a network namespace of its own:
     /// cold sync, endpoint changes vs iptables-restore alone, lines per change, CPU during churn.
@@ -521,6 +531,11 @@ fn bench_iptables_kernel(opts: &iptables_kernel::Options, r: &mut Report) -> any
     res
 }
 
+/// The ruleset `name` (`--ruleset`).
+fn nft_ruleset(name: &str) -> anyhow::Result<NftRuleset> {
+    NftRuleset::from_name(name).ok_or_else(|| anyhow::anyhow!("no nftables ruleset named {name:?}"))
+}
+
 fn main() {
     let cli = Cli::parse();
     let mut r = Report { rows: Vec::new() };
@@ -528,7 +543,19 @@ fn main() {
         Cmd::Plan { services, changes } => bench_plan(&cli, services, *changes, &mut r),
         Cmd::Actors { services, changes } => bench_actors(&cli, services, *changes, &mut r),
         Cmd::Rss { services } => bench_rss(&cli, *services, &mut r),
-        Cmd::Daemon { services, flavour, mode, idle, sync_period, binary, source, churn_rate, churn_seconds } => {
+        Cmd::Daemon {
+            services,
+            flavour,
+            mode,
+            idle,
+            sync_period,
+            binary,
+            source,
+            churn_rate,
+            churn_seconds,
+            ruleset,
+            no_tool,
+        } => {
             let binary = match binary {
                 Some(b) => b.clone(),
                 None => std::env::current_exe()
@@ -546,6 +573,8 @@ fn main() {
                     sync_period: Duration::from_secs(*sync_period),
                     api_source: source == "api",
                     churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
+                    nftables_ruleset: nft_ruleset(ruleset)?,
+                    tool: !no_tool,
                 };
                 for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
                     r.add("daemon", n, &f.metric, f.value, f.unit);
@@ -568,8 +597,9 @@ fn main() {
             };
             bench_ipvs_kernel(&opts, json_out.as_deref(), &mut r)
         }
-        Cmd::Nftables { services, changes, tool_max } => {
+        Cmd::Nftables { services, changes, tool_max, ruleset } => nft_ruleset(ruleset).and_then(|ruleset| {
             let opts = kube_proxy_rs::bench::nftables_kernel::Options {
+                ruleset,
                 seed: cli.seed,
                 nodes: cli.nodes,
                 endpoints: cli.endpoints,
@@ -586,7 +616,7 @@ fn main() {
                 }
             }
             res
-        }
+        }),
         Cmd::Iptables {
             services,
             changes,

@@ -18,7 +18,7 @@ use super::Journal;
 use crate::kernel::netlink::{Errno, NfnlError};
 use crate::kernel::nftables::{codec, Listed, NfTables, TableInfo, TransactionError};
 use crate::msgs::nftables::{
-    nft_family, BaseChain, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetSpec, Transaction,
+    nft_family, BaseChain, ElemValue, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetData, SetSpec, Transaction,
 };
 use crate::mutex::lock;
 use crate::net::IpFamily;
@@ -173,7 +173,7 @@ fn apply_in(t: &mut MemTable, op: &NftOp) -> Applied {
         }
         NftOp::AddSet(spec) => match t.sets.get(&spec.name) {
             // nft_set_is_same: key, data and flags.
-            Some(s) if (&s.spec.key, s.spec.data, &s.spec.flags) != (&spec.key, spec.data, &spec.flags) => {
+            Some(s) if (&s.spec.key, &s.spec.data, &s.spec.flags) != (&spec.key, &spec.data, &spec.flags) => {
                 Err(Errno(libc::EEXIST))
             }
             Some(_) => Ok(()),
@@ -239,14 +239,25 @@ fn chain_used(t: &MemTable, chain: &str) -> bool {
 
 /// Whether `e` has the key and value `spec` takes.
 fn fits(spec: &SetSpec, e: &Element) -> bool {
-    let key_ok = spec.key.len() == e.key.len()
-        && spec.key.iter().zip(&e.key).all(|(t, p)| match (t, p) {
+    let value_ok = match (&spec.data, &e.value) {
+        (None, None) | (Some(SetData::Verdict), Some(ElemValue::Verdict(_))) => true,
+        (Some(data @ SetData::Fields(_)), Some(ElemValue::Data(parts))) => of_types(&data.types(), parts),
+        _ => false,
+    };
+    value_ok && of_types(&spec.key, &e.key)
+}
+
+/// Whether `parts` are values of `types`, one each.
+fn of_types(types: &[KeyType], parts: &[KeyPart]) -> bool {
+    types.len() == parts.len()
+        && types.iter().zip(parts).all(|(t, p)| match (t, p) {
             (KeyType::Ipv4Addr, KeyPart::Addr(a)) => a.is_ipv4(),
             (KeyType::Ipv6Addr, KeyPart::Addr(a)) => a.is_ipv6(),
-            (KeyType::InetProto, KeyPart::Proto(_)) | (KeyType::InetService, KeyPart::Port(_)) => true,
+            (KeyType::InetProto, KeyPart::Proto(_))
+            | (KeyType::InetService, KeyPart::Port(_))
+            | (KeyType::Integer, KeyPart::Slot(_)) => true,
             _ => false,
-        });
-    key_ok && spec.is_map() == e.value.is_some()
+        })
 }
 
 /// Anonymous sets a rule brings (counted in the table's use, as the kernel does).

@@ -18,23 +18,22 @@ use std::net::IpAddr;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Hook, HookNumber, InetHookNumber, ListAttribute,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute, SetElementFlags, SetElementList,
-    SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict, VerdictAttribute,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetDescription, SetElementAttribute, SetElementFlags,
+    SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableMessage, Verdict as NlVerdict,
+    VerdictAttribute,
 };
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
 use super::expr::{self, anon_name, AnonKey, AnonSet, EncodeError, Unencodable};
-use super::types::{field_len, type_id};
-use crate::msgs::nftables::{ChainHook, Element, KeyPart, NftOp, SetFlag, SetSpec, Verdict};
+use super::types::{concat_len, concat_type, field_len, type_id};
+use super::udata;
+use crate::msgs::nftables::{ChainHook, ElemValue, Element, KeyPart, NftOp, SetData, SetFlag, SetSpec, Verdict};
 use crate::net::IpFamily;
 
-/// nft's datatype ids (nftables' include/datatype.h) and their bit width in a concatenation.
-const TYPE_BITS: u32 = 6;
 /// libnftnl's user-data types of comments.
 const UDATA_TABLE_COMMENT: u8 = 0;
 const UDATA_CHAIN_COMMENT: u8 = 0;
 const UDATA_RULE_COMMENT: u8 = 0;
-const UDATA_SET_COMMENT: u8 = 7;
 const UDATA_ELEM_COMMENT: u8 = 0;
 /// Netfilter's verdicts accept and drop (NF_ACCEPT, NF_DROP).
 const NF_ACCEPT: u32 = 1;
@@ -343,10 +342,9 @@ fn set_id(name: &str) -> u32 {
 /// `nft -f` wrote (upstream kube-proxy's) takes our adds, and ours takes
 /// theirs, only if both send the same. `nft` marks a concatenated key
 /// (`NFT_SET_CONCAT`, `NFTA_SET_DESC_CONCAT`) only in interval sets, and
-/// these are not.
+/// these are not. A set defined by `typeof` carries its fields in its user
+/// data, which `nft list` prints it from ([`udata::set`]).
 fn set_attributes(table: String, spec: &SetSpec) -> Vec<SetAttribute> {
-    let key_type = spec.key.iter().fold(0u32, |acc, k| (acc << TYPE_BITS) | type_id(*k));
-    let key_len: u32 = spec.key.iter().map(|k| field_len(*k).next_multiple_of(4)).sum();
     let mut flags = SetFlags::empty();
     if spec.is_map() {
         flags |= SetFlags::Map;
@@ -361,27 +359,39 @@ fn set_attributes(table: String, spec: &SetSpec) -> Vec<SetAttribute> {
         SetAttribute::Table(table),
         SetAttribute::Name(spec.name.clone()),
         SetAttribute::Flags(flags),
-        SetAttribute::KeyType(key_type),
-        SetAttribute::KeyLen(key_len),
+        SetAttribute::KeyType(concat_type(&spec.key)),
+        SetAttribute::KeyLen(concat_len(&spec.key)),
         SetAttribute::Id(set_id(&spec.name)),
     ];
-    if spec.is_map() {
+    match &spec.data {
         // NFT_DATA_VERDICT; the kernel sets the length itself.
-        attributes.push(SetAttribute::DataType(0xffff_ff00));
+        Some(SetData::Verdict) => attributes.push(SetAttribute::DataType(0xffff_ff00)),
+        Some(data @ SetData::Fields(_)) => {
+            let types = data.types();
+            attributes.push(SetAttribute::DataType(concat_type(&types)));
+            attributes.push(SetAttribute::DataLen(concat_len(&types)));
+        }
+        None => {}
     }
     if let Some(secs) = spec.timeout {
         attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
     }
-    if let Some(c) = &spec.comment {
-        attributes.push(SetAttribute::UserData(comment_udata(UDATA_SET_COMMENT, c)));
+    if let Some(n) = spec.size {
+        attributes.push(SetAttribute::Description(vec![SetDescription::Size(n)]));
+    }
+    let user_data = udata::set(spec);
+    if !user_data.is_empty() {
+        attributes.push(SetAttribute::UserData(user_data));
     }
     attributes
 }
 
 fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, Unencodable> {
     let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(&e.key)?))];
-    if let Some(v) = &e.value {
-        attrs.push(SetElementAttribute::Data(verdict_data(v)));
+    match &e.value {
+        Some(ElemValue::Verdict(v)) => attrs.push(SetElementAttribute::Data(verdict_data(v))),
+        Some(ElemValue::Data(d)) => attrs.push(SetElementAttribute::Data(DataAttribute::Value(key_bytes(d)?))),
+        None => {}
     }
     if let Some(c) = &e.comment {
         attrs.push(SetElementAttribute::UserData(comment_udata(UDATA_ELEM_COMMENT, c)));
@@ -389,8 +399,9 @@ fn element(e: &Element) -> Result<ListAttribute<SetElementAttribute>, Unencodabl
     Ok(ListAttribute::Element(attrs))
 }
 
-/// An element's key: each field in network order, padded to 4 bytes. A
-/// CIDR is not a key of the sets here (no interval sets).
+/// An element's key (or data): each field in network order, padded to 4
+/// bytes; a slot (a `numgen` result) in host order. A CIDR is not a key of
+/// the sets here (no interval sets).
 pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, Unencodable> {
     let mut out = Vec::with_capacity(key.len() * 4);
     for part in key {
@@ -402,6 +413,7 @@ pub fn key_bytes(key: &[KeyPart]) -> Result<Vec<u8>, Unencodable> {
                 out.extend_from_slice(&p.to_be_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
+            KeyPart::Slot(n) => out.extend_from_slice(&n.to_ne_bytes()),
             KeyPart::Net(n) => return Err(Unencodable::IntervalKey { key: *n }),
         }
     }
@@ -421,10 +433,7 @@ fn verdict_data(v: &Verdict) -> DataAttribute {
 
 /// libnftnl's user data with one comment: type, length, the text and its NUL.
 fn comment_udata(kind: u8, comment: &str) -> Vec<u8> {
-    let text: Vec<u8> = comment.bytes().take(254).chain([0]).collect();
-    let mut out = vec![kind, text.len() as u8];
-    out.extend(text);
-    out
+    udata::comment(kind, comment)
 }
 
 #[cfg(test)]
@@ -506,6 +515,32 @@ mod tests {
         assert!(affinity.contains(&SetAttribute::Flags(SetFlags::Timeout | SetFlags::Eval)), "{affinity:?}");
         let plain = set_attributes("kube-proxy".into(), &SetSpec::set("cluster-ips", vec![KeyType::Ipv4Addr], None));
         assert!(plain.contains(&SetAttribute::Flags(SetFlags::empty())), "{plain:?}");
+    }
+
+    /// The kernel's view of `nft -f`'s `map eps { typeof ip daddr . meta
+    /// l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }`
+    /// (a set dump): map flag only, key ipv4_addr . inet_proto . inet_service
+    /// . integer (16 bytes), data ipv4_addr . inet_service (8 bytes).
+    #[test]
+    fn a_data_map_is_defined_as_nft_defines_it_and_its_elements_carry_data() {
+        use crate::msgs::nftables::{example_endpoint, example_endpoints_map};
+        let spec = example_endpoints_map(IpFamily::V4);
+        let attrs = set_attributes("kube-proxy".into(), &spec);
+        for want in [
+            SetAttribute::Flags(SetFlags::Map),
+            SetAttribute::KeyType(0x001c_c344),
+            SetAttribute::KeyLen(16),
+            SetAttribute::DataType(0x1cd),
+            SetAttribute::DataLen(8),
+        ] {
+            assert!(attrs.contains(&want), "{want:?} in {attrs:?}");
+        }
+        let e = example_endpoint("10.96.0.1", "10.0.0.2");
+        let ListAttribute::Element(attrs) = element(&e).unwrap() else { panic!("an element") };
+        let slot = 1u32.to_ne_bytes();
+        let key = [&[10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0][..], &slot[..]].concat();
+        assert_eq!(attrs[0], SetElementAttribute::Key(DataAttribute::Value(key)));
+        assert_eq!(attrs[1], SetElementAttribute::Data(DataAttribute::Value(vec![10, 0, 0, 2, 0x1f, 0x90, 0, 0])));
     }
 
     #[test]

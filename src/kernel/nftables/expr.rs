@@ -15,7 +15,7 @@ use netlink_packet_netfilter::nftables::Expressions;
 
 use super::attrs::{data_value, str_attr, u32_attr, verdict_data};
 use super::types::padded_len;
-use crate::msgs::nftables::{CtState, Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
+use crate::msgs::nftables::{CtState, CtStatus, Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
 use crate::net::IpFamily;
 
 /// An op the codec cannot encode (a planner bug, or a rule form `nft`
@@ -49,6 +49,8 @@ pub enum Unencodable {
     IntervalKey { key: IpNet },
     #[error("a rule is encoded with its expressions, not as an object")]
     RuleAsObject,
+    #[error("a {field} match compared with a value")]
+    NotComparable { field: Field },
 }
 
 /// An anonymous set a rule needs, created in the same transaction before it.
@@ -110,6 +112,11 @@ const META_L4PROTO: u32 = 16;
 const META_MARK: u32 = 3;
 /// NFT_LOOKUP_F_INV.
 const LOOKUP_INV: u32 = 1;
+/// NFT_CT_STATE, NFT_CT_STATUS (NFT_CT_DIRECTION is 1).
+const CT_STATE: u32 = 0;
+const CT_STATUS: u32 = 2;
+/// NFT_NAT_DNAT.
+const NAT_DNAT: u32 = 1;
 
 /// Compiles `rule` for a table of `family`; anonymous sets get ids from `next_id`.
 pub fn compile(family: IpFamily, rule: &Rule, next_id: &mut u32) -> Result<Compiled, EncodeError> {
@@ -163,6 +170,13 @@ impl Compiler<'_> {
                 self.ct_state(*state);
                 Ok(())
             }
+            Expr::CtStatus(CtStatus::Dnat) => {
+                // IPS_DST_NAT: the status's bit 5, set: not zero.
+                self.push("ct", vec![u32_attr(1, NFT_REG_1), u32_attr(2, CT_STATUS)]);
+                self.bitwise(&0x20u32.to_ne_bytes(), &[0; 4]);
+                self.cmp(true, &[0; 4]);
+                Ok(())
+            }
             Expr::FibLocal(key) => {
                 self.fib_local(*key);
                 Ok(())
@@ -175,7 +189,7 @@ impl Compiler<'_> {
             }
             Expr::Iif { name, .. } => Err(Unencodable::Interface { name: name.clone() }),
             Expr::Update { set, key } => {
-                self.load(*key, NFT_REG_1)?;
+                self.load_concat(key)?;
                 // NFTA_DYNSET_SET_NAME, OP (NFT_DYNSET_OP_UPDATE = 1), SREG_KEY.
                 self.push("dynset", vec![str_attr(1, set), u32_attr(3, 1), u32_attr(4, NFT_REG_1)]);
                 Ok(())
@@ -192,6 +206,17 @@ impl Compiler<'_> {
                 Ok(())
             }
             Expr::Dnat(to) => self.dnat(to.ip(), to.port()),
+            Expr::DnatMap { family, key, map } => {
+                if *family != self.family {
+                    return Err(Unencodable::OtherFamily { field: Field::Daddr(*family) });
+                }
+                self.load_concat(key)?;
+                self.push("lookup", vec![str_attr(1, map), u32_attr(2, NFT_REG_1), u32_attr(3, NFT_REG_1)]);
+                // The port follows the address in the registers the lookup filled.
+                let addr_words = padded_len(crate::msgs::nftables::KeyType::addr(self.family)) / 4;
+                self.nat_dnat(NFT_REG_1, NFT_REG32_00 + addr_words);
+                Ok(())
+            }
             Expr::Masquerade { fully_random } => {
                 let mut attrs = Vec::new();
                 if *fully_random {
@@ -227,6 +252,15 @@ impl Compiler<'_> {
                 self.push("meta", vec![u32_attr(1, reg), u32_attr(2, META_L4PROTO)]);
                 return Ok(());
             }
+            Field::Numgen { modulus, offset } => {
+                // NFTA_NG_DREG, MODULUS, TYPE (NFT_NG_RANDOM = 1), OFFSET.
+                let mut attrs = vec![u32_attr(1, reg), u32_attr(2, modulus), u32_attr(3, 1)];
+                if offset != 0 {
+                    attrs.push(u32_attr(4, offset));
+                }
+                self.push("numgen", attrs);
+                return Ok(());
+            }
         };
         self.push("payload", vec![u32_attr(1, reg), u32_attr(2, base), u32_attr(3, offset), u32_attr(4, len)]);
         Ok(())
@@ -254,6 +288,7 @@ impl Compiler<'_> {
             }
             (Field::L4proto, KeyPart::Proto(p)) => self.cmp(neq, &[p.number()]),
             (Field::Dport, KeyPart::Port(p)) => self.cmp(neq, &p.to_be_bytes()),
+            (Field::Numgen { .. }, _) => return Err(Unencodable::NotComparable { field }),
             _ => return Err(Unencodable::Mismatch { field, value: *value }),
         }
         Ok(())
@@ -315,8 +350,8 @@ impl Compiler<'_> {
         let bit: u32 = match state {
             CtState::New => 8,
         };
-        // NFT_CT_STATE = 0; the state's bit set: not zero.
-        self.push("ct", vec![u32_attr(1, NFT_REG_1), u32_attr(2, 0)]);
+        // The state's bit set: not zero.
+        self.push("ct", vec![u32_attr(1, NFT_REG_1), u32_attr(2, CT_STATE)]);
         self.bitwise(&bit.to_ne_bytes(), &[0; 4]);
         self.cmp(true, &[0; 4]);
     }
@@ -365,13 +400,18 @@ impl Compiler<'_> {
         }
         self.push("immediate", vec![u32_attr(1, NFT_REG_1), data_value(2, &addr_bytes(addr))]);
         self.push("immediate", vec![u32_attr(1, NFT_REG_2), data_value(2, &port.to_be_bytes())]);
+        self.nat_dnat(NFT_REG_1, NFT_REG_2);
+        Ok(())
+    }
+
+    /// DNAT to the address in register `addr` and the port in register `port`.
+    fn nat_dnat(&mut self, addr: u32, port: u32) {
         let nfproto = if self.family == IpFamily::V4 { 2 } else { 10 };
-        // NFTA_NAT_TYPE (NFT_NAT_DNAT = 1), FAMILY, REG_ADDR_MIN, REG_PROTO_MIN, FLAGS (PROTO_SPECIFIED).
+        // NFTA_NAT_TYPE, FAMILY, REG_ADDR_MIN, REG_PROTO_MIN, FLAGS (PROTO_SPECIFIED).
         self.push(
             "nat",
-            vec![u32_attr(1, 1), u32_attr(2, nfproto), u32_attr(3, NFT_REG_1), u32_attr(5, NFT_REG_2), u32_attr(7, 2)],
+            vec![u32_attr(1, NAT_DNAT), u32_attr(2, nfproto), u32_attr(3, addr), u32_attr(5, port), u32_attr(7, 2)],
         );
-        Ok(())
     }
 
     /// Register 1 = (register 1 & `mask`) ^ `xor`, over `mask`'s length.

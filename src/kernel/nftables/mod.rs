@@ -24,6 +24,7 @@ pub mod codec;
 pub mod expr;
 pub mod table;
 pub mod types;
+mod udata;
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -11,8 +11,8 @@ mod values;
 
 use std::fmt;
 
-pub use objects::{BaseChain, ChainHook, ChainType, Element, SetData, SetFlag, SetSpec};
-pub use rule::{AnonSet, CtState, Expr, FibKey, Field, ListSep, MarkOp, Rule};
+pub use objects::{BaseChain, ChainHook, ChainType, ElemValue, Element, SetData, SetFlag, SetSpec};
+pub use rule::{AnonSet, CtState, CtStatus, Expr, FibKey, Field, ListSep, MarkOp, Rule};
 pub use values::{concat, nft_family, quote, Hex, Joined, KeyPart, KeyType, Verdict};
 
 use crate::net::IpFamily;
@@ -215,6 +215,29 @@ impl fmt::Display for Transaction {
     }
 }
 
+/// The data map of the codec's and the text's tests: `map eps { typeof ip
+/// daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th
+/// dport ; }` in `family`.
+#[cfg(test)]
+pub(crate) fn example_endpoints_map(family: IpFamily) -> SetSpec {
+    SetSpec::data_map(
+        "eps",
+        vec![Field::Daddr(family), Field::L4proto, Field::Dport, Field::constant(0)],
+        vec![Field::Daddr(family), Field::Dport],
+    )
+}
+
+/// An element of [`example_endpoints_map`]: `service . tcp . 80 . 1 :
+/// endpoint . 8080`.
+#[cfg(test)]
+pub(crate) fn example_endpoint(service: &str, endpoint: &str) -> Element {
+    let addr = |a: &str| KeyPart::Addr(a.parse().expect("a test address"));
+    Element::data(
+        vec![addr(service), KeyPart::Proto(crate::net::Protocol::Tcp), KeyPart::Port(80), KeyPart::Slot(1)],
+        vec![addr(endpoint), KeyPart::Port(8080)],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,12 +293,15 @@ mod tests {
                 set: "no-endpoint-services".into(),
                 elements: vec![Element {
                     key: key("fd00::10", 80),
-                    value: Some(Verdict::Goto("reject-chain".into())),
+                    value: Some(ElemValue::Verdict(Verdict::Goto("reject-chain".into()))),
                     comment: Some("ns/svc:p80".into()),
                 }],
             },
             NftOp::FlushSet { name: "service-ips".into(), map: true },
             NftOp::DeleteSet { name: "nodeport-ips".into(), map: false },
+            NftOp::AddSet(example_endpoints_map(IpFamily::V6)),
+            NftOp::AddElements { set: "eps".into(), elements: vec![example_endpoint("fd00::10", "fd00::1:2")] },
+            NftOp::AddSet(SetSpec { size: Some(1024), ..SetSpec::set("s", vec![KeyType::Ipv6Addr], None) }),
         ];
         assert_eq!(
             Transaction { family: IpFamily::V6, ops }.to_string(),
@@ -286,7 +312,10 @@ mod tests {
              add map ip6 kube-proxy service-nodeports { type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }\n\
              add element ip6 kube-proxy no-endpoint-services { fd00::10 . tcp . 80 comment \"ns/svc:p80\" : goto reject-chain }\n\
              flush map ip6 kube-proxy service-ips\n\
-             delete set ip6 kube-proxy nodeport-ips\n"
+             delete set ip6 kube-proxy nodeport-ips\n\
+             add map ip6 kube-proxy eps { typeof ip6 daddr . meta l4proto . th dport . numgen random mod 1 : ip6 daddr . th dport ; }\n\
+             add element ip6 kube-proxy eps { fd00::10 . tcp . 80 . 1 : fd00::1:2 . 8080 }\n\
+             add set ip6 kube-proxy s { type ipv6_addr ; size 1024 ; }\n"
         );
     }
 }

@@ -21,6 +21,16 @@ pub enum Field {
     L4proto,
     /// `th dport`: the transport header's destination port.
     Dport,
+    /// `numgen random mod M offset O`: a number in `O..O+M` at random (of
+    /// modulus 1, the constant `O`: nft has no constant in a concatenation).
+    Numgen { modulus: u32, offset: u32 },
+}
+
+impl Field {
+    /// The constant `n` as a field of a concatenation (`numgen random mod 1 offset n`).
+    pub fn constant(n: u32) -> Field {
+        Field::Numgen { modulus: 1, offset: n }
+    }
 }
 
 impl Field {
@@ -30,6 +40,7 @@ impl Field {
             Field::Saddr(f) | Field::Daddr(f) => KeyType::addr(f),
             Field::L4proto => KeyType::InetProto,
             Field::Dport => KeyType::InetService,
+            Field::Numgen { .. } => KeyType::Integer,
         }
     }
 }
@@ -41,6 +52,8 @@ impl fmt::Display for Field {
             Field::Daddr(family) => write!(f, "{} daddr", nft_family(*family)),
             Field::L4proto => f.write_str("meta l4proto"),
             Field::Dport => f.write_str("th dport"),
+            Field::Numgen { modulus, offset: 0 } => write!(f, "numgen random mod {modulus}"),
+            Field::Numgen { modulus, offset } => write!(f, "numgen random mod {modulus} offset {offset}"),
         }
     }
 }
@@ -69,6 +82,13 @@ impl fmt::Display for AnonSet {
         };
         write!(f, "{{ {} }}", Joined(&self.items, sep))
     }
+}
+
+/// A connection tracking status bit (`ct status dnat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CtStatus {
+    /// The connection's destination was translated.
+    Dnat,
 }
 
 /// A connection tracking state (`ct state new`).
@@ -126,6 +146,8 @@ pub enum Expr {
     NumgenVmap(Vec<Verdict>),
     /// `ct state new`.
     CtState(CtState),
+    /// `ct status dnat`.
+    CtStatus(CtStatus),
     /// `fib daddr type local`: the address is one of the node's.
     FibLocal(FibKey),
     /// `mark and 0x4000 == 0`.
@@ -140,10 +162,11 @@ pub enum Expr {
         name: String,
         neq: bool,
     },
-    /// `update @affinity-... { ip saddr }`.
+    /// `update @affinity-... { ip saddr }`: the key added to the set, or its
+    /// timeout refreshed.
     Update {
         set: String,
-        key: Field,
+        key: Vec<Field>,
     },
     /// `mark set mark or 0x4000`.
     MarkSet {
@@ -152,6 +175,14 @@ pub enum Expr {
     },
     /// `dnat to 10.180.0.1:80` (`[fd00::1]:80`).
     Dnat(SocketAddr),
+    /// `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @m`:
+    /// the address and port the map holds for the key (no translation, and
+    /// the rule ends there, when it holds none).
+    DnatMap {
+        family: IpFamily,
+        key: Vec<Field>,
+        map: String,
+    },
     /// `masquerade fully-random`.
     Masquerade {
         fully_random: bool,
@@ -188,14 +219,18 @@ impl fmt::Display for Expr {
                 f.write_str(" }")
             }
             Expr::CtState(CtState::New) => f.write_str("ct state new"),
+            Expr::CtStatus(CtStatus::Dnat) => f.write_str("ct status dnat"),
             Expr::FibLocal(FibKey::Saddr) => f.write_str("fib saddr type local"),
             Expr::FibLocal(FibKey::Daddr) => f.write_str("fib daddr type local"),
             Expr::MarkTest { mask, value } => write!(f, "mark and {mask} == {value}"),
             Expr::Iif { name, neq } => write!(f, "iif {}{name}", not(*neq)),
-            Expr::Update { set, key } => write!(f, "update @{set} {{ {key} }}"),
+            Expr::Update { set, key } => write!(f, "update @{set} {{ {} }}", concat(key)),
             Expr::MarkSet { op: MarkOp::Or, bits } => write!(f, "mark set mark or {bits}"),
             Expr::MarkSet { op: MarkOp::Xor, bits } => write!(f, "mark set mark xor {bits}"),
             Expr::Dnat(to) => write!(f, "dnat to {to}"),
+            Expr::DnatMap { family, key, map } => {
+                write!(f, "dnat {} to {} map @{map}", nft_family(*family), concat(key))
+            }
             Expr::Masquerade { fully_random: true } => f.write_str("masquerade fully-random"),
             Expr::Masquerade { fully_random: false } => f.write_str("masquerade"),
             Expr::Reject => f.write_str("reject"),
@@ -236,6 +271,7 @@ impl Rule {
     pub fn sets(&self) -> impl Iterator<Item = &str> {
         self.exprs.iter().filter_map(|e| match e {
             Expr::Lookup { set, .. } | Expr::Update { set, .. } => Some(set.as_str()),
+            Expr::DnatMap { map, .. } => Some(map.as_str()),
             Expr::Vmap { map, .. } => Some(map.as_str()),
             _ => None,
         })
@@ -330,7 +366,7 @@ mod tests {
                 "meta l4proto sctp dnat to [fd00::1]:80",
             ),
             (
-                Rule::new(vec![Expr::Update { set: "affinity-X".into(), key: Field::Saddr(v4) }]),
+                Rule::new(vec![Expr::Update { set: "affinity-X".into(), key: vec![Field::Saddr(v4)] }]),
                 "update @affinity-X { ip saddr }",
             ),
             (
@@ -345,6 +381,34 @@ mod tests {
         for (rule, text) in cases {
             assert_eq!(rule.to_string(), text);
         }
+    }
+
+    #[test]
+    fn data_map_dnat_numgen_slots_and_ct_status_are_written_as_nft_reads_them() {
+        let v4 = IpFamily::V4;
+        let service = || vec![Field::Daddr(v4), Field::L4proto, Field::Dport];
+        let pick = Expr::DnatMap {
+            family: v4,
+            key: [service(), vec![Field::Numgen { modulus: 3, offset: 0 }]].concat(),
+            map: "m".into(),
+        };
+        assert_eq!(
+            Rule::new(vec![pick]).to_string(),
+            "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @m"
+        );
+        let update = Expr::Update { set: "a".into(), key: [service(), vec![Field::Saddr(v4)]].concat() };
+        let slot = Expr::DnatMap { family: v4, key: [service(), vec![Field::constant(2)]].concat(), map: "m".into() };
+        assert_eq!(
+            Rule::new(vec![update, slot]).to_string(),
+            "update @a { ip daddr . meta l4proto . th dport . ip saddr } \
+             dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 1 offset 2 map @m"
+        );
+        let hairpin = Rule::new(vec![
+            Expr::CtStatus(CtStatus::Dnat),
+            Expr::Lookup { key: vec![Field::Saddr(IpFamily::V6), Field::Daddr(IpFamily::V6)], set: "h".into() },
+        ]);
+        assert_eq!(hairpin.to_string(), "ct status dnat ip6 saddr . ip6 daddr @h");
+        assert_eq!(hairpin.sets().collect::<Vec<_>>(), ["h"]);
     }
 
     #[test]

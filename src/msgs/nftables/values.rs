@@ -40,6 +40,8 @@ pub enum KeyType {
     Ipv6Addr,
     InetProto,
     InetService,
+    /// A 32-bit number in host order: a `numgen` result (a slot).
+    Integer,
 }
 
 impl KeyType {
@@ -58,6 +60,7 @@ impl KeyType {
             KeyType::Ipv6Addr => "ipv6_addr",
             KeyType::InetProto => "inet_proto",
             KeyType::InetService => "inet_service",
+            KeyType::Integer => "integer",
         }
     }
 }
@@ -76,6 +79,8 @@ pub enum KeyPart {
     Net(IpNet),
     Proto(Protocol),
     Port(u16),
+    /// A slot: the number a `numgen` yields (host order).
+    Slot(u32),
 }
 
 impl fmt::Display for KeyPart {
@@ -85,6 +90,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Net(n) => write!(f, "{n}"),
             KeyPart::Proto(p) => f.write_str(p.lower()),
             KeyPart::Port(p) => write!(f, "{p}"),
+            KeyPart::Slot(n) => write!(f, "{n}"),
         }
     }
 }

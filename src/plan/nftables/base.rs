@@ -3,7 +3,8 @@
 //! into our regular chains, masquerading, the no-endpoint, firewall and
 //! ClusterIP checks, the dispatch maps, and the `nodeport-ips` set.
 
-use super::context::{NftablesContext, NodePorts};
+use super::context::{NftRuleset, NftablesContext, NodePorts};
+use super::maps;
 use super::names::*;
 use super::ruleset::{Chain, Objects, SetElement};
 use crate::msgs::nftables::{
@@ -77,7 +78,7 @@ pub fn nodeport_ips_set(family: IpFamily) -> SetSpec {
 /// The top-level objects for `ctx`.
 pub fn top_level(ctx: &NftablesContext) -> Objects {
     let (sets, elements) = containers(ctx);
-    Objects { chains: chains(ctx), sets, elements }
+    Objects { chains: chains(ctx), sets, elements, classes: vec![] }
 }
 
 /// The base chains and the top-level regular chains, with their rules.
@@ -109,14 +110,15 @@ fn chains(ctx: &NftablesContext) -> Vec<Chain> {
     regular(CLUSTER_IPS_CHECK, cluster_ips_check);
     regular(FIREWALL_CHECK, vec![Rule::new(vec![vmap(dispatch_key(family), FIREWALL_IPS)])]);
     regular(MARK_MASQ, vec![Rule::new(vec![Expr::MarkSet { op: MarkOp::Or, bits: ctx.mark }])]);
-    regular(
-        MASQUERADING,
-        vec![
-            Rule::new(vec![Expr::MarkTest { mask: ctx.mark, value: 0 }, Expr::Verdict(Verdict::Return)]),
-            Rule::new(vec![Expr::MarkSet { op: MarkOp::Xor, bits: ctx.mark }]),
-            Rule::new(vec![Expr::Masquerade { fully_random: true }]),
-        ],
-    );
+    let mut masquerading = vec![
+        Rule::new(vec![Expr::MarkTest { mask: ctx.mark, value: 0 }, Expr::Verdict(Verdict::Return)]),
+        Rule::new(vec![Expr::MarkSet { op: MarkOp::Xor, bits: ctx.mark }]),
+        Rule::new(vec![Expr::Masquerade { fully_random: true }]),
+    ];
+    if ctx.ruleset == NftRuleset::Maps {
+        masquerading.insert(0, maps::hairpin_rule(family));
+    }
+    regular(MASQUERADING, masquerading);
     let (np_check, np_dispatch) = match ctx.node_ports {
         NodePorts::All => (vec![no_localhost(family)], vec![Expr::FibLocal(FibKey::Daddr), no_localhost(family)]),
         NodePorts::Ips(_) => {
@@ -129,10 +131,13 @@ fn chains(ctx: &NftablesContext) -> Vec<Chain> {
         Rule::new(matches)
     };
     regular(NODEPORT_ENDPOINTS_CHECK, vec![with_vmap(np_check, NO_ENDPOINT_NODEPORTS)]);
-    regular(
-        SERVICES,
-        vec![Rule::new(vec![vmap(dispatch_key(family), SERVICE_IPS)]), with_vmap(np_dispatch, SERVICE_NODEPORTS)],
-    );
+    let services = match ctx.ruleset {
+        NftRuleset::Upstream => {
+            vec![Rule::new(vec![vmap(dispatch_key(family), SERVICE_IPS)]), with_vmap(np_dispatch, SERVICE_NODEPORTS)]
+        }
+        NftRuleset::Maps => maps::services_rules(family, np_dispatch),
+    };
+    regular(SERVICES, services);
     regular(SERVICE_ENDPOINTS_CHECK, vec![Rule::new(vec![vmap(dispatch_key(family), NO_ENDPOINT_SERVICES)])]);
     chains.push(Chain {
         name: REJECT_CHAIN.into(),
@@ -149,6 +154,9 @@ fn chains(ctx: &NftablesContext) -> Vec<Chain> {
         if let Some(c) = chains.iter_mut().find(|c| c.name == from) {
             c.rules.push(Rule::new(exprs));
         }
+    }
+    if ctx.ruleset == NftRuleset::Maps {
+        chains.extend(maps::chains(ctx));
     }
     chains
 }
@@ -178,6 +186,10 @@ fn containers(ctx: &NftablesContext) -> (Vec<SetSpec>, Vec<SetElement>) {
         SetSpec::verdict_map(SERVICE_IPS, dispatch, Some("ClusterIP, ExternalIP and LoadBalancer IP traffic")),
         SetSpec::verdict_map(SERVICE_NODEPORTS, ports, Some("NodePort traffic")),
     ];
+    if ctx.ruleset == NftRuleset::Maps {
+        sets.retain(|s| s.name != SERVICE_IPS && s.name != SERVICE_NODEPORTS);
+        sets.extend(maps::sets(ctx.family));
+    }
     let mut elements = vec![];
     if let NodePorts::Ips(ips) = &ctx.node_ports {
         sets.push(nodeport_ips_set(ctx.family));

@@ -14,10 +14,50 @@ use crate::plan::context::{node_ip, NodePortFilter};
 use crate::plan::iptables::context::node_port_cidrs;
 use crate::plan::local::LocalDetector;
 
+/// Which ruleset nftables mode writes (`--nftables-ruleset`,
+/// `nftables.ruleset`: ours, upstream has neither).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NftRuleset {
+    /// Upstream kube-proxy's ruleset.
+    #[default]
+    Upstream,
+    /// The same behaviour with the per-Service state as set and map
+    /// elements (`docs/nftables-scalable.md`, [`super::maps`]).
+    Maps,
+}
+
+impl NftRuleset {
+    /// Every ruleset, the default first.
+    pub const ALL: [NftRuleset; 2] = [NftRuleset::Upstream, NftRuleset::Maps];
+
+    /// The name the flag and the field take.
+    pub fn name(self) -> &'static str {
+        match self {
+            NftRuleset::Upstream => "upstream",
+            NftRuleset::Maps => "maps",
+        }
+    }
+
+    /// The ruleset named `name` (`""`: the default).
+    pub fn from_name(name: &str) -> Option<NftRuleset> {
+        match name {
+            "" => Some(NftRuleset::default()),
+            n => NftRuleset::ALL.into_iter().find(|r| r.name() == n),
+        }
+    }
+}
+
+impl std::fmt::Display for NftRuleset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Settings from the configuration (`settings::FamilySettings::nftables_settings`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftablesSettings {
     pub family: IpFamily,
+    pub ruleset: NftRuleset,
     pub node_name: String,
     /// `nftables.masqueradeAll`.
     pub masquerade_all: bool,
@@ -47,6 +87,7 @@ pub enum NodePorts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftablesContext {
     pub family: IpFamily,
+    pub ruleset: NftRuleset,
     pub node_name: String,
     /// The node's `topology.kubernetes.io/zone` label (topology hints).
     pub zone: String,
@@ -85,6 +126,7 @@ pub fn nftables_context(s: &NftablesSettings, node: &NodeInfo, addrs: &[LocalAdd
     };
     NftablesContext {
         family: s.family,
+        ruleset: s.ruleset,
         node_name: s.node_name.clone(),
         zone: node.zone().to_string(),
         node_ip: primary,
@@ -126,6 +168,7 @@ mod tests {
     fn settings(family: IpFamily, node_ports: NodePortFilter) -> NftablesSettings {
         NftablesSettings {
             family,
+            ruleset: NftRuleset::Upstream,
             node_name: "node-a".into(),
             masquerade_all: false,
             masquerade_bit: 14,
@@ -137,6 +180,15 @@ mod tests {
 
     fn addrs() -> Vec<LocalAddr> {
         vec![a("lo", "127.0.0.1"), a("eth0", "192.168.50.2"), a("eth1", "172.16.0.2"), a("eth0", "fd00::2")]
+    }
+
+    #[test]
+    fn rulesets_are_named_by_the_flag_and_field_values() {
+        assert_eq!(NftRuleset::from_name(""), Some(NftRuleset::Upstream));
+        assert_eq!(NftRuleset::from_name("upstream"), Some(NftRuleset::Upstream));
+        assert_eq!(NftRuleset::from_name("maps"), Some(NftRuleset::Maps));
+        assert_eq!(NftRuleset::from_name("Maps"), None);
+        assert_eq!(NftRuleset::Maps.to_string(), "maps");
     }
 
     #[test]

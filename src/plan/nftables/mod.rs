@@ -41,6 +41,8 @@
 
 pub mod base;
 pub mod context;
+pub mod maps;
+pub mod maps_names;
 pub mod names;
 pub mod planner;
 pub mod ruleset;
@@ -51,31 +53,58 @@ pub mod transactions;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
+mod maps_tests;
+#[cfg(test)]
 mod planner_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
 pub(crate) mod trace;
 
-pub use context::{nftables_context, NftablesContext, NftablesSettings, NodePorts};
+pub use context::{nftables_context, NftRuleset, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Objects, Ruleset, SetElement};
 pub use staging::{staged, STAGES, STAGE_OPS};
 pub use transactions::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
 };
 
 pub use crate::msgs::nftables::{NftOp, Transaction};
 
-use crate::model::{Model, ServicePortName};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::{Endpoint, Model, ServicePort, ServicePortName};
 
 /// One family's whole desired table for `model`.
 pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
-    let mut rs = Ruleset { family: ctx.family, top: base::top_level(ctx), services: Default::default() };
-    for sp in model.service_ports() {
-        rs.services.insert(sp.name.clone(), service::render_port(ctx, sp, model.endpoints(&sp.name)));
+    desired_keeping(model, ctx, &[])
+}
+
+/// [`desired`], its shared objects also serving the endpoint classes
+/// `kept` (those the kernel holds: a partial sync never removes one).
+pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names::PickClass]) -> Ruleset {
+    let services: BTreeMap<ServicePortName, Objects> =
+        model.service_ports().map(|sp| (sp.name.clone(), render_port(ctx, sp, model.endpoints(&sp.name)))).collect();
+    let mut classes = maps::served(&maps::classes(services.values()));
+    classes.extend(kept);
+    let shared = shared(ctx, &classes);
+    Ruleset { family: ctx.family, top: base::top_level(ctx), shared, services }
+}
+
+/// One service port's objects in `ctx`'s ruleset.
+pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
+    match ctx.ruleset {
+        NftRuleset::Upstream => service::render_port(ctx, sp, endpoints),
+        NftRuleset::Maps => maps::render_port(ctx, sp, endpoints),
     }
-    rs
+}
+
+/// The shared objects serving `classes` (none in upstream's ruleset).
+pub fn shared(ctx: &NftablesContext, classes: &BTreeSet<maps_names::PickClass>) -> Objects {
+    match ctx.ruleset {
+        NftRuleset::Upstream => Objects::default(),
+        NftRuleset::Maps => maps::shared(ctx.family, classes),
+    }
 }
 
 /// Renders `changed` service ports again into `rs` (removing those
@@ -90,13 +119,14 @@ pub fn update<'a>(
     for spn in changed {
         match model.service_port(spn) {
             Some(sp) => {
-                rs.services.insert(spn.clone(), service::render_port(ctx, sp, model.endpoints(spn)));
+                rs.services.insert(spn.clone(), render_port(ctx, sp, model.endpoints(spn)));
             }
             None => {
                 rs.services.remove(spn);
             }
         }
     }
+    rs.shared = shared(ctx, &maps::served(&maps::classes(rs.services.values())));
 }
 
 /// `--dry-run` in nftables mode: the table a full sync from an empty kernel

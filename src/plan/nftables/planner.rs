@@ -13,13 +13,14 @@
 //! [`NftablesPlanner::delete_due`] once [`STALE_CHAIN_DELAY`] has passed,
 //! unless a later sync used them again (upstream's staleChains).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::context::NftablesContext;
+use super::maps_names::PickClass;
 use super::ruleset::{Objects, Ruleset};
 use super::transactions::{
-    delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
 };
 use crate::model::{Model, ServicePortName};
 use crate::msgs::nftables::Transaction;
@@ -36,8 +37,9 @@ enum Pending {
     Nothing,
     /// The whole table.
     Full(Ruleset),
-    /// These service ports' objects (`None`: gone).
-    Ports(Vec<(ServicePortName, Option<Objects>)>),
+    /// These service ports' objects (`None`: gone), and the shared objects
+    /// when a service port brought an endpoint class they did not serve.
+    Ports(Vec<(ServicePortName, Option<Objects>)>, Option<Objects>),
 }
 
 #[derive(Debug)]
@@ -104,7 +106,10 @@ impl NftablesPlanner {
     }
 
     /// A partial sync of the `changed` service ports over the confirmed
-    /// state. `None` when the next sync must be full.
+    /// state. The `maps` ruleset's shared objects only grow: an endpoint
+    /// class they do not serve yet is added (its set, chain and pick rule,
+    /// nothing else rewritten), one no service port uses any more stays
+    /// until a full sync. `None` when the next sync must be full.
     pub fn partial<'a>(
         &mut self,
         model: &Model,
@@ -114,22 +119,34 @@ impl NftablesPlanner {
         let ports: Vec<(ServicePortName, Option<Objects>)> = changed
             .into_iter()
             .map(|spn| {
-                let objects =
-                    model.service_port(spn).map(|sp| super::service::render_port(&self.ctx, sp, model.endpoints(spn)));
+                let objects = model.service_port(spn).map(|sp| super::render_port(&self.ctx, sp, model.endpoints(spn)));
                 (spn.clone(), objects)
             })
             .collect();
         let empty = Objects::default();
-        let pairs = ports.iter().filter_map(|(spn, new)| {
+        let served = &applied.shared.classes;
+        let mut classes: BTreeSet<PickClass> = ports
+            .iter()
+            .flat_map(|(_, o)| o.iter().flat_map(|o| &o.classes))
+            .filter(|c| served.binary_search(c).is_err())
+            .copied()
+            .collect();
+        let shared = (!classes.is_empty()).then(|| {
+            classes.extend(served);
+            super::shared(&self.ctx, &classes)
+        });
+        let shared_parts = shared.as_ref().map(|s| changed_parts(&applied.shared, s));
+        let port_pairs = ports.iter().filter_map(|(spn, new)| {
             let old = applied.services.get(spn).unwrap_or(&empty);
             let new = new.as_ref().unwrap_or(&empty);
             (old != new).then_some((old, new))
         });
+        let pairs = shared_parts.iter().map(|(o, n)| (o, n)).chain(port_pairs);
         let delta = groups_sync(self.ctx.family, pairs, &self.refs);
         self.planned_stale = delta.stale_chains.clone();
-        self.planned_chains =
-            ports.iter().flat_map(|(_, o)| o.iter().flat_map(|o| o.chains.iter().map(|c| c.name.clone()))).collect();
-        self.pending = Pending::Ports(ports);
+        let written = ports.iter().flat_map(|(_, o)| o.iter()).chain(shared.iter());
+        self.planned_chains = written.flat_map(|o| o.chains.iter().map(|c| c.name.clone())).collect();
+        self.pending = Pending::Ports(ports, shared);
         Some(delta)
     }
 
@@ -141,7 +158,7 @@ impl NftablesPlanner {
     /// cluster, not a full transaction. `None` when the next sync must be full.
     pub fn partial_with(&mut self, model: &Model, ctx: NftablesContext) -> Option<Delta> {
         let applied = self.applied.as_ref()?;
-        let desired = super::desired(model, &ctx);
+        let desired = super::desired_keeping(model, &ctx, &applied.shared.classes);
         let delta = partial_sync(applied, &desired);
         self.ctx = ctx;
         Some(self.pending_whole(desired, delta))
@@ -155,8 +172,13 @@ impl NftablesPlanner {
                 self.refs = element_refs(&rs);
                 self.applied = Some(rs);
             }
-            Pending::Ports(ports) => {
+            Pending::Ports(ports, shared) => {
                 if let Some(applied) = self.applied.as_mut() {
+                    if let Some(objects) = shared {
+                        count(&mut self.refs, &applied.shared, -1);
+                        count(&mut self.refs, &objects, 1);
+                        applied.shared = objects;
+                    }
                     for (spn, objects) in ports {
                         let old = match objects {
                             Some(o) => {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::json;
 
-use super::tests::{cluster_ip, deleted, eps, fake_ctx, model_with, no_node, port, repeated_events, step, svc};
+use super::tests::{cluster_ips, deleted, eps, fake_ctx, model_with, no_node, port, repeated_events, step, svc};
 use super::*;
 use crate::model::{NamespacedName, ServicePortName};
 use crate::net::Protocol;
@@ -73,13 +73,7 @@ fn the_planner_deletes_stale_chains_a_second_later_and_goes_full_after_a_failure
 /// (its service's chains), and the planner renders that service only.
 #[test]
 fn an_endpoint_change_costs_the_same_at_any_cluster_size() {
-    let mut events = vec![];
-    for i in 0..2000 {
-        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
-        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
-        events.push(eps("ns", &name, 80, &[no_node(&format!("10.1.{a}.{b}"))]));
-    }
-    let mut model = model_with(&events);
+    let mut model = cluster_ips(2000, 1);
     let mut p = NftablesPlanner::new(fake_ctx());
     let full = p.full(&model, fake_ctx(), &KernelObjects::default());
     assert!(full.tx.len() > 2000 * 10, "{}", full.tx.len());

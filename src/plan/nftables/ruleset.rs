@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::maps_names::PickClass;
 use crate::model::ServicePortName;
 pub use crate::msgs::nftables::nft_family;
 use crate::msgs::nftables::{BaseChain, Element, KeyPart, NftOp, Rule, SetSpec, Transaction};
@@ -56,13 +57,17 @@ impl SetElement {
     }
 }
 
-/// A group of objects: the top-level ones, or one service port's.
+/// A group of objects: the top-level ones, the shared ones, or one
+/// service port's.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Objects {
     pub chains: Vec<Chain>,
     pub sets: Vec<SetSpec>,
     /// Elements, of this group's sets or of the top-level maps.
     pub elements: Vec<SetElement>,
+    /// The `maps` ruleset: the endpoint classes a service port's elements
+    /// use, which the shared objects serve ([`super::maps::shared`]).
+    pub classes: Vec<PickClass>,
 }
 
 /// One family's desired `kube-proxy` table.
@@ -71,24 +76,32 @@ pub struct Ruleset {
     pub family: IpFamily,
     /// Base chains, top-level chains, sets and maps, `nodeport-ips` members.
     pub top: Objects,
+    /// The `maps` ruleset: the chains and sets of the endpoint classes
+    /// some service port uses (empty in upstream's).
+    pub shared: Objects,
     /// Each service port's chains, affinity sets, and its elements in the top-level maps.
     pub services: BTreeMap<ServicePortName, Objects>,
 }
 
 impl Ruleset {
+    /// Every group: the top level, the shared objects, each service port's.
+    pub fn groups(&self) -> impl Iterator<Item = &Objects> {
+        [&self.top, &self.shared].into_iter().chain(self.services.values())
+    }
+
     /// Every chain, top-level and per service port.
     pub fn chains(&self) -> impl Iterator<Item = &Chain> {
-        self.top.chains.iter().chain(self.services.values().flat_map(|o| o.chains.iter()))
+        self.groups().flat_map(|o| o.chains.iter())
     }
 
     /// Every set and map.
     pub fn sets(&self) -> impl Iterator<Item = &SetSpec> {
-        self.top.sets.iter().chain(self.services.values().flat_map(|o| o.sets.iter()))
+        self.groups().flat_map(|o| o.sets.iter())
     }
 
     /// Every element.
     pub fn elements(&self) -> impl Iterator<Item = &SetElement> {
-        self.top.elements.iter().chain(self.services.values().flat_map(|o| o.elements.iter()))
+        self.groups().flat_map(|o| o.elements.iter())
     }
 
     /// The whole table as one transaction in knftables' `Fake.Dump()`

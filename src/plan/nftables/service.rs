@@ -11,7 +11,7 @@ use super::ruleset::{Chain, Objects, SetElement};
 use crate::model::topology::categorize;
 use crate::model::{Endpoint, ServicePort};
 use crate::msgs::nftables::{
-    AnonSet, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
+    AnonSet, ElemValue, Element, Expr, FibKey, Field, KeyPart, KeyType, ListSep, Rule, SetFlag, SetSpec, Verdict,
 };
 use crate::net::{IpFamily, Protocol};
 
@@ -21,22 +21,22 @@ fn by_endpoint_string(mut eps: Vec<&Endpoint>) -> Vec<&Endpoint> {
     eps
 }
 
-/// Upstream's per-service decisions, computed once.
-struct Plan<'a> {
-    ctx: &'a NftablesContext,
-    sp: &'a ServicePort,
+/// Upstream's per-service decisions, computed once (both rulesets use them).
+pub(super) struct Plan<'a> {
+    pub ctx: &'a NftablesContext,
+    pub sp: &'a ServicePort,
     spn: String,
-    proto: Protocol,
+    pub proto: Protocol,
     family: IpFamily,
     chains: ServiceChains,
-    cluster: Vec<&'a Endpoint>,
-    local: Vec<&'a Endpoint>,
+    pub cluster: Vec<&'a Endpoint>,
+    pub local: Vec<&'a Endpoint>,
     reachable: Vec<&'a Endpoint>,
-    has_endpoints: bool,
-    has_internal: bool,
+    pub has_endpoints: bool,
+    pub has_internal: bool,
     has_external: bool,
     uses_external_chain: bool,
-    uses_fw: bool,
+    pub uses_fw: bool,
     internal_chain: String,
     external_policy_chain: String,
     /// The no-endpoint maps' verdict: reject without endpoints, drop
@@ -44,7 +44,7 @@ struct Plan<'a> {
     no_endpoints: Verdict,
 }
 
-fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpoint]) -> Plan<'a> {
+pub(super) fn plan<'a>(ctx: &'a NftablesContext, sp: &'a ServicePort, endpoints: &'a [Endpoint]) -> Plan<'a> {
     let cat = categorize(endpoints, sp, &ctx.node_name, &ctx.zone);
     let chains = ServiceChains::new(&sp.name);
     let has = cat.has_any;
@@ -82,7 +82,7 @@ pub fn no_local_endpoints(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[
 pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
     let p = plan(ctx, sp, endpoints);
     let mut out = Objects::default();
-    elements(&p, &mut out.elements);
+    elements(&p, true, &mut out.elements);
     if p.uses_fw {
         out.chains.push(firewall_chain(&p));
     }
@@ -110,51 +110,72 @@ pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoin
 }
 
 fn element(set: &str, key: Vec<KeyPart>, value: Verdict, comment: Option<&str>) -> SetElement {
-    SetElement { set: set.into(), element: Element { key, value: Some(value), comment: comment.map(str::to_string) } }
+    SetElement {
+        set: set.into(),
+        element: Element { key, value: Some(ElemValue::Verdict(value)), comment: comment.map(str::to_string) },
+    }
 }
 
-/// The port's elements in cluster-ips and the dispatch, no-endpoint and firewall maps.
-fn elements(p: &Plan, out: &mut Vec<SetElement>) {
+impl Plan<'_> {
+    /// The dispatch key of `ip`: `ip . proto . port`.
+    pub fn key(&self, ip: IpAddr) -> Vec<KeyPart> {
+        vec![KeyPart::Addr(ip), KeyPart::Proto(self.proto), KeyPart::Port(self.sp.port)]
+    }
+
+    /// The NodePort's key: `proto . node port`.
+    pub fn node_port_key(&self) -> Vec<KeyPart> {
+        vec![KeyPart::Proto(self.proto), KeyPart::Port(self.sp.node_port)]
+    }
+
+    /// The externalIPs, then the LoadBalancer IPs.
+    pub fn external_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.sp.external_ips.iter().chain(&self.sp.load_balancer_vips).copied()
+    }
+}
+
+/// The port's elements in cluster-ips and the no-endpoint and firewall maps,
+/// and with `dispatch` (upstream's ruleset) in the dispatch maps
+/// `service-ips` and `service-nodeports`.
+pub(super) fn elements(p: &Plan, dispatch: bool, out: &mut Vec<SetElement>) {
     let sp = p.sp;
-    let key = |ip: IpAddr| vec![KeyPart::Addr(ip), KeyPart::Proto(p.proto), KeyPart::Port(sp.port)];
     let comment = Some(p.spn.as_str());
     let no_endpoints = || p.no_endpoints.clone();
     let cluster_ip = Element::key(vec![KeyPart::Addr(sp.cluster_ip)]);
     out.push(SetElement { set: CLUSTER_IPS.into(), element: cluster_ip });
-    if p.has_internal {
-        out.push(element(SERVICE_IPS, key(sp.cluster_ip), Verdict::Goto(p.internal_chain.clone()), None));
-    } else {
-        out.push(element(NO_ENDPOINT_SERVICES, key(sp.cluster_ip), no_endpoints(), comment));
+    if !p.has_internal {
+        out.push(element(NO_ENDPOINT_SERVICES, p.key(sp.cluster_ip), no_endpoints(), comment));
+    } else if dispatch {
+        out.push(element(SERVICE_IPS, p.key(sp.cluster_ip), Verdict::Goto(p.internal_chain.clone()), None));
     }
     let external = Verdict::Goto(p.chains.external.clone());
+    let dispatched = |set: &str, key: Vec<KeyPart>| element(set, key, external.clone(), None);
     for ip in &sp.external_ips {
-        if p.has_endpoints {
-            out.push(element(SERVICE_IPS, key(*ip), external.clone(), None));
+        if p.has_endpoints && dispatch {
+            out.push(dispatched(SERVICE_IPS, p.key(*ip)));
         }
         if !p.has_external {
-            out.push(element(NO_ENDPOINT_SERVICES, key(*ip), no_endpoints(), comment));
+            out.push(element(NO_ENDPOINT_SERVICES, p.key(*ip), no_endpoints(), comment));
         }
     }
     for ip in &sp.load_balancer_vips {
-        if p.has_endpoints {
-            out.push(element(SERVICE_IPS, key(*ip), external.clone(), None));
+        if p.has_endpoints && dispatch {
+            out.push(dispatched(SERVICE_IPS, p.key(*ip)));
         }
         if p.uses_fw {
-            out.push(element(FIREWALL_IPS, key(*ip), Verdict::Goto(p.chains.firewall.clone()), None));
+            out.push(element(FIREWALL_IPS, p.key(*ip), Verdict::Goto(p.chains.firewall.clone()), None));
         }
     }
     if !p.has_external {
         for ip in &sp.load_balancer_vips {
-            out.push(element(NO_ENDPOINT_SERVICES, key(*ip), no_endpoints(), comment));
+            out.push(element(NO_ENDPOINT_SERVICES, p.key(*ip), no_endpoints(), comment));
         }
     }
     if sp.node_port != 0 {
-        let np = vec![KeyPart::Proto(p.proto), KeyPart::Port(sp.node_port)];
-        if p.has_endpoints {
-            out.push(element(SERVICE_NODEPORTS, np.clone(), external, None));
+        if p.has_endpoints && dispatch {
+            out.push(dispatched(SERVICE_NODEPORTS, p.node_port_key()));
         }
         if !p.has_external {
-            out.push(element(NO_ENDPOINT_NODEPORTS, np, no_endpoints(), comment));
+            out.push(element(NO_ENDPOINT_NODEPORTS, p.node_port_key(), no_endpoints(), comment));
         }
     }
 }
@@ -229,7 +250,7 @@ fn external_chain(p: &Plan) -> Chain {
 
 /// The `firewall-…` chain for loadBalancerSourceRanges; without a range
 /// (fail closed, see `ServicePort::source_ranges_fail_closed`) it drops all.
-fn firewall_chain(p: &Plan) -> Chain {
+pub(super) fn firewall_chain(p: &Plan) -> Chain {
     let ranges = &p.sp.load_balancer_source_ranges;
     let mut items: Vec<KeyPart> = ranges.iter().map(|c| KeyPart::Net(*c)).collect();
     let from_node = p.ctx.node_ip.is_some_and(|ip| ranges.iter().any(|c| c.contains(&ip)));
@@ -250,7 +271,7 @@ fn endpoint_chain(p: &Plan, ep: &Endpoint, name: String, affinity: &str) -> Chai
     let saddr = Field::Saddr(p.family);
     let mut rules = vec![Rule::new(vec![addr_is(saddr, ep.ip), jump(MARK_MASQ)])];
     if p.sp.affinity_timeout.is_some() {
-        rules.push(Rule::new(vec![Expr::Update { set: affinity.to_string(), key: saddr }]));
+        rules.push(Rule::new(vec![Expr::Update { set: affinity.to_string(), key: vec![saddr] }]));
     }
     let proto = Expr::Cmp { field: Field::L4proto, neq: false, value: KeyPart::Proto(p.proto) };
     rules.push(Rule::new(vec![proto, Expr::Dnat(SocketAddr::new(ep.ip, ep.port))]));

@@ -28,6 +28,7 @@ fn ip(s: &str) -> IpAddr {
 pub(crate) fn fake_ctx() -> NftablesContext {
     NftablesContext {
         family: IpFamily::V4,
+        ruleset: NftRuleset::Upstream,
         node_name: NODE.into(),
         zone: String::new(),
         node_ip: Some(ip("192.168.0.2")),
@@ -48,6 +49,19 @@ pub(crate) fn model_with(events: &[SourceEvent]) -> Model {
     }
     m.apply();
     m
+}
+
+/// `n` ClusterIP Services `ns/svc<i>` on 172.30.<i/250>.<i%250>:80, each
+/// with `endpoints` endpoints 10.<k+1>.<i/250>.<i%250> on no node.
+pub(super) fn cluster_ips(n: usize, endpoints: usize) -> Model {
+    let mut events = vec![];
+    for i in 0..n {
+        let (name, (a, b)) = (format!("svc{i}"), (i / 250, i % 250));
+        events.push(cluster_ip("ns", &name, &format!("172.30.{a}.{b}"), 80));
+        let eps_of: Vec<Ep> = (1..=endpoints).map(|k| no_node(&format!("10.{k}.{a}.{b}"))).collect();
+        events.push(eps("ns", &name, 80, &eps_of));
+    }
+    model_with(&events)
 }
 
 /// A Service from its spec (and optional status); ports are named p<port>.

@@ -3,16 +3,19 @@
 //! knftables' fake (helpers_test.go's tracePacket): it runs
 //! `filter-prerouting-pre-dnat`, then `nat-prerouting` (a DNAT there
 //! changes the destination the later chains see), then `filter-forward`
-//! and `filter-input`; every verdict of a `numgen` vmap is followed, so the
-//! output lists all reachable endpoints; a packet leaving with a mark set
-//! (`mark-for-masquerade`) is masqueraded; dynamic (affinity) sets are
-//! empty; the connection is new.
+//! and `filter-input`; every verdict of a `numgen` vmap and every slot a
+//! `numgen` picks in a DNAT map is followed, so the output lists all
+//! reachable endpoints; a DNATed packet then runs `nat-postrouting` towards
+//! each endpoint (the connection's status says DNAT there) and is
+//! masqueraded if it reaches `masquerade`; a packet not DNATed is
+//! masqueraded when it leaves with a mark set (`mark-for-masquerade`);
+//! dynamic (affinity) sets are empty; the connection is new.
 
 use std::net::{IpAddr, SocketAddr};
 
 use super::names;
 use crate::kernel::mem::MemTable;
-use crate::msgs::nftables::{Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
+use crate::msgs::nftables::{ElemValue, Expr, FibKey, Field, KeyPart, MarkOp, Rule, Verdict};
 use crate::net::Protocol;
 
 /// A connection's first packet.
@@ -47,13 +50,17 @@ struct Tracer<'a> {
     node_ips: &'a [IpAddr],
     outputs: Vec<Output>,
     mark: u32,
+    /// The connection's destination was translated (in `nat-postrouting`).
+    dnat: bool,
+    /// The packet reached `masquerade`.
+    masqueraded: bool,
 }
 
 /// Upstream's tracePacket: the destinations (endpoints, `DROP`, `REJECT`)
 /// joined by `, `, and whether the packet is masqueraded. `node_ips` are
 /// the node's addresses (`fib ... type local`).
 pub fn trace(table: &MemTable, node_ips: &[IpAddr], packet: Packet) -> (String, bool) {
-    let mut t = Tracer { table, node_ips, outputs: vec![], mark: 0 };
+    let mut t = Tracer { table, node_ips, outputs: vec![], mark: 0, dnat: false, masqueraded: false };
     let mut p = packet;
     if !t.run(names::FILTER_PREROUTING_PRE_DNAT, &p) {
         t.run(names::NAT_PREROUTING, &p);
@@ -64,6 +71,21 @@ pub fn trace(table: &MemTable, node_ips: &[IpAddr], packet: Packet) -> (String, 
             t.run(names::FILTER_INPUT, &p);
         }
     }
+    let endpoints: Vec<SocketAddr> =
+        t.outputs.iter().filter_map(|o| if let Output::Dnat(to) = o { Some(*to) } else { None }).collect();
+    let masqueraded = match endpoints.is_empty() {
+        true => t.mark != 0,
+        false => {
+            let (mark, outputs) = (t.mark, std::mem::take(&mut t.outputs));
+            t.dnat = true;
+            for to in endpoints {
+                t.mark = mark;
+                t.run(names::NAT_POSTROUTING, &Packet { dst: to.ip(), port: to.port(), ..packet });
+            }
+            t.outputs = outputs;
+            t.masqueraded
+        }
+    };
     let outputs: Vec<String> = t
         .outputs
         .iter()
@@ -73,7 +95,7 @@ pub fn trace(table: &MemTable, node_ips: &[IpAddr], packet: Packet) -> (String, 
             Output::Reject => "REJECT".into(),
         })
         .collect();
-    (outputs.join(", "), t.mark != 0)
+    (outputs.join(", "), masqueraded)
 }
 
 impl Tracer<'_> {
@@ -109,13 +131,23 @@ impl Tracer<'_> {
                     }
                 }
                 Expr::Lookup { key, set } => {
-                    if self.element(set, key, p).is_none() {
+                    if self.elements(set, key, p).is_empty() {
                         return Step::Next;
                     }
                 }
                 Expr::Vmap { key, map } => {
-                    let Some(v) = self.element(map, key, p).and_then(|e| e.value.clone()) else { return Step::Next };
+                    let found = self.elements(map, key, p).first().and_then(|e| e.value.clone());
+                    let Some(ElemValue::Verdict(v)) = found else { return Step::Next };
                     return self.verdict(&v, p);
+                }
+                Expr::DnatMap { key, map, .. } => {
+                    let targets: Vec<SocketAddr> =
+                        self.elements(map, key, p).iter().filter_map(|e| dnat_target(e.value.as_ref())).collect();
+                    if targets.is_empty() {
+                        return Step::Next;
+                    }
+                    self.outputs.extend(targets.into_iter().map(Output::Dnat));
+                    return Step::Terminal;
                 }
                 Expr::NumgenVmap(verdicts) => {
                     for v in verdicts {
@@ -124,6 +156,11 @@ impl Tracer<'_> {
                     return Step::Terminal;
                 }
                 Expr::CtState(_) => {}
+                Expr::CtStatus(_) => {
+                    if !self.dnat {
+                        return Step::Next;
+                    }
+                }
                 Expr::FibLocal(key) => {
                     let addr = if *key == FibKey::Saddr { p.src } else { p.dst };
                     if !self.node_ips.contains(&addr) {
@@ -143,7 +180,10 @@ impl Tracer<'_> {
                     self.outputs.push(Output::Dnat(*to));
                     return Step::Terminal;
                 }
-                Expr::Masquerade { .. } => return Step::Terminal,
+                Expr::Masquerade { .. } => {
+                    self.masqueraded = true;
+                    return Step::Terminal;
+                }
                 Expr::Reject => {
                     self.outputs.push(Output::Reject);
                     return Step::Terminal;
@@ -170,21 +210,46 @@ impl Tracer<'_> {
         }
     }
 
-    /// The element of `set` whose key is the packet's `key` fields.
-    fn element(&self, set: &str, key: &[Field], p: &Packet) -> Option<&crate::msgs::nftables::Element> {
+    /// The elements of `set` whose key is the packet's `key` fields: one at
+    /// most, or one per value a `numgen` in the key can take.
+    fn elements(&self, set: &str, key: &[Field], p: &Packet) -> Vec<&crate::msgs::nftables::Element> {
         let s = self.table.sets.get(set).unwrap_or_else(|| panic!("no set {set} in the table"));
-        let want: Vec<KeyPart> = key.iter().map(|f| field(f, p)).collect();
-        s.elements.get(&want)
+        let mut keys: Vec<Vec<KeyPart>> = vec![vec![]];
+        for f in key {
+            let values = field_values(f, p);
+            keys = keys.into_iter().flat_map(|k| values.iter().map(move |v| [k.clone(), vec![*v]].concat())).collect();
+        }
+        keys.iter().filter_map(|k| s.elements.get(k)).collect()
     }
 }
 
-/// The packet's value of `f`, as a key part.
+/// A data map element's address and port.
+fn dnat_target(value: Option<&ElemValue>) -> Option<SocketAddr> {
+    match value {
+        Some(ElemValue::Data(d)) => match d[..] {
+            [KeyPart::Addr(ip), KeyPart::Port(port)] => Some(SocketAddr::new(ip, port)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The packet's values of `f`, as key parts: one, or every number a `numgen` yields.
+fn field_values(f: &Field, p: &Packet) -> Vec<KeyPart> {
+    match f {
+        Field::Numgen { modulus, offset } => (*offset..offset + modulus).map(KeyPart::Slot).collect(),
+        f => vec![field(f, p)],
+    }
+}
+
+/// The packet's value of `f`, as a key part (a `numgen`: its first number).
 fn field(f: &Field, p: &Packet) -> KeyPart {
     match f {
         Field::Saddr(_) => KeyPart::Addr(p.src),
         Field::Daddr(_) => KeyPart::Addr(p.dst),
         Field::L4proto => KeyPart::Proto(p.proto),
         Field::Dport => KeyPart::Port(p.port),
+        Field::Numgen { offset, .. } => KeyPart::Slot(*offset),
     }
 }
 

@@ -17,9 +17,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::base::nodeport_ips_set;
-use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS};
+use super::maps_names::{is_maps_map, is_maps_object};
+use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS, SERVICE_IPS, SERVICE_NODEPORTS};
 use super::ruleset::{Chain, Objects, Ruleset, SetElement};
-use crate::msgs::nftables::{push, KeyPart, NftOp, Transaction};
+use crate::msgs::nftables::{push, KeyPart, NftOp, SetFlag, SetSpec, Transaction};
 use crate::net::IpFamily;
 
 /// A transaction and the chains it flushed because nothing uses them any
@@ -74,12 +75,28 @@ impl Ops {
     }
 }
 
+/// Chains a full sync flushes (and deletes later) when the desired table
+/// has not got them: per-service chains, and the `maps` ruleset's chains
+/// (after a switch to upstream's, or classes the cluster does not use).
+fn owned_chain(name: &str) -> bool {
+    is_service_chain(name) || is_maps_object(name)
+}
+
+/// Sets and maps a full sync deletes when the desired table has not got
+/// them: affinity sets, the `maps` ruleset's sets, and the dispatch maps
+/// only upstream's ruleset uses.
+fn owned_set(name: &str) -> bool {
+    is_affinity_set(name) || is_maps_object(name) || name == SERVICE_IPS || name == SERVICE_NODEPORTS
+}
+
 /// A full sync of `new` over a kernel holding `kernel` (upstream's sync with
-/// needFullSync): the table, every set and map (reset), every chain
-/// (add + flush) and rule, every element; per-service chains in the kernel
-/// that `new` does not use are flushed (stale), affinity sets it does not
-/// use deleted. `recreate_base` adds and deletes the base chains first, so
-/// a changed hook or priority takes (upstream does so once per process).
+/// needFullSync): the table, every set and map (reset, but for dynamic sets
+/// the packet path fills), every chain (add + flush) and rule, every
+/// element; per-service chains and the other ruleset's chains in the kernel
+/// that `new` does not use are flushed (stale), affinity sets and the other
+/// ruleset's sets it does not use deleted. `recreate_base` adds and deletes
+/// the base chains first, so a changed hook or priority takes (upstream
+/// does so once per process).
 pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> Delta {
     let mut head = vec![NftOp::add_table()];
     if recreate_base {
@@ -92,13 +109,14 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
     for s in new.sets() {
         ops.sets.push(NftOp::AddSet(s.clone()));
     }
-    for s in &new.top.sets {
+    let dynamic = |s: &SetSpec| s.flags.contains(&SetFlag::Dynamic);
+    for s in new.top.sets.iter().chain(&new.shared.sets).filter(|s| !dynamic(s)) {
         ops.sets.push(NftOp::FlushSet { name: s.name.clone(), map: s.is_map() });
     }
     new.chains().for_each(|c| ops.rewrite(c));
     let active: BTreeSet<&str> = new.chains().map(|c| c.name.as_str()).collect();
     let stale: Vec<String> =
-        kernel.chains.iter().filter(|c| is_service_chain(c) && !active.contains(c.as_str())).cloned().collect();
+        kernel.chains.iter().filter(|c| owned_chain(c) && !active.contains(c.as_str())).cloned().collect();
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
     let mut seen: BTreeSet<(String, Vec<KeyPart>)> = BTreeSet::new();
     for e in new.elements().filter(|e| seen.insert(e.id())) {
@@ -110,8 +128,9 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
         ops.set_deletes.push(NftOp::DeleteSet { name: NODEPORT_IPS.into(), map: false });
     }
     let sets: BTreeSet<&str> = new.sets().map(|s| s.name.as_str()).collect();
-    for s in kernel.sets.iter().filter(|s| is_affinity_set(s) && !sets.contains(s.as_str())) {
-        ops.set_deletes.push(NftOp::DeleteSet { name: s.clone(), map: false });
+    for s in kernel.sets.iter().filter(|s| owned_set(s) && !sets.contains(s.as_str())) {
+        let map = s == SERVICE_IPS || s == SERVICE_NODEPORTS || is_maps_map(s);
+        ops.set_deletes.push(NftOp::DeleteSet { name: s.clone(), map });
     }
     Delta { tx: ops.into_tx(new.family, head), stale_chains: stale }
 }
@@ -140,6 +159,10 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
     if old.top != new.top {
         pairs.push((&old.top, &new.top));
     }
+    let shared = changed_parts(&old.shared, &new.shared);
+    if shared.0 != shared.1 {
+        pairs.push((&shared.0, &shared.1));
+    }
     let names: BTreeSet<_> = old.services.keys().chain(new.services.keys()).collect();
     for spn in names {
         let (o, n) = (old.services.get(spn).unwrap_or(&empty), new.services.get(spn).unwrap_or(&empty));
@@ -148,6 +171,22 @@ pub fn partial_sync(old: &Ruleset, new: &Ruleset) -> Delta {
         }
     }
     groups_sync(new.family, pairs, &element_refs(old))
+}
+
+/// The parts of a group that differ, as a pair for [`groups_sync`]: `old`'s
+/// chains, sets and elements that `new` has not as they are, and `new`'s
+/// that `old` has not. A chain that changed is in both (rewritten); one
+/// equal in both is in neither, so it is not written again (the shared
+/// objects of the `maps` ruleset: a rule that reads an endpoints map costs
+/// the kernel a walk of the map each time it is added).
+pub fn changed_parts(old: &Objects, new: &Objects) -> (Objects, Objects) {
+    let only = |a: &Objects, b: &Objects| Objects {
+        chains: a.chains.iter().filter(|c| !b.chains.contains(c)).cloned().collect(),
+        sets: a.sets.iter().filter(|s| !b.sets.contains(s)).cloned().collect(),
+        elements: a.elements.iter().filter(|e| !b.elements.contains(e)).cloned().collect(),
+        classes: vec![],
+    };
+    (only(old, new), only(new, old))
 }
 
 /// The transaction taking each group from its old to its new objects (an

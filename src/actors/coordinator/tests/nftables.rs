@@ -12,7 +12,7 @@ use crate::kernel::mem::MemTable;
 use crate::model::Model;
 use crate::msgs::nftables::{KeyType, NftOp, SetSpec, TABLE};
 use crate::plan::local::LocalDetector;
-use crate::plan::nftables::{desired, nftables_context, NftablesSettings};
+use crate::plan::nftables::{desired, nftables_context, NftRuleset, NftablesSettings};
 
 const V4: IpFamily = IpFamily::V4;
 
@@ -27,6 +27,7 @@ fn node_a_context() -> NftContextBuilder {
     Box::new(|node, cidrs, addrs| {
         let settings = NftablesSettings {
             family: V4,
+            ruleset: NftRuleset::Upstream,
             node_name: "node-a".into(),
             masquerade_all: false,
             masquerade_bit: 14,

@@ -3,7 +3,8 @@
 //! same services sent to the coordinator, synced by the planner and the
 //! nftables actor into the in-memory nf_tables, and the same packets traced
 //! ([`crate::plan::nftables::trace`]) through what that kernel then holds,
-//! with the same expected destinations and masquerading.
+//! with the same expected destinations and masquerading. Every test runs
+//! against both rulesets (upstream's and `maps`).
 
 use std::net::IpAddr;
 
@@ -17,7 +18,7 @@ use crate::net::Protocol;
 use crate::plan::local::LocalDetector;
 use crate::plan::nftables::tests::{eps, fake_ctx, no_node, svc};
 use crate::plan::nftables::trace::{trace, Packet};
-use crate::plan::nftables::{NftablesContext, NodePorts};
+use crate::plan::nftables::{NftRuleset, NftablesContext, NodePorts};
 
 /// Upstream's testNodeIPs (IPv4 ones).
 const NODE_IPS: [&str; 3] = ["192.168.0.2", "192.168.1.2", "192.168.99.11"];
@@ -25,9 +26,17 @@ const NODE: &str = "test-node";
 const EXTERNAL_CLIENT: &str = "203.0.113.2";
 const EXTERNAL_CLIENT_BLOCKED: &str = "203.0.113.130";
 
-/// The table the in-memory kernel holds once the coordinator synced
-/// `events` on node `test-node` with the planner's context `ctx`.
-fn synced_table(ctx: NftablesContext, events: &[SourceEvent]) -> MemTable {
+/// The tables the in-memory kernel holds once the coordinator synced
+/// `events` on node `test-node` with the planner's context `ctx`, in each
+/// ruleset.
+fn synced_table(ctx: NftablesContext, events: &[SourceEvent]) -> Vec<(NftRuleset, MemTable)> {
+    NftRuleset::ALL
+        .into_iter()
+        .map(|ruleset| (ruleset, synced_in(NftablesContext { ruleset, ..ctx.clone() }, events)))
+        .collect()
+}
+
+fn synced_in(ctx: NftablesContext, events: &[SourceEvent]) -> MemTable {
     let mut all = synced();
     all.extend(events.iter().cloned());
     let sys = actix_rt::System::with_tokio_rt(|| {
@@ -54,12 +63,18 @@ fn listing(table: &MemTable) -> String {
 /// (name, source, protocol, destination, port, output, masqueraded).
 type Flow<'a> = (&'a str, &'a str, &'a str, &'a str, u16, &'a str, bool);
 
-fn run_flows(table: &MemTable, flows: &[Flow]) {
-    run_case("", table, flows);
+fn run_flows(tables: &[(NftRuleset, MemTable)], flows: &[Flow]) {
+    run_case("", tables, flows);
 }
 
 /// [`run_flows`] for one of a test's cases, named in failures.
-fn run_case(case: &str, table: &MemTable, flows: &[Flow]) {
+fn run_case(case: &str, tables: &[(NftRuleset, MemTable)], flows: &[Flow]) {
+    for (ruleset, table) in tables {
+        run_in(&format!("{ruleset} ruleset:{case}"), table, flows);
+    }
+}
+
+fn run_in(case: &str, table: &MemTable, flows: &[Flow]) {
     let node_ips: Vec<IpAddr> = NODE_IPS.iter().map(|ip| ip.parse().expect("node IP")).collect();
     let mut failed = vec![];
     for (name, src, proto, dst, port, want, masq) in flows {
