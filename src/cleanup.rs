@@ -17,14 +17,14 @@ use crate::kernel::link::DummyLink;
 use crate::kernel::netlink::Errno;
 use crate::kernel::nftables::{NetlinkNftables, NftOp, TransactionError};
 use crate::kernel::KernelError;
+use crate::msgs::{IpvsOp, VsKey};
+use crate::net::ip_family_label;
 use crate::net::IpFamily;
 use crate::plan::iptables::PROFILE as IPTABLES_PROFILE;
 use crate::plan::ipvs::rules::PROFILE as IPVS_PROFILE;
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
-use crate::msgs::{IpvsOp, VsKey};
-use crate::net::ip_family_label;
 use crate::plan::switch::{drain_round, switch_steps, DrainRound, Found, SwitchStep};
 use crate::stats::{unix_ms, StatsRegistry, SwitchDrain};
 
@@ -168,7 +168,12 @@ impl SwitchPolicy {
 /// there, so a plain restart touches nothing; what cannot be removed is
 /// logged. Nothing goes when `first_sync` ends without a sync (the daemon
 /// stopped first).
-pub async fn switch_modes(mode: ProxyMode, family: IpFamily, first_sync: impl Future<Output = bool>, policy: SwitchPolicy) {
+pub async fn switch_modes(
+    mode: ProxyMode,
+    family: IpFamily,
+    first_sync: impl Future<Output = bool>,
+    policy: SwitchPolicy,
+) {
     let steps = switch_steps(mode, find_other_modes(mode, family).await, policy.drain_timeout);
     for step in &steps {
         tracing::info!(family = ?family, %step, "switching proxy mode");

@@ -23,11 +23,9 @@ const SERIES: [Series; 3] = [
         "Connections IPVS still tracks through the earlier mode's draining virtual servers.",
         |d| d.connections,
     ),
-    (
-        "kube_proxy_rs_mode_switch_remaining_virtual_servers",
-        "The earlier mode's virtual servers left to drain.",
-        |d| u64::try_from(d.virtual_servers).unwrap_or(u64::MAX),
-    ),
+    ("kube_proxy_rs_mode_switch_remaining_virtual_servers", "The earlier mode's virtual servers left to drain.", |d| {
+        u64::try_from(d.virtual_servers).unwrap_or(u64::MAX)
+    }),
 ];
 
 #[derive(Debug)]

@@ -66,7 +66,10 @@ impl fmt::Display for SwitchStep {
                 }
             }
             SwitchStep::DrainIpvs { timeout } => {
-                write!(f, "then: drain IPVS mode's virtual servers, each removed when IPVS has no connection through it")?;
+                write!(
+                    f,
+                    "then: drain IPVS mode's virtual servers, each removed when IPVS has no connection through it"
+                )?;
                 match timeout {
                     Some(t) => write!(f, ", all after {}", GoDuration::from(*t))?,
                     None => write!(f, ", with no time limit")?,
@@ -135,12 +138,15 @@ impl DrainRound {
     }
 }
 
+/// A virtual server with the connections IPVS tracks through it.
+type Draining = (VsKey, u64);
+
 /// A round of the drain over `servers` (each virtual server with the
 /// connections IPVS tracks through it: its real servers' active and
 /// inactive counts), `elapsed` into a drain limited to `timeout`.
 pub fn drain_round(servers: &[(VsKey, u64)], elapsed: Duration, timeout: Option<Duration>) -> DrainRound {
     let expired = timeout.is_some_and(|t| elapsed >= t);
-    let (delete, keep): (Vec<&(VsKey, u64)>, Vec<&(VsKey, u64)>) =
+    let (delete, keep): (Vec<&Draining>, Vec<&Draining>) =
         servers.iter().partition(|(_, connections)| expired || *connections == 0);
     DrainRound {
         remaining_servers: keep.len(),

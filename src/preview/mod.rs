@@ -46,12 +46,12 @@ use crate::kernel::link::DummyLink;
 use crate::kernel::tool;
 use crate::kernel::LinkKernel;
 use crate::msgs::link::DUMMY_LINK;
+use crate::msgs::VsKey;
 use crate::msgs::{IpvsOp, ReconcileConntrack};
 use crate::net::{IpFamily, Protocol};
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
-use crate::msgs::VsKey;
 use crate::plan::switch::{drain_round, switch_steps, SwitchStep};
 use crate::settings::FamilySettings;
 
