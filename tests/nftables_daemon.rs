@@ -793,7 +793,8 @@ fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state(ru
     assert!(log.contains("removing what the node's earlier proxy mode left"), "{log}");
 }
 
-/// A switch between iptables and nftables mode, both ways, on a
+/// A switch between iptables and nftables mode, both ways and with each
+/// nftables ruleset (upstream's, then maps), on a
 /// dual-stack node, as a DaemonSet rollout after a ConfigMap change does
 /// (the daemon stopped, started again in the other mode): a client holding
 /// an established TCP flow and a UDP flow through each family's ClusterIP,
@@ -832,7 +833,14 @@ fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
     let probes: Vec<Probes> = ADDRS.iter().map(|to| Probes::start(&lab.client, to, DROP_WAIT)).collect();
     let mut logs = vec![daemon.stop()];
 
-    for (mode, gone) in [("nftables", "iptables mode's chains"), ("iptables", "nftables mode's tables")] {
+    let (to_iptables, to_nftables) = ("nftables mode's tables", "iptables mode's chains");
+    for (mode, ruleset, gone) in [
+        ("nftables", NftRuleset::Upstream, to_nftables),
+        ("iptables", NftRuleset::Upstream, to_iptables),
+        ("nftables", NftRuleset::Maps, to_nftables),
+        ("iptables", NftRuleset::Maps, to_iptables),
+    ] {
+        lab.ruleset = ruleset;
         lab.config(mode, "30s");
         let daemon = lab.start_synced();
         lab.wait_gone(gone, |lab| match mode {
@@ -840,8 +848,12 @@ fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
             _ => lab.tables().contains("kube-proxy"),
         });
         for ((tcp, udp), (t, u)) in flows.iter_mut().zip(&first) {
-            assert_eq!(tcp.exchange().as_ref(), Ok(t), "the TCP flow after the switch to {mode} mode");
-            assert_eq!(lab::udp_exchange(udp).as_ref(), Ok(u), "the UDP flow after the switch to {mode} mode");
+            assert_eq!(tcp.exchange().as_ref(), Ok(t), "the TCP flow after the switch to {mode} mode ({ruleset})");
+            assert_eq!(
+                lab::udp_exchange(udp).as_ref(),
+                Ok(u),
+                "the UDP flow after the switch to {mode} mode ({ruleset})"
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
         logs.push(daemon.stop());
@@ -852,10 +864,9 @@ fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
         assert!(failed.is_empty(), "{to}: {} of {} probes failed: {failed:?}", failed.len(), probes.len());
         assert!(probes.len() > 50, "{to}: {} probes", probes.len());
     }
-    for (log, step) in logs[1..].iter().zip([
-        "then: remove iptables mode's iptables jumps and chains",
-        "then: delete nftables mode's kube-proxy table",
-    ]) {
+    let (chains, table) =
+        ("then: remove iptables mode's iptables jumps and chains", "then: delete nftables mode's kube-proxy table");
+    for (log, step) in logs[1..].iter().zip([chains, table, chains, table]) {
         assert!(log.contains("first: ") && log.contains(step), "{step}: {log}");
     }
 }
