@@ -31,6 +31,7 @@ _kprs_install_deps() (
     procps              # sysctl, kill (deploy/demo/netns.sh and the tests that stop the daemon)
     curl                # the demo's documented metrics request (tests/docs.rs runs it)
     binutils            # strip --strip-debug for binaries copied into the guest
+    gcc make libc6-dev  # the linker, and jemalloc's build (tikv-jemalloc-sys runs configure + make)
     chromium chromium-driver   # headless browser + WebDriver for tests/dashboard.rs
     # The container image (deploy/image/build.sh) and tests/image.rs: a root
     # filesystem from Debian's packages, the image, rootful podman running

@@ -250,6 +250,18 @@ mod tests {
     }
 
     #[test]
+    fn ipvs_dry_run_inserts_the_jumps_to_its_chains_as_on_an_empty_kernel() {
+        use crate::fixtures::{applied_service, service};
+        let s = settings::derive(&cfg(), IpFamily::V4, "node-a", HostFeatures::default());
+        let events = [applied_service(service("default", "web", "10.96.0.21", &[("http", "TCP", 80, 0)]))];
+        let text = render::<IpvsDataplane>(&s, &events, &[]);
+        let profile = &crate::plan::ipvs::rules::PROFILE;
+        for jump in profile.jumps.iter().chain(profile.kept_jumps) {
+            assert!(text.contains(&jump.insert_line()), "{}: {text}", jump.insert_line());
+        }
+    }
+
+    #[test]
     fn dry_run_prints_a_services_own_scheduler_in_ipvsadm_syntax() {
         use crate::fixtures::{annotated, applied_service, service};
         use crate::model::scheduler::{ANNOTATION_SCHEDULER, ANNOTATION_SCHEDULER_FLAGS};

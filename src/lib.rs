@@ -10,6 +10,7 @@ pub mod dry_run;
 #[cfg(any(test, feature = "testkit"))]
 pub mod fixtures;
 pub mod health;
+pub mod heap;
 pub mod http;
 pub mod instance;
 pub mod kernel;

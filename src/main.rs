@@ -11,6 +11,10 @@ use kube_proxy_rs::dry_run::{self, DryRunError};
 use kube_proxy_rs::startup::{self, process, Exit, Purpose, Source, StartError};
 use kube_proxy_rs::{http, logging};
 
+/// jemalloc for every thread (src/heap.rs).
+#[global_allocator]
+static ALLOCATOR: kube_proxy_rs::heap::Allocator = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let started = std::time::SystemTime::now();
     let flags = Flags::from_env();

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::apiserver::ApiServer;
+use common::vm::VmRun;
 use kube_proxy_rs::fixtures::{ep, from_json, node, service, slice};
 
 const TEST: &str = "daemon_follows_the_api_server_on_a_real_kernel";
@@ -24,26 +25,7 @@ fn daemon_follows_the_api_server_on_a_real_kernel() {
         guest();
         return;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let me = std::env::current_exe().expect("test binary path");
-    let log = std::env::temp_dir().join(format!("kpr-vm-kube-{}.log", std::process::id()));
-    let out = Command::new(format!("{root}/tests/vm/run-vm-test.sh"))
-        .args(["--quiet", "--timeout", "600", "--mem", "768", "--bin", env!("CARGO_BIN_EXE_kube-proxy-rs")])
-        .arg("--log")
-        .arg(&log)
-        .arg("--exec")
-        .arg(&me)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-        .output()
-        .expect("run tests/vm/run-vm-test.sh (is qemu installed? run .ci/install-deps.sh)");
-    let console = std::fs::read_to_string(&log).unwrap_or_default();
-    let tail: Vec<&str> = console.lines().rev().take(60).collect();
-    assert!(
-        out.status.success(),
-        "the test failed in the VM (exit {:?}); console tail:\n{}",
-        out.status.code(),
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    );
+    VmRun::this_test(TEST, 600, 1, 768, &[]).assert_passed();
 }
 
 fn ipvs() -> String {

@@ -1,6 +1,7 @@
 //! `kpr-bench daemon`: the real daemon binary on a generated cluster, as an
-//! operator runs it. The cluster is written as manifest files (one
-//! `kind: List` file per 500 objects, plus the Node), or served by the test
+//! operator runs it. The cluster is written as manifest files ([`Layout`]:
+//! one `kind: List` file per 500 objects, one `kind: List` file of them all,
+//! or one file per object), or served by the test
 //! API server inside the daemon's namespace (`--source api`: the daemon's
 //! kube-rs watchers list and watch it through `--master`); the daemon runs in
 //! iptables mode (or IPVS mode, in the VM) inside a network namespace of its own (`ip netns exec`,
@@ -17,7 +18,8 @@
 //! - CPU of the daemon and its children (iptables-restore, iptables-save;
 //!   `/proc/PID/stat` utime+stime+cutime+cstime) while nothing changes, over
 //!   `idle` seconds after the first sync;
-//! - peak RSS (VmHWM) of the daemon at the end.
+//! - RSS (VmRSS) of the daemon 60 s after the first sync, and its peak RSS
+//!   (VmHWM) at the end.
 //!
 //! Needs root and the iptables tools of the chosen flavour.
 
@@ -46,6 +48,10 @@ pub struct Options {
     pub idle: Duration,
     /// The cluster's dual-stack twin ([`super::dual`]).
     pub dual_stack: bool,
+    /// With `dual_stack`: every this many-th Service is dual-stack (1: all).
+    pub dual_every: usize,
+    /// How the manifest files hold the objects.
+    pub layout: Layout,
     /// The config's syncPeriod.
     pub sync_period: Duration,
     /// Serve the cluster from the test API server (inside the daemon's
@@ -61,6 +67,40 @@ pub struct Options {
     pub tool: bool,
 }
 
+/// How the manifest files hold the cluster's objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One `kind: List` file per 500 objects.
+    Lists,
+    /// One `kind: List` file of every object.
+    OneFile,
+    /// One file per object.
+    PerObject,
+}
+
+impl Layout {
+    /// The name `--layout` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Lists => "lists",
+            Layout::OneFile => "one-file",
+            Layout::PerObject => "per-object",
+        }
+    }
+
+    /// The layout named `name`.
+    pub fn named(name: &str) -> Option<Layout> {
+        [Layout::Lists, Layout::OneFile, Layout::PerObject].into_iter().find(|l| l.name() == name)
+    }
+}
+
+/// The figure [`run_daemon`] reports as the peak RSS.
+pub const PEAK_RSS: &str = "peak RSS (VmHWM) of the daemon";
+/// The figure [`run_daemon`] reports as the RSS a minute after the first sync.
+pub const RSS_AFTER: &str = "RSS (VmRSS) of the daemon 60 s after the first sync";
+/// The figure [`run_daemon`] reports as the time to the first sync.
+pub const FIRST_SYNC: &str = "start → first sync finished (every family)";
+
 /// One figure.
 #[derive(Debug, Clone)]
 pub struct Figure {
@@ -70,10 +110,10 @@ pub struct Figure {
 }
 
 /// A network namespace, deleted on drop.
-struct Netns(String);
+pub(crate) struct Netns(pub(crate) String);
 
 impl Netns {
-    fn new(name: String) -> anyhow::Result<Netns> {
+    pub(crate) fn new(name: String) -> anyhow::Result<Netns> {
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         run("ip", &["netns", "add", &name])?;
         let ns = Netns(name);
@@ -81,7 +121,7 @@ impl Netns {
         Ok(ns)
     }
 
-    fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub(crate) fn exec(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut all = vec!["netns", "exec", &self.0];
         all.extend_from_slice(args);
         run("ip", &all)
@@ -116,6 +156,28 @@ impl Drop for Netns {
     }
 }
 
+/// Makes `dir` hold `iptables`, `ip6tables` and their `-save` and
+/// `-restore` as links to `flavour`'s tools (`legacy` or `nft`, found on
+/// PATH or in /usr/sbin), for a daemon whose PATH starts with `dir`.
+/// Links already there are replaced.
+pub fn iptables_shims(dir: &Path, flavour: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = std::env::var("PATH").unwrap_or_default();
+    for base in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let tool = format!("{base}-{flavour}{suffix}");
+            let target = (path.split(':').chain(["/usr/sbin"]))
+                .map(|d| Path::new(d).join(&tool))
+                .find(|p| p.exists())
+                .with_context(|| format!("{tool} not found on PATH or in /usr/sbin"))?;
+            let link = dir.join(format!("{base}{suffix}"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link).with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn run(bin: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(bin).args(args).output().with_context(|| format!("{bin} {args:?}"))?;
     ensure!(out.status.success(), "{bin} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -141,9 +203,19 @@ fn object(ev: &SourceEvent) -> Option<Value> {
 }
 
 /// Writes the events' objects as manifest files in `dir`.
-pub fn write_manifests(dir: &Path, events: &[SourceEvent]) -> anyhow::Result<usize> {
+pub fn write_manifests(dir: &Path, events: &[SourceEvent], layout: Layout) -> anyhow::Result<usize> {
     let objects: Vec<Value> = events.iter().filter_map(object).collect();
-    for (i, chunk) in objects.chunks(500).enumerate() {
+    let per_file = match layout {
+        Layout::Lists => 500,
+        Layout::OneFile => objects.len().max(1),
+        Layout::PerObject => {
+            for (i, o) in objects.iter().enumerate() {
+                std::fs::write(dir.join(format!("object-{i:06}.json")), serde_json::to_vec(o)?)?;
+            }
+            return Ok(objects.len());
+        }
+    };
+    for (i, chunk) in objects.chunks(per_file).enumerate() {
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": chunk});
         std::fs::write(dir.join(format!("objects-{i:04}.json")), serde_json::to_vec(&list)?)?;
     }
@@ -162,10 +234,11 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks / hz)
 }
 
-fn vm_hwm_mb(pid: u32) -> anyhow::Result<f64> {
+/// A `/proc/PID/status` memory figure (`VmHWM`, `VmRSS`) in MB.
+fn status_mb(pid: u32, field: &str) -> anyhow::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("VmHWM")?;
-    let kb: f64 = line.split_whitespace().nth(1).context("VmHWM value")?.parse()?;
+    let line = status.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':'))).context("field")?;
+    let kb: f64 = line.split_whitespace().nth(1).with_context(|| format!("{field} value"))?.parse()?;
     Ok(kb / 1024.0)
 }
 
@@ -215,14 +288,14 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let mut fig = |metric: &str, value: f64, unit: &'static str| {
         out.push(Figure { metric: metric.to_string(), value: (value * 1000.0).round() / 1000.0, unit })
     };
-    let work = tempfile_dir()?;
+    let work = tempfile_dir("daemon")?;
     let manifests = work.join("manifests");
     std::fs::create_dir_all(&manifests)?;
     let cluster = Cluster::new(opts.spec)?;
     let events = cluster.initial_events();
-    let events = if opts.dual_stack { super::dual::dual_stack(&events) } else { events };
+    let events = if opts.dual_stack { super::dual::dual_stack_every(&events, opts.dual_every) } else { events };
     drop(cluster);
-    let objects = write_manifests(&manifests, &events)?;
+    let objects = write_manifests(&manifests, &events, opts.layout)?;
     fig("objects in the manifest files", objects as f64, "objects");
 
     let pid = std::process::id();
@@ -247,14 +320,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     node.exec(&["ip", "link", "set", "eth1", "up"])?;
     // The flavour first on the daemon's PATH.
     let shims = work.join("bin");
-    std::fs::create_dir_all(&shims)?;
-    for base in ["iptables", "ip6tables"] {
-        for suffix in ["", "-save", "-restore"] {
-            let target = format!("/usr/sbin/{base}-{}{suffix}", opts.flavour);
-            ensure!(Path::new(&target).exists(), "{target} not found");
-            std::os::unix::fs::symlink(&target, shims.join(format!("{base}{suffix}")))?;
-        }
-    }
+    iptables_shims(&shims, &opts.flavour)?;
     let cidr = if opts.dual_stack { "10.0.0.0/8,fd00::/16" } else { "10.0.0.0/8" };
     let config = work.join("config.yaml");
     let period = format!("{}s", opts.sync_period.as_secs());
@@ -298,7 +364,8 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    fig("start → first sync finished (every family)", t0.elapsed().as_secs_f64(), "s");
+    let synced = Instant::now();
+    fig(FIRST_SYNC, t0.elapsed().as_secs_f64(), "s");
     for ms in first_sync_ms(&log) {
         fig("of which the first sync itself (its log line)", ms / 1000.0, "s");
     }
@@ -359,6 +426,10 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let (c1, wall) = (cpu_seconds(daemon_pid)?, w0.elapsed());
     let pct = 100.0 * (c1 - c0) / wall.as_secs_f64();
     fig(&format!("idle CPU over {} s (daemon + its children)", wall.as_secs()), pct, "% of a core");
+    if let Some(wait) = (synced + Duration::from_secs(60)).checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+    fig(RSS_AFTER, status_mb(daemon_pid, "VmRSS")?, "MB");
     let syncs = |log: &Path| std::fs::read_to_string(log).unwrap_or_default().matches("sync finished").count();
     if let Some((rate, seconds)) = opts.churn {
         let api = api.as_mut().context("--churn needs --source api")?;
@@ -378,7 +449,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         fig("syncs during the churn (every family)", (syncs(&log) - before) as f64, "syncs");
     }
     fig("syncs logged by the end (every family)", syncs(&log) as f64, "syncs");
-    fig("peak RSS (VmHWM) of the daemon", vm_hwm_mb(daemon_pid)?, "MB");
+    fig(PEAK_RSS, status_mb(daemon_pid, "VmHWM")?, "MB");
     drop(daemon);
     drop(api);
     let _ = std::fs::remove_dir_all(&work);
@@ -468,8 +539,8 @@ fn without_nfacct(saved: &str) -> String {
     out
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("kpr-bench-daemon-{}", std::process::id()));
+pub(crate) fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kpr-bench-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     Ok(dir)

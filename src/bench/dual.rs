@@ -105,12 +105,40 @@ fn same<T>(change: &Change<T>, object: T) -> Change<T> {
 
 /// `events` of an IPv4 cluster, as the same cluster's dual-stack twin sends them.
 pub fn dual_stack(events: &[SourceEvent]) -> Vec<SourceEvent> {
+    dual_stack_every(events, 1)
+}
+
+/// `events` of an IPv4 cluster on a dual-stack node where every `every`-th
+/// Service (the first, then every `every`-th in event order) is dual-stack
+/// with its slices' IPv6 twins; the other Services stay IPv4 only. With
+/// `every` over 1 a slice is twinned only when its Service's event came
+/// earlier in `events`.
+pub fn dual_stack_every(events: &[SourceEvent], every: usize) -> Vec<SourceEvent> {
+    let every = every.max(1);
+    let mut dual = std::collections::HashSet::new();
+    let mut services = 0usize;
     let mut out = Vec::with_capacity(events.len() * 2);
     for ev in events {
         match ev {
-            SourceEvent::Service(c) => out.push(SourceEvent::Service(same(c, dual_service(c.object())))),
+            SourceEvent::Service(c) => {
+                services += 1;
+                if (services - 1) % every != 0 {
+                    out.push(ev.clone());
+                    continue;
+                }
+                let meta = &c.object().metadata;
+                dual.insert((meta.namespace.clone(), meta.name.clone()));
+                out.push(SourceEvent::Service(same(c, dual_service(c.object()))));
+            }
             SourceEvent::EndpointSlice(c) => {
                 out.push(ev.clone());
+                let meta = &c.object().metadata;
+                let service = meta.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).cloned();
+                // With every Service dual-stack, every slice has its twin, also
+                // in a batch of slice changes without their Services.
+                if every > 1 && !dual.contains(&(meta.namespace.clone(), service)) {
+                    continue;
+                }
                 if let Some(s) = v6_slice(c.object()) {
                     out.push(SourceEvent::EndpointSlice(same(c, s)));
                 }
@@ -128,6 +156,41 @@ mod tests {
     use crate::fixtures::*;
     use crate::model::Model;
     use crate::net::IpFamily;
+
+    #[test]
+    fn every_second_service_is_dual_stack_with_its_slices_twins() {
+        let svc = |name, ip| applied_service(service("default", name, ip, &[("http", "TCP", 80, 0)]));
+        let sl =
+            |name, svc| applied_slice(slice("default", name, svc, &[("http", "TCP", 8080)], &[ep("10.1.0.5", "n")]));
+        let events = [svc("a", "10.96.0.1"), svc("b", "10.96.0.2"), sl("a-1", "a"), sl("b-1", "b")];
+        let out = dual_stack_every(&events, 2);
+        let families: Vec<Option<Vec<String>>> = (out.iter())
+            .filter_map(|e| match e {
+                SourceEvent::Service(c) => Some(c.object().spec.as_ref().and_then(|s| s.ip_families.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(families, [Some(vec!["IPv4".to_string(), "IPv6".to_string()]), None]);
+        let slices: Vec<String> = (out.iter())
+            .filter_map(|e| match e {
+                SourceEvent::EndpointSlice(c) => c.object().metadata.name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(slices, ["a-1", "a-1-v6", "b-1"]);
+    }
+
+    #[test]
+    fn a_batch_of_slice_changes_alone_gets_its_twins() {
+        let sl = applied_slice(slice("default", "a-1", "a", &[("http", "TCP", 8080)], &[ep("10.1.0.5", "n")]));
+        let names: Vec<String> = (dual_stack(&[sl]).iter())
+            .filter_map(|e| match e {
+                SourceEvent::EndpointSlice(c) => c.object().metadata.name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["a-1", "a-1-v6"]);
+    }
 
     #[test]
     fn the_twin_cluster_has_the_same_ports_and_endpoints_in_each_family() {

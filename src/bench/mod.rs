@@ -8,6 +8,7 @@ pub mod gen;
 pub mod iptables_kernel;
 pub mod ipvs_kernel;
 pub mod nftables_kernel;
+pub mod soak;
 pub mod stats;
 
 use crate::net::IpFamily;

@@ -5,7 +5,7 @@
 //!
 //! Per cluster size N (the generator's services, seed 1):
 //! - cold: the planner's full sync from an empty kernel, staged as the
-//!   daemon sends it ([`staged`]: new chains first, in bounded
+//!   daemon sends it ([`Staged`]: new chains first, in bounded
 //!   transactions) and sent ([`NetlinkNftables::apply`]), against `nft -f`
 //!   of the same transaction's text in another fresh namespace; both
 //!   tables are then listed and compared (`nft list table`), so the
@@ -18,7 +18,6 @@
 //! The ruleset is `--ruleset` (`nftables.ruleset`): the figures are
 //! reported under `nftables` (upstream's) or `nftables-maps`.
 
-use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,7 +32,9 @@ use crate::kernel::nftables::NetlinkNftables;
 use crate::model::Model;
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::iptables::HostFeatures;
-use crate::plan::nftables::{nftables_context, staged, KernelObjects, NftRuleset, NftablesPlanner, STAGE_OPS};
+use crate::plan::nftables::{
+    desired, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesPlanner, Staged, STAGE_OPS,
+};
 use crate::settings;
 
 const FAMILY: IpFamily = IpFamily::V4;
@@ -159,12 +160,12 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     let mut planner = NftablesPlanner::new(ctx.clone());
 
     let t = Instant::now();
-    let delta = planner.full(&model, ctx, &KernelObjects::default());
+    let staged: Staged = planner.full_staged(&model, ctx.clone(), &KernelObjects::default(), STAGE_OPS);
     let plan_time = t.elapsed();
-    // The tool, on the same transaction's text, in a namespace of its own
+    // The tool, on the same full sync's text as one transaction, in a namespace of its own
     // (not above `tool_max`: one `nft -f` transaction is quadratic in its length).
     let tool = if n <= opts.tool_max {
-        let cold_text = delta.tx.to_string();
+        let cold_text = full_sync(&desired(&model, &ctx), &KernelObjects::default(), true).tx.to_string();
         Some(in_new_netns(|| {
             let took = time_nft(&cold_text)?;
             Ok((took, list_table()?))
@@ -174,7 +175,7 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     };
     // As the daemon sends a full sync: the new chains first, in bounded transactions.
     let t = Instant::now();
-    let steps = staged(delta.tx, &BTreeSet::new(), STAGE_OPS);
+    let steps: Vec<_> = staged.collect();
     let staging_time = t.elapsed();
     let cold_ops: usize = steps.iter().map(|tx| tx.ops.len()).sum();
     let cold_transactions = steps.len();

@@ -215,15 +215,6 @@ async fn bind_later(
     }
 }
 
-/// Gives the heap's free memory back to the system (glibc's `malloc_trim`).
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; it only walks malloc's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A burst of at least this many connections at once is followed by a heap
 /// trim once it is over.
 const TRIM_AFTER: usize = 32;
@@ -261,7 +252,7 @@ async fn serve(name: &'static str, listener: TcpListener, routes: Arc<Routes>, l
                     // buffers it left in malloc's free lists back to the
                     // system, so RSS returns to its level.
                     tracing::debug!(server = name, peak, "connections burst over; trimming the heap");
-                    trim_heap();
+                    crate::heap::trim();
                 }
                 if connections.is_empty() {
                     peak = 0;

@@ -13,7 +13,7 @@ use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::config::{GoDuration, KubeProxyConfiguration, IPVS_DEPRECATED};
 use crate::kernel::ipset::netlink::NetlinkIpset;
 use crate::kernel::ipset::IpsetHandle;
-use crate::kernel::iptables::IptablesHandle;
+use crate::kernel::iptables::{restore_input_on_empty_kernel, IptablesHandle};
 use crate::kernel::ipvs::graceful::{GracefulIpvs, Ownership};
 use crate::kernel::ipvs::netlink::NetlinkIpvs;
 use crate::kernel::link::DummyLink;
@@ -22,7 +22,7 @@ use crate::model::{Model, NodeInfo};
 use crate::net::LocalAddr;
 use crate::observe::SyncHooks;
 use crate::plan::context::PlanSettings;
-use crate::plan::ipvs::{render, IpvsPlanner, IpvsSet};
+use crate::plan::ipvs::{render, rules, IpvsPlanner, IpvsSet};
 use crate::settings::FamilySettings;
 use crate::stats::StatsRegistry;
 
@@ -86,6 +86,7 @@ impl Mode for IpvsDataplane {
         let ports: Vec<_> = model.service_ports().map(|sp| sp.name.clone()).collect();
         planner.update(model, &ports);
         let rules = planner.rules(&s.rules_config(model.node()));
+        let rules = restore_input_on_empty_kernel(&rules::PROFILE, &rules);
         render::ipvs_mode(&planner.desired(), s.family, &rules)
     }
 }

@@ -98,9 +98,18 @@ pub fn run(
     // logging the error.
     let runtime = system.runtime().tokio_runtime().handle().clone();
     let _inside = runtime.enter();
+    let code = match &result {
+        Ok(Exit::Stopped) => 0,
+        Ok(Exit::Restart(_)) | Err(_) => 1,
+    };
+    let deadline = process::ExitDeadline::arm(RUNTIME_DROP_WAIT, move || std::process::exit(code));
     drop(system);
+    drop(deadline);
     result
 }
+
+/// How long the runtime's drop may wait for its blocking pool's jobs.
+const RUNTIME_DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// [`run`]'s arguments, for the configured mode.
 struct Run {

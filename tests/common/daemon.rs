@@ -118,6 +118,15 @@ impl Daemon {
     }
 }
 
+/// `status` field `field` (`VmHWM`, `VmRSS`) of `pid`, in kB.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = (status.lines())
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
 /// Starts `command` (the daemon's, run in `node`) with its output in `log`.
 pub fn spawn(mut command: Command, node: &Netns, log: PathBuf) -> Daemon {
     let out = std::fs::File::create(&log).unwrap();

@@ -8,6 +8,8 @@ pub mod conntrack;
 pub mod daemon;
 pub mod lab;
 pub mod nft;
+pub mod soak;
+pub mod vm;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

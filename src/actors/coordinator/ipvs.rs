@@ -39,7 +39,7 @@ use crate::model::{Model, ModelChanges, NodeInfo};
 use crate::msgs::*;
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::{LocalAddr, PlanSettings};
-use crate::plan::ipvs::context::plan_context;
+use crate::plan::ipvs::context::{node_addrs, plan_context};
 use crate::plan::ipvs::{IpvsDesired, IpvsPlanner, IpvsSet};
 use crate::schedule::SyncKind;
 use crate::stats::{FailingKey, FAILING_LISTED};
@@ -265,7 +265,7 @@ impl Dataplane for IpvsDataplane {
 
     fn sync(&mut self, model: &Model, changes: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<Outcome> {
         let mut full = kind == SyncKind::Full;
-        let addrs = (full || kind == SyncKind::Periodic).then(|| (self.addrs)());
+        let addrs = (full || kind == SyncKind::Periodic).then(|| node_addrs((self.addrs)()));
         if kind == SyncKind::Periodic && addrs.as_ref() != Some(&self.last_addrs) {
             tracing::info!(generation, "the node's addresses changed: full resync");
             full = true;

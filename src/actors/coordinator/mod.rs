@@ -416,8 +416,16 @@ impl<D: Dataplane> Coordinator<D> {
             self.history.pop_front();
         }
         self.history.push_back(rec);
+        if full || ports_changed >= TRIM_AFTER_PORTS {
+            // What a large sync planned and sent is freed by now: give it back.
+            crate::heap::trim_in_background();
+        }
     }
 }
+
+/// A sync of at least this many changed service ports (or a full one) is
+/// followed by a heap trim.
+const TRIM_AFTER_PORTS: usize = 1000;
 
 /// The conntrack reconcile's answer: `None` if none was sent (none was
 /// due, or the dataplane failed first), `Some(None)` if the actor could

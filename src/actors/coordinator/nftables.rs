@@ -7,7 +7,8 @@
 //!   chains and sets ([`Dataplane::prepare`]), then writes the whole table
 //!   as upstream's needFullSync: sets and maps reset, every chain
 //!   rewritten, per-service chains nobody uses flushed (stale); sent as
-//!   bounded transactions, the per-service chains first ([`staged`]).
+//!   bounded transactions, the per-service chains first, each built when
+//!   it is sent ([`Staged`]).
 //! - Otherwise a partial sync: the changed service ports only; with nothing
 //!   changed (the syncPeriod's sync of a quiet cluster) nothing is sent.
 //! - A transaction the kernel refused, or whose answer never came, makes the
@@ -38,7 +39,6 @@
 //!   (`OnServiceCIDRsChanged` neither syncs nor sets needFullSync), so its
 //!   rule changes at its next full sync.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use actix::Recipient;
@@ -58,7 +58,7 @@ use crate::msgs::{Ack, SyncMode};
 use crate::net::IpFamily;
 use crate::plan::conntrack::ConntrackPlanner;
 use crate::plan::context::LocalAddr;
-use crate::plan::nftables::{staged, KernelObjects, NftablesContext, NftablesPlanner, STAGE_OPS};
+use crate::plan::nftables::{KernelObjects, NftablesContext, NftablesPlanner, Staged, STAGE_OPS};
 use crate::schedule::SyncKind;
 
 /// Builds the planner's context from the Node, the family's ServiceCIDRs
@@ -200,6 +200,40 @@ impl NftablesDataplane {
     }
 }
 
+/// A sync's transactions, built as they are sent: a full sync's
+/// [`Staged`] ones, or a partial sync's one.
+enum Steps {
+    Staged(Staged),
+    One(Option<Transaction>),
+}
+
+impl Steps {
+    fn ops(&self) -> usize {
+        match self {
+            Steps::Staged(s) => s.ops(),
+            Steps::One(tx) => tx.as_ref().map_or(0, |tx| tx.ops.len()),
+        }
+    }
+
+    fn transactions(&self) -> usize {
+        match self {
+            Steps::Staged(s) => s.transactions(),
+            Steps::One(tx) => usize::from(tx.is_some()),
+        }
+    }
+}
+
+impl Iterator for Steps {
+    type Item = Transaction;
+
+    fn next(&mut self) -> Option<Transaction> {
+        match self {
+            Steps::Staged(s) => s.next(),
+            Steps::One(tx) => tx.take(),
+        }
+    }
+}
+
 /// The results of one sync.
 pub struct Outcome {
     /// The stale chains' deletion, if one was sent.
@@ -261,7 +295,7 @@ impl Dataplane for NftablesDataplane {
         self.partial = !full;
         let reconcile = self.conntrack.plan(model, changes, generation);
         let cleanup = self.planner.delete_due(self.epoch.elapsed());
-        let (delta, existing) = if full {
+        let (steps, stale): (Steps, usize) = if full {
             let mut kernel = match self.listed.take() {
                 Some(Ok(k)) => k,
                 Some(Err(e)) => return self.not_sent(e, full),
@@ -274,8 +308,8 @@ impl Dataplane for NftablesDataplane {
             let addrs = addrs.unwrap_or_else(|| (self.addrs)());
             let ctx = (self.context)(model.node(), model.service_cidrs(), &addrs);
             self.last_addrs = addrs;
-            let delta = self.planner.full(model, ctx, &kernel);
-            (delta, Some(kernel.chains.into_iter().collect::<BTreeSet<String>>()))
+            let staged = self.planner.full_staged(model, ctx, &kernel, STAGE_OPS);
+            (Steps::Staged(staged), self.planner.planned_stale())
         } else {
             let delta = if changes.service_cidrs_changed {
                 let ctx = (self.context)(model.node(), model.service_cidrs(), &self.last_addrs);
@@ -284,27 +318,18 @@ impl Dataplane for NftablesDataplane {
                 self.planner.partial(model, &changes.ports)
             };
             match delta {
-                Some(d) => (d, None),
+                Some(d) => (Steps::One(Some(d.tx)), d.stale_chains.len()),
                 None => return self.not_sent(NftSyncError::NoConfirmedState, full),
             }
         };
-        let plan_ops = delta.tx.len();
-        // A full sync's new per-service chains go first, in bounded transactions.
-        let steps = match existing {
-            Some(existing) => staged(delta.tx, &existing, STAGE_OPS),
-            None => vec![delta.tx],
-        };
-        let kernel_ops = |tx: &Transaction| tx.ops.len();
-        let ops = steps.iter().map(kernel_ops).sum::<usize>()
-            + cleanup.as_ref().map_or(0, kernel_ops)
-            + usize::from(reconcile.is_some());
+        let ops = steps.ops() + cleanup.as_ref().map_or(0, |tx| tx.ops.len()) + usize::from(reconcile.is_some());
         tracing::debug!(
             ip_family = self.label(),
             generation,
             full,
-            plan_ops,
-            transactions = steps.len(),
-            stale = delta.stale_chains.len(),
+            ops,
+            transactions = steps.transactions(),
+            stale,
             "nftables transaction planned"
         );
         let (nft, ct) = (self.targets.clone(), self.targets.conntrack.clone());
@@ -314,7 +339,7 @@ impl Dataplane for NftablesDataplane {
                 None => None,
             };
             let mut main = Ok(());
-            for step in steps.into_iter().filter(|s| !s.is_empty()) {
+            for step in steps.filter(|s| !s.is_empty()) {
                 main = nft.apply(generation, step).await;
                 if main.is_err() {
                     break;

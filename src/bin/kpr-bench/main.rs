@@ -23,6 +23,7 @@ use kube_proxy_rs::actors::coordinator::{
     AddrSource, Coordinator, GetSyncHistory, RulesRenderer, Settings, SyncRecord,
 };
 use kube_proxy_rs::actors::wiring::{start_ipvs_actors, IpvsKernels};
+use kube_proxy_rs::bench::daemon_run;
 use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::bench::iptables_kernel;
 use kube_proxy_rs::bench::ipvs_kernel;
@@ -116,7 +117,7 @@ enum Cmd {
         flavour: String,
         /// The daemon's proxy mode (ipvs needs the ip_vs module: run it in
         /// the VM, README "Performance").
-        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs"])]
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs", "all"])]
         mode: String,
         /// Seconds of idle watched after the first sync.
         #[arg(long, default_value_t = 60)]
@@ -138,12 +139,42 @@ enum Cmd {
         /// How long the churn lasts, seconds.
         #[arg(long, default_value_t = 20)]
         churn_seconds: u64,
+        /// How the manifest files hold the objects: one `kind: List` per
+        /// 500 objects, one `kind: List` of them all, or one file per object.
+        #[arg(long, default_value = "lists", value_parser = ["lists", "one-file", "per-object"])]
+        layout: String,
+        /// With `--dual-stack`: every this many-th Service is dual-stack (1: all).
+        #[arg(long, default_value_t = 1)]
+        dual_every: usize,
         /// nftables mode's ruleset (`nftables.ruleset`).
         #[arg(long, default_value = "upstream", value_parser = ["upstream", "maps"])]
         ruleset: String,
         /// Skip loading the same rules with the tool alone.
         #[arg(long)]
         no_tool: bool,
+        /// The memory matrix at each size: `--mode` (or
+        /// iptables and nftables with `--mode all`) × source (one file,
+        /// one file per object, API) × single-stack and dual-stack with
+        /// every second Service dual-stack; no tool comparison.
+        #[arg(long)]
+        matrix: bool,
+    },
+    /// The long soak (root): the daemon binary against the test API server
+    /// serving the soak cluster, a seeded change of every kind `rate` times
+    /// a second for `minutes`, then `--dry-run --diff` clean, sync and
+    /// network programming p50/p99, RSS over time, WARN/ERROR lines.
+    Soak {
+        #[arg(long, default_value_t = 300)]
+        services: usize,
+        #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables"])]
+        mode: String,
+        #[arg(long, default_value_t = 10)]
+        rate: u32,
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// The daemon binary (default: kube-proxy-rs beside this binary).
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
     },
     /// IPVS mode on the real kernel, as root (in the VM: tests/vm/bench-ipvs.sh):
     /// cold sync, endpoint changes, kernel ops, RSS, and the tools from files.
@@ -518,6 +549,69 @@ fn bench_ipvs_kernel(
     res
 }
 
+/// `kpr-bench daemon --matrix`: one daemon run per cell of the
+/// memory matrix; every run's figures go to the report, and a table of the
+/// cells (first sync, peak RSS, RSS 60 s after the first sync) is printed
+/// to stderr as each cell finishes and in the report at the end.
+fn bench_daemon_matrix(
+    services: &[usize],
+    mode: &str,
+    base: impl Fn(usize) -> daemon_run::Options,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let modes: Vec<&str> = match mode {
+        "all" => vec!["iptables", "nftables"],
+        one => vec![one],
+    };
+    let sources = [
+        (Some(daemon_run::Layout::OneFile), "one file"),
+        (Some(daemon_run::Layout::PerObject), "file per object"),
+        (None, "API"),
+    ];
+    let families = [(false, "single-stack"), (true, "dual-stack (every 2nd Service)")];
+    for &n in services {
+        for &mode in &modes {
+            for (layout, source) in sources {
+                for (dual, family) in families {
+                    let opts = daemon_run::Options {
+                        mode: mode.to_string(),
+                        dual_stack: dual,
+                        dual_every: 2,
+                        layout: layout.unwrap_or(daemon_run::Layout::Lists),
+                        api_source: layout.is_none(),
+                        tool: false,
+                        churn: None,
+                        ..base(n)
+                    };
+                    let figures = daemon_run::run_daemon(&opts)?;
+                    let get = |metric: &str| figures.iter().find(|f| f.metric == metric).map_or(f64::NAN, |f| f.value);
+                    let cell = format!("{mode} · {source} · {family}");
+                    for metric in [daemon_run::FIRST_SYNC, daemon_run::PEAK_RSS, daemon_run::RSS_AFTER] {
+                        let unit = if metric == daemon_run::FIRST_SYNC { "s" } else { "MB" };
+                        let limit = match metric {
+                            daemon_run::PEAK_RSS => Some(150.0),
+                            daemon_run::RSS_AFTER => Some(100.0),
+                            _ => None,
+                        };
+                        let text = format!("{cell}: {metric}");
+                        match limit {
+                            Some(limit) if n == 10_000 => r.target("daemon matrix", n, &text, get(metric), unit, limit),
+                            _ => r.add("daemon matrix", n, &text, get(metric), unit),
+                        }
+                    }
+                    eprintln!(
+                        "| {n} | {cell} | {:.1} s | {:.1} MB | {:.1} MB |",
+                        get(daemon_run::FIRST_SYNC),
+                        get(daemon_run::PEAK_RSS),
+                        get(daemon_run::RSS_AFTER)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `kpr-bench iptables`: the figures of [`iptables_kernel::run`], also when it stops early.
 fn bench_iptables_kernel(opts: &iptables_kernel::Options, r: &mut Report) -> anyhow::Result<()> {
     let mut figures = Vec::new();
@@ -536,6 +630,10 @@ fn nft_ruleset(name: &str) -> anyhow::Result<NftRuleset> {
     NftRuleset::from_name(name).ok_or_else(|| anyhow::anyhow!("no nftables ruleset named {name:?}"))
 }
 
+/// jemalloc for every thread (src/heap.rs).
+#[global_allocator]
+static ALLOCATOR: kube_proxy_rs::heap::Allocator = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let cli = Cli::parse();
     let mut r = Report { rows: Vec::new() };
@@ -553,8 +651,11 @@ fn main() {
             source,
             churn_rate,
             churn_seconds,
+            layout,
+            dual_every,
             ruleset,
             no_tool,
+            matrix,
         } => {
             let binary = match binary {
                 Some(b) => b.clone(),
@@ -562,24 +663,59 @@ fn main() {
                     .map(|p| p.with_file_name("kube-proxy-rs"))
                     .unwrap_or_else(|_| "kube-proxy-rs".into()),
             };
-            services.iter().try_for_each(|&n| {
-                let opts = kube_proxy_rs::bench::daemon_run::Options {
+            nft_ruleset(ruleset).and_then(|nftables_ruleset| {
+                let base = |n: usize| daemon_run::Options {
                     spec: spec(&cli, n),
                     binary: binary.clone(),
                     flavour: flavour.clone(),
                     mode: mode.clone(),
                     idle: Duration::from_secs(*idle),
                     dual_stack: cli.dual_stack,
+                    dual_every: *dual_every,
+                    layout: daemon_run::Layout::named(layout).unwrap_or(daemon_run::Layout::Lists),
+                    tool: !no_tool,
+                    nftables_ruleset,
                     sync_period: Duration::from_secs(*sync_period),
                     api_source: source == "api",
                     churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
-                    nftables_ruleset: nft_ruleset(ruleset)?,
-                    tool: !no_tool,
                 };
-                for f in kube_proxy_rs::bench::daemon_run::run_daemon(&opts)? {
-                    r.add("daemon", n, &f.metric, f.value, f.unit);
+                if *matrix {
+                    bench_daemon_matrix(services, mode, base, &mut r)
+                } else {
+                    services.iter().try_for_each(|&n| {
+                        for f in daemon_run::run_daemon(&base(n))? {
+                            r.add("daemon", n, &f.metric, f.value, f.unit);
+                        }
+                        Ok(())
+                    })
                 }
-                Ok(())
+            })
+        }
+        Cmd::Soak { services, mode, rate, minutes, binary } => {
+            let binary = binary.clone().unwrap_or_else(|| {
+                std::env::current_exe()
+                    .map(|p| p.with_file_name("kube-proxy-rs"))
+                    .unwrap_or_else(|_| "kube-proxy-rs".into())
+            });
+            let spec = kube_proxy_rs::bench::soak::cluster::SoakSpec {
+                seed: cli.seed,
+                services: *services,
+                probes: 6,
+                backends: 3,
+                dual_stack: cli.dual_stack,
+            };
+            let opts = kube_proxy_rs::bench::soak::run::Options {
+                spec,
+                binary,
+                mode: mode.clone(),
+                rate: *rate,
+                duration: Duration::from_secs(minutes * 60),
+                rss_every: Duration::from_secs(300),
+            };
+            kube_proxy_rs::bench::soak::run::run_soak(&opts).map(|figures| {
+                for f in figures {
+                    r.add("soak", *services, &f.metric, f.value, f.unit);
+                }
             })
         }
         Cmd::Churn { services, rate, seconds } => bench_churn(&cli, *services, *rate, *seconds, &mut r),

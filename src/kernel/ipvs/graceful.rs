@@ -163,11 +163,17 @@ impl<B: IpvsBackend> GracefulIpvs<B> {
         out
     }
 
+    /// Every virtual server, and the real servers of those this handle
+    /// owns (a full resync never changes the others: reading theirs would
+    /// be a dump per virtual server for nothing, the other family's
+    /// proxier reads them).
     async fn dump_table(&self) -> KResult<IpvsTable> {
         let mut table = IpvsTable::default();
         for (vs, spec) in self.backend.services().await? {
-            for (d, st) in self.backend.dests(vs).await? {
-                table.dests.insert((vs, d), st);
+            if self.owned.owns(&vs) {
+                for (d, st) in self.backend.dests(vs).await? {
+                    table.dests.insert((vs, d), st);
+                }
             }
             table.services.insert(vs, spec);
         }
@@ -455,6 +461,19 @@ mod tests {
         assert!(r[0].is_ok());
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(1));
         assert!(g.terminating().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_resync_reads_the_real_servers_of_its_own_virtual_servers_only() {
+        let (_, mem) = setup(Protocol::Tcp).await;
+        // Every real-server dump fails: a handle that reads only its own
+        // family's finds nothing to read in an IPv4 table.
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let v6 =
+            GracefulIpvs::new(FailingDests(mem.clone(), failing), Ownership { family: IpFamily::V6, exclude: vec![] });
+        let (ops, _) = v6.reconcile(Vec::new()).await.expect("no IPv4 real servers read");
+        assert!(ops.is_empty(), "{ops:?}");
+        assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(1), "the other family's left alone");
     }
 
     #[tokio::test]

@@ -157,8 +157,9 @@ impl NetlinkNftables {
         let mut next_id = self.anon_ids.load(Ordering::Relaxed);
         let requests = codec::requests(family, table, ops, &mut next_id)?;
         self.anon_ids.store(next_id, Ordering::Relaxed);
-        let owner: Vec<usize> = requests.iter().map(|r| r.op).collect();
-        let msgs = requests.iter().map(|r| request(&r.msg, r.flags)).collect();
+        // Each typed message goes as its bytes are made: the two are not held whole at once.
+        let (owner, msgs): (Vec<usize>, Vec<Msg>) =
+            requests.into_iter().map(|r| (r.op, request(&r.msg, r.flags))).unzip();
         match self.nl.transaction(NFNL_SUBSYS_NFTABLES, msgs).await {
             Ok(refusals) => refused(&refusals, &owner, ops),
             Err(e) => Err(transaction_failure(e, ops.len())),

@@ -9,6 +9,13 @@ use crate::model::NodeInfo;
 use crate::msgs::link::DUMMY_LINK;
 use crate::plan::context::{node_ip, LocalAddr, NodePortFilter, PlanSettings};
 
+/// The addresses the IPVS plan depends on: every interface's but
+/// kube-ipvs0's (the Service addresses bound there are the plan's output,
+/// not its input; upstream reads node addresses except the dummy device's).
+pub fn node_addrs(addrs: Vec<LocalAddr>) -> Vec<LocalAddr> {
+    addrs.into_iter().filter(|a| a.ifname != DUMMY_LINK).collect()
+}
+
 pub fn plan_context(s: &PlanSettings, node: &NodeInfo, addrs: &[LocalAddr]) -> PlanContext {
     let ours: Vec<&LocalAddr> = addrs.iter().filter(|a| s.family.matches(&a.ip)).collect();
     let node_addresses: BTreeSet<IpAddr> = ours.iter().filter(|a| a.ifname != DUMMY_LINK).map(|a| a.ip).collect();
@@ -42,6 +49,12 @@ mod tests {
 
     fn a(ifname: &str, ip: &str) -> LocalAddr {
         LocalAddr { ifname: ifname.into(), ip: ip.parse().unwrap() }
+    }
+
+    #[test]
+    fn node_addrs_leave_out_the_service_addresses_on_kube_ipvs0() {
+        let addrs = vec![a("lo", "127.0.0.1"), a("kube-ipvs0", "10.96.0.10"), a("eth0", "192.168.50.2")];
+        assert_eq!(node_addrs(addrs), vec![a("lo", "127.0.0.1"), a("eth0", "192.168.50.2")]);
     }
 
     fn settings(f: NodePortFilter) -> PlanSettings {

@@ -17,8 +17,9 @@
 //!   element several service ports hold, a ClusterIP, goes with the last),
 //!   unused chains are flushed now and deleted by a later
 //!   transaction ([`transactions::delete_stale`], upstream waits at least
-//!   1 s), stale affinity sets are deleted at once; [`staged`] cuts a full
-//!   sync into the bounded transactions the actor sends.
+//!   1 s), stale affinity sets are deleted at once; [`Staged`] cuts a full
+//!   sync into the bounded transactions the actor sends, building each
+//!   as it is sent.
 //! - [`NftablesPlanner`] keeps the state between syncs: what the kernel
 //!   holds once a transaction is acknowledged, whether the next sync must be
 //!   full, and when stale chains are due for deletion (time is an
@@ -64,9 +65,10 @@ pub(crate) mod trace;
 pub use context::{nftables_context, NftRuleset, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Objects, Ruleset, SetElement};
-pub use staging::{staged, STAGES, STAGE_OPS};
+pub use staging::{Staged, STAGES, STAGE_OPS};
 pub use transactions::{
-    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, full_sync_of, groups_sync, partial_sync, stale_chains, Delta,
+    ElementRefs, KernelObjects,
 };
 
 pub use crate::msgs::nftables::{NftOp, Transaction};
@@ -93,10 +95,11 @@ pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names:
 
 /// One service port's objects in `ctx`'s ruleset.
 pub fn render_port(ctx: &NftablesContext, sp: &ServicePort, endpoints: &[Endpoint]) -> Objects {
-    match ctx.ruleset {
+    let objects = match ctx.ruleset {
         NftRuleset::Upstream => service::render_port(ctx, sp, endpoints),
         NftRuleset::Maps => maps::render_port(ctx, sp, endpoints),
-    }
+    };
+    objects.compact()
 }
 
 /// The shared objects serving `classes` (none in upstream's ruleset).

@@ -14,13 +14,16 @@
 //! unless a later sync used them again (upstream's staleChains).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::NftablesContext;
 use super::maps_names::PickClass;
 use super::ruleset::{Objects, Ruleset};
+use super::staging::Staged;
 use super::transactions::{
-    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, Delta, ElementRefs, KernelObjects,
+    changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, stale_chains, Delta, ElementRefs,
+    KernelObjects,
 };
 use crate::model::{Model, ServicePortName};
 use crate::msgs::nftables::Transaction;
@@ -35,8 +38,8 @@ pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 enum Pending {
     #[default]
     Nothing,
-    /// The whole table.
-    Full(Ruleset),
+    /// The whole table (shared with the [`Staged`] sync sending it).
+    Full(Arc<Ruleset>),
     /// These service ports' objects (`None`: gone), and the shared objects
     /// when a service port brought an endpoint class they did not serve.
     Ports(Vec<(ServicePortName, Option<Objects>)>, Option<Objects>),
@@ -46,11 +49,12 @@ enum Pending {
 pub struct NftablesPlanner {
     ctx: NftablesContext,
     /// What the kernel holds: `None` until a full sync is confirmed, and after a failure.
-    applied: Option<Ruleset>,
+    applied: Option<Arc<Ruleset>>,
     /// How many service ports (or the top level) hold each element of `applied`.
     refs: ElementRefs,
     pending: Pending,
-    /// The last planned sync's chains: stale ones, and written ones.
+    /// The last planned sync's chains: stale ones, and those a partial
+    /// sync writes (a full one writes those of its ruleset).
     planned_stale: Vec<String>,
     planned_chains: Vec<String>,
     /// Flushed chains and when they were flushed.
@@ -79,7 +83,7 @@ impl NftablesPlanner {
 
     /// What the kernel holds after the last confirmed sync.
     pub fn applied(&self) -> Option<&Ruleset> {
-        self.applied.as_ref()
+        self.applied.as_deref()
     }
 
     /// Whether the next sync must be full (none confirmed yet, or one failed).
@@ -90,19 +94,30 @@ impl NftablesPlanner {
     /// A full sync of `model` with `ctx` over a kernel holding `kernel`
     /// (listed by the caller). The first one also re-creates the base chains.
     pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
-        self.ctx = ctx;
-        let desired = super::desired(model, &self.ctx);
+        let desired = self.plan_full(model, ctx, kernel);
         let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
-        self.pending_whole(desired, delta)
+        delta
     }
 
-    /// `delta` takes the kernel to `desired`, the whole ruleset: pending until confirmed.
-    fn pending_whole(&mut self, desired: Ruleset, delta: Delta) -> Delta {
-        self.planned_stale = delta.stale_chains.clone();
-        self.planned_chains = desired.chains().map(|c| c.name.clone()).collect();
-        self.pending = Pending::Full(desired);
-        delta
+    /// [`Self::full`] as the transactions the nftables actor sends
+    /// ([`Staged`], per-service transactions of at least `chunk` ops), each
+    /// built when it is sent.
+    pub fn full_staged(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects, chunk: usize) -> Staged {
+        let desired = self.plan_full(model, ctx, kernel);
+        let staged = Staged::new(desired, kernel, !self.recreated_base, chunk);
+        self.recreated_base = true;
+        staged
+    }
+
+    /// The whole desired ruleset of a full sync over `kernel`: pending until confirmed.
+    fn plan_full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Arc<Ruleset> {
+        self.ctx = ctx;
+        let desired = Arc::new(super::desired(model, &self.ctx));
+        self.planned_stale = stale_chains(&desired, kernel);
+        self.planned_chains.clear();
+        self.pending = Pending::Full(desired.clone());
+        desired
     }
 
     /// A partial sync of the `changed` service ports over the confirmed
@@ -161,7 +176,10 @@ impl NftablesPlanner {
         let desired = super::desired_keeping(model, &ctx, &applied.shared.classes);
         let delta = partial_sync(applied, &desired);
         self.ctx = ctx;
-        Some(self.pending_whole(desired, delta))
+        self.planned_stale = delta.stale_chains.clone();
+        self.planned_chains.clear();
+        self.pending = Pending::Full(Arc::new(desired));
+        Some(delta)
     }
 
     /// The last planned sync is in the kernel (acknowledged at `now`).
@@ -170,10 +188,15 @@ impl NftablesPlanner {
             Pending::Nothing => {}
             Pending::Full(rs) => {
                 self.refs = element_refs(&rs);
+                if !self.stale.is_empty() {
+                    let written: BTreeSet<&str> = rs.chains().map(|c| c.name.as_str()).collect();
+                    self.stale.retain(|c, _| !written.contains(c.as_str()));
+                }
                 self.applied = Some(rs);
             }
             Pending::Ports(ports, shared) => {
-                if let Some(applied) = self.applied.as_mut() {
+                // The staged sync that shared the ruleset is done with it: no copy.
+                if let Some(applied) = self.applied.as_mut().map(Arc::make_mut) {
                     if let Some(objects) = shared {
                         count(&mut self.refs, &applied.shared, -1);
                         count(&mut self.refs, &objects, 1);
@@ -211,6 +234,11 @@ impl NftablesPlanner {
         self.planned_stale.clear();
         self.planned_chains.clear();
         self.stale.clear();
+    }
+
+    /// How many chains the last planned sync flushes as stale.
+    pub fn planned_stale(&self) -> usize {
+        self.planned_stale.len()
     }
 
     /// Chains waiting to be deleted.

@@ -3,7 +3,8 @@
 //! partial syncs costing what changed, elements shared by service ports,
 //! a full sync staged, a ServiceCIDR change.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde_json::json;
 
@@ -147,7 +148,8 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         })
         .collect();
     for existing in [BTreeSet::new(), all_chains.clone()] {
-        let steps = staged(tx.clone(), &existing, 3);
+        let kernel = KernelObjects { chains: existing.iter().cloned().collect(), sets: vec![] };
+        let steps: Vec<Transaction> = Staged::new(Arc::new(rs.clone()), &kernel, true, 3).collect();
         assert!(steps.len() > 3, "{}", steps.len());
         let (declare, rest) = (&steps[0], &steps[steps.len() - 1]);
         let middle = &steps[1..steps.len() - 1];
@@ -209,8 +211,118 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         }
     }
     // Nothing per-service: the transaction as it was.
-    let empty = full_sync(&desired(&model_with(&[]), &fake_ctx()), &KernelObjects::default(), false).tx;
-    assert_eq!(staged(empty.clone(), &BTreeSet::new(), 3), vec![empty]);
+    let rs = desired(&model_with(&[]), &fake_ctx());
+    let empty = full_sync(&rs, &KernelObjects::default(), false).tx;
+    assert_eq!(Staged::new(Arc::new(rs), &KernelObjects::default(), false, 3).collect::<Vec<_>>(), vec![empty]);
+}
+
+/// The staged sync, built one transaction at a time from the ruleset,
+/// sends the ops of the whole full-sync transaction cut after it is built
+/// ([`cut_whole`]), the same transactions in the same order: both
+/// rulesets, both families, a kernel without the table and one holding
+/// every chain and some stale ones, small and large chunks. Its op and
+/// transaction counts are those it sends.
+#[test]
+fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
+    let maps = NftablesContext { ruleset: NftRuleset::Maps, ..fake_ctx() };
+    let v6 = NftablesContext { family: crate::net::IpFamily::V6, node_ip: None, ..fake_ctx() };
+    let v6_model = super::tests::v6_model(json!({}), &["fd00:10:180::1", "fd00:10:180::2"]);
+    for (model, ctx) in
+        [(model_with(&repeated_events()), fake_ctx()), (model_with(&repeated_events()), maps), (v6_model, v6)]
+    {
+        let rs = desired(&model, &ctx);
+        let mut held: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
+        held.push("service-OLD00000-ns9/gone/tcp/p80".into());
+        let sets = vec!["affinity-OLD00000-ns9/gone/tcp/p80__10.9.9.9/80".to_string()];
+        for kernel in [KernelObjects::default(), KernelObjects { chains: held, sets }] {
+            for (chunk, recreate) in [(1, true), (3, false), (STAGE_OPS, true)] {
+                let whole = full_sync(&rs, &kernel, recreate).tx;
+                let want = cut_whole(whole, &kernel.chains.iter().cloned().collect(), chunk);
+                let staged = Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk);
+                assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
+                assert_eq!(staged.transactions(), want.len());
+                let got: Vec<Transaction> = staged.collect();
+                assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
+                // The maps ruleset has no per-service chains here (no firewall, no affinity).
+                let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || got.len() > 3;
+                assert!(cut, "{} transactions", got.len());
+            }
+        }
+    }
+}
+
+/// A full sync's whole transaction cut into the staged transactions after
+/// it is built: what [`Staged`] sends, written the direct way as the
+/// reference it is checked against.
+fn cut_whole(tx: Transaction, existing: &BTreeSet<String>, chunk: usize) -> Vec<Transaction> {
+    let base: BTreeSet<String> = tx
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            NftOp::AddChain { name, base: Some(_), .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut declare = vec![NftOp::add_table()];
+    let mut order: Vec<String> = Vec::new();
+    let mut per_chain: HashMap<String, Vec<NftOp>> = HashMap::new();
+    let mut rest = Vec::new();
+    for op in tx.ops {
+        match &op {
+            NftOp::AddSet(_) => {
+                declare.push(op.clone());
+                rest.push(op);
+            }
+            NftOp::AddChain { name, .. } if names::is_service_chain(name) => {
+                if !per_chain.contains_key(name) {
+                    per_chain.insert(name.clone(), Vec::new());
+                    order.push(name.clone());
+                }
+                if !existing.contains(name) {
+                    declare.push(op);
+                }
+            }
+            NftOp::AddChain { name, .. } if !base.contains(name) => {
+                declare.push(op.clone());
+                rest.push(op);
+            }
+            NftOp::FlushChain(name) if per_chain.contains_key(name) => {
+                if existing.contains(name) {
+                    per_chain.entry(name.clone()).or_default().push(op);
+                }
+            }
+            NftOp::AddRule { chain, .. } if per_chain.contains_key(chain) => {
+                per_chain.entry(chain.clone()).or_default().push(op);
+            }
+            _ => rest.push(op),
+        }
+    }
+    let rank = |name: &str| {
+        let prefixes = [names::ENDPOINT_PREFIX, names::SERVICE_PREFIX, names::EXTERNAL_PREFIX, names::FIREWALL_PREFIX];
+        prefixes.iter().position(|p| name.starts_with(p)).unwrap_or(4)
+    };
+    let mut chains: Vec<(String, Vec<NftOp>)> =
+        order.into_iter().map(|name| (name.clone(), per_chain.remove(&name).unwrap_or_default())).collect();
+    let family = tx.family;
+    let staged_ops: usize = chains.iter().map(|(_, ops)| ops.len()).sum();
+    if staged_ops == 0 {
+        return vec![Transaction { family, ops: rest }];
+    }
+    chains.sort_by_key(|(name, _)| rank(name));
+    let size = chunk.max(staged_ops / STAGES).max(1);
+    let mut out = vec![Transaction { family, ops: declare }];
+    let mut current: Vec<NftOp> = Vec::new();
+    for (_, ops) in chains {
+        if current.len() >= size {
+            out.push(Transaction { family, ops: std::mem::take(&mut current) });
+        }
+        current.extend(ops);
+    }
+    if !current.is_empty() {
+        out.push(Transaction { family, ops: current });
+    }
+    out.push(Transaction { family, ops: rest });
+    out
 }
 
 /// A ServiceCIDR change after a confirmed full sync: a partial sync that

@@ -70,6 +70,22 @@ pub struct Objects {
     pub classes: Vec<PickClass>,
 }
 
+impl Objects {
+    /// The same objects with no spare capacity in their vectors: a
+    /// service port's objects are held for as long as the kernel has
+    /// them, and a vector grown by pushes keeps up to twice the room it uses.
+    pub fn compact(mut self) -> Objects {
+        for c in &mut self.chains {
+            c.rules.shrink_to_fit();
+        }
+        self.chains.shrink_to_fit();
+        self.sets.shrink_to_fit();
+        self.elements.shrink_to_fit();
+        self.classes.shrink_to_fit();
+        self
+    }
+}
+
 /// One family's desired `kube-proxy` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ruleset {

@@ -98,6 +98,18 @@ fn owned_set(name: &str) -> bool {
 /// the base chains first, so a changed hook or priority takes (upstream
 /// does so once per process).
 pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> Delta {
+    full_sync_of(new, kernel, recreate_base, |_| true)
+}
+
+/// [`full_sync`] writing only the chains `write` takes (added, flushed,
+/// their rules); everything else as [`full_sync`] (the staged sync's last
+/// transaction: [`super::staging`]).
+pub fn full_sync_of(
+    new: &Ruleset,
+    kernel: &KernelObjects,
+    recreate_base: bool,
+    write: impl Fn(&Chain) -> bool,
+) -> Delta {
     let mut head = vec![NftOp::add_table()];
     if recreate_base {
         for c in new.top.chains.iter().filter(|c| c.base.is_some()) {
@@ -113,16 +125,14 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
     for s in new.top.sets.iter().chain(&new.shared.sets).filter(|s| !dynamic(s)) {
         ops.sets.push(NftOp::FlushSet { name: s.name.clone(), map: s.is_map() });
     }
-    new.chains().for_each(|c| ops.rewrite(c));
-    let active: BTreeSet<&str> = new.chains().map(|c| c.name.as_str()).collect();
-    let stale: Vec<String> =
-        kernel.chains.iter().filter(|c| owned_chain(c) && !active.contains(c.as_str())).cloned().collect();
+    new.chains().filter(|c| write(c)).for_each(|c| ops.rewrite(c));
+    let stale = stale_chains(new, kernel);
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
     let mut seen: BTreeSet<(String, Vec<KeyPart>)> = BTreeSet::new();
     for e in new.elements().filter(|e| seen.insert(e.id())) {
         push(&mut ops.element_adds, e.add_op());
     }
-    if !new.top.sets.iter().any(|s| s.name == NODEPORT_IPS) {
+    if nodeport_ips_missing(new) {
         // Upstream's add + delete: gone whether or not it was there.
         ops.set_deletes.push(NftOp::AddSet(nodeport_ips_set(new.family)));
         ops.set_deletes.push(NftOp::DeleteSet { name: NODEPORT_IPS.into(), map: false });
@@ -133,6 +143,19 @@ pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> 
         ops.set_deletes.push(NftOp::DeleteSet { name: s.clone(), map });
     }
     Delta { tx: ops.into_tx(new.family, head), stale_chains: stale }
+}
+
+/// Whether `new` has no `nodeport-ips` set: a full sync deletes the
+/// kernel's (adding it first, so the delete cannot fail).
+pub fn nodeport_ips_missing(new: &Ruleset) -> bool {
+    !new.top.sets.iter().any(|s| s.name == NODEPORT_IPS)
+}
+
+/// The chains of `kernel` a full sync of `new` flushes (and deletes
+/// later): per-service chains and the other ruleset's chains `new` has not got.
+pub fn stale_chains(new: &Ruleset, kernel: &KernelObjects) -> Vec<String> {
+    let active: BTreeSet<&str> = new.chains().map(|c| c.name.as_str()).collect();
+    kernel.chains.iter().filter(|c| owned_chain(c) && !active.contains(c.as_str())).cloned().collect()
 }
 
 /// How many groups of a ruleset hold each element (by `(set, key)`): a

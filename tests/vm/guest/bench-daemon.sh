@@ -10,6 +10,10 @@
 # KPR_DAEMON (--env) replaces the daemon binary, e.g. by a wrapper that runs
 # it under `heaptrack -r` (README "Performance", where the memory goes).
 set -u
+# The daemon raises nf_conntrack_max to its configured floor, which it
+# cannot write from the bench's network namespace: set it here first.
+modprobe nf_conntrack 2>/dev/null
+sysctl -qw net.netfilter.nf_conntrack_max=1048576
 kpr-bench daemon --binary "${KPR_DAEMON:-/usr/local/bin/kube-proxy-rs}" "$@" >/out/daemon.md
 rc=$?
 cat /out/daemon.md

@@ -281,6 +281,20 @@ fn a_new_node_address_gets_its_node_ports_at_the_next_periodic_sync() {
     });
 }
 
+/// The Service addresses the dummy link actor binds on kube-ipvs0 are not
+/// node addresses: a periodic sync after one was bound stays partial.
+#[test]
+fn a_service_address_bound_on_kube_ipvs0_brings_no_full_resync() {
+    run_paused(|| async {
+        let h = with_web(Duration::from_secs(1), Duration::from_secs(30)).await;
+        h.addrs.lock().unwrap().push(LocalAddr { ifname: "kube-ipvs0".into(), ip: "10.96.0.20".parse().unwrap() });
+        sleep(Duration::from_secs(31)).await;
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().any(|s| s.periodic), "a periodic sync ran: {syncs:?}");
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
+    });
+}
+
 #[test]
 fn a_full_resync_of_every_actor_comes_once_an_hour() {
     run_paused(|| async {

@@ -13,7 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::Metadata;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use tracing::{debug, warn};
@@ -208,20 +208,95 @@ impl Object {
 
 /// Parses one file into its objects; any problem rejects the whole file.
 /// The objects of one file; copies of an object already read from it are
-/// refused (logged, and added to `duplicates`).
+/// refused (logged, and added to `duplicates`). Documents are read one at a
+/// time and a list's items one at a time (see [`DocumentSeed`]): no value
+/// tree of a whole file or list is built.
 pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplicate>) -> Result<Objects, ManifestError> {
-    let format = Format::of(path).unwrap_or(Format::Yaml);
     let mut objects = Objects::new();
-    let mut twice = Vec::new();
-    for (index, document) in read_documents(path, format, bytes)?.into_iter().enumerate() {
-        let at = Location { document: index, item: None };
-        let mut out = Out { objects: &mut objects, twice: &mut twice };
-        add_document(document, at, &mut out).map_err(|failure| failure.into_error(path, format, bytes))?;
+    read_file(path, bytes, Out::new(&mut objects, Keep::Whole), duplicates)?;
+    Ok(objects)
+}
+
+/// A file read for what a scan keeps of it: every object decoded (so any
+/// problem rejects the whole file, as [`parse_file`]) but kept only as
+/// [`Held::kept`] keeps it, and which documents are lists, so that
+/// [`each_object`] can read the file again handing its objects over one
+/// at a time.
+#[derive(Debug, Default)]
+pub(super) struct Outline {
+    pub(super) objects: Objects,
+    /// The lists by document index, with their items' type.
+    lists: BTreeMap<usize, Option<TypeMeta>>,
+}
+
+/// The [`Outline`] of a file; its errors are [`parse_file`]'s.
+pub(super) fn outline_file(
+    path: &Path,
+    bytes: &[u8],
+    duplicates: &mut Vec<Duplicate>,
+) -> Result<Outline, ManifestError> {
+    let mut outline = Outline::default();
+    let mut out = Out::new(&mut outline.objects, Keep::Kept);
+    out.lists = Some(&mut outline.lists);
+    read_file(path, bytes, out, duplicates)?;
+    Ok(outline)
+}
+
+/// Reads a file outlined by [`outline_file`] again and hands each object to
+/// `hand` as it is decoded (a later copy of an object too: the outline has
+/// the first), holding none.
+pub(super) fn each_object(
+    path: &Path,
+    bytes: &[u8],
+    outline: &Outline,
+    hand: &mut dyn FnMut(ObjectKey, Object),
+) -> Result<(), ManifestError> {
+    let mut objects = Objects::new();
+    let mut out = Out::new(&mut objects, Keep::Hand(hand));
+    out.known_lists = Some(&outline.lists);
+    read_file(path, bytes, out, &mut Vec::new())
+}
+
+fn read_file(path: &Path, bytes: &[u8], mut out: Out, duplicates: &mut Vec<Duplicate>) -> Result<(), ManifestError> {
+    let format = Format::of(path).unwrap_or(Format::Yaml);
+    fn stopped<E>(
+        stop: Stop<E>,
+        syntax: impl Fn(E) -> ManifestError,
+        path: &Path,
+        format: Format,
+        bytes: &[u8],
+    ) -> ManifestError {
+        match stop {
+            Stop::Failed(failure) => failure.into_error(path, format, bytes),
+            Stop::Syntax(source) => syntax(source),
+        }
     }
-    duplicates.extend(twice.into_iter().map(|(key, at)| {
+    match format {
+        Format::Yaml => {
+            let syntax = |source| ManifestError::Yaml { path: path.to_owned(), source };
+            for (index, document) in yaml_serde::Deserializer::from_slice(bytes).enumerate() {
+                read_document(document, index, &mut out).map_err(|stop| stopped(stop, syntax, path, format, bytes))?;
+            }
+        }
+        Format::Json => {
+            let syntax = |source| ManifestError::Json { path: path.to_owned(), source };
+            // The stream finds where each value ends; each is then read on its own.
+            let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<IgnoredAny>();
+            let (mut start, mut index) = (0, 0);
+            while let Some(value) = values.next() {
+                value.map_err(syntax)?;
+                let end = values.byte_offset();
+                let mut document = serde_json::Deserializer::from_slice(&bytes[start..end]);
+                read_document(&mut document, index, &mut out)
+                    .map_err(|stop| stopped(stop, syntax, path, format, bytes))?;
+                (start, index) = (end, index + 1);
+            }
+        }
+    }
+    duplicates.extend(out.twice.into_iter().map(|(key, at)| {
         Duplicate::of(&key, format!("twice in {}; the first is used, the one at {at} refused", path.display()))
     }));
-    Ok(objects)
+    Ok(())
 }
 
 /// Whether `bytes` (the file at `path`) holds a Node named `name`, read
@@ -229,20 +304,42 @@ pub(super) fn parse_file(path: &Path, bytes: &[u8], duplicates: &mut Vec<Duplica
 /// Node ([`super::ManifestDir::find_node`]). False for a file that does not
 /// parse.
 pub(super) fn names_node(path: &Path, bytes: &[u8], name: &str) -> bool {
-    let format = Format::of(path).unwrap_or(Format::Yaml);
-    let Ok(documents) = read_documents(path, format, bytes) else { return false };
-    let is_ours = |value: &Value, default: Option<&TypeMeta>| {
-        let node =
-            TypeMeta::read(value, default).is_ok_and(|t| (t.api_version.as_str(), t.kind.as_str()) == ("v1", "Node"));
-        node && value.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+    /// What a document tells of its type and name, and its items' (other
+    /// fields skipped unread).
+    #[derive(Deserialize)]
+    struct Outline {
+        #[serde(rename = "apiVersion")]
+        api_version: Option<String>,
+        kind: Option<String>,
+        metadata: Option<Named>,
+        items: Option<Vec<Outline>>,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        name: Option<String>,
+    }
+    let is_ours = |o: &Outline, default: (Option<&str>, Option<&str>)| {
+        let api_version = o.api_version.as_deref().or(default.0);
+        let kind = o.kind.as_deref().or(default.1);
+        (api_version, kind) == (Some("v1"), Some("Node"))
+            && o.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some(name)
     };
-    documents.iter().any(|document| match TypeMeta::read(document, None) {
-        Ok(t) if t.kind.ends_with("List") => {
-            let items = document.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-            items.iter().any(|item| is_ours(item, t.list_item().as_ref()))
+    let has_ours = |document: Outline| match document.kind.as_deref() {
+        Some(kind) if kind.ends_with("List") => {
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+            let default = (document.api_version.as_deref().filter(|_| item_kind.is_some()), item_kind);
+            document.items.iter().flatten().any(|item| is_ours(item, default))
         }
-        _ => is_ours(document, None),
-    })
+        _ => is_ours(&document, (None, None)),
+    };
+    match Format::of(path).unwrap_or(Format::Yaml) {
+        Format::Yaml => {
+            yaml_serde::Deserializer::from_slice(bytes).filter_map(|d| Outline::deserialize(d).ok()).any(has_ours)
+        }
+        Format::Json => {
+            serde_json::Deserializer::from_slice(bytes).into_iter::<Outline>().map_while(Result::ok).any(has_ours)
+        }
+    }
 }
 
 /// The Node named `name` among a file's objects.
@@ -253,24 +350,311 @@ pub(super) fn node_named(objects: &Objects, name: &str) -> Option<Arc<Node>> {
     })
 }
 
+/// What is kept of each object read.
+enum Keep<'h> {
+    /// The whole object.
+    Whole,
+    /// What [`Held::kept`] keeps.
+    Kept,
+    /// Each object is handed over as it is read; nothing is kept.
+    Hand(&'h mut dyn FnMut(ObjectKey, Object)),
+}
+
 /// Where a file's documents go: its objects, and the copies refused.
 struct Out<'a> {
     objects: &'a mut Objects,
-    twice: &'a mut Vec<(ObjectKey, Location)>,
+    keep: Keep<'a>,
+    twice: Vec<(ObjectKey, Location)>,
+    /// Where the lists found are noted, by document index.
+    lists: Option<&'a mut BTreeMap<usize, Option<TypeMeta>>>,
+    /// The file's lists, known from an earlier reading.
+    known_lists: Option<&'a BTreeMap<usize, Option<TypeMeta>>>,
 }
 
-/// Splits a file into documents, each as a generic JSON value.
-fn read_documents(path: &Path, format: Format, bytes: &[u8]) -> Result<Vec<Value>, ManifestError> {
-    match format {
-        Format::Yaml => yaml_serde::Deserializer::from_slice(bytes)
-            .map(Value::deserialize)
-            .collect::<Result<_, _>>()
-            .map_err(|source| ManifestError::Yaml { path: path.to_owned(), source }),
-        Format::Json => serde_json::Deserializer::from_slice(bytes)
-            .into_iter::<Value>()
-            .collect::<Result<_, _>>()
-            .map_err(|source| ManifestError::Json { path: path.to_owned(), source }),
+impl<'a> Out<'a> {
+    fn new(objects: &'a mut Objects, keep: Keep<'a>) -> Self {
+        Out { objects, keep, twice: Vec::new(), lists: None, known_lists: None }
     }
+
+    /// What of an object read is held until its list is known to be one.
+    fn held(&self, held: Held) -> Held {
+        match self.keep {
+            Keep::Whole | Keep::Hand(_) => held,
+            Keep::Kept => held.kept(),
+        }
+    }
+
+    /// Keeps the first copy of an object; a later one is refused.
+    fn insert(&mut self, key: ObjectKey, held: Held, at: Location) {
+        if let Keep::Hand(hand) = &mut self.keep {
+            if let Some(object) = held.object {
+                hand(key, object);
+            }
+            return;
+        }
+        let held = self.held(held);
+        match self.objects.entry(key) {
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(held);
+            }
+            std::collections::btree_map::Entry::Occupied(slot) => {
+                warn!(object = %slot.key(), location = %at, "the same object twice in one file: the first one is used, this one refused");
+                self.twice.push((slot.key().clone(), at));
+            }
+        }
+    }
+}
+
+/// Why reading a document stopped: the document was refused, or the
+/// parser's own error (syntax).
+enum Stop<E> {
+    Failed(DocFailure),
+    Syntax(E),
+}
+
+/// Reads one document into `out`.
+fn read_document<'de, D: Deserializer<'de>>(document: D, index: usize, out: &mut Out) -> Result<(), Stop<D::Error>> {
+    let mut failure = None;
+    let reader = DocumentReader { at: Location { document: index, item: None }, out, failure: &mut failure };
+    match (Shape(reader).deserialize(document), failure) {
+        (_, Some(failure)) => Err(Stop::Failed(failure)),
+        (Err(error), None) => Err(Stop::Syntax(error)),
+        (Ok(Found::Read | Found::Null), None) => Ok(()),
+        (Ok(Found::Other(found)), None) => {
+            let problem = format!("expected an object, found {found}");
+            Err(Stop::Failed(DocFailure::invalid(Location { document: index, item: None }, problem)))
+        }
+    }
+}
+
+/// What a value turned out to be where a map or a list is read.
+enum Found {
+    /// A map or list, read.
+    Read,
+    Null,
+    /// Something else, by its name ("a string").
+    Other(&'static str),
+}
+
+/// Reads a map or a list as it is parsed; anything else is named.
+trait Container<'de>: Sized {
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Found::Other("an object"))
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Found::Other("a list"))
+    }
+}
+
+/// The visitor (and seed) of a [`Container`].
+struct Shape<C>(C);
+
+impl<'de, C: Container<'de>> DeserializeSeed<'de> for Shape<C> {
+    type Value = Found;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Found, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de, C: Container<'de>> Visitor<'de> for Shape<C> {
+    type Value = Found;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a manifest value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Found, E> {
+        Ok(Found::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Found, E> {
+        Ok(Found::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Found, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Found, E> {
+        Ok(Found::Other("a boolean"))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Found, E> {
+        Ok(Found::Other("a number"))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Found, E> {
+        Ok(Found::Other("a number"))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Found, E> {
+        Ok(Found::Other("a number"))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Found, E> {
+        Ok(Found::Other("a string"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Found, A::Error> {
+        self.0.map(map)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Found, A::Error> {
+        self.0.seq(seq)
+    }
+}
+
+/// The error that stops the parser once a document is refused (the
+/// reason is in the reader's `failure`).
+fn refused<E: serde::de::Error>(failure: &mut Option<DocFailure>, refusal: DocFailure) -> E {
+    failure.get_or_insert(refusal);
+    E::custom("manifest document refused")
+}
+
+/// A document: its fields other than `items` are built as a value; a
+/// list's items are decoded one at a time as they are read.
+struct DocumentReader<'a, 'o> {
+    at: Location,
+    out: &'a mut Out<'o>,
+    failure: &'a mut Option<DocFailure>,
+}
+
+impl<'de> Container<'de> for DocumentReader<'_, '_> {
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+        let at = self.at;
+        let mut fields = serde_json::Map::new();
+        let mut items = Found::Null;
+        let mut read = ItemsRead::default();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "items" {
+                let known = self.out.known_lists.and_then(|lists| lists.get(&at.document));
+                let so_far = known.map_or_else(|| ListSoFar::of(&fields), |item| ListSoFar::List(item.clone()));
+                let reader = ItemsReader { at, so_far, read: &mut read, out: self.out };
+                items = map.next_value_seed(Shape(reader))?;
+            } else {
+                fields.insert(key, map.next_value()?);
+            }
+        }
+        let document = Value::Object(fields);
+        let type_meta = (TypeMeta::read(&document, None))
+            .map_err(|p| refused(self.failure, DocFailure::invalid(at, p.to_string())))?;
+        let result = match type_meta.kind.ends_with("List") {
+            true => {
+                if let Some(lists) = &mut self.out.lists {
+                    lists.insert(at.document, type_meta.list_item());
+                }
+                add_items(items, read, &type_meta, at, self.out)
+            }
+            false => add_object(document, &type_meta, at, self.out),
+        };
+        result.map_err(|failure| refused(self.failure, failure))?;
+        Ok(Found::Read)
+    }
+}
+
+/// What a document's fields read before its `items` say about it.
+#[derive(Clone)]
+enum ListSoFar {
+    /// Not known yet (its apiVersion or kind comes later).
+    Unknown,
+    /// A list; the type of items that name none.
+    List(Option<TypeMeta>),
+    /// Not a list: its items are not read.
+    NotList,
+}
+
+impl ListSoFar {
+    fn of(fields: &serde_json::Map<String, Value>) -> ListSoFar {
+        let field = |name| fields.get(name).and_then(Value::as_str);
+        match (field("apiVersion"), field("kind")) {
+            (_, Some(kind)) if !kind.ends_with("List") => ListSoFar::NotList,
+            (Some(api_version), Some(kind)) => {
+                ListSoFar::List(TypeMeta { api_version: api_version.to_owned(), kind: kind.to_owned() }.list_item())
+            }
+            _ => ListSoFar::Unknown,
+        }
+    }
+}
+
+/// A list's items as read: decoded as they came (those whose type was
+/// known then), or kept as values until the list's own type is known.
+#[derive(Default)]
+struct ItemsRead {
+    decoded: Vec<(Location, ObjectKey, Held)>,
+    waiting: Vec<(Location, Value)>,
+    /// The first item refused; the rest were skipped.
+    failure: Option<DocFailure>,
+}
+
+struct ItemsReader<'a, 'o> {
+    at: Location,
+    so_far: ListSoFar,
+    read: &'a mut ItemsRead,
+    out: &'a mut Out<'o>,
+}
+
+impl<'de> Container<'de> for ItemsReader<'_, '_> {
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
+        let default = match &self.so_far {
+            ListSoFar::NotList => {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                return Ok(Found::Read);
+            }
+            ListSoFar::List(default) => default.as_ref(),
+            ListSoFar::Unknown => None,
+        };
+        let known = self.out.known_lists.is_some() && matches!(self.so_far, ListSoFar::List(_));
+        let mut index = 0;
+        while self.read.failure.is_none() {
+            let Some(item) = seq.next_element::<Value>()? else { return Ok(Found::Read) };
+            let at = Location { item: Some(index), ..self.at };
+            index += 1;
+            match TypeMeta::read(&item, default) {
+                Ok(meta) => match decode_object(item, &meta, at) {
+                    // Known to be a list from an earlier reading: handed over now.
+                    Ok(Some((key, held))) if known => self.out.insert(key, held, at),
+                    Ok(Some((key, held))) => self.read.decoded.push((at, key, self.out.held(held))),
+                    Ok(None) => {}
+                    Err(failure) => self.read.failure = Some(failure),
+                },
+                Err(_) => self.read.waiting.push((at, item)),
+            }
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Found::Read)
+    }
+}
+
+/// A list's items into `out`, once the list is known to be one.
+fn add_items(
+    items: Found,
+    read: ItemsRead,
+    type_meta: &TypeMeta,
+    at: Location,
+    out: &mut Out,
+) -> Result<(), DocFailure> {
+    if let Found::Other(found) = items {
+        return Err(DocFailure::invalid(at, format!("items must be a list, found {found}")));
+    }
+    if let Some(failure) = read.failure {
+        return Err(failure);
+    }
+    for (at, key, held) in read.decoded {
+        out.insert(key, held, at);
+    }
+    let item_type = type_meta.list_item();
+    for (at, item) in read.waiting {
+        let item_meta =
+            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
+        if let Some((key, held)) = decode_object(item, &item_meta, at)? {
+            out.insert(key, held, at);
+        }
+    }
+    Ok(())
 }
 
 /// Where an object is in its file: document index (0-based) and list item.
@@ -340,41 +724,15 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-fn add_document(document: Value, at: Location, out: &mut Out) -> Result<(), DocFailure> {
-    if document.is_null() {
-        return Ok(());
-    }
-    let type_meta = TypeMeta::read(&document, None).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
-    if type_meta.kind.ends_with("List") {
-        return add_list(document, &type_meta, at, out);
-    }
-    add_object(document, &type_meta, at, out)
-}
-
-fn add_list(list: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
-    let item_type = type_meta.list_item();
-    let items = match list {
-        Value::Object(mut map) => map.remove("items").unwrap_or_default(),
-        _ => Value::Null,
-    };
-    let items = match items {
-        Value::Null => Vec::new(),
-        Value::Array(items) => items,
-        other => {
-            let problem = format!("items must be a list, found {}", json_type(&other));
-            return Err(DocFailure::invalid(at, problem));
-        }
-    };
-    for (index, item) in items.into_iter().enumerate() {
-        let at = Location { item: Some(index), ..at };
-        let item_meta =
-            TypeMeta::read(&item, item_type.as_ref()).map_err(|p| DocFailure::invalid(at, p.to_string()))?;
-        add_object(item, &item_meta, at, out)?;
+fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
+    if let Some((key, held)) = decode_object(value, type_meta, at)? {
+        out.insert(key, held, at);
     }
     Ok(())
 }
 
-fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -> Result<(), DocFailure> {
+/// An object of a watched kind with its key; `None` for other kinds.
+fn decode_object(value: Value, type_meta: &TypeMeta, at: Location) -> Result<Option<(ObjectKey, Held)>, DocFailure> {
     let object = match (type_meta.api_version.as_str(), type_meta.kind.as_str()) {
         ("v1", "Service") => Object::Service(Arc::new(namespaced(decode(&value, type_meta, at)?))),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -384,21 +742,12 @@ fn add_object(value: Value, type_meta: &TypeMeta, at: Location, out: &mut Out) -
         ("networking.k8s.io/v1", "ServiceCIDR") => Object::ServiceCidr(Arc::new(decode(&value, type_meta, at)?)),
         (api_version, kind) => {
             debug!(%api_version, %kind, location = %at, "ignoring a kind the proxy does not use");
-            return Ok(());
+            return Ok(None);
         }
     };
     let key =
         object.key().ok_or_else(|| DocFailure::invalid(at, format!("{} without metadata.name", type_meta.kind)))?;
-    match out.objects.entry(key) {
-        std::collections::btree_map::Entry::Vacant(slot) => {
-            slot.insert(Held { digest: value_digest(&value), object: Some(object) });
-        }
-        std::collections::btree_map::Entry::Occupied(slot) => {
-            warn!(object = %slot.key(), location = %at, "the same object twice in one file: the first one is used, this one refused");
-            out.twice.push((slot.key().clone(), at));
-        }
-    }
-    Ok(())
+    Ok(Some((key, Held { digest: value_digest(&value), object: Some(object) })))
 }
 
 /// Puts an object without a namespace into `default`.
@@ -614,6 +963,74 @@ items:
         assert!(messages[0].contains("document 1, items[0]: Node n: invalid type"), "{}", messages[0]);
         assert!(messages[1].contains("document 1: Node without a name: invalid type"), "{}", messages[1]);
         assert!(messages[1].contains("line 1"), "{}", messages[1]);
+    }
+
+    /// Objects of `text` read as file `name`, as "Kind ns/name" lines, or its error.
+    fn parse(name: &str, text: &str) -> Result<Vec<String>, String> {
+        let objects = parse_file(Path::new(name), text.as_bytes(), &mut Vec::new()).map_err(|e| e.to_string())?;
+        Ok(objects.keys().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn list_items_before_the_lists_kind_are_read_one_by_one() {
+        // kubectl's JSON order: apiVersion, items, kind.
+        let list = r#"{"apiVersion": "v1", "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "ns"}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b"}}], "kind": "List"}"#;
+        assert_eq!(parse("l.json", list).unwrap(), ["Service default/b", "Service ns/a"]);
+        // A typed list's items name no type: they wait for the list's kind.
+        let nodes = r#"{"apiVersion": "v1", "items": [{"metadata": {"name": "n1"}}], "kind": "NodeList"}"#;
+        assert_eq!(parse("n.json", nodes).unwrap(), ["Node n1"]);
+        let nodes = "items:\n  - metadata: {name: n1}\napiVersion: v1\nkind: NodeList\n";
+        assert_eq!(parse("n.yaml", nodes).unwrap(), ["Node n1"]);
+        // An item without a type in a plain List is refused, wherever the kind is.
+        for list in [
+            r#"{"apiVersion": "v1", "items": [{"metadata": {"name": "n1"}}], "kind": "List"}"#,
+            r#"{"apiVersion": "v1", "kind": "List", "items": [{"metadata": {"name": "n1"}}]}"#,
+        ] {
+            let error = parse("l.json", list).unwrap_err();
+            assert!(error.contains("document 1, items[0]: missing or non-string apiVersion"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_list_item_that_does_not_decode_rejects_the_file_naming_the_item() {
+        for kind_first in [true, false] {
+            let items = r#""items": [
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}},
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b"}, "spec": {"ports": 5}}]"#;
+            let list = match kind_first {
+                true => format!(r#"{{"apiVersion": "v1", "kind": "List", {items}}}"#),
+                false => format!(r#"{{"apiVersion": "v1", {items}, "kind": "List"}}"#),
+            };
+            let error = parse("l.json", &list).unwrap_err();
+            assert!(error.contains("document 1, items[1]: Service b: invalid type"), "{error}");
+        }
+        let error = parse("l.yaml", "apiVersion: v1\nkind: List\nitems: {a: 1}\n").unwrap_err();
+        assert!(error.contains("document 1: items must be a list, found an object"), "{error}");
+        let error = parse("l.yaml", "--- just text\n").unwrap_err();
+        assert!(error.contains("document 1: expected an object, found a string"), "{error}");
+    }
+
+    #[test]
+    fn items_of_a_document_that_is_no_list_are_not_read() {
+        let text = r#"{"apiVersion": "v1", "kind": "ConfigMap", "items": [{"bad": true}], "metadata": {"name": "c"}}
+            {"apiVersion": "v1", "kind": "Node", "items": 7, "metadata": {"name": "n"}}"#;
+        assert_eq!(parse("c.json", text).unwrap(), ["Node n"]);
+    }
+
+    #[test]
+    fn duplicates_within_a_list_keep_the_first() {
+        let list = r#"{"apiVersion": "v1", "items": [
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {"copy": "1"}}},
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {"copy": "2"}}}], "kind": "List"}"#;
+        let mut duplicates = Vec::new();
+        let objects = parse_file(Path::new("l.json"), list.as_bytes(), &mut duplicates).unwrap();
+        let Some(Object::Node(node)) = objects.values().next().and_then(|h| h.object.clone()) else { panic!() };
+        assert_eq!(node.metadata.labels.as_ref().and_then(|l| l.get("copy")).map(String::as_str), Some("1"));
+        assert_eq!(duplicates.len(), 1);
+        assert!(duplicates[0].detail.contains("document 1, items[1]"), "{:?}", duplicates[0]);
     }
 
     #[test]

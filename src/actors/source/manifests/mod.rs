@@ -61,5 +61,5 @@ mod testing;
 mod watch;
 
 pub use error::{DecodeError, Duplicate, ManifestError};
-pub use scan::{ManifestDir, ScanResult, SETTLE};
+pub use scan::{Chunks, ManifestDir, ScanResult, SETTLE};
 pub use watch::{spawn, spawn_polling, spawn_reporting, ManifestWatcher};

@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Node;
 use tracing::{debug, warn};
 
-use super::decode::{names_node, node_named, parse_file, Format, Object, ObjectKey, Objects};
+use super::decode::{
+    each_object, names_node, node_named, outline_file, parse_file, Format, Object, ObjectKey, Objects, Outline,
+};
 use super::error::{Duplicate, ManifestError};
 use crate::msgs::source::{ResourceKind, SourceEvent};
 
@@ -24,6 +26,24 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// a visible change of mtime or size (coarse timestamps), so it is re-read,
 /// and re-parsed if its content changed.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// How the first scan reads a large file: one larger than `file_bytes` is
+/// read twice, first for its outline (every object decoded, so a bad file
+/// is still refused whole, but only identities kept), then again handing
+/// its objects over `objects` at a time. A file of 10,000 services' objects
+/// (12 MB) held decoded cost ≈ 69 MB; reading it twice costs a second
+/// decode.
+#[derive(Debug, Clone, Copy)]
+pub struct Chunks {
+    pub file_bytes: usize,
+    pub objects: usize,
+}
+
+impl Default for Chunks {
+    fn default() -> Self {
+        Chunks { file_bytes: 1 << 20, objects: 1000 }
+    }
+}
 
 /// What one [`ManifestDir::scan`] found.
 #[derive(Debug, Default)]
@@ -50,17 +70,31 @@ pub struct ManifestDir {
     current: Objects,
     synced: bool,
     settle: Duration,
+    chunks: Chunks,
 }
 
 impl ManifestDir {
     /// A manifest directory not scanned yet.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), files: BTreeMap::new(), current: Objects::new(), synced: false, settle: SETTLE }
+        Self {
+            dir: dir.into(),
+            files: BTreeMap::new(),
+            current: Objects::new(),
+            synced: false,
+            settle: SETTLE,
+            chunks: Chunks::default(),
+        }
     }
 
     /// Another settle time than [`SETTLE`] (zero: read files as they are).
     pub fn with_settle(mut self, settle: Duration) -> Self {
         self.settle = settle;
+        self
+    }
+
+    /// Other [`Chunks`] than the default's for the first scan.
+    pub fn with_chunks(mut self, chunks: Chunks) -> Self {
+        self.chunks = chunks;
         self
     }
 
@@ -92,16 +126,23 @@ impl ManifestDir {
     /// file brings as it is read (the first file holding an object wins, as
     /// in [`ManifestDir::scan`], whose results it leaves behind), and last
     /// `Synced` for every kind. Only one file's decoded objects are held at
-    /// a time: at 10,000 services the whole directory's were ≈ 69 MB, the
-    /// daemon's peak. If the directory cannot be listed, nothing is read.
+    /// a time, and of a large file only [`Chunks::objects`] at a time: at
+    /// 10,000 services the whole directory's were ≈ 69 MB, the daemon's
+    /// peak. If the directory cannot be listed, nothing is read.
     pub fn scan_file_by_file(&mut self, mut each: impl FnMut(ScanResult)) -> Result<(), ManifestError> {
         let listing = list_dir(&self.dir)?;
         let now = SystemTime::now();
         for (path, meta) in listing {
             let mut pass = Pass { listed: true, ..Pass::default() };
-            match meta {
-                Ok(meta) => self.refresh(path, Stamp::of(&meta), now, &mut pass),
-                Err(source) => self.stat_failed(path, source, &mut pass),
+            let large = match meta {
+                Ok(meta) => self.refresh(path, Stamp::of(&meta), now, &mut pass, Some(self.chunks.file_bytes)),
+                Err(source) => {
+                    self.stat_failed(path, source, &mut pass);
+                    None
+                }
+            };
+            if let Some(large) = large {
+                self.hand_over_in_chunks(&large, &mut pass, &mut each);
             }
             let events = self.settle_all(std::mem::take(&mut pass.touched), &pass.fresh, &mut pass.refused);
             drop(pass.fresh);
@@ -147,26 +188,39 @@ impl ManifestDir {
         let now = SystemTime::now();
         for (path, meta) in listing {
             match meta {
-                Ok(meta) => self.refresh(path, Stamp::of(&meta), now, pass),
+                Ok(meta) => drop(self.refresh(path, Stamp::of(&meta), now, pass, None)),
                 Err(source) => self.stat_failed(path, source, pass),
             }
         }
     }
 
-    fn refresh(&mut self, path: PathBuf, stamp: Stamp, now: SystemTime, pass: &mut Pass) {
+    /// Reads the file at `path` again if it changed. One larger than
+    /// `outline_above` bytes is only outlined: its objects are left to
+    /// [`Self::hand_over_in_chunks`] (returned).
+    fn refresh(
+        &mut self,
+        path: PathBuf,
+        stamp: Stamp,
+        now: SystemTime,
+        pass: &mut Pass,
+        outline_above: Option<usize>,
+    ) -> Option<LargeFile> {
         if self.files.get(&path).is_some_and(|f| f.is_fresh(stamp)) {
-            return;
+            return None;
         }
         if self.synced {
             if let Some(wait) = stamp.settling(now, self.settle) {
                 debug!(path = %path.display(), ?wait, "manifest still being written; reading it once quiet");
                 pass.settle_again = Some(pass.settle_again.map_or(wait, |w| w.min(wait)));
-                return;
+                return None;
             }
         }
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return self.forget(&path, pass),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                self.forget(&path, pass);
+                return None;
+            }
             Err(source) => {
                 let file = self.files.entry(path.clone()).or_default();
                 // Reported once per version of the file.
@@ -175,16 +229,29 @@ impl ManifestDir {
                 if new_version {
                     pass.report(ManifestError::ReadFile { path, source });
                 }
-                return;
+                return None;
             }
         };
         let file = self.files.entry(path.clone()).or_default();
         file.seen(stamp, now);
         let hash = content_hash(&bytes);
         if file.hash == Some(hash) {
-            return;
+            return None;
         }
         file.hash = Some(hash);
+        if outline_above.is_some_and(|above| bytes.len() > above) {
+            return match outline_file(&path, &bytes, &mut pass.refused) {
+                Ok(mut outline) => {
+                    let old = std::mem::replace(&mut file.objects, std::mem::take(&mut outline.objects));
+                    pass.touch_differences(&old, &file.objects);
+                    Some(LargeFile { path, bytes, outline })
+                }
+                Err(err) => {
+                    pass.report(err);
+                    None
+                }
+            };
+        }
         match parse_file(&path, &bytes, &mut pass.refused) {
             Ok(objects) => {
                 let kept: Objects = objects.iter().map(|(key, held)| (key.clone(), held.kept())).collect();
@@ -195,6 +262,40 @@ impl ManifestDir {
             }
             // The file's last good objects stay.
             Err(err) => pass.report(err),
+        }
+        None
+    }
+
+    /// The objects of a file [`Self::refresh`] outlined, read again and
+    /// handed to `each` as events, [`Chunks::objects`] at a time; the
+    /// touched objects of other files are left in `pass`.
+    fn hand_over_in_chunks(&mut self, large: &LargeFile, pass: &mut Pass, each: &mut impl FnMut(ScanResult)) {
+        let mut chunk = Fresh::new();
+        let size = self.chunks.objects.max(1);
+        let mut flush = |this: &mut Self, chunk: &mut Fresh, pass: &mut Pass| {
+            let fresh = std::mem::take(chunk);
+            let touched = fresh.keys().map(|(_, key)| key.clone()).collect();
+            let events = this.settle_all(touched, &fresh, &mut pass.refused);
+            drop(fresh);
+            let refused = std::mem::take(&mut pass.refused);
+            each(ScanResult { events, refused, ..ScanResult::default() });
+        };
+        let read = each_object(&large.path, &large.bytes, &large.outline, &mut |key, object| {
+            // The first copy in the file (the outline's); a later one was refused.
+            if pass.touched.remove(&key) {
+                chunk.insert((large.path.clone(), key), object);
+                if chunk.len() >= size {
+                    flush(self, &mut chunk, pass);
+                }
+            }
+        });
+        if !chunk.is_empty() {
+            flush(self, &mut chunk, pass);
+        }
+        if let Err(error) = read {
+            // The same bytes decoded once already: the objects not handed
+            // over are read again one by one when settled.
+            warn!(%error, "a manifest file read twice failed the second time");
         }
     }
 
@@ -285,6 +386,13 @@ struct Pass {
 
 /// Whole objects by file and key.
 type Fresh = BTreeMap<(PathBuf, ObjectKey), Object>;
+
+/// A file outlined by the first scan, its objects to hand over.
+struct LargeFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    outline: Outline,
+}
 
 impl Pass {
     fn report(&mut self, error: ManifestError) {

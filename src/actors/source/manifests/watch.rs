@@ -179,6 +179,10 @@ enum Wake {
     Tick,
 }
 
+/// A rescan that hands over at least this many changes is followed by a
+/// heap trim (as the first scan is).
+const TRIM_AFTER_EVENTS: usize = 1000;
+
 impl<F: Fn(SourceBatch), R: Fn(&Duplicate)> Worker<F, R> {
     fn run(mut self) {
         self.first_scan();
@@ -203,6 +207,10 @@ impl<F: Fn(SourceBatch), R: Fn(&Duplicate)> Worker<F, R> {
         if let Err(error) = scanned {
             warn!(%error, "first scan of the manifests failed; the next scan tries again");
         }
+        // The files' bytes, values and objects were freed on this thread's
+        // malloc arena: give them back before the first sync's planning,
+        // on the actors' threads, takes pages of its own.
+        crate::heap::trim();
     }
 
     fn rescan(&mut self) {
@@ -212,7 +220,11 @@ impl<F: Fn(SourceBatch), R: Fn(&Duplicate)> Worker<F, R> {
         let events = result.events;
         if !events.is_empty() {
             debug!(events = events.len(), "manifest changes");
+            let large = events.len() >= TRIM_AFTER_EVENTS;
             (self.sink)(SourceBatch(events));
+            if large {
+                crate::heap::trim();
+            }
         }
     }
 

@@ -108,6 +108,76 @@ fn the_file_by_file_scan_sends_each_file_as_read_and_ends_like_a_whole_scan() {
     assert_eq!(events, ["applied Service default/web", "deleted EndpointSlice default/web-abcde"]);
 }
 
+/// A Service as one JSON list item.
+fn json_service(name: &str, ip: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"default"}},"spec":{{"clusterIP":"{ip}","ports":[{{"port":80}}]}}}}"#
+    )
+}
+
+/// A list as `kubectl get -o json` writes it: items before the list's kind.
+fn json_list(items: &[String]) -> String {
+    format!(r#"{{"apiVersion":"v1","items":[{}],"kind":"List"}}"#, items.join(","))
+}
+
+/// The first scan's calls, each its events and how many copies it refused.
+fn first_scan_calls(dir: &TempDir, chunks: Chunks) -> Vec<(Vec<String>, usize)> {
+    let mut manifests = ManifestDir::new(dir.path()).with_settle(Duration::ZERO).with_chunks(chunks);
+    let mut calls = Vec::new();
+    manifests.scan_file_by_file(|r| calls.push((summary(&r.events), r.refused.len()))).unwrap();
+    calls
+}
+
+#[test]
+fn a_large_file_is_handed_over_a_chunk_at_a_time_with_the_same_events() {
+    let dir = TempDir::new().unwrap();
+    write(&dir, "a.yaml", &service("s1", "10.96.0.1"));
+    let mut items: Vec<String> = (0..5).map(|i| json_service(&format!("s{i}"), &format!("10.96.1.{i}"))).collect();
+    // Later copies: of s1 in the same file (refused), and s1 is in a.yaml first.
+    items.push(json_service("s3", "10.96.9.9"));
+    write(&dir, "b.json", &json_list(&items));
+    let chunked = first_scan_calls(&dir, Chunks { file_bytes: 0, objects: 2 });
+    let whole = first_scan_calls(&dir, Chunks::default());
+    let applied = |n: &[usize]| n.iter().map(|i| format!("applied Service default/s{i}")).collect::<Vec<_>>();
+    let synced = summary(&ResourceKind::ALL.map(SourceEvent::Synced));
+    assert_eq!(
+        chunked,
+        [
+            // Each file as read, in chunks, then what is left of it (nothing).
+            (applied(&[1]), 0),
+            (vec![], 0),
+            // s0 and s1 read (s1 is a.yaml's), then s2 and s3, then s4; the second s3 is not handed over.
+            (applied(&[0]), 2),
+            (applied(&[2, 3]), 0),
+            (applied(&[4]), 0),
+            (vec![], 0),
+            (synced.clone(), 0),
+        ]
+    );
+    assert_eq!(whole, [(applied(&[1]), 0), (applied(&[0, 2, 3, 4]), 2), (synced, 0)]);
+}
+
+#[test]
+fn a_large_file_with_a_bad_object_hands_over_nothing() {
+    let dir = TempDir::new().unwrap();
+    let mut items: Vec<String> = (0..5).map(|i| json_service(&format!("s{i}"), &format!("10.96.1.{i}"))).collect();
+    items.push(r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"bad"},"spec":{"ports":"80"}}"#.into());
+    write(&dir, "b.json", &json_list(&items));
+    let mut manifests =
+        ManifestDir::new(dir.path()).with_settle(Duration::ZERO).with_chunks(Chunks { file_bytes: 0, objects: 2 });
+    let mut events = Vec::new();
+    let mut errors = Vec::new();
+    manifests
+        .scan_file_by_file(|r| {
+            events.extend(summary(&r.events));
+            errors.extend(r.errors.iter().map(|e| e.to_string()));
+        })
+        .unwrap();
+    assert_eq!(events, summary(&ResourceKind::ALL.map(SourceEvent::Synced)));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("b.json") && errors[0].contains("items[5]"), "{errors:?}");
+}
+
 #[test]
 fn an_empty_directory_is_synced() {
     let dir = TempDir::new().unwrap();
