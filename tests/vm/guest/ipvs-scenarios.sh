@@ -433,6 +433,8 @@ s_restart_keeps_connections() {
   return 0
 }
 
+iptables_mode_rules() { { iptables-save; ip6tables-save; } | grep -E 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES'; }
+iptables_mode_gone() { ! iptables_mode_rules >/dev/null; }
 s_switch_modes() {
   # IPVS mode -> iptables mode: IPVS mode's state goes, iptables mode serves.
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
@@ -451,7 +453,10 @@ s_switch_modes() {
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
   SYNC_PERIOD=120 start_daemon
   wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS mode never synced: $(tail -5 $LOG)"; return 1; }
-  ! iptables-save | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES' || { echo "iptables mode's chains left"; return 1; }
+  # iptables mode's chains go once IPVS mode's first sync is in, in each
+  # family; the virtual servers show before that sync ends (the iptables
+  # actor's restore takes longest), so wait for the removal.
+  wait_for 30 iptables_mode_gone || { echo "iptables mode's chains left: $(iptables_mode_rules | head -3)"; return 1; }
   got=$(distinct 20 http cpod 10.96.0.20 80)
   expect "IPVS mode: backends reached" "$got" "pod1 pod2 remote1 " || return 1
   # The canary (syncPeriod is 2 min now): deleting it is seen by the iptables
