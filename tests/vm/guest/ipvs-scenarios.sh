@@ -366,7 +366,8 @@ s_drift_repaired() {
   wait_for $((SYNC_PERIOD + 5)) ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS not repaired"; return 1; }
   wait_for 5 sh -c "ipset list KUBE-CLUSTER-IP | grep -q 10.96.0.20,tcp:80" || { echo "ipset not repaired"; return 1; }
   wait_for 5 sh -c "ip addr show dev kube-ipvs0 | grep -q 10.96.0.20/32" || { echo "address not repaired"; return 1; }
-  wait_for 5 sh -c "iptables -t nat -S KUBE-SERVICES | grep -q KUBE-CLUSTER-IP" || { echo "nat rules not repaired"; return 1; }
+  # The flushed nat table: the iptables actor's check every 10 s, then a full resync.
+  wait_for 20 sh -c "iptables -t nat -S KUBE-SERVICES | grep -q KUBE-CLUSTER-IP" || { echo "nat rules not repaired"; return 1; }
   wait_for 5 sh -c "iptables -t nat -S PREROUTING | grep -q KUBE-SERVICES" || { echo "jump not repaired"; return 1; }
   [ -n "$(http client 192.168.50.2 30080)" ] || { echo "NodePort broken after repair"; return 1; }
   grep -q 'periodic=true' "$LOG" || { echo "no periodic sync logged"; return 1; }
