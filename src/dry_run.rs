@@ -71,7 +71,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, DryRunError> {
 fn output(cfg: &KubeProxyConfiguration, events: &[SourceEvent], diff: bool) -> Result<String, DryRunError> {
     let plans = for_mode(cfg.proxy_mode(), Plans { cfg, events })?;
     if diff {
-        return Ok(runtime()?.block_on(crate::preview::diff(cfg.proxy_mode(), &plans)));
+        return Ok(runtime()?.block_on(crate::preview::diff(
+            cfg.proxy_mode(),
+            cfg.ipvs_switch_drain_timeout(),
+            &plans,
+        )));
     }
     Ok(plans.iter().map(|p| with_heading_suffix(&p.text, &p.suffix)).collect())
 }

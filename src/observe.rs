@@ -56,6 +56,8 @@ pub struct SyncHooks {
     /// IPVS mode: the ports this family listed in `registry` as having a
     /// scheduler of their own.
     schedulers: Option<BTreeSet<ServicePortName>>,
+    /// Told once, after the first successful sync.
+    first_sync: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl SyncHooks {
@@ -83,6 +85,7 @@ impl SyncHooks {
             health_checked: BTreeMap::new(),
             triggers: Vec::new(),
             schedulers: None,
+            first_sync: None,
         }
     }
 
@@ -91,6 +94,13 @@ impl SyncHooks {
     /// sync's replanned ports.
     pub fn with_scheduler_list(mut self) -> SyncHooks {
         self.schedulers = Some(BTreeSet::new());
+        self
+    }
+
+    /// Also tells `done` once the first sync succeeded (a mode switch
+    /// removes the earlier mode's state only then).
+    pub fn on_first_sync(mut self, done: tokio::sync::oneshot::Sender<()>) -> SyncHooks {
+        self.first_sync = Some(done);
         self
     }
 
@@ -312,6 +322,10 @@ impl SyncHooks {
         let slowest = latencies.reduce(f64::max);
         self.metrics.no_local_endpoints(self.family, self.no_local.0, self.no_local.1);
         self.sync_service_health();
+        if let Some(done) = self.first_sync.take() {
+            // Nothing waits any more when the receiver is gone.
+            let _ = done.send(());
+        }
         slowest
     }
 }

@@ -280,6 +280,27 @@ pub struct StatsRegistry {
     schedulers: Arc<Mutex<BTreeMap<(String, String), ServiceScheduler>>>,
     /// Keyed by family (`IPv4`, `IPv6`).
     families: Arc<Mutex<BTreeMap<&'static str, FamilyFeed>>>,
+    /// A mode switch's drains, keyed by family (`IPv4`, `IPv6`).
+    drains: Arc<Mutex<BTreeMap<&'static str, SwitchDrain>>>,
+}
+
+/// A family's drain of the earlier mode's state after a mode switch (IPVS
+/// mode's virtual servers with connections), for the dashboard and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SwitchDrain {
+    /// The earlier mode drained (`ipvs`).
+    pub mode: &'static str,
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// Whether it lasts; a finished drain stays listed with nothing left.
+    pub draining: bool,
+    /// Virtual servers left, and the connections IPVS tracks through them.
+    pub virtual_servers: usize,
+    pub connections: u64,
+    /// When it started (milliseconds since the epoch).
+    pub since_ms: u64,
+    /// Its limit in seconds; 0: until the connections end.
+    pub timeout_s: u64,
 }
 
 /// A service port whose Service chose its own IPVS scheduler (the
@@ -388,6 +409,16 @@ impl StatsRegistry {
         // Stable: a family's syncs in the same millisecond stay newest first.
         all.sort_by_key(|s| std::cmp::Reverse(s.unix_ms));
         all
+    }
+
+    /// Where a family's drain stands (replacing what it said before).
+    pub fn drain_progress(&self, drain: SwitchDrain) {
+        lock(&self.drains).insert(drain.family, drain);
+    }
+
+    /// Every family's drain, lasting or finished, by family.
+    pub fn drains(&self) -> Vec<SwitchDrain> {
+        lock(&self.drains).values().cloned().collect()
     }
 
     /// Remembers a refusal (the newest [`REFUSALS_KEPT`]).

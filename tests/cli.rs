@@ -454,6 +454,10 @@ fn dry_run_diff_previews_what_the_first_sync_would_change() {
         assert!(switch.lines().any(|l| l == want), "no {want:?}:\n{switch}");
     }
     assert!(switch.lines().any(|l| l.starts_with("-:KUBE-SVC-")), "{switch}");
+    let steps = "# mode switch\nfirst: ipvs mode's first sync, complete and committed\n\
+                 then: remove iptables mode's iptables jumps and chains (keeping those ipvs mode writes too)\n";
+    assert!(switch.starts_with(steps), "the switch's steps first:\n{switch}");
+    assert!(!gone.contains("# mode switch"), "no switch in the same mode:\n{gone}");
     assert!(switch.contains("\n+create KUBE-CLUSTER-IP hash:ip,port family inet"), "{switch}");
     assert!(switch.contains("\n+add KUBE-CLUSTER-IP 10.96.0.10,udp:53\n"), "{switch}");
     assert!(switch.contains("\n+-A -u 10.96.0.10:53 -s rr\n"), "{switch}");

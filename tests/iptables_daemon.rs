@@ -69,11 +69,8 @@ use common::lab::{
     self, addr, names, set, udp_exchange, Answer, Backend, Conn, Probe, Probes, BACKEND_PORT, NODE_IP, NODE_IP6,
 };
 use common::{bin, conntrack, Netns};
-use kube_proxy_rs::kernel::iptables::{IptablesBinaries, IptablesHandle, CANARY_INTERVAL};
+use kube_proxy_rs::kernel::iptables::CANARY_INTERVAL;
 use kube_proxy_rs::kernel::nfacct::NetlinkNfacct;
-use kube_proxy_rs::kernel::Subsystem;
-use kube_proxy_rs::msgs::{IptablesOp, RestoreInput};
-use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::iptables::{is_service_chain, JUMPS, KUBELET_JUMPS};
 use serde_json::{json, Value};
 
@@ -789,10 +786,11 @@ fn cleanup_removes_our_chains_and_jumps_and_nothing_else() {
 
 /// (5) A node switching from IPVS mode: the node has what IPVS mode leaves
 /// in iptables and ipset (restored from `--dry-run` of the same cluster in
-/// IPVS mode: its sets with members, its rules, and its jumps inserted by
-/// the crate's iptables handle as the IPVS daemon does). The daemon in
-/// iptables mode removes IPVS mode's chains, jumps and sets before its
-/// first sync, and ClusterIP traffic works. (IPVS virtual servers and
+/// IPVS mode, written by the tools: its sets with members, its rules, and
+/// its jumps from the built-in chains, each once). The daemon in
+/// iptables mode removes IPVS mode's chains, jumps and sets after its
+/// first sync (keeping the chains and jumps both modes write), and
+/// ClusterIP traffic works. (IPVS virtual servers and
 /// kube-ipvs0 cannot exist on this host: no ip_vs module, no dummy links.)
 #[test]
 fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
@@ -801,13 +799,7 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
     lab.config("ipvs", "30s");
     let sections = dry_run(&lab);
     lab.node.pipe(&["ipset", "restore"], section(&sections, "ipset"));
-    let rules = section(&sections, "iptables").to_string();
-    let bins = IptablesBinaries::variant(IpFamily::V4, lab.flavour.name());
-    let (_, results) = lab.node.block_on(|| async {
-        let ipvs_mode = IptablesHandle::with_binaries(bins);
-        ipvs_mode.reconcile(vec![IptablesOp::Restore(RestoreInput::new(rules))]).await.expect("reconcile")
-    });
-    assert_eq!(results, [Ok(())]);
+    lab.restore(section(&sections, "iptables"));
     let ipvs_only = [
         ("nat", "KUBE-NODE-PORT"),
         ("nat", "KUBE-LOAD-BALANCER"),
@@ -838,6 +830,14 @@ fn switching_from_ipvs_mode_removes_its_chains_and_sets() {
 
     lab.config("iptables", "30s");
     let daemon = lab.start_synced();
+    wait_for("IPVS mode's sets removed after the first sync", CHANGE_WAIT, || {
+        let sets = lab.node.ok(&["ipset", "list", "-n"]);
+        if sets.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(sets)
+        }
+    });
     for (table, chain) in ipvs_only {
         assert!(!has(&lab, table, chain), "IPVS mode's {table} {chain} left:\n{}", lab.save(Some(table)));
     }

@@ -248,6 +248,27 @@ impl Lab {
         })
     }
 
+    /// Both families' nat and filter tables (`iptables-save`, `ip6tables-save`),
+    /// without kubelet's KUBE-FIREWALL (which iptables mode keeps).
+    fn iptables_rules(&self) -> String {
+        let save = |tool: &str, table: &str| self.node.ok(&[tool, "-t", table]);
+        let saved: Vec<String> = ["iptables-save", "ip6tables-save"]
+            .iter()
+            .flat_map(|t| ["nat", "filter"].map(|table| save(t, table)))
+            .collect();
+        saved
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter(|l| !l.contains("KUBE-FIREWALL"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// Waits until `there` no longer holds: what a mode switch removes after the new mode's first sync.
+    fn wait_gone(&self, what: &str, there: impl Fn(&Lab) -> bool) {
+        wait_for(what, CHANGE_WAIT, || if there(self) { Err("still there".to_string()) } else { Ok(()) })
+    }
+
     /// The daemon's recent syncs, newest first, once the coordinator answers.
     fn syncs(&self) -> Result<Vec<SyncRec>, String> {
         daemon::syncs(&self.node)
@@ -757,7 +778,7 @@ fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state(ru
 
     lab.config("iptables", "30s");
     let daemon = lab.start_synced();
-    assert!(!lab.tables().contains("kube-proxy"), "nftables mode's tables deleted: {}", lab.tables());
+    lab.wait_gone("nftables mode's tables deleted after the first sync", |lab| lab.tables().contains("kube-proxy"));
     assert!(lab.node.ok(&["iptables-save", "-t", "nat"]).contains(":KUBE-SERVICES"));
     lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
     let log = daemon.stop();
@@ -765,12 +786,89 @@ fn switching_between_iptables_and_nftables_mode_removes_the_other_modes_state(ru
 
     lab.config("nftables", "30s");
     let daemon = lab.start_synced();
-    let nat = lab.node.ok(&["iptables-save", "-t", "nat"]);
-    assert!(!nat.contains("KUBE-"), "iptables mode's chains removed: {nat}");
+    lab.wait_gone("iptables mode's chains removed after the first sync", |lab| lab.iptables_rules().contains("KUBE-"));
     lab.wait_traffic(WEB, false, &["b1", "b2"], CHANGE_WAIT);
     lab.wait_traffic(WEB, true, &["b1", "b2"], CHANGE_WAIT);
     let log = daemon.stop();
     assert!(log.contains("removing what the node's earlier proxy mode left"), "{log}");
+}
+
+/// A switch between iptables and nftables mode, both ways and with each
+/// nftables ruleset (upstream's, then maps), on a
+/// dual-stack node, as a DaemonSet rollout after a ConfigMap change does
+/// (the daemon stopped, started again in the other mode): a client holding
+/// an established TCP flow and a UDP flow through each family's ClusterIP,
+/// and opening new TCP and UDP connections to each every 10 ms throughout,
+/// sees no failure. The new mode's first sync comes before the old mode's
+/// state goes, and the log says the switch's steps.
+#[test]
+fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
+    const ADDRS: [&str; 2] = ["10.96.0.40:80", "[fd00:96::40]:80"];
+    let mut lab = Lab::new("zd", &["b1", "b2"]);
+    lab.put("node", &node_manifest(true));
+    lab.put("web", &daemon::dual_stack_service_manifest("web", &["10.96.0.40", "fd00:96::40"], 30040, &["b1", "b2"]));
+    lab.config("iptables", "30s");
+    let daemon = lab.start_synced();
+    for to in ADDRS {
+        lab.wait_traffic(to, false, &["b1", "b2"], CHANGE_WAIT);
+        lab.wait_traffic(to, true, &["b1", "b2"], CHANGE_WAIT);
+    }
+    let mut flows: Vec<(Conn, std::net::UdpSocket)> = ADDRS
+        .iter()
+        .map(|to| {
+            let tcp = lab.client.run(|| Conn::open(addr(to), DROP_WAIT)).expect("an established TCP flow");
+            let udp = lab.client.run(|| {
+                let s = std::net::UdpSocket::bind(if addr(to).is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
+                s.connect(addr(to)).unwrap();
+                s.set_read_timeout(Some(DROP_WAIT)).unwrap();
+                s
+            });
+            (tcp, udp)
+        })
+        .collect();
+    let mut first = Vec::new();
+    for (tcp, udp) in &mut flows {
+        first.push((tcp.exchange().expect("tcp"), lab::udp_exchange(udp).expect("udp")));
+    }
+    let probes: Vec<Probes> = ADDRS.iter().map(|to| Probes::start(&lab.client, to, DROP_WAIT)).collect();
+    let mut logs = vec![daemon.stop()];
+
+    let (to_iptables, to_nftables) = ("nftables mode's tables", "iptables mode's chains");
+    for (mode, ruleset, gone) in [
+        ("nftables", NftRuleset::Upstream, to_nftables),
+        ("iptables", NftRuleset::Upstream, to_iptables),
+        ("nftables", NftRuleset::Maps, to_nftables),
+        ("iptables", NftRuleset::Maps, to_iptables),
+    ] {
+        lab.ruleset = ruleset;
+        lab.config(mode, "30s");
+        let daemon = lab.start_synced();
+        lab.wait_gone(gone, |lab| match mode {
+            "nftables" => lab.iptables_rules().contains("KUBE-"),
+            _ => lab.tables().contains("kube-proxy"),
+        });
+        for ((tcp, udp), (t, u)) in flows.iter_mut().zip(&first) {
+            assert_eq!(tcp.exchange().as_ref(), Ok(t), "the TCP flow after the switch to {mode} mode ({ruleset})");
+            assert_eq!(
+                lab::udp_exchange(udp).as_ref(),
+                Ok(u),
+                "the UDP flow after the switch to {mode} mode ({ruleset})"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        logs.push(daemon.stop());
+    }
+    for (to, probes) in ADDRS.iter().zip(probes) {
+        let probes = probes.stop();
+        let failed: Vec<&Probe> = probes.iter().filter(|(_, tcp, udp)| tcp.is_err() || udp.is_err()).collect();
+        assert!(failed.is_empty(), "{to}: {} of {} probes failed: {failed:?}", failed.len(), probes.len());
+        assert!(probes.len() > 50, "{to}: {} probes", probes.len());
+    }
+    let (chains, table) =
+        ("then: remove iptables mode's iptables jumps and chains", "then: delete nftables mode's kube-proxy table");
+    for (log, step) in logs[1..].iter().zip([chains, table, chains, table]) {
+        assert!(log.contains("first: ") && log.contains(step), "{step}: {log}");
+    }
 }
 
 /// Dual-stack: one proxier per family, each its own table (`ip kube-proxy`,

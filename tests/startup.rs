@@ -189,6 +189,29 @@ fn init_only_sets_up_the_node_and_exits_without_serving() {
     assert!(listening.trim().is_empty(), "{listening}");
 }
 
+/// `--init-only` on a node that ran another mode removes that mode's state
+/// at once, as upstream's platformCleanup (it never syncs, so there is no
+/// first sync to wait for): nftables mode's tables, when starting in
+/// iptables mode.
+#[test]
+fn init_only_removes_the_earlier_modes_state_at_once() {
+    let mut s = Setup::new("initsw");
+    s.config("iptables", "");
+    s.put("node", &node("192.168.50.2", "z1", &[]));
+    for family in ["ip", "ip6"] {
+        s.ns.ok(&["nft", "add", "table", family, "kube-proxy"]);
+        s.ns.ok(&["nft", "add", "table", family, "other"]);
+    }
+    let manifests = s.manifests();
+    let mut d = s.start(&["--manifests", &manifests, "--init-only"]);
+    let status = d.wait_exit(Duration::from_secs(20));
+    let log = d.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let tables = s.ns.ok(&["nft", "list", "tables"]);
+    assert!(!tables.contains("kube-proxy"), "nftables mode's tables left: {tables}\n{log}");
+    assert_eq!(tables.matches(" other").count(), 2, "other tables stay: {tables}");
+}
+
 /// `nf_conntrack_max` is maxPerCore × CPUs capped at 1,048,576 (upstream
 /// 1.36); when that is above the namespace's read-only limit, the write
 /// fails and so does the start, with upstream's message naming the capped

@@ -17,7 +17,7 @@ fn ipvs_scenarios_in_a_vm() {
     let log = std::env::temp_dir().join(format!("kpr-vm-ipvs-{}.log", std::process::id()));
     let started = Instant::now();
     let out = Command::new(root.join("tests/vm/run-vm-test.sh"))
-        .args(["--quiet", "--timeout", "900", "--mem", "768"])
+        .args(["--quiet", "--timeout", "1500", "--mem", "768"])
         .args(["--bin", daemon])
         .arg("--file")
         .arg(format!("{}:/scenarios", root.join("tests/vm/scenarios").display()))

@@ -162,6 +162,14 @@ impl KubeProxyConfiguration {
         (t != (0, 0, 0)).then_some(t)
     }
 
+    /// How long IPVS mode's virtual servers may drain when the node starts
+    /// in another mode (`ipvs.switchDrainTimeout`); `None` (0): until their
+    /// connections end.
+    pub fn ipvs_switch_drain_timeout(&self) -> Option<std::time::Duration> {
+        let t = self.ipvs.switch_drain_timeout;
+        (!t.is_zero()).then(|| t.get())
+    }
+
     /// The IPVS scheduler; `""` means `rr`.
     pub fn ipvs_scheduler(&self) -> &str {
         match self.ipvs.scheduler.as_str() {
@@ -305,6 +313,14 @@ mod tests {
         c.ipvs.tcp_timeout = GoDuration::from_secs(900);
         c.ipvs.udp_timeout = GoDuration(Duration::from_millis(300_500));
         assert_eq!(c.ipvs_timeouts(), Some((900, 0, 300)));
+    }
+
+    #[test]
+    fn the_ipvs_switch_drain_timeout_limits_the_drain() {
+        let mut c = cfg("nftables");
+        assert_eq!(c.ipvs_switch_drain_timeout(), None, "by default: until the connections end");
+        c.ipvs.switch_drain_timeout = GoDuration::from_secs(600);
+        assert_eq!(c.ipvs_switch_drain_timeout(), Some(Duration::from_secs(600)));
     }
 
     #[test]

@@ -51,6 +51,11 @@ impl GoDuration {
     }
 
     /// True for `0s`.
+    /// [`GoDuration::is_zero`] by reference, for serde's `skip_serializing_if`.
+    pub fn is_zero_ref(&self) -> bool {
+        self.is_zero()
+    }
+
     pub const fn is_zero(self) -> bool {
         self.0.is_zero()
     }

@@ -102,6 +102,7 @@ pub const FLAGS: &[FlagEffect] = &[
     flag("ipvs-tcp-timeout", Some("ipvs.tcpTimeout"), &["--ipvs-tcp-timeout=7s"], "`ipvs.tcpTimeout`", SAME_AS_FIELD),
     flag("ipvs-tcpfin-timeout", Some("ipvs.tcpFinTimeout"), &["--ipvs-tcpfin-timeout=7s"], "`ipvs.tcpFinTimeout`", SAME_AS_FIELD),
     flag("ipvs-udp-timeout", Some("ipvs.udpTimeout"), &["--ipvs-udp-timeout=7s"], "`ipvs.udpTimeout`", SAME_AS_FIELD),
+    flag("ipvs-switch-drain-timeout", Some("ipvs.switchDrainTimeout"), &["--ipvs-switch-drain-timeout=7s"], "`ipvs.switchDrainTimeout` (kube-proxy-rs only)", SAME_AS_FIELD),
     flag("detect-local-mode", Some("detectLocalMode"), &["--detect-local-mode=NodeCIDR"], "`detectLocalMode`", SAME_AS_FIELD),
     flag("pod-bridge-interface", Some("detectLocal.bridgeInterface"), &["--pod-bridge-interface=cbr0"], "`detectLocal.bridgeInterface`", SAME_AS_FIELD),
     flag("pod-interface-name-prefix", Some("detectLocal.interfaceNamePrefix"), &["--pod-interface-name-prefix=veth"], "`detectLocal.interfaceNamePrefix`", SAME_AS_FIELD),
@@ -165,6 +166,7 @@ pub const FIELDS: &[FieldEffect] = &[
     field("ipvs.tcpTimeout", Tested(&["ipvs_timeouts_are_whole_seconds_and_all_zero_sets_none", "set_timeouts_bytes"])),
     field("ipvs.tcpFinTimeout", Tested(&["ipvs_timeouts_are_whole_seconds_and_all_zero_sets_none", "set_timeouts_bytes"])),
     field("ipvs.udpTimeout", Tested(&["ipvs_timeouts_are_whole_seconds_and_all_zero_sets_none", "set_timeouts_bytes"])),
+    field("ipvs.switchDrainTimeout", Tested(&["the_ipvs_switch_drain_timeout_limits_the_drain", "a_drain_round_removes_the_servers_without_connections_and_keeps_the_rest", "the_timeout_removes_every_server_and_says_it_cut_connections"])),
     field("nftables.masqueradeBit", Tested(&["masquerade_settings_follow_the_mode", "the_nftables_config_section_shapes_the_ruleset"])),
     field("nftables.masqueradeAll", Tested(&["masquerade_settings_follow_the_mode", "masquerade_all_and_other_local_detectors"])),
     field("nftables.syncPeriod", Tested(&["proxy_mode_and_its_sync_periods", "the_sync_period_repairs_a_deleted_table_and_ignores_other_tables"])),
@@ -253,6 +255,7 @@ pub fn config_field_paths() -> Vec<String> {
     cfg.feature_gates = BTreeMap::from([("ComponentFlagz".to_string(), true)]);
     cfg.windows_run_as_service = true;
     cfg.nftables.ruleset = "maps".into();
+    cfg.ipvs.switch_drain_timeout = super::GoDuration::from_secs(1);
     cfg.logging.format = "text".into();
     cfg.logging.vmodule = vec![super::VModuleItem { file_pattern: "a".into(), verbosity: 1 }];
     for o in [&mut cfg.logging.options.text, &mut cfg.logging.options.json] {

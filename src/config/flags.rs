@@ -160,6 +160,10 @@ pub struct Flags {
     /// IPVS UDP timeout (0 leaves as-is).
     #[arg(long = "ipvs-udp-timeout", value_name = "DURATION")]
     pub ipvs_udp_timeout: Option<GoDuration>,
+    /// Leaving IPVS mode: how long its virtual servers may drain (0: until
+    /// their connections end; kube-proxy-rs only).
+    #[arg(long = "ipvs-switch-drain-timeout", value_name = "DURATION")]
+    pub ipvs_switch_drain_timeout: Option<GoDuration>,
 
     /// How to detect local traffic: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
     #[arg(long = "detect-local-mode", value_name = "MODE")]
@@ -536,6 +540,7 @@ impl Flags {
         set(&mut ipvs.tcp_timeout, &self.ipvs_tcp_timeout);
         set(&mut ipvs.tcp_fin_timeout, &self.ipvs_tcpfin_timeout);
         set(&mut ipvs.udp_timeout, &self.ipvs_udp_timeout);
+        set(&mut ipvs.switch_drain_timeout, &self.ipvs_switch_drain_timeout);
         match cfg.mode.as_str() {
             "ipvs" => {
                 set(&mut cfg.ipvs.sync_period, &self.ipvs_sync_period);

@@ -201,6 +201,12 @@ pub struct KubeProxyIPVSConfiguration {
     /// UDP timeout; 0 leaves the kernel's value.
     #[serde(default, deserialize_with = "nullable")]
     pub udp_timeout: GoDuration,
+    /// kube-proxy-rs only: a start in another mode leaves IPVS mode's
+    /// virtual servers with connections draining at most this long; 0 (the
+    /// default) waits until their connections end, as graceful termination
+    /// waits for a real server's. Left out of a written config when 0.
+    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "GoDuration::is_zero_ref")]
+    pub switch_drain_timeout: GoDuration,
 }
 
 /// nftables mode settings.

@@ -35,7 +35,7 @@ use crate::health::{HealthReport, ProxyHealth};
 use crate::net::{ip_family_label, IpFamily};
 use crate::stats::{
     unix_ms, ActorCounters, FamilySync, IgnoredValues, ModelCounts, Refusal, ServiceScheduler, StatsRegistry,
-    StatsSnapshot, APPLY_BUCKETS,
+    StatsSnapshot, SwitchDrain, APPLY_BUCKETS,
 };
 
 /// The page, embedded at build time.
@@ -139,6 +139,9 @@ pub struct DashboardData {
     /// IPVS mode: the service ports whose Service chose its own scheduler
     /// (annotation), by name then family.
     pub schedulers: Vec<ServiceScheduler>,
+    /// A mode switch's drain of the earlier mode's state, per family
+    /// (lasting or finished; none without a switch that drained).
+    pub drains: Vec<SwitchDrain>,
 }
 
 /// One actor's panel.
@@ -237,6 +240,7 @@ impl State {
         data.refused = self.registry.refusals();
         data.ignored_values = self.registry.ignored_values();
         data.schedulers = self.registry.schedulers();
+        data.drains = self.registry.drains();
         data
     }
 }
@@ -315,6 +319,7 @@ pub fn dashboard_data(about: &About, i: Inputs, sampler: &Sampler) -> DashboardD
         refused: Vec::new(),
         ignored_values: IgnoredValues::default(),
         schedulers: Vec::new(),
+        drains: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ mod actors;
 pub mod exposition;
 mod nfacct;
 mod process;
+mod switch;
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
@@ -202,6 +203,7 @@ impl ProxyMetrics {
         register_server(&mut r, &server);
         registry.register_collector(Box::new(actors::ActorCollector::new(actors.clone())));
         registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register_collector(Box::new(switch::SwitchCollector::new(actors.clone())));
         let nfacct = nfacct::NfacctMetrics::default();
         if mode == ProxyMode::Iptables {
             registry.register_collector(Box::new(nfacct.collector()));

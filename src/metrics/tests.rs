@@ -372,3 +372,36 @@ fn ignored_values_are_counted_by_kind_and_field_and_the_newest_is_shown() {
     assert_eq!(listed.len(), 3);
     assert_eq!((listed[0].reason.as_str(), listed[0].detail.as_str()), ("invalid_value", "third"));
 }
+
+/// A mode switch's drain shows in our namespace while it lasts (virtual
+/// servers and connections left), and stays at 0 once it is done; before
+/// any drain there is no series.
+#[test]
+fn a_mode_switchs_drain_is_reported_while_it_lasts() {
+    let stats = StatsRegistry::default();
+    let m = ProxyMetrics::new(ProxyMode::Nftables, stats.clone());
+    assert!(!m.encode_text().contains("kube_proxy_rs_mode_switch"), "no switch, no series");
+    let drain = |draining, virtual_servers, connections| crate::stats::SwitchDrain {
+        mode: "ipvs",
+        family: "IPv4",
+        draining,
+        virtual_servers,
+        connections,
+        since_ms: 0,
+        timeout_s: 0,
+    };
+    stats.drain_progress(drain(true, 2, 5));
+    let text = m.encode_text();
+    let help = "1 while the earlier mode's state drains after a mode switch, else 0";
+    assert!(text.contains(&meta("kube_proxy_rs_mode_switch_draining", help, "gauge")), "{text}");
+    for line in [
+        r#"kube_proxy_rs_mode_switch_draining{mode="ipvs",ip_family="IPv4"} 1"#,
+        r#"kube_proxy_rs_mode_switch_remaining_connections{mode="ipvs",ip_family="IPv4"} 5"#,
+        r#"kube_proxy_rs_mode_switch_remaining_virtual_servers{mode="ipvs",ip_family="IPv4"} 2"#,
+    ] {
+        assert!(has_line(&text, line), "{line}: {text}");
+    }
+    stats.drain_progress(drain(false, 0, 0));
+    let text = m.encode_text();
+    assert!(has_line(&text, r#"kube_proxy_rs_mode_switch_draining{mode="ipvs",ip_family="IPv4"} 0"#), "{text}");
+}

@@ -5,7 +5,7 @@
 //! conntrack reconcile every mode runs after its sync ([`conntrack`]), what
 //! every planner takes besides the model ([`context`], [`local`]), and the
 //! packet tracer that follows a packet through planned rules in tests
-//! ([`trace`]).
+//! ([`trace`]), and a mode switch's steps ([`switch`]).
 
 pub mod conntrack;
 pub mod context;
@@ -13,4 +13,5 @@ pub mod iptables;
 pub mod ipvs;
 pub mod local;
 pub mod nftables;
+pub mod switch;
 pub mod trace;

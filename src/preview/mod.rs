@@ -21,6 +21,9 @@
 //!   listed back, one line per chain, rule, set and element
 //!   ([`diff::nft_listing_lines`]). In the other modes a table of ours
 //!   that the daemon would delete is listed as removed.
+//! - A node holding another mode's state gets the switch's steps first
+//!   (`# mode switch`: the new mode's first sync, then each removal;
+//!   [`crate::plan::switch`]).
 //! - In every mode, the live UDP conntrack entries the first sync's
 //!   reconcile would delete ([`FamilyPlan::conntrack`]) are listed as
 //!   removed, in `conntrack -L`'s words; the family's other UDP entries
@@ -30,6 +33,7 @@ pub mod diff;
 mod scratch;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::config::ProxyMode;
 use crate::kernel::conntrack::codec::Entry;
@@ -42,11 +46,13 @@ use crate::kernel::link::DummyLink;
 use crate::kernel::tool;
 use crate::kernel::LinkKernel;
 use crate::msgs::link::DUMMY_LINK;
+use crate::msgs::VsKey;
 use crate::msgs::{IpvsOp, ReconcileConntrack};
 use crate::net::{IpFamily, Protocol};
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
+use crate::plan::switch::{drain_round, switch_steps, SwitchStep};
 use crate::settings::FamilySettings;
 
 use self::diff::{SectionDiff, Tables};
@@ -73,13 +79,65 @@ pub struct FamilyPlan {
     pub suffix: String,
 }
 
-/// The preview of every family's first sync in `mode`.
-pub async fn diff(mode: ProxyMode, plans: &[FamilyPlan]) -> String {
+/// The preview of every family's first sync in `mode`, after the steps of
+/// a mode switch when the node holds another mode's state (IPVS mode's
+/// drain limited to `drain_timeout`, with the virtual servers it would
+/// wait for now).
+pub async fn diff(mode: ProxyMode, drain_timeout: Option<Duration>, plans: &[FamilyPlan]) -> String {
+    let mut steps = String::new();
     let mut sections = Vec::new();
     for p in plans {
+        let family = p.settings.family;
+        let switch = switch_steps(mode, crate::cleanup::find_other_modes(mode, family).await, drain_timeout);
+        let draining = if switch.iter().any(|s| matches!(s, SwitchStep::DrainIpvs { .. })) {
+            crate::cleanup::ipvs_connections(family).await
+        } else {
+            Vec::new()
+        };
+        steps.push_str(&switch_text(&switch, &draining, &p.suffix));
         sections.extend(family_diff(mode, p).await);
     }
-    diff::render(&sections)
+    format!("{steps}{}", diff::render(&sections))
+}
+
+/// Virtual servers with connections listed under the drain step, at most.
+const DRAINING_LISTED: usize = 20;
+
+/// A switch's steps under a `# mode switch` heading (nothing without a
+/// switch); under the drain step, what it would wait for now: `draining`,
+/// IPVS mode's virtual servers with their connections.
+fn switch_text(steps: &[SwitchStep], draining: &[(VsKey, u64)], suffix: &str) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let mut lines = String::new();
+    for step in steps {
+        lines.push_str(&format!("{step}\n"));
+        if matches!(step, SwitchStep::DrainIpvs { .. }) {
+            lines.push_str(&drain_now_text(draining));
+        }
+    }
+    format!("# mode switch{suffix}\n{lines}\n")
+}
+
+/// The drain as it would start now: the virtual servers that go at once
+/// and those that wait, with their connections.
+fn drain_now_text(servers: &[(VsKey, u64)]) -> String {
+    let round = drain_round(servers, Duration::ZERO, None);
+    let mut text = format!(
+        "  now: {} virtual servers without connections go at once; {} wait for {} connections\n",
+        round.delete.len(),
+        round.remaining_servers,
+        round.remaining_connections
+    );
+    let waiting = servers.iter().filter(|(_, c)| *c > 0);
+    for (vs, connections) in waiting.clone().take(DRAINING_LISTED) {
+        text.push_str(&format!("  drains: {vs} ({connections} connections)\n"));
+    }
+    if round.remaining_servers > DRAINING_LISTED {
+        text.push_str(&format!("  drains: ... and {} more\n", round.remaining_servers - DRAINING_LISTED));
+    }
+    text
 }
 
 /// The lines of section `heading` of a `--dry-run` text.
@@ -455,6 +513,38 @@ async fn canonical(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::switch::Found;
+
+    #[test]
+    fn a_switch_reads_as_its_steps_under_a_heading() {
+        let steps = switch_steps(ProxyMode::Nftables, Found { iptables_chains: true, ..Found::default() }, None);
+        assert_eq!(
+            switch_text(&steps, &[], " ipv6"),
+            "# mode switch ipv6\nfirst: nftables mode's first sync, complete and committed\n\
+             then: remove iptables mode's iptables jumps and chains\n\n"
+        );
+        assert_eq!(switch_text(&[], &[], ""), "");
+    }
+
+    #[test]
+    fn leaving_ipvs_mode_the_drain_step_lists_the_servers_it_waits_for() {
+        let timeout = Some(Duration::from_secs(600));
+        let steps = switch_steps(ProxyMode::Iptables, Found { ipvs_chains: true, ..Found::default() }, timeout);
+        let vs = |last: u8, protocol| VsKey { addr: [10, 96, 0, last].into(), protocol, port: 80 };
+        let now = [(vs(1, Protocol::Tcp), 0), (vs(2, Protocol::Tcp), 3), (vs(3, Protocol::Udp), 1)];
+        assert_eq!(
+            switch_text(&steps, &now, ""),
+            "# mode switch\n\
+             first: iptables mode's first sync, complete and committed\n\
+             then: drain IPVS mode's virtual servers, each removed when IPVS has no connection through it, \
+             all after 10m0s; kube-ipvs0, IPVS mode's chains and ipsets stay until then\n\
+             \x20 now: 1 virtual servers without connections go at once; 2 wait for 4 connections\n\
+             \x20 drains: -t 10.96.0.2:80 (3 connections)\n\
+             \x20 drains: -u 10.96.0.3:80 (1 connections)\n\
+             then: remove ipvs mode's iptables jumps and chains (keeping those iptables mode writes too)\n\
+             then: remove IPVS mode's ipsets, virtual servers and kube-ipvs0\n\n"
+        );
+    }
 
     #[test]
     fn a_section_is_the_lines_under_its_heading() {

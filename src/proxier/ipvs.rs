@@ -125,3 +125,9 @@ fn check_interval() -> Option<Duration> {
     let text = std::env::var(ENV_RS_CHECK_INTERVAL).ok()?;
     text.parse::<GoDuration>().ok().map(|d| d.get())
 }
+
+/// How often draining IPVS state is read: graceful termination's interval
+/// (upstream's minute, or `KUBE_PROXY_RS_RS_CHECK_INTERVAL`).
+pub fn drain_check_interval() -> Duration {
+    check_interval().unwrap_or(crate::kernel::ipvs::graceful::CHECK_INTERVAL)
+}

@@ -7,14 +7,17 @@
 //!    ([`Mode::open`]: IPVS mode's socket, sysctls and timeouts);
 //! 4. this node's Node, from the source ([`sources::find_node`]), and the
 //!    families it runs ([`families`]);
-//! 5. what the node's earlier mode left, removed
-//!    ([`crate::cleanup::clean_other_modes`]);
-//! 6. the node's set-up per family ([`Mode::set_up_family`]: route_localnet
-//!    for localhost NodePorts); `--init-only` ends here;
-//! 7. the OOM score ([`oom`]), metrics, health and the HTTP servers
+//! 5. the node's set-up per family ([`Mode::set_up_family`]: route_localnet
+//!    for localhost NodePorts); `--init-only` removes what the node's
+//!    earlier mode left at once, as upstream, and ends here;
+//! 6. the OOM score ([`oom`]), metrics, health and the HTTP servers
 //!    ([`observability`]), what the families share ([`Mode::prepare_families`]:
 //!    iptables mode's nfacct counters), one proxier per family
 //!    ([`Proxier`]), and the source ([`sources::start`]);
+//! 7. what the node's earlier mode left, removed once the family's first
+//!    sync succeeded, so the new mode's state is complete before the old
+//!    one's goes, IPVS mode's virtual servers once their connections ended
+//!    (or `ipvs.switchDrainTimeout` passed; [`crate::cleanup::switch_modes`]);
 //! 8. serving until SIGTERM/SIGINT, leaving the kernel state in place (as
 //!    upstream, so traffic keeps flowing during a rolling update), or until
 //!    the Node changes what it started with (exit 1 for a restart,
@@ -35,6 +38,7 @@ use std::sync::Arc;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::Node;
 
+use crate::cleanup::SwitchPolicy;
 use crate::config::{KubeProxyConfiguration, LocalMode};
 use crate::http::ZPages;
 use crate::kernel::addrs;
@@ -144,6 +148,13 @@ async fn run_mode<M: Mode>(run: Run) -> Result<Exit, StartError> {
     let set_up = set_up::<M>(&cfg, source).await?;
     match purpose {
         Purpose::InitOnly => {
+            // As upstream's platformCleanup: without a sync to wait for,
+            // what the node's earlier mode left goes at once.
+            let families: Vec<_> = set_up.families.all().collect();
+            let policy = SwitchPolicy::at_once(families.len());
+            for family in families {
+                crate::cleanup::switch_modes(cfg.proxy_mode(), family, std::future::ready(true), policy.clone()).await;
+            }
             tracing::info!("System initialized and --init-only specified");
             Ok(Exit::Stopped)
         }
@@ -151,7 +162,7 @@ async fn run_mode<M: Mode>(run: Run) -> Result<Exit, StartError> {
     }
 }
 
-/// Steps 1 to 6: what `--init-only` does, and a serving daemon first.
+/// Steps 1 to 5: what `--init-only` does, and a serving daemon first.
 async fn set_up<M: Mode>(cfg: &KubeProxyConfiguration, source: Source) -> Result<SetUp<M>, StartError> {
     // One daemon per network namespace, checked before anything is touched.
     crate::instance::acquire()?;
@@ -169,9 +180,6 @@ async fn set_up<M: Mode>(cfg: &KubeProxyConfiguration, source: Source) -> Result
         );
     }
     let families = families::detect_families(cfg, info.as_ref())?;
-    for family in families.all() {
-        crate::cleanup::clean_other_modes(cfg.proxy_mode(), family).await;
-    }
     let info = info.unwrap_or_else(|| NodeInfo { name: node_name.clone(), ..NodeInfo::default() });
     let addrs = addrs::local_addrs().map_err(StartError::Addresses)?;
     for family in families.all() {
@@ -181,7 +189,7 @@ async fn set_up<M: Mode>(cfg: &KubeProxyConfiguration, source: Source) -> Result
     Ok(SetUp { node_name, node, info, families, ready, shared })
 }
 
-/// Steps 7 and 8.
+/// Steps 6 to 8.
 async fn serve<M: Mode>(
     cfg: KubeProxyConfiguration,
     set_up: SetUp<M>,
@@ -196,13 +204,19 @@ async fn serve<M: Mode>(
         observability::start(&cfg, families, &node_name, &info, &registry, zpages, M::SERVICE_SCHEDULERS)?;
     let all: Vec<_> = families.all().collect();
     let shared = M::prepare_families(shared, &all, &observe.metrics).await;
+    let drain_every = crate::proxier::ipvs::drain_check_interval();
+    let switch = SwitchPolicy::draining(all.len(), cfg.ipvs_switch_drain_timeout(), drain_every, registry.clone());
     // One proxier per family, as upstream's metaproxier: each its own
     // coordinator (model, schedule, retries) and actors, neither waiting on the other.
     let mut proxiers = Vec::new();
     for (family, hooks) in hooks {
         let registry = registry.with_suffix(&families.suffix(family));
         let s = settings::derive(&cfg, family, &node_name, M::host(&shared, family).await);
-        proxiers.push(Proxier::<M>::start(&s, &shared, &registry, hooks).await?);
+        // What the node's earlier mode left goes once this mode's first sync is in.
+        let (first_sync, synced) = tokio::sync::oneshot::channel();
+        let synced = async { synced.await.is_ok() };
+        actix_rt::spawn(crate::cleanup::switch_modes(cfg.proxy_mode(), family, synced, switch.clone()));
+        proxiers.push(Proxier::<M>::start(&s, &shared, &registry, hooks.on_first_sync(first_sync)).await?);
     }
     let (restart_tx, mut restart) = tokio::sync::mpsc::unbounded_channel();
     let watch_pod_cidrs = cfg.local_mode() == LocalMode::NodeCidr;

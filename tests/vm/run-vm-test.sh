@@ -436,7 +436,7 @@ if [ -n "${QEMU_CPU:-}" ]; then CPU=$QEMU_CPU
 elif [ "$ACCEL" = kvm ]; then CPU=host
 else CPU=qemu64; fi   # TCG: qemu64 boots ~25% faster than max
 # panic=-1 with -no-reboot: a guest panic ends qemu at once.
-CMDLINE="console=ttyS0 quiet panic=-1 mitigations=off$APPEND"
+CMDLINE="console=ttyS0 quiet panic=-1 mitigations=off cryptomgr.notests$APPEND"
 QEMU=(qemu-system-x86_64 -accel "$ACCEL" -cpu "$CPU" -m "$MEM" -smp "$SMP"
       -nodefaults -no-user-config -display none -no-reboot
       -serial stdio -kernel "$KERNEL" -initrd "$INITRD")

@@ -275,3 +275,28 @@ fn the_history_keeps_the_newest_steps_and_a_late_actor_ends_aligned() {
     assert_eq!(s.msgs_history("ipvs"), vec![1.0; HISTORY_POINTS]);
     assert_eq!(s.msgs_history("late"), vec![2.0; 4], "the newest four steps");
 }
+
+/// While a mode switch drains, the data carries it (the page's line above
+/// the panels): the mode, family, what is left and the limit.
+#[test]
+fn a_mode_switchs_drain_is_in_the_data_while_it_lasts() {
+    let registry = StatsRegistry::default();
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    let state = State { about: about(ProxyMode::Nftables, &[V4]), registry, health, sampler: Mutex::default() };
+    assert_eq!(serde_json::to_value(state.collect()).unwrap()["drains"], json!([]));
+    state.registry.drain_progress(SwitchDrain {
+        mode: "ipvs",
+        family: "IPv4",
+        draining: true,
+        virtual_servers: 2,
+        connections: 7,
+        since_ms: 1000,
+        timeout_s: 600,
+    });
+    assert_eq!(
+        serde_json::to_value(state.collect()).unwrap()["drains"],
+        json!([{"mode": "ipvs", "family": "IPv4", "draining": true, "virtual_servers": 2, "connections": 7,
+                "since_ms": 1000, "timeout_s": 600}])
+    );
+    assert!(PAGE.contains("renderDrain(d.drains"), "the page shows it");
+}

@@ -172,16 +172,26 @@ pub(super) fn table_unavailable(message: &str) -> bool {
     ["Cannot initialize", "can't initialize", "Table does not exist"].iter().any(|m| message.contains(m))
 }
 
-/// The restore input that removes the mode's jumps, chains and canaries
-/// from the saved tables; empty if there is nothing of its.
+/// The restore input that removes the modes' jumps, chains and canaries
+/// from the saved tables, except the jumps, chains and canaries `keep` (the
+/// mode now running) writes too; empty if there is nothing to remove.
 pub(super) fn cleanup_input(
     profiles: &[&ChainProfile],
+    keep: Option<&ChainProfile>,
     mangle: &SavedTable,
     nat: &SavedTable,
     filter: &SavedTable,
 ) -> String {
     let mut out = String::new();
-    let service_chains = profiles.iter().any(|p| p.service_chains);
+    let service_chains = profiles.iter().any(|p| p.service_chains) && !keep.is_some_and(|k| k.service_chains);
+    let kept_chain = |table: &str, c: &str| {
+        keep.is_some_and(|k| {
+            c == CANARY
+                || (table == "nat" && k.nat_chains.contains(&c))
+                || (table == "filter" && k.filter_chains.contains(&c))
+        })
+    };
+    let kept_jump = |j: &Jump| keep.is_some_and(|k| k.jumps.iter().any(|kj| kj.save_line() == j.save_line()));
     for (table, saved) in [("mangle", mangle), ("nat", nat), ("filter", filter)] {
         let mut ours: Vec<&str> = Vec::new();
         let listed = profiles.iter().flat_map(|p| match table {
@@ -192,12 +202,12 @@ pub(super) fn cleanup_input(
         let service =
             saved.chains.iter().map(String::as_str).filter(|c| service_chains && table == "nat" && is_service_chain(c));
         for c in listed.copied().chain(service).chain([CANARY]) {
-            if saved.chains.contains(c) && !ours.contains(&c) {
+            if saved.chains.contains(c) && !ours.contains(&c) && !kept_chain(table, c) {
                 ours.push(c);
             }
         }
         let mut deletes: Vec<String> = Vec::new();
-        for j in profiles.iter().flat_map(|p| p.jumps).filter(|j| j.table == table) {
+        for j in profiles.iter().flat_map(|p| p.jumps).filter(|j| j.table == table && !kept_jump(j)) {
             let delete = format!("-D {} {}", j.from, j.spec());
             if !deletes.contains(&delete) {
                 let n = saved.count(&j.save_line());

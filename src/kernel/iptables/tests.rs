@@ -69,13 +69,13 @@ fn cleanup_deletes_only_what_is_ours_and_there() {
          -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -j FOREIGN\nCOMMIT\n",
     );
     let empty = saved("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
-    let got = cleanup_input(&[&IPVS_PROFILE], &empty, &nat, &empty);
+    let got = cleanup_input(&[&IPVS_PROFILE], None, &empty, &nat, &empty);
     let jump = "-D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n";
     let want = format!(
         "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n{jump}{jump}-X KUBE-SERVICES\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
     );
     assert_eq!(got, want);
-    assert_eq!(cleanup_input(&[&IPVS_PROFILE], &empty, &empty, &empty), "");
+    assert_eq!(cleanup_input(&[&IPVS_PROFILE], None, &empty, &empty, &empty), "");
 }
 
 #[test]
@@ -110,7 +110,7 @@ fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
          -A INPUT -j KUBE-FIREWALL\n\
          -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\nCOMMIT\n",
     );
-    let got = cleanup_input(&[profile], &SavedTable::default(), &nat, &filter);
+    let got = cleanup_input(&[profile], None, &SavedTable::default(), &nat, &filter);
     for want in [
         "-X KUBE-SVC-ABCDEFGHIJKLMNOP",
         "-X KUBE-SEP-ABCDEFGHIJKLMNOP",
@@ -123,7 +123,7 @@ fn iptables_mode_cleanup_takes_service_chains_and_leaves_kubelets_jumps() {
     assert!(!got.contains("KUBE-FIREWALL") && !got.contains("KUBE-NODE-PORT "), "not ours:\n{got}");
     assert!(has_markers(profile, &nat, &filter));
     // Both modes at once: IPVS mode's KUBE-NODE-PORT goes too, in the same restore.
-    let both = cleanup_input(&[profile, &IPVS_PROFILE], &SavedTable::default(), &nat, &filter);
+    let both = cleanup_input(&[profile, &IPVS_PROFILE], None, &SavedTable::default(), &nat, &filter);
     assert!(both.contains("-X KUBE-NODE-PORT\n") && both.contains("-X KUBE-SVC-ABCDEFGHIJKLMNOP"), "{both}");
     assert_eq!(both.matches("-X KUBE-SERVICES").count(), 1, "shared chains once:\n{both}");
     let deletes = both.lines().filter(|l| l.starts_with("-D PREROUTING")).count();
@@ -174,4 +174,40 @@ fn a_table_the_kernel_cannot_provide_is_recognised() {
     ));
     assert!(table_unavailable("iptables-save: Table does not exist (do you need to insmod?)"));
     assert!(!table_unavailable("iptables-restore: line 3 failed"));
+}
+
+#[test]
+fn after_a_switch_the_earlier_modes_cleanup_keeps_what_the_new_mode_writes_too() {
+    // IPVS mode's state after iptables mode's first sync: shared chains and jumps are iptables mode's now.
+    let nat = saved(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n\
+         :KUBE-NODE-PORT - [0:0]\n:KUBE-LOAD-BALANCER - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
+         -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n",
+    );
+    let filter = saved(
+        "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n\
+         -A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+         -A INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n\
+         -A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
+         COMMIT\n",
+    );
+    let got = cleanup_input(&[&IPVS_PROFILE], Some(&IPTABLES_PROFILE), &SavedTable::default(), &nat, &filter);
+    for want in [
+        "-X KUBE-NODE-PORT\n",
+        "-X KUBE-LOAD-BALANCER\n",
+        "-X KUBE-IPVS-FILTER\n",
+        "-D INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n",
+        "-D INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n",
+    ] {
+        assert!(got.contains(want), "{want} missing from\n{got}");
+    }
+    for kept in
+        ["KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-PROXY-CANARY", "KUBE-FORWARD", "KUBE-SVC-", "-X KUBE-PROXY-FIREWALL"]
+    {
+        assert!(!got.contains(kept), "{kept} is iptables mode's too:\n{got}");
+    }
+    assert!(!got.contains("load balancer firewall"), "iptables mode's jump stays:\n{got}");
+    // nftables mode keeps nothing of iptables mode's.
+    let all = cleanup_input(&[&IPVS_PROFILE], None, &SavedTable::default(), &nat, &filter);
+    assert!(all.contains("-X KUBE-SERVICES\n") && all.contains("-X KUBE-PROXY-CANARY\n"), "{all}");
 }

@@ -187,8 +187,10 @@ RULES
   wait_for 10 sh -c '! ip addr show dev kube-ipvs0 | grep -q 10.96.9.9' || { echo "stale address kept"; return 1; }
   ip -d link show kube-ipvs0 | grep -q 'state DOWN' || { echo "kube-ipvs0 is up"; return 1; }
   wait_for 10 sh -c 'iptables-save -t nat | grep -q "^:KUBE-LOAD-BALANCER"' || { echo "no IPVS-mode rules"; return 1; }
+  # iptables mode's chains go once IPVS mode's first sync is in.
+  wait_for 10 sh -c "! iptables-save -t nat | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS'" \
+    || { echo "iptables mode's chains kept: $(iptables-save -t nat | grep -E 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS' | head -3)"; return 1; }
   local nat; nat=$(iptables-save -t nat)
-  ! echo "$nat" | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS' || { echo "iptables mode's chains kept"; return 1; }
   echo "$nat" | grep -q '^:FOREIGN' || { echo "a foreign chain was removed"; return 1; }
   ! iptables-save -t filter | grep -q KUBE-EXTERNAL-SERVICES || { echo "iptables mode's filter chain kept"; return 1; }
   expect "nat PREROUTING jumps to KUBE-SERVICES" "$(echo "$nat" | grep -c -- '-A PREROUTING .*-j KUBE-SERVICES')" 1 || return 1
@@ -364,7 +366,8 @@ s_drift_repaired() {
   wait_for $((SYNC_PERIOD + 5)) ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS not repaired"; return 1; }
   wait_for 5 sh -c "ipset list KUBE-CLUSTER-IP | grep -q 10.96.0.20,tcp:80" || { echo "ipset not repaired"; return 1; }
   wait_for 5 sh -c "ip addr show dev kube-ipvs0 | grep -q 10.96.0.20/32" || { echo "address not repaired"; return 1; }
-  wait_for 5 sh -c "iptables -t nat -S KUBE-SERVICES | grep -q KUBE-CLUSTER-IP" || { echo "nat rules not repaired"; return 1; }
+  # The flushed nat table: the iptables actor's check every 10 s, then a full resync.
+  wait_for 20 sh -c "iptables -t nat -S KUBE-SERVICES | grep -q KUBE-CLUSTER-IP" || { echo "nat rules not repaired"; return 1; }
   wait_for 5 sh -c "iptables -t nat -S PREROUTING | grep -q KUBE-SERVICES" || { echo "jump not repaired"; return 1; }
   [ -n "$(http client 192.168.50.2 30080)" ] || { echo "NodePort broken after repair"; return 1; }
   grep -q 'periodic=true' "$LOG" || { echo "no periodic sync logged"; return 1; }
@@ -431,15 +434,18 @@ s_restart_keeps_connections() {
   return 0
 }
 
+iptables_mode_rules() { { iptables-save; ip6tables-save; } | grep -E 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES'; }
+iptables_mode_gone() { ! iptables_mode_rules >/dev/null; }
 s_switch_modes() {
   # IPVS mode -> iptables mode: IPVS mode's state goes, iptables mode serves.
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
+  # (A 1 s drain: what earlier scenarios' connections left in IPVS goes.)
   "$BIN" --proxy-mode iptables --manifests "$M" --hostname-override node-a \
-    --cluster-cidr 10.244.0.0/16 --iptables-min-sync-period 0s --v 2 >>"$LOG" 2>&1 &
+    --cluster-cidr 10.244.0.0/16 --iptables-min-sync-period 0s --ipvs-switch-drain-timeout 1s --v 2 >>"$LOG" 2>&1 &
   DAEMON=$!
   wait_for 30 sh -c 'iptables-save -t nat | grep -q KUBE-SVC-' || { echo "iptables mode never synced: $(tail -5 $LOG)"; return 1; }
-  expect "virtual servers left" "$(ipvsadm -S -n)" "" || return 1
-  ! ip link show kube-ipvs0 >/dev/null 2>&1 || { echo "kube-ipvs0 left"; return 1; }
+  wait_for 15 sh -c '[ -z "$(ipvsadm -S -n)" ]' || { echo "virtual servers left: $(ipvsadm -S -n | head -3)"; return 1; }
+  wait_for 5 sh -c '! ip link show kube-ipvs0' || { echo "kube-ipvs0 left"; return 1; }
   ! ipset list -n | grep -q '^KUBE-' || { echo "sets left: $(ipset list -n | tr '\n' ' ')"; return 1; }
   ! iptables-save | grep -qE 'KUBE-NODE-PORT |KUBE-LOAD-BALANCER|KUBE-IPVS-FILTER' || { echo "IPVS mode's chains left"; return 1; }
   local got; got=$(distinct 20 http cpod 10.96.0.20 80)
@@ -448,7 +454,10 @@ s_switch_modes() {
   kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
   SYNC_PERIOD=120 start_daemon
   wait_for 30 ipvs_has "-A -t 10.96.0.20:80 -s rr" || { echo "IPVS mode never synced: $(tail -5 $LOG)"; return 1; }
-  ! iptables-save | grep -qE 'KUBE-SVC-|KUBE-SEP-|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES' || { echo "iptables mode's chains left"; return 1; }
+  # iptables mode's chains go once IPVS mode's first sync is in, in each
+  # family; the virtual servers show before that sync ends (the iptables
+  # actor's restore takes longest), so wait for the removal.
+  wait_for 30 iptables_mode_gone || { echo "iptables mode's chains left: $(iptables_mode_rules | head -3)"; return 1; }
   got=$(distinct 20 http cpod 10.96.0.20 80)
   expect "IPVS mode: backends reached" "$got" "pod1 pod2 remote1 " || return 1
   # The canary (syncPeriod is 2 min now): deleting it is seen by the iptables
@@ -489,6 +498,7 @@ s_dry_run_diff() {
   # dry run's own upstream-format sections, both families.
   if [ -n "${DAEMON:-}" ]; then kill -TERM "$DAEMON" 2>/dev/null; wait "$DAEMON" 2>/dev/null; fi
   "$BIN" --cleanup >>"$LOG" 2>&1
+  flows_service
   local plan; plan=$(diff_run "$M" ipvs) || { echo "dry run failed: $(tail -3 $LOG)"; return 1; }
   ip link add kube-ipvs0 type dummy
   local fam sfx
@@ -530,6 +540,11 @@ s_dry_run_diff() {
   # Read-only: the kernel state is as the tools left it.
   local after; after=$(ipvsadm -S -n; ipset save; ip -o addr show dev kube-ipvs0; iptables-save | grep -v '^#')
   [ "$before" = "$after" ] || { echo "the preview changed the kernel state"; return 1; }
+  # Take-over and mode change at once: from that state, which no daemon of
+  # ours wrote, to our nftables mode under traffic; nothing may fail.
+  DAEMON=
+  switch_under_flows ipvs nftables || return 1
+  kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null
   "$BIN" --cleanup >>"$LOG" 2>&1
 }
 
@@ -552,10 +567,19 @@ dual_topology() {
     in_ns "$p" ip -6 route add default via fd00:244::1
     in_ns "$p" socat TCP4-LISTEN:9090,bind=10.244.0.$n,reuseaddr,fork "SYSTEM:echo $p" &
     in_ns "$p" socat "TCP6-LISTEN:9090,bind=[fd00:244::$n],reuseaddr,fork" "SYSTEM:echo $p" &
-    in_ns "$p" socat -T2 UDP4-RECVFROM:9091,bind=10.244.0.$n,reuseaddr,fork "SYSTEM:echo $p" &
-    in_ns "$p" socat -T2 "UDP6-RECVFROM:9091,bind=[fd00:244::$n],reuseaddr,fork" "SYSTEM:echo $p" &
+    udp_name_server "$p" 4 "10.244.0.$n" "$p"
+    udp_name_server "$p" 6 "[fd00:244::$n]" "$p"
   done
   sleep 0.5
+}
+# udp_name_server NS FAM ADDR NAME: answers every datagram to ADDR:9091 with
+# NAME. One process per flow (UDP-LISTEN's fork connects the child to the
+# sender) reads every datagram of its flow and answers each line of it; it
+# ends after 30 s without one. (A RECVFROM fork child answers one datagram
+# and exits: a datagram of the same flow that arrives while it ends is read
+# by it and goes unanswered, or its write hits the exited echo's pipe.)
+udp_name_server() {
+  in_ns "$1" socat -T30 "UDP$2-LISTEN:9091,bind=$3,reuseaddr,fork" "SYSTEM:while read -r _; do echo $4; done" &
 }
 at() { # at NS CMD...: in NS, or on the node itself for NS "node"
   local ns=$1; shift
@@ -617,6 +641,149 @@ s_dual_stack_udp_flow_moves() {
   expect "IPv4 side after the IPv6 change" "$got" "pod1 pod2 "
 }
 
+# ------------------------------------------------- switches under traffic ----
+# From the client, in both families, through ClusterIPs (dual/flows.yaml,
+# dual/dual.yaml) while the daemon restarts in another mode: a long-lived TCP
+# echo flow (a numbered line every 0.3 s, each echoed), a UDP flow (one
+# socket, a datagram every 0.3 s, the same pod answering each) and a new
+# TCP connection every 0.1 s (0.1 s after the previous one answered).
+# Every failure is a line in $FLOWS/fail.
+export FLOWS
+DRAIN=30
+# One probe, run in the client's namespace: probe.sh udp FAM ADDR (a UDP
+# flow: one socket, a datagram every 0.3 s, each answer awaited 5 s) or
+# probe.sh new FAM ADDR (a new TCP connection every 0.1 s, reading the
+# answering pod's name without closing first).
+cat >/tmp/probe.sh <<'PROBE'
+kind=$1 fam=$2 addr=$3 dir=$FLOWS
+paused() { while [ -e "$dir/pause" ]; do sleep 0.2; done; }
+if [ "$kind" = udp ]; then
+  exec 5<>"/dev/udp/$addr/5000"
+  while [ ! -e "$dir/stop" ]; do
+    # One read takes one whole datagram (bash's read would take one byte of each).
+    got=$(echo x >&5 && timeout 5 dd bs=512 count=1 <&5 2>/dev/null | tr -d '\r\n')
+    got=${got:-NONE}
+    echo "$(date +%T) $got" >>"$dir/udp$fam.log"; echo "$got" >>"$dir/udp$fam"
+    sleep 0.3; paused
+  done
+else
+  while [ ! -e "$dir/stop" ]; do
+    got=NONE
+    { read -r -t 5 got <&6; } 6<>"/dev/tcp/$addr/80"
+    echo "$(date +%T) $got" >>"$dir/new$fam.log"; echo "$got" >>"$dir/new$fam"
+    [ "$got" != NONE ] || echo "new TCP$fam connection failed at $(date +%T)" >>"$dir/fail"
+    sleep 0.1; paused
+  done
+fi
+PROBE
+flows_start() { # flows_start NAME: the flows, their files in /tmp/flows-NAME
+  FLOWS=/tmp/flows-$1; rm -rf "$FLOWS"; mkdir -p "$FLOWS"; : >"$FLOWS/fail"
+  local fam vip
+  for fam in 4 6; do
+    vip=10.96.0.140
+    [ $fam = 6 ] && vip="[fd00:96::40]"
+    ( i=0
+      while [ ! -e "$FLOWS/stop" ]; do i=$((i + 1)); echo "$i" || exit; echo "$i" >"$FLOWS/tcp$fam.sent"; sleep 0.3; done
+      touch "$FLOWS/tcp$fam.done"
+    ) 2>/dev/null | in_ns client socat -t3 - "TCP$fam:$vip:7000" >"$FLOWS/tcp$fam.echo" 2>>"$FLOWS/fail" &
+  done
+  in_ns client bash /tmp/probe.sh udp 4 10.96.0.140 &
+  in_ns client bash /tmp/probe.sh udp 6 fd00:96::40 &
+  in_ns client bash /tmp/probe.sh new 4 10.96.0.130 &
+  in_ns client bash /tmp/probe.sh new 6 fd00:96::30 &
+}
+flows_stop() { # stops the flows; prints what failed and returns 1 if anything did
+  say "$(date +%T) stopping the flows"
+  touch "$FLOWS/stop"; sleep 10
+  local fam sent echoed answers
+  for fam in 4 6; do
+    sent=$(cat "$FLOWS/tcp$fam.sent" 2>/dev/null)
+    echoed=$(grep -c . "$FLOWS/tcp$fam.echo")
+    [ -e "$FLOWS/tcp$fam.done" ] && [ "$sent" = "$echoed" ] && [ "$(tail -1 "$FLOWS/tcp$fam.echo")" = "$sent" ] \
+      || echo "TCP$fam flow: $sent lines sent, $echoed echoed, writer done: $([ -e "$FLOWS/tcp$fam.done" ] && echo yes || echo no)" >>"$FLOWS/fail"
+    # The UDP flow: one pod answers every datagram, before, during and after the switch.
+    answers=$(grep -v NONE "$FLOWS/udp$fam" | sort -u | tr '\n' ' ')
+    [ "$(echo $answers | wc -w)" = 1 ] || echo "UDP$fam flow answered by: '$answers'" >>"$FLOWS/fail"
+    ! grep -q NONE "$FLOWS/udp$fam" \
+      || echo "UDP$fam flow: $(grep -c NONE "$FLOWS/udp$fam") datagrams unanswered, given up at $(grep NONE "$FLOWS/udp$fam.log" | cut -d' ' -f1 | tr '\n' ' ')" >>"$FLOWS/fail"
+    say "flows IPv$fam: TCP $echoed of $sent echoed; UDP $(grep -vc NONE "$FLOWS/udp$fam") of $(wc -l <"$FLOWS/udp$fam") answered, by $answers; $(wc -l <"$FLOWS/new$fam") new connections"
+  done
+  [ "$(wc -l <"$FLOWS/new4")" -ge 10 ] || echo "too few new connections tried: $(wc -l <"$FLOWS/new4")" >>"$FLOWS/fail"
+  if [ -s "$FLOWS/fail" ]; then
+    cat "$FLOWS/fail"; say "$(wc -l <"$FLOWS/fail") failures, the first: $(head -3 "$FLOWS/fail" | tr '\n' ';')"
+    return 1
+  fi
+}
+start_mode() { # start_mode MODE: the daemon in MODE (IPVS: start_daemon's flags)
+  if [ "$1" = ipvs ]; then start_daemon; return; fi
+  "$BIN" --proxy-mode "$1" --manifests "$M" --hostname-override node-a --cluster-cidr 10.244.0.0/16 \
+    --iptables-min-sync-period 0s --ipvs-switch-drain-timeout ${DRAIN}s --v 2 >>"$LOG" 2>&1 &
+  DAEMON=$!
+}
+metric() { wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -F -- "$1"; }
+switch_under_flows() { # switch_under_flows FROM TO: restart the daemon from FROM mode in TO mode; nothing may fail
+  local from=$1 to=$2 before servers
+  servers=$(ipvsadm -S -n | grep -c '^-A')
+  flows_start "$from-$to-${RANDOM}"; sleep 3
+  if [ "$from" = ipvs ]; then
+    # The preview names the drain and the flows' virtual servers it waits for
+    # (the flows paused meanwhile: the dry run keeps the TCG guest busy).
+    touch "$FLOWS/pause"
+    local preview; preview=$(diff_run "$M" "$to" --diff)
+    rm -f "$FLOWS/pause"
+    echo "$preview" | grep -q "^then: drain IPVS mode's virtual servers" || { flows_stop; echo "no drain step: $(echo "$preview" | head -8)"; return 1; }
+    echo "$preview" | grep -q "^  drains: -t 10.96.0.140:7000 ([1-9][0-9]* connections)" \
+      || { flows_stop; echo "the flow's server not listed: $(echo "$preview" | grep -A3 'then: drain')"; return 1; }
+  fi
+  say "$(date +%T) switching from $from to $to mode"
+  if [ -n "${DAEMON:-}" ]; then kill -TERM "$DAEMON"; wait "$DAEMON" 2>/dev/null; fi
+  before=$(grep -c 'sync finished' "$LOG")
+  start_mode "$to"
+  wait_for 60 sh -c "[ \$(grep -c 'sync finished' $LOG) -gt $before ]" || { flows_stop; echo "$to mode never synced: $(tail -5 $LOG)"; return 1; }
+  sleep 4
+  say "$(date +%T) $to mode synced"
+  if [ "$from" = ipvs ]; then
+    # Draining: the flows' virtual servers and addresses stay, those without connections went.
+    local bad=""
+    ipvs_has "-A -t 10.96.0.140:7000" || bad="$bad; the TCP flow's virtual server went"
+    ipvs_has "-A -u [fd00:96::40]:5000" || bad="$bad; the IPv6 UDP flow's virtual server went"
+    ip addr show dev kube-ipvs0 2>/dev/null | grep -q '10.96.0.140/32' || bad="$bad; the flow's address went"
+    [ "$(ipvsadm -S -n | grep -c '^-A')" -lt "$servers" ] || bad="$bad; no idle virtual server went ($servers)"
+    grep -q "draining IPVS mode's virtual servers" "$LOG" || bad="$bad; no drain logged"
+    metric 'kube_proxy_rs_mode_switch_draining{mode="ipvs",ip_family="IPv4"} 1' >/dev/null || bad="$bad; metric: $(metric mode_switch)"
+    [ "$(metric 'kube_proxy_rs_mode_switch_remaining_connections{mode="ipvs",ip_family="IPv6"}' | awk '{print $2}')" -gt 0 ] \
+      || bad="$bad; no IPv6 connections counted: $(metric mode_switch)"
+    wget -q -O - http://127.0.0.1:10249/dashboard/data 2>/dev/null | grep -q '"draining":true' || bad="$bad; not on the dashboard"
+    if [ -n "$bad" ]; then flows_stop; echo "while draining$bad"; return 1; fi
+  fi
+  flows_stop || { echo "$from -> $to"; return 1; }
+  [ "$from" = ipvs ] || return 0
+  # The drain ends at its timeout (the closed flows linger in IPVS's TIME_WAIT), then IPVS mode's state goes.
+  wait_for $((DRAIN + 20)) sh -c '[ -z "$(ipvsadm -S -n)" ]' || { echo "virtual servers left: $(ipvsadm -S -n | head -3)"; return 1; }
+  wait_for 10 sh -c '! ip link show kube-ipvs0' || { echo "kube-ipvs0 left"; return 1; }
+  wait_for 10 sh -c '! ipset list -n | grep -q "^KUBE-"' || { echo "sets left: $(ipset list -n | tr '\n' ' ')"; return 1; }
+  wait_for 10 sh -c '! iptables-save | grep -qE "KUBE-LOAD-BALANCER|KUBE-IPVS-FILTER"' || { echo "IPVS mode's chains left"; return 1; }
+  grep -q "IPVS mode's drain timed out" "$LOG" || { echo "no timeout logged"; return 1; }
+  metric 'kube_proxy_rs_mode_switch_draining{mode="ipvs",ip_family="IPv4"} 0' >/dev/null || { echo "metric after: $(metric mode_switch)"; return 1; }
+}
+flows_service() { # the flows' service and the pods' IPv6 echo (once; after s_dual_stack's topology)
+  [ -e "$M/flows.yaml" ] && return 0
+  cp /scenarios/dual/flows.yaml "$M/"
+  local p n
+  for p in pod1:11 pod2:12; do
+    n=${p#*:}; p=${p%:*}
+    in_ns "$p" socat "TCP6-LISTEN:7000,bind=[fd00:244::$n],reuseaddr,fork" PIPE &
+  done
+}
+s_switch_under_traffic() {
+  flows_service
+  wait_for 15 ipvs_has "-A -t [fd00:96::40]:7000" || { echo "no flows service"; return 1; }
+  switch_under_flows ipvs nftables || return 1
+  switch_under_flows nftables ipvs || return 1
+  switch_under_flows ipvs iptables || return 1
+  switch_under_flows iptables ipvs
+}
+
 # ----------------------------------------------------------------- main ----
 say "kernel $(uname -r)"
 mkdir -p "$M" && cp "$SRC"/*.yaml "$M"/
@@ -644,10 +811,12 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   run drift-repaired-within-sync-period s_drift_repaired
   run sighup-reload s_sighup_reload
   run restart-keeps-established-tcp s_restart_keeps_connections
+  run switch-modes-under-traffic-drops-nothing s_switch_under_traffic
   run switch-modes-cleans-the-other-modes-state s_switch_modes
   run cleanup-removes-everything s_cleanup
   run dry-run-diff-previews-the-first-sync s_dry_run_diff
 fi
+[ -d /out ] && cp -r "$LOG" /tmp/flows-* /out/ 2>/dev/null
 say "daemon log (last 30 lines):"
 tail -30 "$LOG"
 if [ ${#FAILED[@]} -gt 0 ]; then
