@@ -1959,4 +1959,3 @@ fn one_large_list_file_costs_little_more_memory_than_small_files() {
     let one = peak(Layout::OneFile);
     assert!(one < small + 50 * 1024, "one file: VmHWM {one} kB; files of 500 objects: {small} kB");
 }
-
