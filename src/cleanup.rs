@@ -94,7 +94,7 @@ pub fn cleanup() -> Result<(), CleanupError> {
         for family in [IpFamily::V4, IpFamily::V6] {
             // Both modes' chains in one restore: they share chains that the other's may reference.
             let both = [&IPTABLES_PROFILE, &IPVS_PROFILE];
-            if let Err(source) = IptablesHandle::new(family).cleanup_modes(&both).await {
+            if let Err(source) = IptablesHandle::new(family).cleanup_modes(&both, None).await {
                 errors.push(LeftoverError::Iptables { what: "iptables", family, source });
             }
             errors.extend(cleanup_ipvs_mode(family).await);
@@ -357,7 +357,7 @@ async fn remove(step: SwitchStep, family: IpFamily, policy: &SwitchPolicy) -> Ve
             let profiles: Vec<&ChainProfile> = modes.into_iter().filter_map(chain_profile).collect();
             let keep = keep.and_then(chain_profile);
             // The modes' chains in one restore: they share chains that the other's may reference.
-            match IptablesHandle::new(family).cleanup_modes_keeping(&profiles, keep).await {
+            match IptablesHandle::new(family).cleanup_modes(&profiles, keep).await {
                 Ok(()) => Vec::new(),
                 Err(source) => vec![LeftoverError::Iptables { what: "iptables", family, source }],
             }

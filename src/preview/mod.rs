@@ -130,8 +130,7 @@ fn drain_now_text(servers: &[(VsKey, u64)]) -> String {
         round.remaining_servers,
         round.remaining_connections
     );
-    let waiting = servers.iter().filter(|(_, c)| *c > 0);
-    for (vs, connections) in waiting.clone().take(DRAINING_LISTED) {
+    for (vs, connections) in servers.iter().filter(|(_, c)| *c > 0).take(DRAINING_LISTED) {
         text.push_str(&format!("  drains: {vs} ({connections} connections)\n"));
     }
     if round.remaining_servers > DRAINING_LISTED {
@@ -332,11 +331,11 @@ async fn ipset_section(heading: String, p: &FamilyPlan, planned: bool, cleans: b
         Ok(text) => text,
         Err(e) => return out.note(format!("cannot read the ipsets: {e}")),
     };
-    let by_set = lines_by_set(&saved);
+    let mut by_set = lines_by_set(&saved);
     let mut left = 0;
     for set in IpvsSet::ALL {
         let name = set.name(family);
-        let live: Vec<String> = by_set.get(name.as_str()).map_or_else(Vec::new, |l| owned_lines(l.clone()));
+        let live: Vec<String> = by_set.remove(name.as_str()).map_or_else(Vec::new, owned_lines);
         if !planned && !cleans {
             left += live.len();
             continue;

@@ -492,20 +492,16 @@ impl IptablesHandle {
     /// mangle, nat and filter. What is not there is skipped; nothing else is
     /// touched. One `iptables-save` per table and one restore.
     pub async fn cleanup(&self) -> KResult<()> {
-        self.cleanup_modes(&[self.profile]).await
+        self.cleanup_modes(&[self.profile], None).await
     }
 
     /// Like [`cleanup`](Self::cleanup), for several modes at once, in one
-    /// restore: the modes share chains (KUBE-MARK-MASQ, ...) that the other
-    /// mode's chains may still reference, so one mode at a time can fail.
-    pub async fn cleanup_modes(&self, profiles: &[&ChainProfile]) -> KResult<()> {
-        self.cleanup_modes_keeping(profiles, None).await
-    }
-
-    /// Like [`cleanup_modes`](Self::cleanup_modes), keeping the jumps and
-    /// chains `keep` (the mode now running) writes too: after a switch, the
-    /// earlier mode's rules go and the new mode's, written first, stay.
-    pub async fn cleanup_modes_keeping(&self, profiles: &[&ChainProfile], keep: Option<&ChainProfile>) -> KResult<()> {
+    /// restore (the modes share chains, KUBE-MARK-MASQ, ..., that the other
+    /// mode's chains may still reference, so one mode at a time can fail),
+    /// keeping the jumps and chains `keep` (the mode now running) writes
+    /// too: after a switch, the earlier mode's rules go and the new mode's,
+    /// written first, stay.
+    pub async fn cleanup_modes(&self, profiles: &[&ChainProfile], keep: Option<&ChainProfile>) -> KResult<()> {
         let (mangle, nat, filter) =
             tokio::join!(self.saved_or_absent("mangle"), self.saved_or_absent("nat"), self.saved_or_absent("filter"));
         let text = cleanup_input(profiles, keep, &mangle?, &nat?, &filter?);
