@@ -219,7 +219,7 @@ fn apply_in(t: &mut MemTable, op: &NftOp) -> Applied {
             }
             Ok(())
         }
-        NftOp::AddElementsOf(source) => source.ops().iter().try_for_each(|op| apply_in(t, op)),
+        NftOp::AddElementsOf(source) => source.expand().iter().try_for_each(|op| apply_in(t, op)),
         NftOp::DeleteElements { set, keys } => {
             let s = t.sets.get_mut(set).ok_or(Errno::ENOENT)?;
             for k in keys {

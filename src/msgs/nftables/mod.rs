@@ -82,6 +82,9 @@ pub trait ElementSource: fmt::Debug + Send + Sync {
 
     /// How many elements [`ElementSource::runs`] lists.
     fn count(&self) -> usize;
+
+    /// How many runs [`ElementSource::runs`] lists.
+    fn runs_count(&self) -> usize;
 }
 
 /// A shared [`ElementSource`]. Compared, ordered and hashed by the ops it
@@ -91,7 +94,7 @@ pub struct Elements(pub Arc<dyn ElementSource>);
 
 impl Elements {
     /// The [`NftOp::AddElements`] ops these elements stand for (copies).
-    pub fn ops(&self) -> Vec<NftOp> {
+    pub fn expand(&self) -> Vec<NftOp> {
         let mut ops = Vec::new();
         self.0.runs(&mut |set, elements| {
             ops.push(NftOp::AddElements {
@@ -105,7 +108,7 @@ impl Elements {
 
 impl PartialEq for Elements {
     fn eq(&self, other: &Elements) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.ops() == other.ops()
+        Arc::ptr_eq(&self.0, &other.0) || self.expand() == other.expand()
     }
 }
 
@@ -119,13 +122,13 @@ impl PartialOrd for Elements {
 
 impl Ord for Elements {
     fn cmp(&self, other: &Elements) -> std::cmp::Ordering {
-        self.ops().cmp(&other.ops())
+        self.expand().cmp(&other.expand())
     }
 }
 
 impl std::hash::Hash for Elements {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.ops().hash(state)
+        self.expand().hash(state)
     }
 }
 
@@ -138,7 +141,7 @@ pub fn expanded(ops: &[NftOp]) -> Cow<'_, [NftOp]> {
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
         match op {
-            NftOp::AddElementsOf(source) => out.extend(source.ops()),
+            NftOp::AddElementsOf(source) => out.extend(source.expand()),
             op => out.push(op.clone()),
         }
     }
@@ -158,6 +161,15 @@ impl NftOp {
             NftOp::AddElements { elements, .. } => elements.len(),
             NftOp::DeleteElements { keys, .. } => keys.len(),
             NftOp::AddElementsOf(source) => source.0.count(),
+            _ => 1,
+        }
+    }
+
+    /// How many ops this one stands for: an [`NftOp::AddElementsOf`] as
+    /// many as its runs, any other one.
+    pub fn ops(&self) -> usize {
+        match self {
+            NftOp::AddElementsOf(source) => source.0.runs_count(),
             _ => 1,
         }
     }
@@ -257,6 +269,12 @@ impl Transaction {
             Cow::Borrowed(_) => self.ops,
         };
         Transaction { family: self.family, ops }
+    }
+
+    /// How many ops it holds, each [`NftOp::AddElementsOf`] counted as the
+    /// ops it stands for ([`NftOp::ops`]).
+    pub fn op_count(&self) -> usize {
+        self.ops.iter().map(NftOp::ops).sum()
     }
 
     /// Number of operations (upstream's `NumOperations`: one per element).

@@ -152,6 +152,7 @@ fn elements_listed_from_the_ruleset_encode_as_elements_copied_into_ops() {
             assert_eq!(hex(&from_ruleset), hex(&copied), "{case}");
             assert_eq!(from_ruleset.to_string(), copied.to_string(), "{case}");
             assert_eq!(from_ruleset.len(), copied.len(), "{case}");
+            assert_eq!(from_ruleset.op_count(), copied.ops.len(), "{case}");
             assert_eq!(from_ruleset.expanded(), copied, "{case}");
         }
     }

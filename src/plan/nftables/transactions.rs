@@ -213,13 +213,19 @@ fn first_elements<'a>(rs: &'a Ruleset, mut f: impl FnMut(&'a SetElement)) {
 struct RulesetElements {
     rs: Arc<Ruleset>,
     count: usize,
+    runs: usize,
 }
 
 impl RulesetElements {
     fn new(rs: Arc<Ruleset>) -> RulesetElements {
-        let mut count = 0;
-        first_elements(&rs, |_| count += 1);
-        RulesetElements { rs, count }
+        let mut elements = RulesetElements { rs, count: 0, runs: 0 };
+        let (mut count, mut runs) = (0, 0);
+        elements.runs(&mut |_, run| {
+            count += run.len();
+            runs += 1;
+        });
+        (elements.count, elements.runs) = (count, runs);
+        elements
     }
 }
 
@@ -242,6 +248,10 @@ impl ElementSource for RulesetElements {
 
     fn count(&self) -> usize {
         self.count
+    }
+
+    fn runs_count(&self) -> usize {
+        self.runs
     }
 }
 
