@@ -205,20 +205,20 @@ impl NftablesPlanner {
                 // The staged sync that shared the ruleset is done with it: no copy.
                 if let Some(applied) = self.applied.as_mut().map(Arc::make_mut) {
                     if let Some(objects) = shared {
-                        count(&mut self.refs, &applied.shared, -1);
-                        count(&mut self.refs, &objects, 1);
+                        self.refs.remove(&applied.shared);
+                        self.refs.add(&objects);
                         applied.shared = objects;
                     }
                     for (spn, objects) in ports {
                         let old = match objects {
                             Some(o) => {
-                                count(&mut self.refs, &o, 1);
+                                self.refs.add(&o);
                                 applied.services.insert(spn, o.hold())
                             }
                             None => applied.services.remove(&spn),
                         };
                         if let Some(old) = old {
-                            count(&mut self.refs, &old, -1);
+                            self.refs.remove(&old);
                         }
                     }
                 }
@@ -275,21 +275,5 @@ impl NftablesPlanner {
             self.stale.remove(c);
         }
         Some(delete_stale(self.ctx.family, &due))
-    }
-}
-
-/// Adds (`by` 1) or removes (-1) `objects`' elements to `refs`.
-fn count(refs: &mut ElementRefs, objects: &Objects, by: i8) {
-    for e in &objects.elements {
-        let id = e.id();
-        let n = refs.entry(id.clone()).or_default();
-        if by > 0 {
-            *n += 1;
-        } else {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                refs.remove(&id);
-            }
-        }
     }
 }

@@ -126,6 +126,48 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
 }
 
+/// The element counts know an element by its set and key (not its
+/// value), count each group holding it, and forget it with the last; a
+/// ruleset's counts are those of its groups.
+#[test]
+fn element_counts_follow_the_groups_holding_each_element() {
+    use crate::msgs::nftables::{Element, KeyPart, Verdict};
+    let key = |ip: &str| vec![KeyPart::Addr(ip.parse().unwrap())];
+    let member = |set: &str, ip: &str| SetElement { set: set.into(), element: Element::key(key(ip)) };
+    let to = |set: &str, ip: &str, c: &str| SetElement {
+        set: set.into(),
+        element: Element::to(key(ip), Verdict::Goto(c.into())),
+    };
+    let a =
+        Objects { elements: vec![member("cluster-ips", "10.0.0.1"), to("m", "10.0.0.1", "x")], ..Objects::default() };
+    let b =
+        Objects { elements: vec![member("cluster-ips", "10.0.0.1"), to("m", "10.0.0.2", "y")], ..Objects::default() };
+    let c = Objects { elements: vec![to("m", "10.0.0.1", "z")], ..Objects::default() };
+    let mut refs = ElementRefs::new();
+    [&a, &b, &c].into_iter().for_each(|o| refs.add(o));
+    let counts = |refs: &ElementRefs| {
+        [("cluster-ips", "10.0.0.1"), ("m", "10.0.0.1"), ("m", "10.0.0.2"), ("cluster-ips", "10.0.0.2")]
+            .map(|(set, ip)| refs.get(set, &key(ip)))
+    };
+    assert_eq!((counts(&refs), refs.len()), ([2, 2, 1, 0], 3));
+    refs.remove(&a);
+    assert_eq!((counts(&refs), refs.len()), ([1, 1, 1, 0], 3));
+    refs.remove(&b);
+    refs.remove(&b);
+    assert_eq!((counts(&refs), refs.len()), ([0, 1, 0, 0], 1));
+    refs.remove(&c);
+    assert!(refs.is_empty());
+
+    let rs = desired(&model_with(&repeated_events()), &fake_ctx());
+    let all = element_refs(&rs);
+    let ids: BTreeSet<(&str, &[KeyPart])> = rs.elements().map(|e| (e.set.as_str(), e.element.key.as_slice())).collect();
+    assert_eq!(all.len(), ids.len());
+    for (set, k) in ids {
+        let holding = rs.groups().filter(|g| g.elements.iter().any(|e| e.set == set && e.element.key == k)).count();
+        assert_eq!(all.get(set, k), holding, "{set} {k:?}");
+    }
+}
+
 /// A full sync staged: per-service chains declared first (new ones, in
 /// bounded transactions after the sets and top-level chains), then
 /// written in bounded transactions, endpoint chains before the chains that
@@ -150,7 +192,8 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         .collect();
     for existing in [BTreeSet::new(), all_chains.clone()] {
         let kernel = KernelObjects { chains: existing.iter().cloned().collect(), sets: vec![] };
-        let steps: Vec<Transaction> = Staged::new(Arc::new(rs.clone()), &kernel, true, 3).collect();
+        let steps: Vec<Transaction> =
+            Staged::new(Arc::new(rs.clone()), &kernel, true, 3).map(Transaction::expanded).collect();
         assert!(steps.len() > 3, "{}", steps.len());
         let rest = &steps[steps.len() - 1];
         let writes_from = steps.iter().position(|t| t.ops.iter().any(|op| chain_of(op).is_some())).expect("writes");
@@ -222,7 +265,8 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
     // Nothing per-service: the transaction as it was.
     let rs = desired(&model_with(&[]), &fake_ctx());
     let empty = full_sync(&rs, &KernelObjects::default(), false).tx;
-    assert_eq!(Staged::new(Arc::new(rs), &KernelObjects::default(), false, 3).collect::<Vec<_>>(), vec![empty]);
+    let staged = Staged::new(Arc::new(rs), &KernelObjects::default(), false, 3);
+    assert_eq!(staged.map(Transaction::expanded).collect::<Vec<_>>(), vec![empty]);
 }
 
 /// The staged sync, built one transaction at a time from the ruleset,
@@ -250,7 +294,7 @@ fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
                 let staged = Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk);
                 assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
                 assert_eq!(staged.transactions(), want.len());
-                let got: Vec<Transaction> = staged.collect();
+                let got: Vec<Transaction> = staged.map(Transaction::expanded).collect();
                 assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
                 // The maps ruleset has no per-service chains here (no firewall, no affinity).
                 let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || got.len() > 3;
