@@ -106,8 +106,10 @@ pub fn desired_held(model: &Model, ctx: &NftablesContext) -> (Ruleset, PortSourc
         })
         .collect();
     ports.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let (services, sources): (BTreeMap<ServicePortName, Objects>, Vec<PortSource>) =
+    let (services, sources): (Vec<(ServicePortName, Objects)>, Vec<PortSource>) =
         ports.into_iter().map(|(name, objects, source)| ((name, objects), source)).unzip();
+    // Collected whole (not inserted one by one): the map's nodes full, as [`desired`]'s.
+    let services: BTreeMap<ServicePortName, Objects> = services.into_iter().collect();
     (with_services(ctx, services, &[]), PortSources::new(ctx.clone(), sources))
 }
 

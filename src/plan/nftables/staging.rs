@@ -76,12 +76,20 @@ pub struct Staged {
     ops: usize,
 }
 
-/// Per-service chains cut into transactions: (group in
-/// [`Ruleset::groups`], chain in the group), where each transaction ends,
-/// and the next one to build.
+/// A per-service chain: its group in [`Ruleset::groups`] and its index
+/// in the group (32 bits each: a staged sync holds two per chain).
+type At = (u32, u32);
+
+/// Where `at` is, as indices.
+fn index(&(g, i): &At) -> (usize, usize) {
+    (g as usize, i as usize)
+}
+
+/// Per-service chains cut into transactions ([`At`]), where each
+/// transaction ends, and the next one to build.
 #[derive(Debug, Default)]
 struct Pieces {
-    order: Vec<(usize, usize)>,
+    order: Vec<At>,
     cuts: Vec<usize>,
     next: usize,
 }
@@ -89,7 +97,8 @@ struct Pieces {
 impl Pieces {
     /// `order` cut into pieces of at least `size` by `weight` (a chain is
     /// not split).
-    fn cut(order: Vec<(usize, usize)>, size: usize, weight: impl Fn(&(usize, usize)) -> usize) -> Pieces {
+    fn cut(mut order: Vec<At>, size: usize, weight: impl Fn(&At) -> usize) -> Pieces {
+        order.shrink_to_fit();
         let mut cuts = Vec::new();
         let mut current = 0;
         for (n, at) in order.iter().enumerate() {
@@ -110,7 +119,7 @@ impl Pieces {
     }
 
     /// The chains of the next piece, if any is left.
-    fn take(&mut self) -> Option<&[(usize, usize)]> {
+    fn take(&mut self) -> Option<&[At]> {
         let n = self.next;
         let end = *self.cuts.get(n)?;
         self.next += 1;
@@ -198,13 +207,13 @@ impl Staged {
         let existing: BTreeSet<String> = kernel.chains.iter().filter(|c| is_service_chain(c)).cloned().collect();
         let family = rs.family;
         let mut rest = full_sync_of(&rs, kernel, recreate_base, |c| !is_service_chain(&c.name)).tx;
-        let mut order: Vec<(usize, usize)> = Vec::new();
+        let mut order: Vec<At> = Vec::new();
         let mut head = Transaction { family, ops: vec![NftOp::add_table()] };
         head.ops.extend(rs.sets().cloned().map(NftOp::AddSet));
         for (g, objects) in rs.groups().enumerate() {
             for (i, c) in objects.chains.iter().enumerate() {
                 if is_service_chain(&c.name) {
-                    order.push((g, i));
+                    order.push((g as u32, i as u32));
                 } else if c.base.is_none() {
                     head.ops.push(c.add_op());
                 }
@@ -214,8 +223,12 @@ impl Staged {
             head.ops.push(NftOp::AddSet(super::base::nodeport_ips_set(family)));
         }
         let groups: Vec<&Objects> = rs.groups().collect();
-        let chain = |&(g, i): &(usize, usize)| &groups[g].chains[i];
-        let chain_ops = |&(g, i): &(usize, usize)| {
+        let chain = |at: &At| {
+            let (g, i) = index(at);
+            &groups[g].chains[i]
+        };
+        let chain_ops = |at: &At| {
+            let (g, i) = index(at);
             let c: &Chain = &groups[g].chains[i];
             let rules = match (&sources, groups[g].held) {
                 (Some(s), Some(_)) => s.rules(g - FIRST_PORT, i),
@@ -229,7 +242,7 @@ impl Staged {
             let (declared, written) = (Pieces::default(), Pieces::default());
             return Staged { rs, sources, existing, head: None, declared, written, rest: Some(rest), ops };
         }
-        let new: Vec<(usize, usize)> = order.iter().copied().filter(|at| !existing.contains(&chain(at).name)).collect();
+        let new: Vec<At> = order.iter().copied().filter(|at| !existing.contains(&chain(at).name)).collect();
         let declare_size = chunk.max(new.len() / STAGES).max(1);
         let declared = Pieces::cut(new, declare_size, |_| 1);
         // Leaves first: what a chain jumps to has its rules before it does.
@@ -254,7 +267,7 @@ impl Staged {
     /// The next transaction declaring per-service chains.
     fn declaring(&mut self) -> Option<Transaction> {
         let groups: Vec<&Objects> = self.rs.groups().collect();
-        let ops = self.declared.take()?.iter().map(|&(g, i)| groups[g].chains[i].add_op()).collect();
+        let ops = self.declared.take()?.iter().map(index).map(|(g, i)| groups[g].chains[i].add_op()).collect();
         Some(Transaction { family: self.rs.family, ops })
     }
 
@@ -264,7 +277,7 @@ impl Staged {
         let groups: Vec<&Objects> = self.rs.groups().collect();
         let mut rendered: Option<(usize, Objects)> = None;
         let mut ops = Vec::new();
-        for &(g, i) in self.written.take()? {
+        for (g, i) in self.written.take()?.iter().map(index) {
             let c = &groups[g].chains[i];
             if self.existing.contains(&c.name) {
                 ops.push(NftOp::FlushChain(c.name.clone()));
