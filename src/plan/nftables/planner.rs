@@ -97,7 +97,8 @@ impl NftablesPlanner {
     /// A full sync of `model` with `ctx` over a kernel holding `kernel`
     /// (listed by the caller). The first one also re-creates the base chains.
     pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
-        let desired = self.plan_full(model, ctx, kernel);
+        self.ctx = ctx;
+        let desired = self.pend_full(super::desired(model, &self.ctx), kernel);
         let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
         delta
@@ -105,18 +106,22 @@ impl NftablesPlanner {
 
     /// [`Self::full`] as the transactions the nftables actor sends
     /// ([`Staged`], per-service transactions of at least `chunk` ops), each
-    /// built when it is sent.
+    /// built when it is sent. The ruleset is planned held
+    /// ([`super::desired_held`]): each service port's rules are rendered
+    /// again when its chains are written, so the sync never holds the
+    /// rules of the whole table.
     pub fn full_staged(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects, chunk: usize) -> Staged {
-        let desired = self.plan_full(model, ctx, kernel);
-        let staged = Staged::new(desired, kernel, !self.recreated_base, chunk);
+        self.ctx = ctx;
+        let (desired, sources) = super::desired_held(model, &self.ctx);
+        let desired = self.pend_full(desired, kernel);
+        let staged = Staged::held(desired, sources, kernel, !self.recreated_base, chunk);
         self.recreated_base = true;
         staged
     }
 
-    /// The whole desired ruleset of a full sync over `kernel`: pending until confirmed.
-    fn plan_full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Arc<Ruleset> {
-        self.ctx = ctx;
-        let desired = Arc::new(super::desired(model, &self.ctx));
+    /// `desired`, a full sync's ruleset over `kernel`, pending until confirmed.
+    fn pend_full(&mut self, desired: Ruleset, kernel: &KernelObjects) -> Arc<Ruleset> {
+        let desired = Arc::new(desired);
         self.planned_stale = stale_chains(&desired, kernel);
         self.planned_chains.clear();
         self.pending = Pending::Full(desired.clone());

@@ -274,7 +274,10 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
 /// ([`cut_whole`]), the same transactions in the same order: both
 /// rulesets, both families, a kernel without the table and one holding
 /// every chain and some stale ones, small and large chunks. Its op and
-/// transaction counts are those it sends.
+/// transaction counts are those it sends. So does the staged sync of the
+/// held ruleset ([`desired_held`]: no service port's rules held, each
+/// rendered again from the model when its chains are written), and the
+/// planner's.
 #[test]
 fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
     let maps = NftablesContext { ruleset: NftRuleset::Maps, ..fake_ctx() };
@@ -284,21 +287,35 @@ fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
         [(model_with(&repeated_events()), fake_ctx()), (model_with(&repeated_events()), maps), (v6_model, v6)]
     {
         let rs = desired(&model, &ctx);
-        let mut held: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
-        held.push("service-OLD00000-ns9/gone/tcp/p80".into());
+        let mut listed: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
+        listed.push("service-OLD00000-ns9/gone/tcp/p80".into());
         let sets = vec!["affinity-OLD00000-ns9/gone/tcp/p80__10.9.9.9/80".to_string()];
-        for kernel in [KernelObjects::default(), KernelObjects { chains: held, sets }] {
+        for kernel in [KernelObjects::default(), KernelObjects { chains: listed, sets }] {
             for (chunk, recreate) in [(1, true), (3, false), (STAGE_OPS, true)] {
                 let whole = full_sync(&rs, &kernel, recreate).tx;
                 let want = cut_whole(whole, &kernel.chains.iter().cloned().collect(), chunk);
-                let staged = Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk);
-                assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
-                assert_eq!(staged.transactions(), want.len());
-                let got: Vec<Transaction> = staged.map(Transaction::expanded).collect();
-                assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
+                let (held_rs, sources) = desired_held(&model, &ctx);
+                assert_eq!(held_rs, held(rs.clone()));
+                assert!(held_rs.services.values().flat_map(|o| &o.chains).all(|c| c.rules.is_empty()));
+                let mut planner = NftablesPlanner::new(ctx.clone());
+                if !recreate {
+                    planner.full(&model, ctx.clone(), &kernel);
+                }
+                for staged in [
+                    Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk),
+                    Staged::held(Arc::new(held_rs), sources, &kernel, recreate, chunk),
+                    planner.full_staged(&model, ctx.clone(), &kernel, chunk),
+                ] {
+                    assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
+                    assert_eq!(staged.transactions(), want.len());
+                    let got: Vec<Transaction> = staged.map(Transaction::expanded).collect();
+                    assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
+                }
+                planner.confirm_applied(std::time::Duration::ZERO);
+                assert_eq!(planner.applied(), Some(&held(rs.clone())));
                 // The maps ruleset has no per-service chains here (no firewall, no affinity).
-                let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || got.len() > 3;
-                assert!(cut, "{} transactions", got.len());
+                let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || want.len() > 3;
+                assert!(cut, "{} transactions", want.len());
             }
         }
     }
