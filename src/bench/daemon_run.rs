@@ -357,6 +357,11 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         .arg(&config)
         .args(&source)
         .env("PATH", &path)
+        // A lock of its own: the daemon's rules live in its own namespace,
+        // and the host-wide /run/xtables.lock is held by whatever else runs
+        // iptables meanwhile (other benches, tests), whose restores would
+        // make the daemon's fail after `-w 5` and resync.
+        .env("XTABLES_LOCKFILE", work.join("xtables.lock"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
