@@ -20,7 +20,11 @@
 //!   `/proc/PID/stat` utime+stime+cutime+cstime) while nothing changes, over
 //!   `idle` seconds after the first sync;
 //! - RSS (VmRSS) of the daemon 60 s after the first sync, and its peak RSS
-//!   (VmHWM) at the end.
+//!   (VmHWM) at the end;
+//! - with `--source api`, optionally: endpoint-change latency (one
+//!   EndpointSlice update at a time, from the API server's answer to the
+//!   log line of the sync that carried it, after its restore), and CPU
+//!   during a churn of updates.
 //!
 //! Needs root and the iptables tools of the chosen flavour.
 
@@ -61,6 +65,9 @@ pub struct Options {
     /// After the idle watch: this many EndpointSlice updates a second
     /// through the API server (needs `api_source`), for this long.
     pub churn: Option<(u32, Duration)>,
+    /// After the idle watch: this many EndpointSlice updates one at a
+    /// time, each timed to the sync that carried it (needs `api_source`).
+    pub latency: Option<u32>,
     /// nftables mode's ruleset (`nftables.ruleset`).
     pub nftables_ruleset: crate::plan::nftables::NftRuleset,
     /// Also load the same rules with the tool alone (`nft -f` of
@@ -101,6 +108,9 @@ pub const PEAK_RSS: &str = "peak RSS (VmHWM) of the daemon";
 pub const RSS_AFTER: &str = "RSS (VmRSS) of the daemon 60 s after the first sync";
 /// The figure [`run_daemon`] reports as the time to the first sync.
 pub const FIRST_SYNC: &str = "start → first complete sync (every family)";
+/// The figures [`run_daemon`] reports as the endpoint-change latency.
+pub const CHANGE_P50: &str = "endpoint change → its sync finished, p50";
+pub const CHANGE_P99: &str = "endpoint change → its sync finished, p99";
 
 /// One figure.
 #[derive(Debug, Clone)]
@@ -363,6 +373,11 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         .arg(&config)
         .args(&source)
         .env("PATH", &path)
+        // A lock of its own: the daemon's rules live in its own namespace,
+        // and the host-wide /run/xtables.lock is held by whatever else runs
+        // iptables meanwhile (other benches, tests), whose restores would
+        // make the daemon's fail after `-w 5` and resync.
+        .env("XTABLES_LOCKFILE", work.join("xtables.lock"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
@@ -452,6 +467,22 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     }
     fig(RSS_AFTER, status_mb(daemon_pid, "VmRSS")?, "MB");
     let syncs = |log: &Path| std::fs::read_to_string(log).unwrap_or_default().matches("sync finished").count();
+    if let Some(changes) = opts.latency {
+        let api = api.as_mut().context("--latency needs --source api")?;
+        let mut took = Vec::new();
+        for n in 0..changes {
+            // Clear of minSyncPeriod (1 s) since the last sync: the change
+            // starts its sync at once.
+            std::thread::sleep(Duration::from_millis(1100));
+            let seen = std::fs::metadata(&log)?.len();
+            let t = Instant::now();
+            api.flip(n as usize)?;
+            took.push(wait_for_change_sync(&log, seen, t)?.as_secs_f64() * 1000.0);
+        }
+        fig("endpoint changes timed (one at a time)", changes as f64, "changes");
+        fig(CHANGE_P50, super::stats::quantile(&took, 0.5), "ms");
+        fig(CHANGE_P99, super::stats::quantile(&took, 0.99), "ms");
+    }
     if let Some((rate, seconds)) = opts.churn {
         let api = api.as_mut().context("--churn needs --source api")?;
         let before = syncs(&log);
@@ -475,6 +506,29 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     drop(api);
     let _ = std::fs::remove_dir_all(&work);
     Ok(out)
+}
+
+/// How long after `t` the first `sync finished` line of a sync with
+/// changed service ports appears in `log` beyond its first `seen` bytes.
+fn wait_for_change_sync(log: &Path, seen: u64, t: Instant) -> anyhow::Result<Duration> {
+    let deadline = t + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read(log)?;
+        let new = String::from_utf8_lossy(text.get(seen as usize..).unwrap_or_default());
+        if new.lines().any(carries_a_change) {
+            return Ok(t.elapsed());
+        }
+        ensure!(Instant::now() < deadline, "no sync carried the change in 60 s; log {}", log.display());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A log line of a finished sync that wrote changed service ports.
+fn carries_a_change(line: &str) -> bool {
+    line.contains("sync finished")
+        && line
+            .split_whitespace()
+            .any(|w| w.strip_prefix("ports=").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0)
 }
 
 /// The tool inputs of a `--dry-run`, one per family: the sections whose
@@ -522,23 +576,30 @@ impl ApiInNetns {
     /// sync's worth of work per service: its endpoint left, or came back).
     /// How many were made.
     fn churn(&mut self, rate: u32, seconds: Duration) -> anyhow::Result<u64> {
-        let slices = &mut self.slices;
-        ensure!(!slices.is_empty(), "no EndpointSlice to churn");
         let every = Duration::from_secs(1) / rate.max(1);
         let start = Instant::now();
         let mut n: u64 = 0;
         while start.elapsed() < seconds {
-            let len = slices.len();
-            let slice = &mut slices[(n as usize) % len];
-            let ready = &mut slice["endpoints"][0]["conditions"]["ready"];
-            *ready = Value::Bool(!ready.as_bool().unwrap_or(true));
-            self.server.update(&*slice).map_err(|e| anyhow::anyhow!("updating an EndpointSlice: {e:?}"))?;
+            self.flip(n as usize)?;
             n += 1;
             if let Some(wait) = (every * n as u32).checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
             }
         }
         Ok(n)
+    }
+
+    /// Update `n` of the churn: flips the first endpoint's `ready` of the
+    /// `n`-th slice (in turn).
+    fn flip(&mut self, n: usize) -> anyhow::Result<()> {
+        let slices = &mut self.slices;
+        ensure!(!slices.is_empty(), "no EndpointSlice to churn");
+        let len = slices.len();
+        let slice = &mut slices[n % len];
+        let ready = &mut slice["endpoints"][0]["conditions"]["ready"];
+        *ready = Value::Bool(!ready.as_bool().unwrap_or(true));
+        self.server.update(&*slice).map_err(|e| anyhow::anyhow!("updating an EndpointSlice: {e:?}"))?;
+        Ok(())
     }
 }
 
@@ -584,5 +645,16 @@ x INFO kube_proxy_rs::actors::coordinator: sync finished ip_family=\"IPv4\" gene
         assert_eq!(first.complete, vec![("IPv6".to_string(), 12715.4), ("IPv4".to_string(), 44522.5)]);
         assert_eq!(first.failed_before, 1);
         assert_eq!(FirstSyncs::of_log("").complete.len(), 0);
+    }
+
+    #[test]
+    fn a_sync_carries_a_change_when_it_wrote_changed_service_ports() {
+        let line = |ports| {
+            format!("INFO sync finished ip_family=\"IPv4\" generation=7 full=false ms=3.1 ports={ports} failed=0")
+        };
+        assert!(super::carries_a_change(&line(1)));
+        assert!(super::carries_a_change(&line(12)));
+        assert!(!super::carries_a_change(&line(0)), "a periodic sync of a quiet cluster");
+        assert!(!super::carries_a_change("INFO sync started generation=7 ports=1"));
     }
 }
