@@ -270,7 +270,7 @@ impl FirstSyncs {
     pub fn of_log(text: &str) -> FirstSyncs {
         let mut out = FirstSyncs::default();
         for line in text.lines().filter(|l| l.contains("sync finished")) {
-            let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
+            let field = |name| log_field(line, name);
             let family = field("ip_family=").unwrap_or_default().trim_matches('"').to_string();
             if out.complete.iter().any(|(f, _)| *f == family) {
                 continue;
@@ -525,10 +525,12 @@ fn wait_for_change_sync(log: &Path, seen: u64, t: Instant) -> anyhow::Result<Dur
 
 /// A log line of a finished sync that wrote changed service ports.
 fn carries_a_change(line: &str) -> bool {
-    line.contains("sync finished")
-        && line
-            .split_whitespace()
-            .any(|w| w.strip_prefix("ports=").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0)
+    line.contains("sync finished") && log_field(line, "ports=").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0
+}
+
+/// The value of the daemon's log field `name` (`ports=`, `ms=`, ...) in `line`.
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name))
 }
 
 /// The tool inputs of a `--dry-run`, one per family: the sections whose

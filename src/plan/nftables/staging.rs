@@ -179,12 +179,17 @@ impl PortSources {
 impl Staged {
     /// The full sync of `rs` (its service ports not held) over a kernel
     /// holding `kernel` (re-creating the base chains with
-    /// `recreate_base`), per-service transactions of at least `chunk` ops.
+    /// `recreate_base`), per-service transactions of at least `chunk` ops:
+    /// the reference the held sync ([`Staged::held`], what the planner
+    /// sends) is tested against.
+    #[cfg(test)]
     pub fn new(rs: Arc<Ruleset>, kernel: &KernelObjects, recreate_base: bool, chunk: usize) -> Staged {
         Staged::build(rs, None, kernel, recreate_base, chunk)
     }
 
-    /// [`Staged::new`] of a ruleset whose service ports are held, their
+    /// The full sync of `rs`, whose service ports are held, over a kernel
+    /// holding `kernel` (re-creating the base chains with `recreate_base`),
+    /// per-service transactions of at least `chunk` ops; the held ports'
     /// rules rendered again from `sources` when they are written
     /// ([`super::desired_held`]).
     pub fn held(
