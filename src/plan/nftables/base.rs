@@ -78,7 +78,7 @@ pub fn nodeport_ips_set(family: IpFamily) -> SetSpec {
 /// The top-level objects for `ctx`.
 pub fn top_level(ctx: &NftablesContext) -> Objects {
     let (sets, elements) = containers(ctx);
-    Objects { chains: chains(ctx), sets, elements, classes: vec![], held: None }
+    Objects { chains: chains(ctx), sets, elements, ..Objects::default() }
 }
 
 /// The base chains and the top-level regular chains, with their rules.

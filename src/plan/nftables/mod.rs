@@ -64,7 +64,7 @@ pub(crate) mod trace;
 
 pub use context::{nftables_context, NftRuleset, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
-pub use ruleset::{Chain, Objects, Ruleset, SetElement};
+pub use ruleset::{Chain, Objects, Origin, Ruleset, SetElement};
 pub use staging::{PortSource, PortSources, Staged, STAGES, STAGE_OPS};
 pub use transactions::{
     changed_parts, delete_stale, element_refs, full_sync, full_sync_of, groups_sync, partial_sync, stale_chains, Delta,
@@ -74,6 +74,7 @@ pub use transactions::{
 pub use crate::msgs::nftables::{NftOp, Transaction};
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::model::{Endpoint, Model, ServicePort, ServicePortName};
 
@@ -91,18 +92,18 @@ pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names:
 }
 
 /// [`desired`] for a staged full sync: each service port's objects held
-/// ([`Objects::hold`]) as soon as they are rendered, so the rules of the
-/// whole table are never held at once, and the model's service ports
-/// and endpoints [`Staged`] renders their rules from again when their
-/// chains are written.
-pub fn desired_held(model: &Model, ctx: &NftablesContext) -> (Ruleset, PortSources) {
+/// ([`Objects::hold_rules`]) as soon as they are rendered, so the rules of
+/// the whole table are never held at once, with the [`Origin`] (the
+/// model's service port and endpoints) [`Staged`] renders their rules from
+/// again when their chains are written.
+pub fn desired_held(model: &Model, ctx: &Arc<NftablesContext>) -> (Ruleset, PortSources) {
     let mut ports: Vec<(ServicePortName, Objects, PortSource)> = model
         .service_ports()
         .map(|sp| {
-            let endpoints = model.endpoint_list(&sp.name).cloned();
-            let objects = render_port(ctx, sp, endpoints.as_deref().unwrap_or_default());
-            let source = PortSource::new(sp.clone(), endpoints, &objects);
-            (sp.name.clone(), objects.hold(), source)
+            let origin = Origin::new(ctx.clone(), sp.clone(), model.endpoint_list(&sp.name).cloned());
+            let objects = origin.render();
+            let source = PortSource::new(&objects);
+            (sp.name.clone(), objects.hold_rules().with_origin(origin), source)
         })
         .collect();
     ports.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -110,7 +111,7 @@ pub fn desired_held(model: &Model, ctx: &NftablesContext) -> (Ruleset, PortSourc
         ports.into_iter().map(|(name, objects, source)| ((name, objects), source)).unzip();
     // Collected whole (not inserted one by one): the map's nodes full, as [`desired`]'s.
     let services: BTreeMap<ServicePortName, Objects> = services.into_iter().collect();
-    (with_services(ctx, services, &[]), PortSources::new(ctx.clone(), sources))
+    (with_services(ctx, services, &[]), PortSources::new(sources))
 }
 
 /// The ruleset of `services` (rendered with `ctx`), its shared objects

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use super::context::NftablesContext;
 use super::maps_names::PickClass;
-use super::ruleset::{Objects, Ruleset};
+use super::ruleset::{Objects, Origin, Ruleset};
 use super::staging::Staged;
 use super::transactions::{
     changed_parts, delete_stale, element_refs, full_sync, groups_sync, partial_sync, stale_chains, Delta, ElementRefs,
@@ -47,7 +47,8 @@ enum Pending {
 
 #[derive(Debug)]
 pub struct NftablesPlanner {
-    ctx: NftablesContext,
+    /// Shared with the [`Origin`]s of the held service ports it rendered.
+    ctx: Arc<NftablesContext>,
     /// What the kernel holds: `None` until a full sync is confirmed, and
     /// after a failure. Its service ports are held ([`Objects::hold`]: rules
     /// dropped, a digest kept).
@@ -68,7 +69,7 @@ pub struct NftablesPlanner {
 impl NftablesPlanner {
     pub fn new(ctx: NftablesContext) -> NftablesPlanner {
         NftablesPlanner {
-            ctx,
+            ctx: Arc::new(ctx),
             applied: None,
             refs: ElementRefs::new(),
             pending: Pending::Nothing,
@@ -97,7 +98,7 @@ impl NftablesPlanner {
     /// A full sync of `model` with `ctx` over a kernel holding `kernel`
     /// (listed by the caller). The first one also re-creates the base chains.
     pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
-        self.ctx = ctx;
+        self.ctx = Arc::new(ctx);
         let desired = self.pend_full(super::desired(model, &self.ctx), kernel);
         let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
@@ -111,7 +112,7 @@ impl NftablesPlanner {
     /// again when its chains are written, so the sync never holds the
     /// rules of the whole table.
     pub fn full_staged(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects, chunk: usize) -> Staged {
-        self.ctx = ctx;
+        self.ctx = Arc::new(ctx);
         let (desired, sources) = super::desired_held(model, &self.ctx);
         let desired = self.pend_full(desired, kernel);
         let staged = Staged::held(desired, sources, kernel, !self.recreated_base, chunk);
@@ -142,7 +143,10 @@ impl NftablesPlanner {
         let ports: Vec<(ServicePortName, Option<Objects>)> = changed
             .into_iter()
             .map(|spn| {
-                let objects = model.service_port(spn).map(|sp| super::render_port(&self.ctx, sp, model.endpoints(spn)));
+                let objects = model.service_port(spn).map(|sp| {
+                    let origin = Origin::new(self.ctx.clone(), sp.clone(), model.endpoint_list(spn).cloned());
+                    origin.render().with_origin(origin)
+                });
                 (spn.clone(), objects)
             })
             .collect();
@@ -183,7 +187,7 @@ impl NftablesPlanner {
         let applied = self.applied.as_ref()?;
         let desired = super::desired_keeping(model, &ctx, &applied.shared.classes);
         let delta = partial_sync(applied, &desired);
-        self.ctx = ctx;
+        self.ctx = Arc::new(ctx);
         self.planned_stale = delta.stale_chains.clone();
         self.planned_chains.clear();
         self.pending = Pending::Full(Arc::new(desired));

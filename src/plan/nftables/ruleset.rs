@@ -10,9 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
+use super::context::NftablesContext;
 use super::maps_names::PickClass;
-use crate::model::ServicePortName;
+use crate::model::{EndpointList, ServicePort, ServicePortName};
 pub use crate::msgs::nftables::nft_family;
 use crate::msgs::nftables::{BaseChain, Element, KeyPart, NftOp, Rule, SetSpec, Transaction};
 use crate::net::IpFamily;
@@ -57,9 +59,32 @@ impl SetElement {
     }
 }
 
+/// What a service port's objects are rendered from: the context and the
+/// model's service port and endpoints (shared with the model, which
+/// replaces them rather than changing them). Rendering is a pure function
+/// of these, so a held group ([`Objects::hold`]) keeps them instead of its
+/// objects and renders them again when a sync needs them.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    ctx: Arc<NftablesContext>,
+    port: Arc<ServicePort>,
+    endpoints: Option<EndpointList>,
+}
+
+impl Origin {
+    pub fn new(ctx: Arc<NftablesContext>, port: Arc<ServicePort>, endpoints: Option<EndpointList>) -> Origin {
+        Origin { ctx, port, endpoints }
+    }
+
+    /// The service port's objects, rendered.
+    pub fn render(&self) -> Objects {
+        super::render_port(&self.ctx, &self.port, self.endpoints.as_deref().unwrap_or_default())
+    }
+}
+
 /// A group of objects: the top-level ones, the shared ones, or one
 /// service port's.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct Objects {
     pub chains: Vec<Chain>,
     pub sets: Vec<SetSpec>,
@@ -71,7 +96,28 @@ pub struct Objects {
     /// `Some(digest)` when the chains' rules are dropped ([`Objects::hold`]):
     /// the digest of the objects as they were rendered.
     pub held: Option<u64>,
+    /// What a service port's objects were rendered from, when known.
+    pub origin: Option<Origin>,
+    /// Whether only the digest, the classes and the origin are kept
+    /// ([`Objects::hold`]): the rest is rendered again ([`Objects::again`]).
+    pub shed: bool,
 }
+
+/// Two held groups are equal when their digests are (whatever each still
+/// holds of its objects); otherwise the objects are compared.
+impl PartialEq for Objects {
+    fn eq(&self, other: &Objects) -> bool {
+        match (self.held, other.held) {
+            (Some(a), Some(b)) => a == b,
+            _ => {
+                (&self.chains, &self.sets, &self.elements, &self.classes, self.held)
+                    == (&other.chains, &other.sets, &other.elements, &other.classes, other.held)
+            }
+        }
+    }
+}
+
+impl Eq for Objects {}
 
 impl Objects {
     /// The same objects with no spare capacity in their vectors: a
@@ -97,11 +143,11 @@ impl Objects {
         h.finish()
     }
 
-    /// The objects as the planner keeps what the kernel holds between
-    /// syncs: the chains' rules dropped (a change rewrites a chain whole,
+    /// The objects as a staged full sync keeps them while it writes
+    /// them: the chains' rules dropped (a change rewrites a chain whole,
     /// so only its name is needed), their digest kept; the names, sets and
     /// elements (a partial sync deletes and adds by them) as they are.
-    pub fn hold(mut self) -> Objects {
+    pub fn hold_rules(mut self) -> Objects {
         if self.held.is_none() {
             self.held = Some(self.digest());
             for c in &mut self.chains {
@@ -109,6 +155,33 @@ impl Objects {
             }
         }
         self
+    }
+
+    /// The objects as the planner keeps what the kernel holds between
+    /// syncs: with an [`Origin`], its digest, classes and origin only (the
+    /// rest rendered again when a sync needs it: [`Objects::again`]);
+    /// without one, as [`Objects::hold_rules`] keeps them.
+    pub fn hold(self) -> Objects {
+        let mut held = self.hold_rules();
+        if held.origin.is_some() {
+            held.chains = Vec::new();
+            held.sets = Vec::new();
+            held.elements = Vec::new();
+            held.shed = true;
+        }
+        held
+    }
+
+    /// The same objects with `origin` as what they were rendered from.
+    pub fn with_origin(self, origin: Origin) -> Objects {
+        Objects { origin: Some(origin), ..self }
+    }
+
+    /// The objects of a group held with only its origin
+    /// ([`Objects::hold`]), rendered again; `None` when the group holds
+    /// them itself.
+    pub fn again(&self) -> Option<Objects> {
+        self.origin.as_ref().filter(|_| self.shed).map(Origin::render)
     }
 
     /// Whether `new` (rendered) has what these objects have: the same

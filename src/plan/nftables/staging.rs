@@ -3,18 +3,16 @@
 //! its length, so a cold sync goes in bounded pieces. The pieces are built
 //! one at a time from the planned ruleset as they are sent, so the sync's
 //! ops are never all held at once; a held ruleset's service ports
-//! ([`super::desired_held`]) have their rules rendered again from the
-//! model's objects when their chains are written ([`PortSources`]), so
-//! neither are the whole table's rules.
+//! ([`super::desired_held`]) have their rules rendered again from their
+//! [`super::Origin`] when their chains are written, so neither are the
+//! whole table's rules.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::context::NftablesContext;
 use super::names::is_service_chain;
 use super::ruleset::{Chain, Objects, Ruleset};
 use super::transactions::{full_sync_of, nodeport_ips_missing, KernelObjects};
-use crate::model::{EndpointList, ServicePort};
 use crate::msgs::nftables::{NftOp, Rule, Transaction};
 
 /// At least this many ops (a chain's rules are not split) in each
@@ -50,7 +48,7 @@ pub const STAGES: usize = 32;
 /// kernel holds): the sync's ops are held one bounded transaction at a
 /// time, not all at once (the last one aside: its maps switch at once).
 /// A held service port's rules ([`Staged::held`]) are rendered again
-/// from its [`PortSource`] for each transaction that writes its chains.
+/// from its [`super::Origin`] for each transaction that writes its chains.
 ///
 /// Why: within one transaction the kernel's cost per anonymous set (each
 /// `numgen ... vmap` rule brings one) grows with the transaction's length
@@ -132,42 +130,32 @@ impl Pieces {
 /// (after the top level and the shared objects).
 const FIRST_PORT: usize = 2;
 
-/// What one service port of a held ruleset was rendered from: the
-/// model's service port and endpoints (shared with the model, which
-/// replaces them rather than changing them), and each chain's rule count
-/// (what [`Staged`] cuts its transactions by).
+/// Each chain's rule count of one service port of a held ruleset (what
+/// [`Staged`] cuts its transactions by; the rules themselves are rendered
+/// again from the service port's [`super::Origin`]).
 #[derive(Debug)]
 pub struct PortSource {
-    port: Arc<ServicePort>,
-    endpoints: Option<EndpointList>,
     rules: Box<[u32]>,
 }
 
 impl PortSource {
-    /// The source of `objects`, rendered (not held yet) from `port` and `endpoints`.
-    pub fn new(port: Arc<ServicePort>, endpoints: Option<EndpointList>, objects: &Objects) -> PortSource {
+    /// The rule counts of `objects` (rendered, not held yet).
+    pub fn new(objects: &Objects) -> PortSource {
         let rules = objects.chains.iter().map(|c| u32::try_from(c.rules.len()).unwrap_or(u32::MAX)).collect();
-        PortSource { port, endpoints, rules }
+        PortSource { rules }
     }
 }
 
-/// The sources of a held ruleset's service ports, in its order, and the
-/// context they were rendered with ([`super::desired_held`]).
+/// The rule counts of a held ruleset's service ports, in its order
+/// ([`super::desired_held`]).
 #[derive(Debug)]
 pub struct PortSources {
-    ctx: NftablesContext,
     ports: Vec<PortSource>,
 }
 
 impl PortSources {
-    pub fn new(ctx: NftablesContext, ports: Vec<PortSource>) -> PortSources {
-        PortSources { ctx, ports }
-    }
-
-    /// The objects of the held ruleset's `port`-th service port, rendered again.
-    fn render(&self, port: usize) -> Option<Objects> {
-        let p = self.ports.get(port)?;
-        Some(super::render_port(&self.ctx, &p.port, p.endpoints.as_deref().unwrap_or_default()))
+    pub fn new(ports: Vec<PortSource>) -> PortSources {
+        PortSources { ports }
     }
 
     /// How many rules chain `chain` of the `port`-th service port has.
@@ -189,9 +177,9 @@ impl Staged {
 
     /// The full sync of `rs`, whose service ports are held, over a kernel
     /// holding `kernel` (re-creating the base chains with `recreate_base`),
-    /// per-service transactions of at least `chunk` ops; the held ports'
-    /// rules rendered again from `sources` when they are written
-    /// ([`super::desired_held`]).
+    /// per-service transactions of at least `chunk` ops, cut by the rule
+    /// counts `sources`; the held ports' rules rendered again from their
+    /// origins when they are written ([`super::desired_held`]).
     pub fn held(
         rs: Arc<Ruleset>,
         sources: PortSources,
@@ -289,9 +277,9 @@ impl Staged {
             }
             let add = |rule: Rule| NftOp::AddRule { chain: c.name.clone(), rule };
             match self.sources.as_ref().filter(|_| groups[g].held.is_some()) {
-                Some(sources) => {
+                Some(_) => {
                     if rendered.as_ref().is_none_or(|(at, _)| *at != g) {
-                        rendered = sources.render(g - FIRST_PORT).map(|o| (g, o));
+                        rendered = groups[g].origin.as_ref().map(|o| (g, o.render()));
                     }
                     let again = rendered.as_mut().and_then(|(_, o)| o.chains.get_mut(i));
                     debug_assert!(again.as_ref().is_some_and(|a| a.name == c.name), "{} rendered again", c.name);

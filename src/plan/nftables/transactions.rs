@@ -286,16 +286,20 @@ impl ElementRefs {
         self.counts.get(&self.id(set, key)).map_or(0, |&n| n as usize)
     }
 
-    /// `objects`' elements are held once more.
+    /// `objects`' elements (rendered again if held: [`Objects::again`])
+    /// are held once more.
     pub fn add(&mut self, objects: &Objects) {
-        for e in &objects.elements {
+        let again = objects.again();
+        for e in &again.as_ref().unwrap_or(objects).elements {
             *self.counts.entry(self.id(&e.set, &e.element.key)).or_default() += 1;
         }
     }
 
-    /// `objects`' elements are held once less (gone at none).
+    /// `objects`' elements (rendered again if held) are held once less
+    /// (gone at none).
     pub fn remove(&mut self, objects: &Objects) {
-        for e in &objects.elements {
+        let again = objects.again();
+        for e in &again.as_ref().unwrap_or(objects).elements {
             let id = self.id(&e.set, &e.element.key);
             if let Some(n) = self.counts.get_mut(&id) {
                 *n = n.saturating_sub(1);
@@ -364,8 +368,7 @@ pub fn changed_parts(old: &Objects, new: &Objects) -> (Objects, Objects) {
         chains: a.chains.iter().filter(|c| !b.chains.contains(c)).cloned().collect(),
         sets: a.sets.iter().filter(|s| !b.sets.contains(s)).cloned().collect(),
         elements: a.elements.iter().filter(|e| !b.elements.contains(e)).cloned().collect(),
-        classes: vec![],
-        held: None,
+        ..Objects::default()
     };
     (only(old, new), only(new, old))
 }
@@ -375,12 +378,17 @@ pub fn changed_parts(old: &Objects, new: &Objects) -> (Objects, Objects) {
 /// unused chains flushed (stale), sets added or deleted, elements
 /// deleted and added one by one. `refs` counts the groups holding each
 /// element in the kernel's state: an element another group still holds is
-/// not deleted, one already there is not added. Work follows the groups given.
+/// not deleted, one already there is not added. An old group held with
+/// its origin ([`Objects::hold`]) is rendered again. Work follows the
+/// groups given.
 pub fn groups_sync<'a>(
     family: IpFamily,
     pairs: impl IntoIterator<Item = (&'a Objects, &'a Objects)>,
     refs: &ElementRefs,
 ) -> Delta {
+    let pairs: Vec<(&Objects, &Objects)> = pairs.into_iter().collect();
+    let again: Vec<Option<Objects>> = pairs.iter().map(|(o, _)| o.again()).collect();
+    let pairs = pairs.iter().zip(&again).map(|(&(o, n), again)| (again.as_ref().unwrap_or(o), n));
     let mut ops = Ops::default();
     let mut old_elems: BTreeMap<(&str, &[KeyPart]), (usize, &SetElement)> = BTreeMap::new();
     let mut new_elems: BTreeMap<(&str, &[KeyPart]), (usize, &SetElement)> = BTreeMap::new();
