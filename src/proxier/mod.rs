@@ -127,7 +127,7 @@ pub trait Mode: Dataplane + Sized {
 
 /// What a mode opened once (`opened`), and the turns its families'
 /// coordinators take for their large syncs, so that a dual-stack node holds
-/// one family's first sync at a time (iptables and IPVS mode).
+/// one family's first sync at a time (every mode).
 #[derive(Clone)]
 pub struct WithTurns<T> {
     pub opened: T,

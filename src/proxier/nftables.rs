@@ -1,11 +1,11 @@
 //! nftables mode: per family the nftables actor (the family's `kube-proxy`
 //! table) and the conntrack actor under the coordinator; its first sync
 //! lists the table and adopts (or flushes and deletes) what an earlier run
-//! left.
+//! left. The families' large syncs take turns ([`WithTurns`]).
 
 use actix::prelude::*;
 
-use super::{addr_source, conntrack_handle, coordinator_settings, Mode, ProxierError};
+use super::{addr_source, conntrack_handle, coordinator_settings, Mode, ProxierError, WithTurns};
 use crate::actors::coordinator::{Coordinator, NftContextBuilder, NftablesDataplane};
 use crate::actors::wiring::start_nftables_actors;
 use crate::config::KubeProxyConfiguration;
@@ -17,15 +17,16 @@ use crate::settings::FamilySettings;
 use crate::stats::StatsRegistry;
 
 impl Mode for NftablesDataplane {
-    type Shared = ();
+    /// The turns the families' coordinators take for their large syncs.
+    type Shared = WithTurns<()>;
 
-    async fn open(_cfg: &KubeProxyConfiguration) -> Result<(), ProxierError> {
-        Ok(())
+    async fn open(_cfg: &KubeProxyConfiguration) -> Result<WithTurns<()>, ProxierError> {
+        Ok(WithTurns::new(()))
     }
 
     async fn start(
         s: &FamilySettings,
-        _: &(),
+        shared: &WithTurns<()>,
         registry: &StatsRegistry,
         hooks: SyncHooks,
     ) -> Result<Addr<Coordinator<NftablesDataplane>>, ProxierError> {
@@ -34,10 +35,11 @@ impl Mode for NftablesDataplane {
         let conntrack = conntrack_handle(family, hooks.metrics())?;
         let context = Self::config(s);
         let settings = coordinator_settings(s);
+        let turns = shared.turns.clone();
         Ok(Coordinator::create(move |ctx| {
             let targets = start_nftables_actors(nft, family, conntrack, registry, ctx.address().recipient());
             let dataplane = NftablesDataplane::new(family, targets, addr_source(), context);
-            Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
+            Coordinator::with_dataplane(settings, dataplane).with_observer(hooks).with_turns(turns)
         }))
     }
 

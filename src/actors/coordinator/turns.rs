@@ -1,5 +1,5 @@
 //! Turns for large syncs between coordinators that share them (the
-//! families' proxiers of a dual-stack node in iptables and IPVS mode).
+//! families' proxiers of a dual-stack node, in every mode).
 //!
 //! A large sync ([`is_large`]: a full one, or one of many changed service
 //! ports) plans megabytes (at 10,000 services an iptables full sync's
