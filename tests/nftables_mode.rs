@@ -48,6 +48,9 @@ use serde_json::{json, Value};
 const NODE: &str = "node-a";
 const DROP_WAIT: Duration = Duration::from_millis(800);
 const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
+/// The staged full sync's transaction size in the lab: small, so even a
+/// few services' chains go in several transactions.
+const LAB_STAGE_OPS: usize = 16;
 
 fn demo(path: &str) -> String {
     format!("{}/config/{path}", env!("CARGO_MANIFEST_DIR"))
@@ -197,12 +200,20 @@ impl Lab {
         }
     }
 
-    /// A full sync (the planner's first re-creates the base chains).
+    /// A full sync as the daemon sends it (the planner's first re-creates
+    /// the base chains): staged, in transactions of at least
+    /// [`LAB_STAGE_OPS`] ops; once confirmed the planner keeps each
+    /// service port's digest and origin only, which the partial syncs
+    /// after it render again. Returns every transaction's text.
     fn full_sync(&mut self) -> String {
-        let delta = self.planner.full(&self.model, self.ctx.clone(), &KernelObjects::default());
-        self.apply(&delta.tx);
+        let staged = self.planner.full_staged(&self.model, self.ctx.clone(), &KernelObjects::default(), LAB_STAGE_OPS);
+        let mut text = String::new();
+        for tx in staged {
+            self.apply(&tx);
+            text.push_str(&tx.to_string());
+        }
         self.planner.confirm_applied(self.clock);
-        delta.tx.to_string()
+        text
     }
 
     /// A partial sync of `changed`; a second later (virtual) the chains it
