@@ -252,7 +252,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
                     let target = planner
                         .applied()
                         .and_then(|rs| {
-                            rs.services.values().flat_map(|o| o.chains.iter()).map(|c| c.name.clone()).next()
+                            // A held service port keeps its origin, not its chains: rendered again.
+                            let port = rs.services.values().next()?;
+                            port.again().as_ref().unwrap_or(port).chains.first().map(|c| c.name.clone())
                         })
                         .ok_or_else(|| anyhow::anyhow!("no service chain to point at"))?;
                     let set = "service-ips".to_string();
