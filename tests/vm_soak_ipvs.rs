@@ -44,7 +44,9 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         .into_iter()
         .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
         .collect();
-    let run = VmRun::this_test(TEST, 600, 0, 1536, &daemon, &env);
+    // A hang guard, not a budget: both labs took 798 s in the VM at host
+    // load 8-18 (other builds); no second boot, a hang would double it.
+    let run = VmRun::this_test(TEST, 1200, 0, 1536, &daemon, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
     eprintln!("VM soak took {:.0} s", started.elapsed().as_secs_f64());
@@ -59,9 +61,11 @@ fn guest() {
     let _ = std::os::unix::fs::symlink("/usr/local/bin/kube-proxy-rs", &host_path);
     // The set types' modules, loaded before the two families' ipset actors
     // ask for them at once (the kernel's on-demand load answered one of
-    // two concurrent requests "no such set type" under TCG), and nf_tables,
+    // two concurrent requests "no such set type" under TCG); nf_tables,
     // which the daemon's start-up asks for nftables mode's table (its
-    // on-demand load answered the first daemon EINVAL).
+    // on-demand load answered the first daemon EINVAL); the iptables tables
+    // both labs' daemons probe at once (one start failed with `iptables -t
+    // nat`: "Interrupted system call" while the other loaded the module).
     let modules = [
         "ip_set_hash_ip",
         "ip_set_hash_ipport",
@@ -69,6 +73,12 @@ fn guest() {
         "ip_set_hash_ipportnet",
         "ip_set_bitmap_port",
         "nf_tables",
+        "iptable_nat",
+        "iptable_filter",
+        "iptable_mangle",
+        "ip6table_nat",
+        "ip6table_filter",
+        "ip6table_mangle",
     ];
     let loaded = Command::new("modprobe").arg("-a").args(modules).status().expect("modprobe");
     assert!(loaded.success(), "modprobe -a {modules:?}: {loaded}");
