@@ -8,8 +8,9 @@
 //! so the host's tables are never touched), and the bench reads what a
 //! user sees:
 //!
-//! - time from start to the first sync finished (every family the daemon
-//!   runs: the log's `sync finished` lines with generation 1);
+//! - time from start to the first complete sync (every family the daemon
+//!   runs: the log's first `sync finished` line with `failed=0` per
+//!   family; syncs that failed before it are counted: [`FirstSyncs`]);
 //! - the iptables tool's own restore of the same rules (`iptables-save` of
 //!   the namespace after the first sync, restored with `--noflush` into a
 //!   fresh namespace, as the daemon's restore does), for comparison; on the
@@ -19,7 +20,11 @@
 //!   `/proc/PID/stat` utime+stime+cutime+cstime) while nothing changes, over
 //!   `idle` seconds after the first sync;
 //! - RSS (VmRSS) of the daemon 60 s after the first sync, and its peak RSS
-//!   (VmHWM) at the end.
+//!   (VmHWM) at the end;
+//! - with `--source api`, optionally: endpoint-change latency (one
+//!   EndpointSlice update at a time, from the API server's answer to the
+//!   log line of the sync that carried it, after its restore), and CPU
+//!   during a churn of updates.
 //!
 //! Needs root and the iptables tools of the chosen flavour.
 
@@ -60,6 +65,9 @@ pub struct Options {
     /// After the idle watch: this many EndpointSlice updates a second
     /// through the API server (needs `api_source`), for this long.
     pub churn: Option<(u32, Duration)>,
+    /// After the idle watch: this many EndpointSlice updates one at a
+    /// time, each timed to the sync that carried it (needs `api_source`).
+    pub latency: Option<u32>,
     /// nftables mode's ruleset (`nftables.ruleset`).
     pub nftables_ruleset: crate::plan::nftables::NftRuleset,
     /// Also load the same rules with the tool alone (`nft -f` of
@@ -99,7 +107,10 @@ pub const PEAK_RSS: &str = "peak RSS (VmHWM) of the daemon";
 /// The figure [`run_daemon`] reports as the RSS a minute after the first sync.
 pub const RSS_AFTER: &str = "RSS (VmRSS) of the daemon 60 s after the first sync";
 /// The figure [`run_daemon`] reports as the time to the first sync.
-pub const FIRST_SYNC: &str = "start → first sync finished (every family)";
+pub const FIRST_SYNC: &str = "start → first complete sync (every family)";
+/// The figures [`run_daemon`] reports as the endpoint-change latency.
+pub const CHANGE_P50: &str = "endpoint change → its sync finished, p50";
+pub const CHANGE_P99: &str = "endpoint change → its sync finished, p99";
 
 /// One figure.
 #[derive(Debug, Clone)]
@@ -242,24 +253,39 @@ fn status_mb(pid: u32, field: &str) -> anyhow::Result<f64> {
     Ok(kb / 1024.0)
 }
 
-/// Generation-1 `sync finished` lines in the log, one per family.
-pub fn first_syncs(log: &Path) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("sync finished") && l.contains("generation=1 "))
-        .count()
+/// Each family's first `sync finished` line without a failed kernel op,
+/// in the order they came: (family, the sync's own `ms=`), and how many
+/// syncs failed before them. A first sync can fail for reasons outside the
+/// daemon (another process holding the xtables lock longer than `-w 5` on a
+/// shared machine), and the daemon retries it: timing the failed one would
+/// report a sync that wrote nothing.
+#[derive(Debug, Default, PartialEq)]
+pub struct FirstSyncs {
+    pub complete: Vec<(String, f64)>,
+    pub failed_before: usize,
 }
 
-/// The `ms=` of each family's first "sync finished" line: the sync itself
-/// (planning, the jump check, the restore), without the start-up before it.
-fn first_sync_ms(log: &Path) -> Vec<f64> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("sync finished") && l.contains("generation=1 "))
-        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ms=")).and_then(|v| v.parse().ok()))
-        .collect()
+impl FirstSyncs {
+    /// Reads a daemon's log text.
+    pub fn of_log(text: &str) -> FirstSyncs {
+        let mut out = FirstSyncs::default();
+        for line in text.lines().filter(|l| l.contains("sync finished")) {
+            let field = |name| log_field(line, name);
+            let family = field("ip_family=").unwrap_or_default().trim_matches('"').to_string();
+            if out.complete.iter().any(|(f, _)| *f == family) {
+                continue;
+            }
+            match field("failed=") {
+                Some("0") => out.complete.push((family, field("ms=").and_then(|v| v.parse().ok()).unwrap_or(f64::NAN))),
+                _ => out.failed_before += 1,
+            }
+        }
+        out
+    }
+
+    fn of(log: &Path) -> FirstSyncs {
+        FirstSyncs::of_log(&std::fs::read_to_string(log).unwrap_or_default())
+    }
 }
 
 struct Running {
@@ -347,6 +373,11 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         .arg(&config)
         .args(&source)
         .env("PATH", &path)
+        // A lock of its own: the daemon's rules live in its own namespace,
+        // and the host-wide /run/xtables.lock is held by whatever else runs
+        // iptables meanwhile (other benches, tests), whose restores would
+        // make the daemon's fail after `-w 5` and resync.
+        .env("XTABLES_LOCKFILE", work.join("xtables.lock"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
@@ -355,7 +386,7 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     let mut daemon = Running { child, log: log.clone() };
     let families = if opts.dual_stack { 2 } else { 1 };
     let deadline = t0 + Duration::from_secs(600);
-    while first_syncs(&log) < families {
+    while FirstSyncs::of(&log).complete.len() < families {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             bail!("the daemon exited ({status}); log {}", daemon.log.display());
         }
@@ -366,9 +397,14 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     }
     let synced = Instant::now();
     fig(FIRST_SYNC, t0.elapsed().as_secs_f64(), "s");
-    for ms in first_sync_ms(&log) {
+    let first = FirstSyncs::of(&log);
+    for (_, ms) in &first.complete {
         fig("of which the first sync itself (its log line)", ms / 1000.0, "s");
     }
+    // Not 0: the figures above include syncs retried after a kernel op
+    // failed (the log says why: e.g. the xtables lock held by another
+    // process on a shared machine).
+    fig("syncs with a failed kernel op before the first complete one", first.failed_before as f64, "syncs");
 
     // The tool alone, on the same rules. On the nf_tables backend
     // `iptables-nft-save` of 10,000 services takes more than 15 minutes and
@@ -431,6 +467,22 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     }
     fig(RSS_AFTER, status_mb(daemon_pid, "VmRSS")?, "MB");
     let syncs = |log: &Path| std::fs::read_to_string(log).unwrap_or_default().matches("sync finished").count();
+    if let Some(changes) = opts.latency {
+        let api = api.as_mut().context("--latency needs --source api")?;
+        let mut took = Vec::new();
+        for n in 0..changes {
+            // Clear of minSyncPeriod (1 s) since the last sync: the change
+            // starts its sync at once.
+            std::thread::sleep(Duration::from_millis(1100));
+            let seen = std::fs::metadata(&log)?.len();
+            let t = Instant::now();
+            api.flip(n as usize)?;
+            took.push(wait_for_change_sync(&log, seen, t)?.as_secs_f64() * 1000.0);
+        }
+        fig("endpoint changes timed (one at a time)", changes as f64, "changes");
+        fig(CHANGE_P50, super::stats::quantile(&took, 0.5), "ms");
+        fig(CHANGE_P99, super::stats::quantile(&took, 0.99), "ms");
+    }
     if let Some((rate, seconds)) = opts.churn {
         let api = api.as_mut().context("--churn needs --source api")?;
         let before = syncs(&log);
@@ -454,6 +506,31 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
     drop(api);
     let _ = std::fs::remove_dir_all(&work);
     Ok(out)
+}
+
+/// How long after `t` the first `sync finished` line of a sync with
+/// changed service ports appears in `log` beyond its first `seen` bytes.
+fn wait_for_change_sync(log: &Path, seen: u64, t: Instant) -> anyhow::Result<Duration> {
+    let deadline = t + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read(log)?;
+        let new = String::from_utf8_lossy(text.get(seen as usize..).unwrap_or_default());
+        if new.lines().any(carries_a_change) {
+            return Ok(t.elapsed());
+        }
+        ensure!(Instant::now() < deadline, "no sync carried the change in 60 s; log {}", log.display());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A log line of a finished sync that wrote changed service ports.
+fn carries_a_change(line: &str) -> bool {
+    line.contains("sync finished") && log_field(line, "ports=").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0
+}
+
+/// The value of the daemon's log field `name` (`ports=`, `ms=`, ...) in `line`.
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name))
 }
 
 /// The tool inputs of a `--dry-run`, one per family: the sections whose
@@ -501,23 +578,30 @@ impl ApiInNetns {
     /// sync's worth of work per service: its endpoint left, or came back).
     /// How many were made.
     fn churn(&mut self, rate: u32, seconds: Duration) -> anyhow::Result<u64> {
-        let slices = &mut self.slices;
-        ensure!(!slices.is_empty(), "no EndpointSlice to churn");
         let every = Duration::from_secs(1) / rate.max(1);
         let start = Instant::now();
         let mut n: u64 = 0;
         while start.elapsed() < seconds {
-            let len = slices.len();
-            let slice = &mut slices[(n as usize) % len];
-            let ready = &mut slice["endpoints"][0]["conditions"]["ready"];
-            *ready = Value::Bool(!ready.as_bool().unwrap_or(true));
-            self.server.update(&*slice).map_err(|e| anyhow::anyhow!("updating an EndpointSlice: {e:?}"))?;
+            self.flip(n as usize)?;
             n += 1;
             if let Some(wait) = (every * n as u32).checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
             }
         }
         Ok(n)
+    }
+
+    /// Update `n` of the churn: flips the first endpoint's `ready` of the
+    /// `n`-th slice (in turn).
+    fn flip(&mut self, n: usize) -> anyhow::Result<()> {
+        let slices = &mut self.slices;
+        ensure!(!slices.is_empty(), "no EndpointSlice to churn");
+        let len = slices.len();
+        let slice = &mut slices[n % len];
+        let ready = &mut slice["endpoints"][0]["conditions"]["ready"];
+        *ready = Value::Bool(!ready.as_bool().unwrap_or(true));
+        self.server.update(&*slice).map_err(|e| anyhow::anyhow!("updating an EndpointSlice: {e:?}"))?;
+        Ok(())
     }
 }
 
@@ -544,4 +628,35 @@ pub(crate) fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FirstSyncs;
+
+    #[test]
+    fn the_first_complete_sync_per_family_counts_not_a_failed_one() {
+        let log = "\
+x INFO kube_proxy_rs::actors::coordinator: sync finished ip_family=\"IPv4\" generation=1 full=true periodic=false ms=11811.5 ports=12344 failed=1
+x WARN kube_proxy_rs::actors::kernel_actor: kernel op failed actor=\"iptables\" generation=1 error=Can't lock /run/xtables.lock
+x INFO kube_proxy_rs::actors::coordinator: sync finished ip_family=\"IPv6\" generation=1 full=true periodic=false ms=12715.4 ports=6207 failed=0
+x INFO kube_proxy_rs::actors::coordinator: sync finished ip_family=\"IPv4\" generation=2 full=true periodic=false ms=44522.5 ports=0 failed=0
+x INFO kube_proxy_rs::actors::coordinator: sync finished ip_family=\"IPv4\" generation=3 full=false periodic=true ms=0.1 ports=0 failed=0
+";
+        let first = FirstSyncs::of_log(log);
+        assert_eq!(first.complete, vec![("IPv6".to_string(), 12715.4), ("IPv4".to_string(), 44522.5)]);
+        assert_eq!(first.failed_before, 1);
+        assert_eq!(FirstSyncs::of_log("").complete.len(), 0);
+    }
+
+    #[test]
+    fn a_sync_carries_a_change_when_it_wrote_changed_service_ports() {
+        let line = |ports| {
+            format!("INFO sync finished ip_family=\"IPv4\" generation=7 full=false ms=3.1 ports={ports} failed=0")
+        };
+        assert!(super::carries_a_change(&line(1)));
+        assert!(super::carries_a_change(&line(12)));
+        assert!(!super::carries_a_change(&line(0)), "a periodic sync of a quiet cluster");
+        assert!(!super::carries_a_change("INFO sync started generation=7 ports=1"));
+    }
 }

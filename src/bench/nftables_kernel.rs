@@ -33,7 +33,7 @@ use crate::model::Model;
 use crate::net::{IpFamily, LocalAddr};
 use crate::plan::iptables::HostFeatures;
 use crate::plan::nftables::{
-    desired, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesPlanner, Staged, STAGE_OPS,
+    desired, full_sync, nftables_context, KernelObjects, NftRuleset, NftablesPlanner, Staged, Transaction, STAGE_OPS,
 };
 use crate::settings;
 
@@ -175,9 +175,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
     };
     // As the daemon sends a full sync: the new chains first, in bounded transactions.
     let t = Instant::now();
-    let steps: Vec<_> = staged.collect();
+    let mut steps: Vec<_> = staged.collect();
     let staging_time = t.elapsed();
-    let cold_ops: usize = steps.iter().map(|tx| tx.ops.len()).sum();
+    let cold_ops: usize = steps.iter().map(Transaction::op_count).sum();
     let cold_transactions = steps.len();
 
     let changes = opts.changes;
@@ -187,7 +187,9 @@ fn bench_size(opts: &Options, n: usize, out: &mut Vec<Figure>) -> anyhow::Result
         rt.block_on(async {
             let nft = NetlinkNftables::new().context("netfilter netlink socket")?;
             let t = Instant::now();
-            for tx in &steps {
+            // Each sent transaction dropped, as the daemon's actor drops it: the last one shares
+            // the planned ruleset, which the planner then holds in place.
+            for tx in std::mem::take(&mut steps) {
                 nft.apply(FAMILY, TABLE, &tx.ops).await.map_err(|e| anyhow::anyhow!("cold transaction: {e}"))?;
             }
             let apply_time = t.elapsed();

@@ -28,6 +28,11 @@ impl RestoreInput {
         self.parts.iter().map(String::as_str)
     }
 
+    /// Bytes its parts hold allocated (their length and what is spare).
+    pub fn allocated(&self) -> usize {
+        self.parts.iter().map(String::capacity).sum()
+    }
+
     pub fn lines(&self) -> impl Iterator<Item = &str> {
         self.parts().flat_map(str::lines)
     }

@@ -6,7 +6,7 @@
 use actix::prelude::*;
 
 use super::nfacct::{self, Nfacct, NfacctRules};
-use super::{addr_source, conntrack_handle, coordinator_settings, host_features, Mode, ProxierError};
+use super::{addr_source, conntrack_handle, coordinator_settings, host_features, Mode, ProxierError, WithTurns};
 use crate::actors::coordinator::{ContextBuilder, Coordinator, IptablesDataplane};
 use crate::actors::wiring::start_iptables_actors;
 use crate::config::KubeProxyConfiguration;
@@ -22,26 +22,30 @@ use crate::settings::FamilySettings;
 use crate::stats::StatsRegistry;
 
 impl Mode for IptablesDataplane {
-    type Shared = Nfacct;
+    type Shared = WithTurns<Nfacct>;
 
-    async fn open(_cfg: &KubeProxyConfiguration) -> Result<Nfacct, ProxierError> {
-        Ok(Nfacct::default())
+    async fn open(_cfg: &KubeProxyConfiguration) -> Result<WithTurns<Nfacct>, ProxierError> {
+        Ok(WithTurns::new(Nfacct::default()))
     }
 
     /// The nfacct objects, before the rules that name them (upstream's
     /// NewProxier); whatever fails costs only the counting.
-    async fn prepare_families(_: Nfacct, families: &[IpFamily], metrics: &ProxyMetrics) -> Nfacct {
+    async fn prepare_families(
+        shared: WithTurns<Nfacct>,
+        families: &[IpFamily],
+        metrics: &ProxyMetrics,
+    ) -> WithTurns<Nfacct> {
         let nfacct = nfacct::set_up(families, nfacct::probe_match).await;
         if let Some(reader) = nfacct.reader() {
             metrics.nfacct_counters(&nfacct.probe.counted(), reader);
         }
-        nfacct
+        WithTurns { opened: nfacct, ..shared }
     }
 
     /// With the nfacct counters found at start (the objects and rules stay
     /// across reloads).
-    async fn host(nfacct: &Nfacct, family: IpFamily) -> HostFeatures {
-        host_features(family, nfacct.probe.rules(family)).await
+    async fn host(shared: &WithTurns<Nfacct>, family: IpFamily) -> HostFeatures {
+        host_features(family, shared.opened.probe.rules(family)).await
     }
 
     fn set_up_family(s: &FamilySettings, node: &NodeInfo, addrs: &[LocalAddr]) -> Result<(), ProxierError> {
@@ -55,11 +59,11 @@ impl Mode for IptablesDataplane {
     /// in the kernel.
     async fn start(
         s: &FamilySettings,
-        nfacct: &Nfacct,
+        shared: &WithTurns<Nfacct>,
         registry: &StatsRegistry,
         hooks: SyncHooks,
     ) -> Result<Addr<Coordinator<IptablesDataplane>>, ProxierError> {
-        let family = s.family;
+        let (family, nfacct, turns) = (s.family, &shared.opened, shared.turns.clone());
         let mut iptables = IptablesHandle::new(family).for_mode(&plan::PROFILE);
         if let Some(client) = &nfacct.client {
             iptables = iptables.ensuring_nfacct(client.clone(), nfacct.probe.rules(family).objects());
@@ -79,7 +83,7 @@ impl Mode for IptablesDataplane {
             // actor tell the coordinator, which resyncs in full.
             let targets = start_iptables_actors(iptables, conntrack, registry, ctx.address().recipient());
             let dataplane = IptablesDataplane::new(targets, addr_source(), context, &kernel_chains);
-            Coordinator::with_dataplane(settings, dataplane).with_observer(hooks)
+            Coordinator::with_dataplane(settings, dataplane).with_observer(hooks).with_turns(turns)
         }))
     }
 

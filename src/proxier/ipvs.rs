@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::{addr_source, conntrack_handle, coordinator_settings, Mode, ProxierError};
+use super::{addr_source, conntrack_handle, coordinator_settings, Mode, ProxierError, WithTurns};
 use crate::actors::coordinator::{Coordinator, IpvsDataplane, RulesRenderer};
 use crate::actors::wiring::{start_ipvs_actors, IpvsKernels};
 use crate::config::{GoDuration, KubeProxyConfiguration, IPVS_DEPRECATED};
@@ -30,32 +30,32 @@ use crate::stats::StatsRegistry;
 const ENV_RS_CHECK_INTERVAL: &str = "KUBE_PROXY_RS_RS_CHECK_INTERVAL";
 
 impl Mode for IpvsDataplane {
-    type Shared = NetlinkIpvs;
+    type Shared = WithTurns<NetlinkIpvs>;
 
     const SERVICE_SCHEDULERS: bool = true;
 
-    async fn open(cfg: &KubeProxyConfiguration) -> Result<NetlinkIpvs, ProxierError> {
+    async fn open(cfg: &KubeProxyConfiguration) -> Result<WithTurns<NetlinkIpvs>, ProxierError> {
         tracing::warn!("{IPVS_DEPRECATED}");
         let ipvs = NetlinkIpvs::connect().await.map_err(ProxierError::Ipvs)?;
         set_sysctls(cfg)?;
         set_timeouts(&ipvs, cfg).await;
-        Ok(ipvs)
+        Ok(WithTurns::new(ipvs))
     }
 
-    async fn reopen(cfg: &KubeProxyConfiguration, ipvs: &NetlinkIpvs) {
+    async fn reopen(cfg: &KubeProxyConfiguration, shared: &WithTurns<NetlinkIpvs>) {
         if let Err(e) = set_sysctls(cfg) {
             tracing::warn!(error = %e, "sysctls after reload");
         }
-        set_timeouts(ipvs, cfg).await;
+        set_timeouts(&shared.opened, cfg).await;
     }
 
     async fn start(
         s: &FamilySettings,
-        ipvs: &NetlinkIpvs,
+        shared: &WithTurns<NetlinkIpvs>,
         registry: &StatsRegistry,
         hooks: SyncHooks,
     ) -> Result<Addr<Coordinator<IpvsDataplane>>, ProxierError> {
-        let family = s.family;
+        let (family, ipvs, turns) = (s.family, &shared.opened, shared.turns.clone());
         let owned = Ownership { family, exclude: s.ipvs_exclude_cidrs.clone() };
         let mut graceful = GracefulIpvs::new(ipvs.clone(), owned);
         if let Some(every) = check_interval() {
@@ -73,7 +73,7 @@ impl Mode for IpvsDataplane {
         Ok(Coordinator::create(move |ctx| {
             // Drift an actor finds between syncs (the iptables canary vanished) makes the coordinator resync in full.
             let targets = start_ipvs_actors(kernels, registry, ctx.address().recipient());
-            Coordinator::new(settings, targets, addr_source(), rules).with_observer(hooks)
+            Coordinator::new(settings, targets, addr_source(), rules).with_observer(hooks).with_turns(turns)
         }))
     }
 

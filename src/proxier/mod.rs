@@ -22,7 +22,7 @@ use actix::prelude::*;
 
 use crate::actors::coordinator::{
     AddrSource, Coordinator, Dataplane, IptablesDataplane, IpvsDataplane, NftablesDataplane, Reconfigure, Settings,
-    Shutdown,
+    Shutdown, SyncTurns,
 };
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::kernel::conntrack::{ConntrackError, NetlinkConntrack};
@@ -123,6 +123,21 @@ pub trait Mode: Dataplane + Sized {
     /// `--dry-run`'s text: the kernel state a first sync of `model`
     /// programs, in the syntax of the mode's tools.
     fn dry_run(s: &FamilySettings, model: &Model, addrs: &[LocalAddr]) -> String;
+}
+
+/// What a mode opened once (`opened`), and the turns its families'
+/// coordinators take for their large syncs, so that a dual-stack node holds
+/// one family's first sync at a time (iptables and IPVS mode).
+#[derive(Clone)]
+pub struct WithTurns<T> {
+    pub opened: T,
+    pub turns: SyncTurns,
+}
+
+impl<T> WithTurns<T> {
+    pub fn new(opened: T) -> WithTurns<T> {
+        WithTurns { opened, turns: SyncTurns::default() }
+    }
 }
 
 /// Something to do with the configured mode's [`Mode`].

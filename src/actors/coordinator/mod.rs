@@ -13,6 +13,7 @@ pub mod nftables;
 pub mod retry;
 #[cfg(test)]
 mod tests;
+pub mod turns;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub use crate::stats::SyncRecord;
 pub use self::iptables::{ContextBuilder, IptablesDataplane, IptablesTargets};
 pub use self::ipvs::{IpvsDataplane, RulesRenderer, Targets};
 pub use self::nftables::{NftContextBuilder, NftablesDataplane, NftablesTargets};
+pub use self::turns::SyncTurns;
+use self::turns::Turn;
 
 /// Reads the node's interface addresses (I/O, done by the caller's closure).
 pub type AddrSource = Box<dyn Fn() -> Vec<LocalAddr> + Send>;
@@ -229,6 +232,11 @@ pub struct Coordinator<D: Dataplane = IpvsDataplane> {
     /// Set by [`Shutdown`]: no more events, no more syncs; answered when
     /// the sync in flight (if any) is done.
     stopping: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// Shared with the other family's coordinator: a large sync waits for
+    /// its turn before it is planned ([`turns`]).
+    turns: Option<SyncTurns>,
+    /// The turn the sync in flight holds, given back when it is done.
+    turn: Option<Turn>,
 }
 
 impl Coordinator<IpvsDataplane> {
@@ -256,7 +264,16 @@ impl<D: Dataplane> Coordinator<D> {
             history: VecDeque::new(),
             observer: None,
             stopping: None,
+            turns: None,
+            turn: None,
         }
+    }
+
+    /// Takes turns for large syncs with the coordinators sharing `turns`
+    /// (the other family's).
+    pub fn with_turns(mut self, turns: SyncTurns) -> Coordinator<D> {
+        self.turns = Some(turns);
+        self
     }
 
     /// Who hears of each event batch and sync (metrics, health and the
@@ -312,15 +329,28 @@ impl<D: Dataplane> Coordinator<D> {
     fn start_sync(&mut self, kind: SyncKind, ctx: &mut Context<Self>) {
         self.generation += 1;
         let generation = self.generation;
-        let started = Instant::now();
         let changes = self.model.apply();
         let kind = if changes.topology_changed { SyncKind::Full } else { kind };
+        match self.turns.as_ref().filter(|_| turns::is_large(kind == SyncKind::Full, changes.ports.len())) {
+            // The model's applied state stays as it is meanwhile (events are
+            // recorded as pending), and the scheduler counts this sync as running.
+            Some(turns) => {
+                ctx.spawn(turns.take().into_actor(self).map(move |turn, act, ctx| {
+                    act.turn = turn;
+                    act.prepare_sync(kind, generation, changes, ctx);
+                }));
+            }
+            None => self.prepare_sync(kind, generation, changes, ctx),
+        }
+    }
+
+    fn prepare_sync(&mut self, kind: SyncKind, generation: u64, changes: ModelChanges, ctx: &mut Context<Self>) {
+        let started = Instant::now();
         if let Some(h) = self.observer.as_mut() {
             h.sync_started(&self.model, &changes, kind == SyncKind::Full);
         }
         match self.dataplane.prepare(kind) {
-            // The model's applied state stays as it is meanwhile (events are
-            // recorded as pending), and the scheduler counts this sync as running.
+            // As while waiting for a turn: events meanwhile are pending.
             Some(read) => {
                 ctx.spawn(read.into_actor(self).map(move |record, act, ctx| {
                     record(&mut act.dataplane);
@@ -416,16 +446,14 @@ impl<D: Dataplane> Coordinator<D> {
             self.history.pop_front();
         }
         self.history.push_back(rec);
-        if full || ports_changed >= TRIM_AFTER_PORTS {
+        if turns::is_large(full, ports_changed) {
             // What a large sync planned and sent is freed by now: give it back.
             crate::heap::trim_in_background();
         }
+        // The next family's large sync may be planned now.
+        self.turn = None;
     }
 }
-
-/// A sync of at least this many changed service ports (or a full one) is
-/// followed by a heap trim.
-const TRIM_AFTER_PORTS: usize = 1000;
 
 /// The conntrack reconcile's answer: `None` if none was sent (none was
 /// due, or the dataplane failed first), `Some(None)` if the actor could

@@ -203,7 +203,7 @@ impl NftablesDataplane {
 /// A sync's transactions, built as they are sent: a full sync's
 /// [`Staged`] ones, or a partial sync's one.
 enum Steps {
-    Staged(Staged),
+    Staged(Box<Staged>),
     One(Option<Transaction>),
 }
 
@@ -309,7 +309,7 @@ impl Dataplane for NftablesDataplane {
             let ctx = (self.context)(model.node(), model.service_cidrs(), &addrs);
             self.last_addrs = addrs;
             let staged = self.planner.full_staged(model, ctx, &kernel, STAGE_OPS);
-            (Steps::Staged(staged), self.planner.planned_stale())
+            (Steps::Staged(Box::new(staged)), self.planner.planned_stale())
         } else {
             let delta = if changes.service_cidrs_changed {
                 let ctx = (self.context)(model.node(), model.service_cidrs(), &self.last_addrs);

@@ -139,6 +139,11 @@ enum Cmd {
         /// How long the churn lasts, seconds.
         #[arg(long, default_value_t = 20)]
         churn_seconds: u64,
+        /// After the idle watch: this many EndpointSlice updates through the
+        /// API server one at a time, each timed to the sync that carried it
+        /// (needs `--source api`; 0: none): p50 and p99.
+        #[arg(long, default_value_t = 0)]
+        latency: u32,
         /// How the manifest files hold the objects: one `kind: List` per
         /// 500 objects, one `kind: List` of them all, or one file per object.
         #[arg(long, default_value = "lists", value_parser = ["lists", "one-file", "per-object"])]
@@ -581,6 +586,7 @@ fn bench_daemon_matrix(
                         api_source: layout.is_none(),
                         tool: false,
                         churn: None,
+                        latency: None,
                         ..base(n)
                     };
                     let figures = daemon_run::run_daemon(&opts)?;
@@ -651,6 +657,7 @@ fn main() {
             source,
             churn_rate,
             churn_seconds,
+            latency,
             layout,
             dual_every,
             ruleset,
@@ -678,6 +685,7 @@ fn main() {
                     sync_period: Duration::from_secs(*sync_period),
                     api_source: source == "api",
                     churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
+                    latency: (*latency > 0).then_some(*latency),
                 };
                 if *matrix {
                     bench_daemon_matrix(services, mode, base, &mut r)

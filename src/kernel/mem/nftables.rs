@@ -18,7 +18,8 @@ use super::Journal;
 use crate::kernel::netlink::{Errno, NfnlError};
 use crate::kernel::nftables::{codec, Listed, NfTables, TableInfo, TransactionError};
 use crate::msgs::nftables::{
-    nft_family, BaseChain, ElemValue, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetData, SetSpec, Transaction,
+    expanded, nft_family, BaseChain, ElemValue, Element, Expr, KeyPart, KeyType, NftOp, Rule, SetData, SetSpec,
+    Transaction,
 };
 use crate::mutex::lock;
 use crate::net::IpFamily;
@@ -86,6 +87,8 @@ impl MemNftables {
         if ops.is_empty() {
             return Ok(());
         }
+        // A source of elements as the ops it stands for: applied and journaled as those.
+        let ops = &*expanded(ops);
         codec::requests(family, table, ops, &mut 0)?;
         let lines: Vec<String> = ops.iter().map(|op| format!("nft {} {op}", nft_family(family))).collect();
         let mut st = lock(&self.state);
@@ -216,6 +219,7 @@ fn apply_in(t: &mut MemTable, op: &NftOp) -> Applied {
             }
             Ok(())
         }
+        NftOp::AddElementsOf(source) => source.expand().iter().try_for_each(|op| apply_in(t, op)),
         NftOp::DeleteElements { set, keys } => {
             let s = t.sets.get_mut(set).ok_or(Errno::ENOENT)?;
             for k in keys {

@@ -181,6 +181,18 @@ pub fn encode(
                 attributes.push(RuleAttribute::UserData(comment_udata(UDATA_RULE_COMMENT, c)));
             }
             emit(Request { msg: wrap(family, NfTablesMessage::NewRule(RuleMessage { attributes })), flags, op: i });
+        } else if let NftOp::AddElementsOf(source) = op {
+            // Each run's message is made from the source's elements, written and dropped in turn.
+            let mut failed = None;
+            source.0.runs(&mut |set, elements| {
+                if failed.is_none() {
+                    match elements_message(table, set, elements.iter().copied()) {
+                        Ok(msg) => emit(Request { msg: wrap(family, msg), flags, op: i }),
+                        Err(why) => failed = Some(EncodeError { what: format!("add element {set}"), why }),
+                    }
+                }
+            });
+            failed.map_or(Ok(()), Err)?;
         } else {
             let msg = object_message(table, op).map_err(|why| EncodeError { what: op.to_string(), why })?;
             emit(Request { msg: wrap(family, msg), flags, op: i });
@@ -189,12 +201,30 @@ pub fn encode(
     Ok(())
 }
 
+/// `add element` of `elements` to `set` of table `table`: one message.
+fn elements_message<'a>(
+    table: &str,
+    set: &str,
+    elements: impl Iterator<Item = &'a Element>,
+) -> Result<NfTablesMessage, Unencodable> {
+    let list = elements.map(element).collect::<Result<_, _>>()?;
+    Ok(NfTablesMessage::NewSetElement(SetElementMessage {
+        attributes: vec![
+            SetElementList::Table(table.to_string()),
+            SetElementList::Set(set.to_string()),
+            SetElementList::Elements(list),
+        ],
+    }))
+}
+
 /// The netlink flags `nft` sends `op` with.
 fn op_flags(op: &NftOp) -> u16 {
     match op {
-        NftOp::AddTable { .. } | NftOp::AddChain { .. } | NftOp::AddSet(_) | NftOp::AddElements { .. } => {
-            NLM_F_CREATE | NLM_F_ACK
-        }
+        NftOp::AddTable { .. }
+        | NftOp::AddChain { .. }
+        | NftOp::AddSet(_)
+        | NftOp::AddElements { .. }
+        | NftOp::AddElementsOf(_) => NLM_F_CREATE | NLM_F_ACK,
         NftOp::AddRule { .. } => NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK,
         _ => NLM_F_ACK,
     }
@@ -307,16 +337,7 @@ fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, Unencodabl
         NftOp::FlushSet { name, .. } => NfTablesMessage::DeleteSetElement(SetElementMessage {
             attributes: vec![SetElementList::Table(t()), SetElementList::Set(name.clone())],
         }),
-        NftOp::AddElements { set, elements } => {
-            let list = elements.iter().map(element).collect::<Result<_, _>>()?;
-            NfTablesMessage::NewSetElement(SetElementMessage {
-                attributes: vec![
-                    SetElementList::Table(t()),
-                    SetElementList::Set(set.clone()),
-                    SetElementList::Elements(list),
-                ],
-            })
-        }
+        NftOp::AddElements { set, elements } => elements_message(table, set, elements.iter())?,
         NftOp::DeleteElements { set, keys } => {
             let list = keys.iter().map(|k| element(&Element::key(k.clone()))).collect::<Result<_, _>>()?;
             NfTablesMessage::DeleteSetElement(SetElementMessage {
@@ -327,7 +348,7 @@ fn object_message(table: &str, op: &NftOp) -> Result<NfTablesMessage, Unencodabl
                 ],
             })
         }
-        NftOp::AddRule { .. } => return Err(Unencodable::RuleAsObject),
+        NftOp::AddRule { .. } | NftOp::AddElementsOf(_) => return Err(Unencodable::NotOneMessage),
     };
     Ok(inner)
 }

@@ -47,8 +47,8 @@ pub enum Unencodable {
     DnatOtherFamily { addr: IpAddr },
     #[error("{key}: an interval key in a set without intervals")]
     IntervalKey { key: IpNet },
-    #[error("a rule is encoded with its expressions, not as an object")]
-    RuleAsObject,
+    #[error("a rule (its expressions) or a source of elements (its runs) is not one object's message")]
+    NotOneMessage,
     #[error("a {field} match compared with a value")]
     NotComparable { field: Field },
 }

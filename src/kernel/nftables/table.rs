@@ -63,7 +63,7 @@ impl<K: NfTables> NftablesTable<K> {
             Err(_) => None,
         };
         *lock(&self.witnessed) = witness;
-        res.map_err(|e| transaction_error(format!("nf_tables transaction of {} ops", tx.ops.len()), e))
+        res.map_err(|e| transaction_error(format!("nf_tables transaction of {} ops", tx.op_count()), e))
     }
 
     async fn read_witness(&self) -> Result<Witness, TransactionError> {
@@ -145,7 +145,7 @@ impl<K: NfTables> Subsystem for NftablesTable<K> {
     }
 
     fn kernel_ops(tx: &Arc<Transaction>) -> usize {
-        tx.ops.len()
+        tx.op_count()
     }
 }
 

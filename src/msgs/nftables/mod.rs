@@ -9,7 +9,9 @@ mod objects;
 mod rule;
 mod values;
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 pub use objects::{BaseChain, ChainHook, ChainType, ElemValue, Element, SetData, SetFlag, SetSpec};
 pub use rule::{AnonSet, CtState, CtStatus, Expr, FibKey, Field, ListSep, MarkOp, Rule};
@@ -65,6 +67,85 @@ pub enum NftOp {
         set: String,
         keys: Vec<Vec<KeyPart>>,
     },
+    /// `add element` of every run an [`ElementSource`] lists, one
+    /// [`NftOp::AddElements`] op each, written from the source when the
+    /// transaction is encoded or printed: no copy of the elements is made.
+    AddElementsOf(Elements),
+}
+
+/// Elements listed by the value holding them (a full sync's planned
+/// ruleset), for [`NftOp::AddElementsOf`].
+pub trait ElementSource: fmt::Debug + Send + Sync {
+    /// Each run of elements of one set, in order: what consecutive
+    /// [`NftOp::AddElements`] ops joined by [`push`] would hold.
+    fn runs(&self, each: &mut dyn FnMut(&str, &[&Element]));
+
+    /// How many elements [`ElementSource::runs`] lists.
+    fn count(&self) -> usize;
+
+    /// How many runs [`ElementSource::runs`] lists.
+    fn runs_count(&self) -> usize;
+}
+
+/// A shared [`ElementSource`]. Compared, ordered and hashed by the ops it
+/// stands for ([`Elements::ops`]).
+#[derive(Debug, Clone)]
+pub struct Elements(pub Arc<dyn ElementSource>);
+
+impl Elements {
+    /// The [`NftOp::AddElements`] ops these elements stand for (copies).
+    pub fn expand(&self) -> Vec<NftOp> {
+        let mut ops = Vec::new();
+        self.0.runs(&mut |set, elements| {
+            ops.push(NftOp::AddElements {
+                set: set.to_string(),
+                elements: elements.iter().map(|&e| e.clone()).collect(),
+            })
+        });
+        ops
+    }
+}
+
+impl PartialEq for Elements {
+    fn eq(&self, other: &Elements) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.expand() == other.expand()
+    }
+}
+
+impl Eq for Elements {}
+
+impl PartialOrd for Elements {
+    fn partial_cmp(&self, other: &Elements) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Elements {
+    fn cmp(&self, other: &Elements) -> std::cmp::Ordering {
+        self.expand().cmp(&other.expand())
+    }
+}
+
+impl std::hash::Hash for Elements {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.expand().hash(state)
+    }
+}
+
+/// `ops` with each [`NftOp::AddElementsOf`] replaced by the ops it stands
+/// for (borrowed when there is none).
+pub fn expanded(ops: &[NftOp]) -> Cow<'_, [NftOp]> {
+    if !ops.iter().any(|op| matches!(op, NftOp::AddElementsOf(_))) {
+        return Cow::Borrowed(ops);
+    }
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        match op {
+            NftOp::AddElementsOf(source) => out.extend(source.expand()),
+            op => out.push(op.clone()),
+        }
+    }
+    Cow::Owned(out)
 }
 
 impl NftOp {
@@ -79,6 +160,16 @@ impl NftOp {
         match self {
             NftOp::AddElements { elements, .. } => elements.len(),
             NftOp::DeleteElements { keys, .. } => keys.len(),
+            NftOp::AddElementsOf(source) => source.0.count(),
+            _ => 1,
+        }
+    }
+
+    /// How many ops this one stands for: an [`NftOp::AddElementsOf`] as
+    /// many as its runs, any other one.
+    pub fn ops(&self) -> usize {
+        match self {
+            NftOp::AddElementsOf(source) => source.0.runs_count(),
             _ => 1,
         }
     }
@@ -125,6 +216,17 @@ impl fmt::Display for NftOp {
                 let first = keys.first().map(|k| concat(k).to_string());
                 write!(f, "delete element {set} {}", first_of(keys.len(), first))
             }
+            NftOp::AddElementsOf(source) => {
+                let (mut first, mut runs) = (None, 0);
+                source.0.runs(&mut |set, elements| {
+                    runs += 1;
+                    if first.is_none() {
+                        first = elements.first().map(|e| format!("{set} {{ {e}, ... }}"));
+                    }
+                });
+                let n = source.0.count();
+                write!(f, "add {n} elements in {runs} runs, the first {}", first.unwrap_or_default())
+            }
         }
     }
 }
@@ -157,6 +259,22 @@ impl Transaction {
 
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// The same transaction with each [`NftOp::AddElementsOf`] replaced by
+    /// the ops it stands for ([`expanded`]).
+    pub fn expanded(self) -> Transaction {
+        let ops = match expanded(&self.ops) {
+            Cow::Owned(ops) => ops,
+            Cow::Borrowed(_) => self.ops,
+        };
+        Transaction { family: self.family, ops }
+    }
+
+    /// How many ops it holds, each [`NftOp::AddElementsOf`] counted as the
+    /// ops it stands for ([`NftOp::ops`]).
+    pub fn op_count(&self) -> usize {
+        self.ops.iter().map(NftOp::ops).sum()
     }
 
     /// Number of operations (upstream's `NumOperations`: one per element).
@@ -197,11 +315,16 @@ impl fmt::Display for Transaction {
                 NftOp::AddSet(s) => writeln!(f, "{} {} {s}", head("add", s.kind()), s.name)?,
                 NftOp::FlushSet { name, map } => writeln!(f, "{} {name}", head("flush", kind(*map)))?,
                 NftOp::DeleteSet { name, map } => writeln!(f, "{} {name}", head("delete", kind(*map)))?,
-                NftOp::AddElements { set, elements } => {
+                NftOp::AddElements { set, elements } => write_adds(f, &head("add", "element"), set, elements)?,
+                NftOp::AddElementsOf(source) => {
                     let head = head("add", "element");
-                    for e in elements {
-                        writeln!(f, "{head} {set} {{ {e} }}")?;
-                    }
+                    let mut written = Ok(());
+                    source.0.runs(&mut |set, elements| {
+                        if written.is_ok() {
+                            written = write_adds(f, &head, set, elements.iter().copied());
+                        }
+                    });
+                    written?
                 }
                 NftOp::DeleteElements { set, keys } => {
                     let head = head("delete", "element");
@@ -213,6 +336,16 @@ impl fmt::Display for Transaction {
         }
         Ok(())
     }
+}
+
+/// `add element` lines, one per element of `set`.
+fn write_adds<'a>(
+    f: &mut fmt::Formatter<'_>,
+    head: &str,
+    set: &str,
+    elements: impl IntoIterator<Item = &'a Element>,
+) -> fmt::Result {
+    elements.into_iter().try_for_each(|e| writeln!(f, "{head} {set} {{ {e} }}"))
 }
 
 /// The data map of the codec's and the text's tests: `map eps { typeof ip

@@ -113,3 +113,48 @@ fn typed_transactions_encode_to_the_captured_bytes() {
         );
     }
 }
+
+/// A full sync's elements listed from the ruleset when they are encoded
+/// ([`full_sync_of`]: the staged sync's last transaction) are the messages
+/// of the same sync with every element copied into its ops
+/// ([`full_sync`]): the same bytes and flags in the same order, and the
+/// same text, in both rulesets and both families, over an empty kernel and
+/// one with stale objects, with elements that several groups hold.
+#[test]
+fn elements_listed_from_the_ruleset_encode_as_elements_copied_into_ops() {
+    use std::sync::Arc;
+    let maps = |ctx: NftablesContext| NftablesContext { ruleset: NftRuleset::Maps, ..ctx };
+    let affinity = serde_json::json!({"sessionAffinity": "ClientIP"});
+    let v6 = || v6_model(affinity.clone(), &["fd00:10:180::1", "fd00:10:180::2"]);
+    let stale = KernelObjects {
+        chains: vec!["services".into(), "service-OLD00000-ns9/gone/tcp/p80".into(), "maps-cluster-pick-9".into()],
+        sets: vec!["affinity-OLD00000-ns9/gone/tcp/p80__10.9.9.9/80".into(), "maps-cluster-9".into()],
+    };
+    let cases = [
+        (model_with(&overall_events()), fake_ctx()),
+        (model_with(&overall_events()), maps(fake_ctx())),
+        (model_with(&repeated_events()), maps(fake_ctx())),
+        (v6(), v6_ctx()),
+        (v6(), maps(v6_ctx())),
+    ];
+    let mut shared = 0;
+    for (model, ctx) in cases {
+        let rs = desired(&model, &ctx);
+        let ids: std::collections::BTreeSet<_> = rs.elements().map(|e| (&e.set, &e.element.key)).collect();
+        shared += rs.elements().count() - ids.len();
+        let listed = Arc::new(rs.clone());
+        for (kernel, recreate) in [(KernelObjects::default(), false), (stale.clone(), true)] {
+            let copied = full_sync(&rs, &kernel, recreate).tx;
+            let from_ruleset = full_sync_of(&listed, &kernel, recreate, |_| true).tx;
+            let case = format!("{:?} {:?} {} chains held", ctx.ruleset, ctx.family, kernel.chains.len());
+            assert!(from_ruleset.ops.iter().any(|op| matches!(op, NftOp::AddElementsOf(_))), "{case}");
+            assert!(from_ruleset.ops.len() < copied.ops.len(), "{case}");
+            assert_eq!(hex(&from_ruleset), hex(&copied), "{case}");
+            assert_eq!(from_ruleset.to_string(), copied.to_string(), "{case}");
+            assert_eq!(from_ruleset.len(), copied.len(), "{case}");
+            assert_eq!(from_ruleset.op_count(), copied.ops.len(), "{case}");
+            assert_eq!(from_ruleset.expanded(), copied, "{case}");
+        }
+    }
+    assert!(shared > 0, "no element held by several groups");
+}

@@ -65,7 +65,7 @@ pub(crate) mod trace;
 pub use context::{nftables_context, NftRuleset, NftablesContext, NftablesSettings, NodePorts};
 pub use planner::{NftablesPlanner, STALE_CHAIN_DELAY};
 pub use ruleset::{Chain, Objects, Ruleset, SetElement};
-pub use staging::{Staged, STAGES, STAGE_OPS};
+pub use staging::{PortSource, PortSources, Staged, STAGES, STAGE_OPS};
 pub use transactions::{
     changed_parts, delete_stale, element_refs, full_sync, full_sync_of, groups_sync, partial_sync, stale_chains, Delta,
     ElementRefs, KernelObjects,
@@ -87,6 +87,39 @@ pub fn desired(model: &Model, ctx: &NftablesContext) -> Ruleset {
 pub fn desired_keeping(model: &Model, ctx: &NftablesContext, kept: &[maps_names::PickClass]) -> Ruleset {
     let services: BTreeMap<ServicePortName, Objects> =
         model.service_ports().map(|sp| (sp.name.clone(), render_port(ctx, sp, model.endpoints(&sp.name)))).collect();
+    with_services(ctx, services, kept)
+}
+
+/// [`desired`] for a staged full sync: each service port's objects held
+/// ([`Objects::hold`]) as soon as they are rendered, so the rules of the
+/// whole table are never held at once, and the model's service ports
+/// and endpoints [`Staged`] renders their rules from again when their
+/// chains are written.
+pub fn desired_held(model: &Model, ctx: &NftablesContext) -> (Ruleset, PortSources) {
+    let mut ports: Vec<(ServicePortName, Objects, PortSource)> = model
+        .service_ports()
+        .map(|sp| {
+            let endpoints = model.endpoint_list(&sp.name).cloned();
+            let objects = render_port(ctx, sp, endpoints.as_deref().unwrap_or_default());
+            let source = PortSource::new(sp.clone(), endpoints, &objects);
+            (sp.name.clone(), objects.hold(), source)
+        })
+        .collect();
+    ports.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let (services, sources): (Vec<(ServicePortName, Objects)>, Vec<PortSource>) =
+        ports.into_iter().map(|(name, objects, source)| ((name, objects), source)).unzip();
+    // Collected whole (not inserted one by one): the map's nodes full, as [`desired`]'s.
+    let services: BTreeMap<ServicePortName, Objects> = services.into_iter().collect();
+    (with_services(ctx, services, &[]), PortSources::new(ctx.clone(), sources))
+}
+
+/// The ruleset of `services` (rendered with `ctx`), its shared objects
+/// serving their endpoint classes and `kept`.
+fn with_services(
+    ctx: &NftablesContext,
+    services: BTreeMap<ServicePortName, Objects>,
+    kept: &[maps_names::PickClass],
+) -> Ruleset {
     let mut classes = maps::served(&maps::classes(services.values()));
     classes.extend(kept);
     let shared = shared(ctx, &classes);

@@ -97,7 +97,8 @@ impl NftablesPlanner {
     /// A full sync of `model` with `ctx` over a kernel holding `kernel`
     /// (listed by the caller). The first one also re-creates the base chains.
     pub fn full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Delta {
-        let desired = self.plan_full(model, ctx, kernel);
+        self.ctx = ctx;
+        let desired = self.pend_full(super::desired(model, &self.ctx), kernel);
         let delta = full_sync(&desired, kernel, !self.recreated_base);
         self.recreated_base = true;
         delta
@@ -105,18 +106,22 @@ impl NftablesPlanner {
 
     /// [`Self::full`] as the transactions the nftables actor sends
     /// ([`Staged`], per-service transactions of at least `chunk` ops), each
-    /// built when it is sent.
+    /// built when it is sent. The ruleset is planned held
+    /// ([`super::desired_held`]): each service port's rules are rendered
+    /// again when its chains are written, so the sync never holds the
+    /// rules of the whole table.
     pub fn full_staged(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects, chunk: usize) -> Staged {
-        let desired = self.plan_full(model, ctx, kernel);
-        let staged = Staged::new(desired, kernel, !self.recreated_base, chunk);
+        self.ctx = ctx;
+        let (desired, sources) = super::desired_held(model, &self.ctx);
+        let desired = self.pend_full(desired, kernel);
+        let staged = Staged::held(desired, sources, kernel, !self.recreated_base, chunk);
         self.recreated_base = true;
         staged
     }
 
-    /// The whole desired ruleset of a full sync over `kernel`: pending until confirmed.
-    fn plan_full(&mut self, model: &Model, ctx: NftablesContext, kernel: &KernelObjects) -> Arc<Ruleset> {
-        self.ctx = ctx;
-        let desired = Arc::new(super::desired(model, &self.ctx));
+    /// `desired`, a full sync's ruleset over `kernel`, pending until confirmed.
+    fn pend_full(&mut self, desired: Ruleset, kernel: &KernelObjects) -> Arc<Ruleset> {
+        let desired = Arc::new(desired);
         self.planned_stale = stale_chains(&desired, kernel);
         self.planned_chains.clear();
         self.pending = Pending::Full(desired.clone());
@@ -205,20 +210,20 @@ impl NftablesPlanner {
                 // The staged sync that shared the ruleset is done with it: no copy.
                 if let Some(applied) = self.applied.as_mut().map(Arc::make_mut) {
                     if let Some(objects) = shared {
-                        count(&mut self.refs, &applied.shared, -1);
-                        count(&mut self.refs, &objects, 1);
+                        self.refs.remove(&applied.shared);
+                        self.refs.add(&objects);
                         applied.shared = objects;
                     }
                     for (spn, objects) in ports {
                         let old = match objects {
                             Some(o) => {
-                                count(&mut self.refs, &o, 1);
+                                self.refs.add(&o);
                                 applied.services.insert(spn, o.hold())
                             }
                             None => applied.services.remove(&spn),
                         };
                         if let Some(old) = old {
-                            count(&mut self.refs, &old, -1);
+                            self.refs.remove(&old);
                         }
                     }
                 }
@@ -275,21 +280,5 @@ impl NftablesPlanner {
             self.stale.remove(c);
         }
         Some(delete_stale(self.ctx.family, &due))
-    }
-}
-
-/// Adds (`by` 1) or removes (-1) `objects`' elements to `refs`.
-fn count(refs: &mut ElementRefs, objects: &Objects, by: i8) {
-    for e in &objects.elements {
-        let id = e.id();
-        let n = refs.entry(id.clone()).or_default();
-        if by > 0 {
-            *n += 1;
-        } else {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                refs.remove(&id);
-            }
-        }
     }
 }

@@ -126,6 +126,48 @@ fn a_cluster_ip_shared_by_ports_stays_until_the_last_port_goes() {
     assert_eq!(p.partial(&model, &changed).unwrap().tx, d.tx);
 }
 
+/// The element counts know an element by its set and key (not its
+/// value), count each group holding it, and forget it with the last; a
+/// ruleset's counts are those of its groups.
+#[test]
+fn element_counts_follow_the_groups_holding_each_element() {
+    use crate::msgs::nftables::{Element, KeyPart, Verdict};
+    let key = |ip: &str| vec![KeyPart::Addr(ip.parse().unwrap())];
+    let member = |set: &str, ip: &str| SetElement { set: set.into(), element: Element::key(key(ip)) };
+    let to = |set: &str, ip: &str, c: &str| SetElement {
+        set: set.into(),
+        element: Element::to(key(ip), Verdict::Goto(c.into())),
+    };
+    let a =
+        Objects { elements: vec![member("cluster-ips", "10.0.0.1"), to("m", "10.0.0.1", "x")], ..Objects::default() };
+    let b =
+        Objects { elements: vec![member("cluster-ips", "10.0.0.1"), to("m", "10.0.0.2", "y")], ..Objects::default() };
+    let c = Objects { elements: vec![to("m", "10.0.0.1", "z")], ..Objects::default() };
+    let mut refs = ElementRefs::new();
+    [&a, &b, &c].into_iter().for_each(|o| refs.add(o));
+    let counts = |refs: &ElementRefs| {
+        [("cluster-ips", "10.0.0.1"), ("m", "10.0.0.1"), ("m", "10.0.0.2"), ("cluster-ips", "10.0.0.2")]
+            .map(|(set, ip)| refs.get(set, &key(ip)))
+    };
+    assert_eq!((counts(&refs), refs.len()), ([2, 2, 1, 0], 3));
+    refs.remove(&a);
+    assert_eq!((counts(&refs), refs.len()), ([1, 1, 1, 0], 3));
+    refs.remove(&b);
+    refs.remove(&b);
+    assert_eq!((counts(&refs), refs.len()), ([0, 1, 0, 0], 1));
+    refs.remove(&c);
+    assert!(refs.is_empty());
+
+    let rs = desired(&model_with(&repeated_events()), &fake_ctx());
+    let all = element_refs(&rs);
+    let ids: BTreeSet<(&str, &[KeyPart])> = rs.elements().map(|e| (e.set.as_str(), e.element.key.as_slice())).collect();
+    assert_eq!(all.len(), ids.len());
+    for (set, k) in ids {
+        let holding = rs.groups().filter(|g| g.elements.iter().any(|e| e.set == set && e.element.key == k)).count();
+        assert_eq!(all.get(set, k), holding, "{set} {k:?}");
+    }
+}
+
 /// A full sync staged: per-service chains declared first (new ones, in
 /// bounded transactions after the sets and top-level chains), then
 /// written in bounded transactions, endpoint chains before the chains that
@@ -150,7 +192,8 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
         .collect();
     for existing in [BTreeSet::new(), all_chains.clone()] {
         let kernel = KernelObjects { chains: existing.iter().cloned().collect(), sets: vec![] };
-        let steps: Vec<Transaction> = Staged::new(Arc::new(rs.clone()), &kernel, true, 3).collect();
+        let steps: Vec<Transaction> =
+            Staged::new(Arc::new(rs.clone()), &kernel, true, 3).map(Transaction::expanded).collect();
         assert!(steps.len() > 3, "{}", steps.len());
         let rest = &steps[steps.len() - 1];
         let writes_from = steps.iter().position(|t| t.ops.iter().any(|op| chain_of(op).is_some())).expect("writes");
@@ -222,7 +265,8 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
     // Nothing per-service: the transaction as it was.
     let rs = desired(&model_with(&[]), &fake_ctx());
     let empty = full_sync(&rs, &KernelObjects::default(), false).tx;
-    assert_eq!(Staged::new(Arc::new(rs), &KernelObjects::default(), false, 3).collect::<Vec<_>>(), vec![empty]);
+    let staged = Staged::new(Arc::new(rs), &KernelObjects::default(), false, 3);
+    assert_eq!(staged.map(Transaction::expanded).collect::<Vec<_>>(), vec![empty]);
 }
 
 /// The staged sync, built one transaction at a time from the ruleset,
@@ -230,7 +274,10 @@ fn a_full_sync_is_staged_leaves_first_in_bounded_transactions() {
 /// ([`cut_whole`]), the same transactions in the same order: both
 /// rulesets, both families, a kernel without the table and one holding
 /// every chain and some stale ones, small and large chunks. Its op and
-/// transaction counts are those it sends.
+/// transaction counts are those it sends. So does the staged sync of the
+/// held ruleset ([`desired_held`]: no service port's rules held, each
+/// rendered again from the model when its chains are written), and the
+/// planner's.
 #[test]
 fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
     let maps = NftablesContext { ruleset: NftRuleset::Maps, ..fake_ctx() };
@@ -240,21 +287,35 @@ fn a_staged_sync_built_as_it_is_sent_equals_the_whole_transaction_cut() {
         [(model_with(&repeated_events()), fake_ctx()), (model_with(&repeated_events()), maps), (v6_model, v6)]
     {
         let rs = desired(&model, &ctx);
-        let mut held: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
-        held.push("service-OLD00000-ns9/gone/tcp/p80".into());
+        let mut listed: Vec<String> = rs.chains().map(|c| c.name.clone()).collect();
+        listed.push("service-OLD00000-ns9/gone/tcp/p80".into());
         let sets = vec!["affinity-OLD00000-ns9/gone/tcp/p80__10.9.9.9/80".to_string()];
-        for kernel in [KernelObjects::default(), KernelObjects { chains: held, sets }] {
+        for kernel in [KernelObjects::default(), KernelObjects { chains: listed, sets }] {
             for (chunk, recreate) in [(1, true), (3, false), (STAGE_OPS, true)] {
                 let whole = full_sync(&rs, &kernel, recreate).tx;
                 let want = cut_whole(whole, &kernel.chains.iter().cloned().collect(), chunk);
-                let staged = Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk);
-                assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
-                assert_eq!(staged.transactions(), want.len());
-                let got: Vec<Transaction> = staged.collect();
-                assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
+                let (held_rs, sources) = desired_held(&model, &ctx);
+                assert_eq!(held_rs, held(rs.clone()));
+                assert!(held_rs.services.values().flat_map(|o| &o.chains).all(|c| c.rules.is_empty()));
+                let mut planner = NftablesPlanner::new(ctx.clone());
+                if !recreate {
+                    planner.full(&model, ctx.clone(), &kernel);
+                }
+                for staged in [
+                    Staged::new(Arc::new(rs.clone()), &kernel, recreate, chunk),
+                    Staged::held(Arc::new(held_rs), sources, &kernel, recreate, chunk),
+                    planner.full_staged(&model, ctx.clone(), &kernel, chunk),
+                ] {
+                    assert_eq!(staged.ops(), want.iter().map(|t| t.len()).sum::<usize>());
+                    assert_eq!(staged.transactions(), want.len());
+                    let got: Vec<Transaction> = staged.map(Transaction::expanded).collect();
+                    assert_eq!(got, want, "{:?} chunk {chunk}", ctx.ruleset);
+                }
+                planner.confirm_applied(std::time::Duration::ZERO);
+                assert_eq!(planner.applied(), Some(&held(rs.clone())));
                 // The maps ruleset has no per-service chains here (no firewall, no affinity).
-                let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || got.len() > 3;
-                assert!(cut, "{} transactions", got.len());
+                let cut = ctx.ruleset == NftRuleset::Maps || chunk == STAGE_OPS || want.len() > 3;
+                assert!(cut, "{} transactions", want.len());
             }
         }
     }

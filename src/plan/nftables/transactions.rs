@@ -14,13 +14,16 @@
 //! sets, then chains (add + flush), then rules, then element deletes and
 //! adds, then set deletes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use super::base::nodeport_ips_set;
 use super::maps_names::{is_maps_map, is_maps_object};
 use super::names::{is_affinity_set, is_service_chain, NODEPORT_IPS, SERVICE_IPS, SERVICE_NODEPORTS};
 use super::ruleset::{Chain, Objects, Ruleset, SetElement};
-use crate::msgs::nftables::{push, KeyPart, NftOp, SetFlag, SetSpec, Transaction};
+use crate::msgs::nftables::{push, Element, ElementSource, Elements, KeyPart, NftOp, SetFlag, SetSpec, Transaction};
 use crate::net::IpFamily;
 
 /// A transaction and the chains it flushed because nothing uses them any
@@ -98,17 +101,36 @@ fn owned_set(name: &str) -> bool {
 /// the base chains first, so a changed hook or priority takes (upstream
 /// does so once per process).
 pub fn full_sync(new: &Ruleset, kernel: &KernelObjects, recreate_base: bool) -> Delta {
-    full_sync_of(new, kernel, recreate_base, |_| true)
+    full_sync_with(new, kernel, recreate_base, |_| true, |adds| first_elements(new, |e| push(adds, e.add_op())))
 }
 
 /// [`full_sync`] writing only the chains `write` takes (added, flushed,
 /// their rules); everything else as [`full_sync`] (the staged sync's last
-/// transaction: [`super::staging`]).
+/// transaction: [`super::staging`]), but for the elements: one
+/// [`NftOp::AddElementsOf`] op lists them from `new` when the transaction
+/// is encoded, where [`full_sync`] copies each into its ops. The kernel
+/// gets the same messages from both.
 pub fn full_sync_of(
+    new: &Arc<Ruleset>,
+    kernel: &KernelObjects,
+    recreate_base: bool,
+    write: impl Fn(&Chain) -> bool,
+) -> Delta {
+    full_sync_with(new, kernel, recreate_base, write, |adds| {
+        let elements = RulesetElements::new(new.clone());
+        if elements.count > 0 {
+            adds.push(NftOp::AddElementsOf(Elements(Arc::new(elements))));
+        }
+    })
+}
+
+/// A full sync, its element adds written by `elements`.
+fn full_sync_with(
     new: &Ruleset,
     kernel: &KernelObjects,
     recreate_base: bool,
     write: impl Fn(&Chain) -> bool,
+    elements: impl FnOnce(&mut Vec<NftOp>),
 ) -> Delta {
     let mut head = vec![NftOp::add_table()];
     if recreate_base {
@@ -128,11 +150,7 @@ pub fn full_sync_of(
     new.chains().filter(|c| write(c)).for_each(|c| ops.rewrite(c));
     let stale = stale_chains(new, kernel);
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
-    // Borrowed ids: a copy of every element's key would be held while the ops are built.
-    let mut seen: BTreeSet<(&str, &[KeyPart])> = BTreeSet::new();
-    for e in new.elements().filter(|e| seen.insert((&e.set, &e.element.key))) {
-        push(&mut ops.element_adds, e.add_op());
-    }
+    elements(&mut ops.element_adds);
     if nodeport_ips_missing(new) {
         // Upstream's add + delete: gone whether or not it was there.
         ops.set_deletes.push(NftOp::AddSet(nodeport_ips_set(new.family)));
@@ -159,17 +177,154 @@ pub fn stale_chains(new: &Ruleset, kernel: &KernelObjects) -> Vec<String> {
     kernel.chains.iter().filter(|c| owned_chain(c) && !active.contains(c.as_str())).cloned().collect()
 }
 
+/// An element by `(set, key)`, borrowed: what identifies it in the kernel.
+#[derive(Debug, Clone, Copy)]
+struct ById<'a>(&'a SetElement);
+
+impl PartialEq for ById<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.set == other.0.set && self.0.element.key == other.0.element.key
+    }
+}
+
+impl Eq for ById<'_> {}
+
+impl Hash for ById<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.0.set.as_str(), self.0.element.key.as_slice()).hash(state)
+    }
+}
+
+/// Calls `f` with each element of `rs` the first time its `(set, key)`
+/// comes, in the ruleset's order (an element several groups hold is
+/// written once).
+fn first_elements<'a>(rs: &'a Ruleset, mut f: impl FnMut(&'a SetElement)) {
+    let mut seen: HashSet<ById<'a>> = HashSet::with_capacity(rs.elements().count());
+    for e in rs.elements() {
+        if seen.insert(ById(e)) {
+            f(e);
+        }
+    }
+}
+
+/// The elements a full sync of a ruleset adds ([`first_elements`]), listed
+/// from the ruleset when its last transaction is encoded.
+#[derive(Debug)]
+struct RulesetElements {
+    rs: Arc<Ruleset>,
+    count: usize,
+    runs: usize,
+}
+
+impl RulesetElements {
+    fn new(rs: Arc<Ruleset>) -> RulesetElements {
+        let mut elements = RulesetElements { rs, count: 0, runs: 0 };
+        let (mut count, mut runs) = (0, 0);
+        elements.runs(&mut |_, run| {
+            count += run.len();
+            runs += 1;
+        });
+        (elements.count, elements.runs) = (count, runs);
+        elements
+    }
+}
+
+impl ElementSource for RulesetElements {
+    fn runs(&self, each: &mut dyn FnMut(&str, &[&Element])) {
+        let mut run: Vec<&Element> = Vec::new();
+        let mut set = "";
+        first_elements(&self.rs, |e| {
+            if e.set != set && !run.is_empty() {
+                each(set, &run);
+                run.clear();
+            }
+            set = &e.set;
+            run.push(&e.element);
+        });
+        if !run.is_empty() {
+            each(set, &run);
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.count
+    }
+
+    fn runs_count(&self) -> usize {
+        self.runs
+    }
+}
+
+/// An element's `(set, key)` as [`ElementRefs`] knows it: two 64-bit
+/// SipHash digests under keys drawn at random for each [`ElementRefs`].
+type ElementId = [u64; 2];
+
 /// How many groups of a ruleset hold each element (by `(set, key)`): a
 /// ClusterIP is in `cluster-ips` once per port of its service, and stays
-/// there until the last of them goes.
-pub type ElementRefs = HashMap<(String, Vec<KeyPart>), usize>;
+/// there until the last of them goes. An element is known by a 128-bit
+/// digest of its set and key, not a copy of them (24 bytes an element,
+/// where a copy costs the set's name and the key besides): two elements
+/// are confused only if their digests under secret random keys agree in
+/// all 128 bits.
+#[derive(Debug, Default, Clone)]
+pub struct ElementRefs {
+    keys: (RandomState, RandomState),
+    counts: HashMap<ElementId, u32>,
+}
+
+impl ElementRefs {
+    pub fn new() -> ElementRefs {
+        ElementRefs::default()
+    }
+
+    fn id(&self, set: &str, key: &[KeyPart]) -> ElementId {
+        [self.keys.0.hash_one((set, key)), self.keys.1.hash_one((set, key))]
+    }
+
+    /// How many groups hold element `key` of `set`.
+    pub fn get(&self, set: &str, key: &[KeyPart]) -> usize {
+        self.counts.get(&self.id(set, key)).map_or(0, |&n| n as usize)
+    }
+
+    /// `objects`' elements are held once more.
+    pub fn add(&mut self, objects: &Objects) {
+        for e in &objects.elements {
+            *self.counts.entry(self.id(&e.set, &e.element.key)).or_default() += 1;
+        }
+    }
+
+    /// `objects`' elements are held once less (gone at none).
+    pub fn remove(&mut self, objects: &Objects) {
+        for e in &objects.elements {
+            let id = self.id(&e.set, &e.element.key);
+            if let Some(n) = self.counts.get_mut(&id) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.counts.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// How many elements are held.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.counts = HashMap::new();
+    }
+}
 
 /// The [`ElementRefs`] of `rs`.
 pub fn element_refs(rs: &Ruleset) -> ElementRefs {
-    let mut refs = ElementRefs::new();
-    for e in rs.elements() {
-        *refs.entry(e.id()).or_default() += 1;
-    }
+    let mut refs = ElementRefs { counts: HashMap::with_capacity(rs.elements().count()), ..ElementRefs::default() };
+    rs.groups().for_each(|g| refs.add(g));
+    refs.counts.shrink_to_fit();
     refs
 }
 
@@ -227,8 +382,8 @@ pub fn groups_sync<'a>(
     refs: &ElementRefs,
 ) -> Delta {
     let mut ops = Ops::default();
-    let mut old_elems: BTreeMap<(String, Vec<KeyPart>), (usize, &SetElement)> = BTreeMap::new();
-    let mut new_elems: BTreeMap<(String, Vec<KeyPart>), (usize, &SetElement)> = BTreeMap::new();
+    let mut old_elems: BTreeMap<(&str, &[KeyPart]), (usize, &SetElement)> = BTreeMap::new();
+    let mut new_elems: BTreeMap<(&str, &[KeyPart]), (usize, &SetElement)> = BTreeMap::new();
     let mut old_chains: BTreeSet<&str> = BTreeSet::new();
     let mut new_chains: BTreeSet<&str> = BTreeSet::new();
     for (o, n) in pairs {
@@ -242,22 +397,22 @@ pub fn groups_sync<'a>(
             ops.set_deletes.push(NftOp::DeleteSet { name: s.name.clone(), map: s.is_map() });
         }
         for e in &o.elements {
-            old_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+            old_elems.entry((&e.set, &e.element.key)).or_insert((0, e)).0 += 1;
         }
         for e in &n.elements {
-            new_elems.entry(e.id()).or_insert((0, e)).0 += 1;
+            new_elems.entry((&e.set, &e.element.key)).or_insert((0, e)).0 += 1;
         }
     }
     let stale: Vec<String> = old_chains.difference(&new_chains).map(|c| c.to_string()).collect();
     ops.stale.extend(stale.iter().cloned().map(NftOp::FlushChain));
-    let ids: BTreeSet<&(String, Vec<KeyPart>)> = old_elems.keys().chain(new_elems.keys()).collect();
+    let ids: BTreeSet<&(&str, &[KeyPart])> = old_elems.keys().chain(new_elems.keys()).collect();
     for id in ids {
-        let before = refs.get(id).copied().unwrap_or(0);
+        let before = refs.get(id.0, id.1);
         let (old, new) = (old_elems.get(id), new_elems.get(id));
         let after = (before + new.map_or(0, |n| n.0)).saturating_sub(old.map_or(0, |o| o.0));
         let changed = matches!((old, new), (Some(o), Some(n)) if o.1 != n.1);
         if before > 0 && (after == 0 || changed) {
-            push(&mut ops.element_deletes, NftOp::DeleteElements { set: id.0.clone(), keys: vec![id.1.clone()] });
+            push(&mut ops.element_deletes, NftOp::DeleteElements { set: id.0.to_string(), keys: vec![id.1.to_vec()] });
         }
         if let Some((_, e)) = new.filter(|_| before == 0 || changed) {
             push(&mut ops.element_adds, e.add_op());

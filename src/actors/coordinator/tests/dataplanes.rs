@@ -108,3 +108,73 @@ fn a_service_cidr_change_brings_a_sync_that_knows_it() {
         );
     });
 }
+
+/// A dataplane whose every sync takes 100 ms to be acked: records, under
+/// its name, when each sync is planned and acked.
+struct Slow {
+    name: &'static str,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Dataplane for Slow {
+    type Outcome = ();
+    type Config = ();
+
+    fn sync(&mut self, _: &Model, _: &ModelChanges, kind: SyncKind, generation: u64) -> Planned<()> {
+        let (name, log) = (self.name, self.log.clone());
+        log.lock().unwrap().push(format!("{name} plans {generation} {kind:?}"));
+        let run = async move {
+            sleep(100 * MS).await;
+            log.lock().unwrap().push(format!("{name} acked {generation}"));
+        };
+        Planned { full: kind == SyncKind::Full, ops: 0, run: Box::pin(run) }
+    }
+
+    fn finished(&mut self, _: ()) -> Finished {
+        Finished::default()
+    }
+
+    fn reconfigure(&mut self, _: ()) {}
+}
+
+/// Two coordinators sharing turns (a dual-stack node's families): the
+/// second plans its first (full) sync only once the first one's is acked;
+/// small syncs take no turn, so neither waits for the other's full sync.
+#[test]
+fn families_sharing_turns_plan_their_full_syncs_one_after_the_other() {
+    run_paused(|| async {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let turns = SyncTurns::default();
+        let start = |name| {
+            let dataplane = Slow { name, log: log.clone() };
+            Coordinator::with_dataplane(unlimited_settings(), dataplane).with_turns(turns.clone()).start()
+        };
+        let (a, b) = (start("a"), start("b"));
+        let mut first = synced();
+        first.push(web_svc("web", "10.96.0.20"));
+        a.send(SourceBatch(first.clone())).await.unwrap();
+        b.send(SourceBatch(first)).await.unwrap();
+        sleep(250 * MS).await;
+        // Both first syncs acked: b's full resync takes the turn, and a
+        // small change of a's meanwhile is planned without waiting for it.
+        b.do_send(DriftDetected { actor: "test".into() });
+        sleep(50 * MS).await;
+        a.send(SourceBatch(vec![web_svc("api", "10.96.0.21")])).await.unwrap();
+        sleep(300 * MS).await;
+        let lines = log.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            [
+                "a plans 1 Full",
+                "a acked 1",
+                "b plans 1 Full",
+                "b acked 1",
+                "b plans 2 Full",
+                "a plans 2 Partial",
+                "b acked 2",
+                "a acked 2",
+            ],
+            "{lines:?}"
+        );
+    });
+}
