@@ -281,6 +281,7 @@ async fn ipvs_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bo
     let family = p.settings.family;
     let exclude = &p.settings.ipvs_exclude_cidrs;
     let mut live = Vec::new();
+    let began = std::time::Instant::now();
     // Two dumps that agree: a write in any namespace during a dump can make it skip or repeat one.
     match services_agreed(None, || ipvs.services()).await {
         Ok(services) => {
@@ -301,6 +302,7 @@ async fn ipvs_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bo
         }
         Err(e) => return SectionDiff::new(&heading).note(format!("cannot read IPVS: {e}")),
     }
+    tracing::debug!(ms = began.elapsed().as_millis() as u64, lines = live.len(), "dry-run: read IPVS");
     if planned {
         SectionDiff::new(&heading).compare(&owned_lines(section(&p.text, "# ipvs")), &live)
     } else {

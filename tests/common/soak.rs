@@ -32,10 +32,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::bench::soak::check::{
-    diff_leftovers, draining_real_servers, finished_syncs, real_server_connections, sync_in_progress,
+    diff_leftovers, draining_real_servers, dry_run_phases, finished_syncs, real_server_connections, sync_in_progress,
     syncs_in_progress, unexplained_log_lines, DrainingDest, Explained, RssTrend,
 };
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
+use kube_proxy_rs::kernel::ipvs::graceful::CHECK_INTERVAL;
 use serde_json::Value;
 
 use super::apiserver::{ApiServer, Kind};
@@ -660,11 +661,16 @@ impl SoakLab {
                 d.assert_running();
             }
             let began = Instant::now();
-            let out = self.command(&["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff"]).output();
-            let out = out.map_err(|e| e.to_string())?;
+            // --v=2: its phases' debug lines (how long the list, the plan and the kernel read took).
+            let args = ["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff", "--v=2"];
+            let out = self.command(&args).output().map_err(|e| e.to_string())?;
             if !out.status.success() {
                 return Err(format!("--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr)));
             }
+            let phases: Vec<String> = dry_run_phases(&String::from_utf8_lossy(&out.stderr))
+                .into_iter()
+                .map(|(what, s)| format!("{what} {s:.1} s"))
+                .collect();
             let text = String::from_utf8_lossy(&out.stdout);
             let left = diff_leftovers(&text)?;
             let draining = if left.is_empty() || self.mode != Mode::Ipvs { None } else { draining_real_servers(&text) };
@@ -677,10 +683,12 @@ impl SoakLab {
                 }
                 (false, None) => left.join("; "),
             };
-            attempts.push(format!("{:.1} s ({what})", began.elapsed().as_secs_f64()));
+            attempts.push(format!("{:.1} s ({what}; {})", began.elapsed().as_secs_f64(), phases.join(", ")));
             match left {
                 left if left.is_empty() || (draining.is_some() && drained.is_empty()) => Ok(()),
                 _ if !drained.is_empty() => {
+                    let waited = self.wait_deleted(&drained);
+                    attempts.push(format!("{waited:.1} s for graceful termination's check"));
                     Err(format!("real servers of weight 0 the kernel shows no connection through: {drained:?}"))
                 }
                 left => Err(format!("{left:?}\n{}", changed_lines(&text))),
@@ -710,14 +718,31 @@ impl SoakLab {
     /// termination deletes them at its next check, so they count as
     /// converged no longer.
     fn without_connections<'a>(&self, draining: &'a [DrainingDest]) -> Vec<&'a DrainingDest> {
-        draining
-            .iter()
-            .filter(|d| {
-                let mut args = vec!["ipvsadm", "-L", "-n"];
-                args.extend(d.service.split_whitespace());
-                real_server_connections(&self.node.ok(&args), &d.real).unwrap_or(0) == 0
-            })
-            .collect()
+        draining.iter().filter(|d| self.connections(d).unwrap_or(0) == 0).collect()
+    }
+
+    /// A real server's connections as `ipvsadm -L -n` of its virtual
+    /// server shows them (None: it is not there).
+    fn connections(&self, d: &DrainingDest) -> Option<u64> {
+        let mut args = vec!["ipvsadm", "-L", "-n"];
+        args.extend(d.service.split_whitespace());
+        real_server_connections(&self.node.ok(&args), &d.real)
+    }
+
+    /// Waits until graceful termination has deleted each of `drained` (or
+    /// it has connections again), polling `ipvsadm -L -n` (one virtual
+    /// server each, cheap), for at most its check interval and a margin: a
+    /// `--dry-run --diff` before that finds them still there and costs
+    /// 15-40 s in the VM. Returns the seconds waited.
+    fn wait_deleted(&self, drained: &[&DrainingDest]) -> f64 {
+        let start = Instant::now();
+        while start.elapsed() < CHECK_INTERVAL + Duration::from_secs(15) {
+            if drained.iter().all(|d| self.connections(d).is_none_or(|n| n > 0)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        start.elapsed().as_secs_f64()
     }
 
     /// Waits until the running daemon has gone quiet (no sync under way

@@ -118,8 +118,7 @@ pub fn unexplained_log_lines<'a>(log: &'a str, explained: &[Explained]) -> Vec<&
 /// first.
 pub fn syncs_in_progress(log: &str) -> Vec<String> {
     let key = |line: &str| -> Option<String> {
-        let field = |name: &str| line.split(&format!(" {name}=")).nth(1)?.split(' ').next();
-        Some(format!("ip_family={} generation={}", field("ip_family")?, field("generation")?))
+        Some(format!("ip_family={} generation={}", log_field(line, "ip_family")?, log_field(line, "generation")?))
     };
     let mut open: Vec<String> = Vec::new();
     for line in log.lines() {
@@ -153,12 +152,28 @@ pub fn finished_syncs(log: &str) -> Vec<FinishedSync> {
     log.lines()
         .filter(|l| l.contains(": sync finished "))
         .filter_map(|l| {
-            let field = |name: &str| l.split(&format!(" {name}=")).nth(1)?.split(' ').next();
             Some(FinishedSync {
-                full: field("full")? == "true",
-                periodic: field("periodic")? == "true",
-                ms: field("ms")?.parse().ok()?,
+                full: log_field(l, "full")? == "true",
+                periodic: log_field(l, "periodic")? == "true",
+                ms: log_field(l, "ms")?.parse().ok()?,
             })
+        })
+        .collect()
+}
+
+/// The value of field `name` in a tracing text line (` name=value`).
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split(&format!(" {name}=")).nth(1)?.split(' ').next()
+}
+
+/// The phases a `--dry-run --diff --v=2` run logged (its `dry-run: …`
+/// debug lines with `ms=`), each as its message and seconds, in order.
+pub fn dry_run_phases(log: &str) -> Vec<(String, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let message = l.split(" dry-run: ").nth(1)?.split(" ms=").next()?;
+            let ms: f64 = log_field(l, "ms")?.parse().ok()?;
+            Some((message.to_string(), ms / 1000.0))
         })
         .collect()
 }
@@ -197,6 +212,18 @@ pub fn histogram_buckets(metrics: &str, name: &str) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dry_runs_phases_are_read_from_its_debug_lines() {
+        let log =
+            "2026-11-28T07:22:06.1Z DEBUG kube_proxy_rs::dry_run: dry-run: listed the API server ms=12345 events=900\n\
+                   2026-11-28T07:22:07.1Z  INFO kube_proxy_rs::x: something else ms=5\n\
+                   2026-11-28T07:22:09.1Z DEBUG kube_proxy_rs::preview: dry-run: read IPVS ms=800 lines=3900\n";
+        assert_eq!(
+            dry_run_phases(log),
+            [("listed the API server".to_string(), 12.345), ("read IPVS".to_string(), 0.8)]
+        );
+    }
 
     #[test]
     fn a_clean_summary_has_no_leftovers_and_a_changed_one_names_them() {
