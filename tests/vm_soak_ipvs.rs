@@ -44,8 +44,8 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         .into_iter()
         .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
         .collect();
-    // A hang guard, not a budget: both labs took 798 s in the VM at host
-    // load 8-18 (other builds); no second boot, a hang would double it.
+    // A hang guard, not a budget: both labs took 808 s in the VM at host
+    // load 11-16 (other builds and VMs); no second boot, a hang would double it.
     let run = VmRun::this_test(TEST, 1200, 0, 1536, &daemon, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));

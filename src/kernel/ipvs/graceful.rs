@@ -417,20 +417,36 @@ mod tests {
         assert!(g.terminating().is_empty());
     }
 
-    /// MemIpvs whose real-server dumps fail while `failing` is set.
-    #[derive(Clone)]
-    struct FailingDests(MemIpvs, Arc<std::sync::atomic::AtomicBool>);
+    /// MemIpvs whose real-server dumps fail while `lost` is set, and whose
+    /// service dumps, while `skewed` counts down, read as a positional dump
+    /// does while a service elsewhere is added or deleted: the first
+    /// service skipped and the last one returned twice.
+    #[derive(Clone, Default)]
+    struct Faulty {
+        mem: MemIpvs,
+        lost: Arc<std::sync::atomic::AtomicBool>,
+        skewed: Arc<std::sync::atomic::AtomicUsize>,
+    }
 
-    impl IpvsBackend for FailingDests {
+    impl IpvsBackend for Faulty {
         fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
-            self.0.apply_raw(ops)
+            self.mem.apply_raw(ops)
         }
         fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
-            self.0.services()
+            let skewed = self.skewed.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
+            let services = self.mem.services();
+            async move {
+                let mut list = services.await?;
+                if skewed {
+                    list.remove(0);
+                    list.extend(list.last().cloned());
+                }
+                Ok(list)
+            }
         }
         fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
-            let lost = self.1.load(std::sync::atomic::Ordering::SeqCst);
-            let dests = self.0.dests(vs);
+            let lost = self.lost.load(SeqCst);
+            let dests = self.mem.dests(vs);
             async move {
                 match lost {
                     true => Err(KernelError::unknown("-L -n", "reply lost")),
@@ -443,50 +459,21 @@ mod tests {
     #[tokio::test]
     async fn a_failed_connection_dump_drains_instead_of_deleting() {
         let (_, mem) = setup(Protocol::Tcp).await;
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let g = GracefulIpvs::new(
-            FailingDests(mem.clone(), failing.clone()),
-            Ownership { family: IpFamily::V4, exclude: vec![] },
-        );
+        let faulty = Faulty { mem: mem.clone(), lost: Arc::new(true.into()), ..Faulty::default() };
+        let failing = faulty.lost.clone();
+        let g = GracefulIpvs::new(faulty, Ownership { family: IpFamily::V4, exclude: vec![] });
         let r = g.apply(vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(1))]).await;
         assert!(r.iter().all(|r| r.is_ok()));
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(0), "kept with weight 0: connections unknown");
         assert!(g.check_terminating().await.is_empty(), "still unknown: kept");
-        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        failing.store(false, SeqCst);
         assert_eq!(g.check_terminating().await.len(), 1, "no connections once it can read them: deleted");
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), None);
     }
 
-    /// MemIpvs whose service dumps, while `skewed` counts down, read as a
-    /// positional dump does while a service elsewhere is added or deleted:
-    /// the first service skipped and the last one returned twice.
-    #[derive(Clone)]
-    struct SkewedDumps(MemIpvs, Arc<std::sync::atomic::AtomicUsize>);
-
-    impl IpvsBackend for SkewedDumps {
-        fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
-            self.0.apply_raw(ops)
-        }
-        fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
-            let skewed = self.1.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
-            let services = self.0.services();
-            async move {
-                let mut list = services.await?;
-                if skewed {
-                    list.remove(0);
-                    list.extend(list.last().cloned());
-                }
-                Ok(list)
-            }
-        }
-        fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
-            self.0.dests(vs)
-        }
-    }
-
-    fn skewed(mem: &MemIpvs, reads: usize) -> GracefulIpvs<SkewedDumps> {
-        let left = Arc::new(std::sync::atomic::AtomicUsize::new(reads));
-        GracefulIpvs::new(SkewedDumps(mem.clone(), left), Ownership { family: IpFamily::V4, exclude: vec![] })
+    fn skewed(mem: &MemIpvs, reads: usize) -> GracefulIpvs<Faulty> {
+        let faulty = Faulty { mem: mem.clone(), skewed: Arc::new(reads.into()), ..Faulty::default() };
+        GracefulIpvs::new(faulty, Ownership { family: IpFamily::V4, exclude: vec![] })
     }
 
     fn two_services() -> Vec<IpvsOp> {
@@ -551,9 +538,8 @@ mod tests {
         let (_, mem) = setup(Protocol::Tcp).await;
         // Every real-server dump fails: a handle that reads only its own
         // family's finds nothing to read in an IPv4 table.
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let v6 =
-            GracefulIpvs::new(FailingDests(mem.clone(), failing), Ownership { family: IpFamily::V6, exclude: vec![] });
+        let faulty = Faulty { mem: mem.clone(), lost: Arc::new(true.into()), ..Faulty::default() };
+        let v6 = GracefulIpvs::new(faulty, Ownership { family: IpFamily::V6, exclude: vec![] });
         let (ops, _) = v6.reconcile(Vec::new()).await.expect("no IPv4 real servers read");
         assert!(ops.is_empty(), "{ops:?}");
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(1), "the other family's left alone");
