@@ -6,6 +6,7 @@
 //! what that sync would change on this node instead ([`crate::preview`]).
 
 use std::path::Path;
+use std::time::Instant;
 
 use crate::actors::source::kube::{self as api, KubeSourceError};
 use crate::actors::source::manifests::ManifestDir;
@@ -56,11 +57,18 @@ pub fn dry_run_from_cluster(
     diff: bool,
 ) -> Result<String, DryRunError> {
     let node_name = cfg.hostname()?;
+    let began = Instant::now();
     let events = runtime()?.block_on(async {
         let client = api::client(api::client_config(&cfg.client_connection, master).await?)?;
         api::list_once(client, &node_name).await
     })?;
+    tracing::debug!(ms = millis(began), events = events.len(), "dry-run: listed the API server");
     output(cfg, &events, diff)
+}
+
+/// Milliseconds since `began`, for the phases' debug lines.
+fn millis(began: Instant) -> u64 {
+    began.elapsed().as_millis() as u64
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, DryRunError> {
@@ -69,13 +77,14 @@ fn runtime() -> Result<tokio::runtime::Runtime, DryRunError> {
 
 /// The plans of `events`, printed, or diffed against the live kernel.
 fn output(cfg: &KubeProxyConfiguration, events: &[SourceEvent], diff: bool) -> Result<String, DryRunError> {
+    let began = Instant::now();
     let plans = for_mode(cfg.proxy_mode(), Plans { cfg, events })?;
+    tracing::debug!(ms = millis(began), "dry-run: planned");
     if diff {
-        return Ok(runtime()?.block_on(crate::preview::diff(
-            cfg.proxy_mode(),
-            cfg.ipvs_switch_drain_timeout(),
-            &plans,
-        )));
+        let began = Instant::now();
+        let text = runtime()?.block_on(crate::preview::diff(cfg.proxy_mode(), cfg.ipvs_switch_drain_timeout(), &plans));
+        tracing::debug!(ms = millis(began), "dry-run: read the kernel and compared");
+        return Ok(text);
     }
     Ok(plans.iter().map(|p| with_heading_suffix(&p.text, &p.suffix)).collect())
 }

@@ -25,7 +25,7 @@ fn daemon_follows_the_api_server_on_a_real_kernel() {
         guest();
         return;
     }
-    VmRun::this_test(TEST, 600, 1, 768, &[]).assert_passed();
+    VmRun::this_test(TEST, 600, 1, 768, &common::bin(), &[]).assert_passed();
 }
 
 fn ipvs() -> String {

@@ -153,14 +153,37 @@ pub fn set_diff<T: Ord + Clone, Op>(
     ops
 }
 
-/// Whether the virtual servers read from the kernel differ from the
-/// AddService ops in `desired` (a missing, extra or changed one). Services
-/// outside `owned` are not compared.
+/// The first virtual server (in key order) where the kernel's differ from
+/// the plan's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VsDrift {
+    /// Planned, not in the kernel.
+    Missing(VsKey, VsSpec),
+    /// In the kernel, ours, not planned.
+    Extra(VsKey, VsSpec),
+    /// In both, with another spec.
+    Changed { vs: VsKey, want: VsSpec, have: VsSpec },
+}
+
+impl fmt::Display for VsDrift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VsDrift::Missing(k, s) => write!(f, "missing: -A {k} {s}"),
+            VsDrift::Extra(k, s) => write!(f, "extra: -A {k} {s}"),
+            VsDrift::Changed { vs, want, have } => write!(f, "changed: -A {vs} {have}, planned {want}"),
+        }
+    }
+}
+
+/// How the virtual servers read from the kernel differ from the
+/// AddService ops in `desired`: the first missing, extra or changed one,
+/// or None. Services outside `owned` are not compared; a service read
+/// twice counts once.
 pub fn ipvs_services_differ(
     desired: &[IpvsOp],
     have: impl IntoIterator<Item = (VsKey, VsSpec)>,
     owned: impl Fn(&VsKey) -> bool,
-) -> bool {
+) -> Option<VsDrift> {
     let want: BTreeMap<&VsKey, &VsSpec> = desired
         .iter()
         .filter_map(|op| match op {
@@ -168,17 +191,19 @@ pub fn ipvs_services_differ(
             _ => None,
         })
         .collect();
-    let mut seen = 0;
-    for (k, s) in have {
-        if !owned(&k) {
-            continue;
+    let have: BTreeMap<VsKey, VsSpec> = have.into_iter().filter(|(k, _)| owned(k)).collect();
+    let mut want = want.into_iter().peekable();
+    for (k, h) in have {
+        if let Some((w, s)) = want.next_if(|(w, _)| **w < k) {
+            return Some(VsDrift::Missing(*w, s.clone()));
         }
-        match want.get(&k) {
-            Some(w) if **w == s => seen += 1,
-            _ => return true,
+        match want.next_if(|(w, _)| **w == k) {
+            Some((_, w)) if *w == h => {}
+            Some((_, w)) => return Some(VsDrift::Changed { vs: k, want: w.clone(), have: h }),
+            None => return Some(VsDrift::Extra(k, h)),
         }
     }
-    seen != want.len()
+    want.next().map(|(k, s)| VsDrift::Missing(*k, s.clone()))
 }
 
 /// Ops that turn the dumped IPVS table into `desired` (AddService/AddDest ops).
@@ -266,6 +291,29 @@ mod tests {
 
     fn state(weight: i32) -> DestState {
         DestState { spec: DestSpec { weight }, active: 0, inactive: 0 }
+    }
+
+    #[test]
+    fn the_services_check_names_the_first_difference_and_reads_a_repeat_once() {
+        let desired: Vec<IpvsOp> = (1..=3).map(|n| IpvsOp::AddService(vs(n), spec("rr"))).collect();
+        let have = |list: &[(u8, &str)]| list.iter().map(|(n, s)| (vs(*n), spec(s))).collect::<Vec<_>>();
+        // A positional dump under a concurrent write can return one twice.
+        assert_eq!(ipvs_services_differ(&desired, have(&[(3, "rr"), (1, "rr"), (2, "rr"), (1, "rr")]), |_| true), None);
+        assert_eq!(
+            ipvs_services_differ(&desired, have(&[(1, "rr"), (3, "rr")]), |_| true),
+            Some(VsDrift::Missing(vs(2), spec("rr")))
+        );
+        assert_eq!(
+            ipvs_services_differ(&desired, have(&[(1, "rr"), (2, "rr"), (3, "rr"), (4, "rr")]), |_| true),
+            Some(VsDrift::Extra(vs(4), spec("rr")))
+        );
+        assert_eq!(
+            ipvs_services_differ(&desired, have(&[(1, "rr"), (2, "rr"), (3, "rr"), (4, "rr")]), |k| *k != vs(4)),
+            None
+        );
+        let changed = ipvs_services_differ(&desired, have(&[(1, "rr"), (2, "sh"), (3, "rr")]), |_| true);
+        assert_eq!(changed, Some(VsDrift::Changed { vs: vs(2), want: spec("rr"), have: spec("sh") }));
+        assert_eq!(changed.map(|d| d.to_string()).as_deref(), Some("changed: -A -t 10.96.0.2:80 -s sh, planned -s rr"));
     }
 
     #[test]

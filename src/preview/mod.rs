@@ -42,6 +42,7 @@ use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
 use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
+use crate::kernel::ipvs::services_agreed;
 use crate::kernel::link::DummyLink;
 use crate::kernel::tool;
 use crate::kernel::LinkKernel;
@@ -280,7 +281,9 @@ async fn ipvs_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bo
     let family = p.settings.family;
     let exclude = &p.settings.ipvs_exclude_cidrs;
     let mut live = Vec::new();
-    match ipvs.services().await {
+    let began = std::time::Instant::now();
+    // Two dumps that agree: a write in any namespace during a dump can make it skip or repeat one.
+    match services_agreed(None, || ipvs.services()).await {
         Ok(services) => {
             for (vs, spec) in services {
                 // Upstream's ownership: the family's servers outside excludeCIDRs
@@ -299,6 +302,7 @@ async fn ipvs_section(heading: String, p: &FamilyPlan, planned: bool, cleans: bo
         }
         Err(e) => return SectionDiff::new(&heading).note(format!("cannot read IPVS: {e}")),
     }
+    tracing::debug!(ms = began.elapsed().as_millis() as u64, lines = live.len(), "dry-run: read IPVS");
     if planned {
         SectionDiff::new(&heading).compare(&owned_lines(section(&p.text, "# ipvs")), &live)
     } else {

@@ -15,7 +15,8 @@
 //!   same API server, a fresh process: a fresh full plan compared with the
 //!   live kernel) says nothing to add or remove, within [`CONVERGE_WAIT`]
 //!   (in IPVS mode, besides real servers of weight 0 that graceful
-//!   termination drains: [`only_draining`]; there the check first waits
+//!   termination drains while the kernel shows them connections:
+//!   [`draining_real_servers`]; there the check first waits
 //!   for the daemon to settle, [`SoakLab::settle`]);
 //! - every probe Service answers (TCP, each of its addresses) from exactly
 //!   the backends its final EndpointSlices make ready.
@@ -31,10 +32,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::bench::soak::check::{
-    diff_leftovers, finished_syncs, only_draining, sync_in_progress, syncs_in_progress, unexplained_log_lines,
-    Explained, RssTrend,
+    diff_leftovers, draining_real_servers, dry_run_phases, finished_syncs, real_server_connections, sync_in_progress,
+    syncs_in_progress, unexplained_log_lines, DrainingDest, Explained, RssTrend,
 };
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
+use kube_proxy_rs::kernel::ipvs::graceful::CHECK_INTERVAL;
 use serde_json::Value;
 
 use super::apiserver::{ApiServer, Kind};
@@ -46,8 +48,9 @@ use super::{bin, Netns};
 /// stops (times [`slowdown`]).
 const CONVERGE_WAIT: Duration = Duration::from_secs(30);
 /// How long the daemon may take to start and finish its first sync (times
-/// [`slowdown`]).
-const START_WAIT: Duration = Duration::from_secs(30);
+/// [`slowdown`]: in the VM two labs' first lists from their test API
+/// servers took 91-112 s at host load 20-30).
+const START_WAIT: Duration = Duration::from_secs(60);
 /// How long the daemon must have finished no sync before the convergence
 /// check reads the kernel.
 const QUIET: Duration = Duration::from_secs(2);
@@ -144,6 +147,13 @@ impl Fault {
         )
     }
 
+    /// Drift the syncPeriod's checks repair in IPVS mode (an ipset's
+    /// member count, kube-ipvs0's addresses): the convergence check waits
+    /// for such a sync first.
+    fn repaired_by_periodic_check(self, mode: Mode) -> bool {
+        matches!((self, mode), (Fault::DeleteElement | Fault::DeleteServiceAddress, Mode::Ipvs))
+    }
+
     /// The WARN/ERROR lines this fault causes, each as the tracing target
     /// and message, and the cause's own words where a message has others.
     fn explains(self, mode: Mode) -> &'static [Explained<'static>] {
@@ -234,6 +244,7 @@ pub struct SoakLab {
     api: ApiServer,
     _serving: std::sync::mpsc::Sender<()>,
     pub cluster: SoakCluster,
+    tag: String,
     mode: Mode,
     /// Every daemon started: its log and RSS samples (s since the run began, KiB).
     instances: Vec<(PathBuf, Vec<(f64, u64)>)>,
@@ -268,6 +279,7 @@ impl SoakLab {
             api,
             _serving: serving,
             cluster,
+            tag: tag.to_string(),
             mode,
             instances: Vec::new(),
             began: Instant::now(),
@@ -366,12 +378,18 @@ impl SoakLab {
             let syncs = daemon::syncs(node)?;
             syncs.iter().any(|s| s.full && s.failed == 0).then_some(()).ok_or(format!("{syncs:?}"))
         });
-        eprintln!(
-            "soak: daemon {} synced {:.1} s after its start",
+        self.say(format_args!(
+            "daemon {} synced {:.1} s after its start",
             self.instances.len(),
             started.elapsed().as_secs_f64()
-        );
+        ));
         self.daemon = Some(d);
+    }
+
+    /// A line of the soak's progress: the lab's tag and the seconds since
+    /// it began (the VM test's summary picks the `soak:` lines).
+    fn say(&self, what: std::fmt::Arguments) {
+        eprintln!("soak: {} {:.1} s: {what}", self.tag, self.began.elapsed().as_secs_f64());
     }
 
     fn pid(&self) -> Option<u32> {
@@ -443,7 +461,7 @@ impl SoakLab {
         for fault in plan.faults.iter().copied().map(Some).chain([None]) {
             self.churn(segment / 2, plan.rate);
             if let Some(f) = fault {
-                eprintln!("soak: {:?} after {} changes ({:.0} s)", f, self.changes, self.began.elapsed().as_secs_f64());
+                self.say(format_args!("{f:?} after {} changes", self.changes));
                 self.inject(f, plan.rate);
             }
             self.churn(segment / 2, plan.rate);
@@ -453,7 +471,7 @@ impl SoakLab {
                 self.daemon.take().expect("a daemon runs").stop();
                 self.start_daemon();
             }
-            self.converge(&format!("after {fault:?}"));
+            self.converge(fault);
         }
         self.assert_rss_flat();
         self.assert_logs_explained();
@@ -534,7 +552,7 @@ impl SoakLab {
                 // Written as fast as the test API server takes them: well within
                 // a second on a quiet machine; a loaded one may take longer,
                 // which is the host's pace, not the daemon's, so it is reported.
-                eprintln!("soak: the burst of 1,000 changes written in {:?}", start.elapsed());
+                self.say(format_args!("the burst of 1,000 changes written in {:?}", start.elapsed()));
             }
         }
     }
@@ -569,10 +587,10 @@ impl SoakLab {
         assert!(status.code().is_none(), "killed by a signal: {status}");
         drop(d);
         let landed = syncs_in_progress(&std::fs::read_to_string(&log_path).unwrap_or_default()).contains(&under_way);
-        eprintln!(
-            "soak: SIGKILL with {under_way} under way: {}",
+        self.say(format_args!(
+            "SIGKILL with {under_way} under way: {}",
             if landed { "in the sync" } else { "it had finished" }
-        );
+        ));
         self.churn(Duration::from_secs(2), rate);
         self.start_daemon();
         landed
@@ -629,11 +647,12 @@ impl SoakLab {
 
     /// The convergence check: `--dry-run --diff` clean and the probes
     /// answering from the right backends, within [`CONVERGE_WAIT`].
-    pub fn converge(&mut self, when: &str) {
+    pub fn converge(&mut self, fault: Option<Fault>) {
+        let when = format!("after {fault:?}");
         let start = Instant::now();
         self.report_syncs();
         if self.mode == Mode::Ipvs {
-            self.settle();
+            self.settle(fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode)));
         }
         let config = self.config_path();
         let mut attempts: Vec<String> = Vec::new();
@@ -642,26 +661,40 @@ impl SoakLab {
                 d.assert_running();
             }
             let began = Instant::now();
-            let out = self.command(&["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff"]).output();
-            let out = out.map_err(|e| e.to_string())?;
+            // --v=2: its phases' debug lines (how long the list, the plan and the kernel read took).
+            let args = ["--config", config.to_str().expect("utf-8"), "--dry-run", "--diff", "--v=2"];
+            let out = self.command(&args).output().map_err(|e| e.to_string())?;
             if !out.status.success() {
                 return Err(format!("--dry-run --diff: {}", String::from_utf8_lossy(&out.stderr)));
             }
+            let phases: Vec<String> = dry_run_phases(&String::from_utf8_lossy(&out.stderr))
+                .into_iter()
+                .map(|(what, s)| format!("{what} {s:.1} s"))
+                .collect();
             let text = String::from_utf8_lossy(&out.stdout);
             let left = diff_leftovers(&text)?;
-            let draining = if left.is_empty() || self.mode != Mode::Ipvs { None } else { only_draining(&text) };
-            let what = match (left.is_empty(), draining) {
+            let draining = if left.is_empty() || self.mode != Mode::Ipvs { None } else { draining_real_servers(&text) };
+            let drained = draining.as_deref().map(|d| self.without_connections(d)).unwrap_or_default();
+            let what = match (left.is_empty(), &draining) {
                 (true, _) => "clean".to_string(),
-                (false, Some(n)) => format!("{n} real servers of weight 0 draining"),
+                (false, Some(d)) if drained.is_empty() => format!("{} real servers of weight 0 draining", d.len()),
+                (false, Some(d)) => {
+                    format!("{} real servers of weight 0, {} without connections", d.len(), drained.len())
+                }
                 (false, None) => left.join("; "),
             };
-            attempts.push(format!("{:.1} s ({what})", began.elapsed().as_secs_f64()));
+            attempts.push(format!("{:.1} s ({what}; {})", began.elapsed().as_secs_f64(), phases.join(", ")));
             match left {
-                left if left.is_empty() || draining.is_some() => Ok(()),
+                left if left.is_empty() || (draining.is_some() && drained.is_empty()) => Ok(()),
+                _ if !drained.is_empty() => {
+                    let waited = self.wait_deleted(&drained);
+                    attempts.push(format!("{waited:.1} s for graceful termination's check"));
+                    Err(format!("real servers of weight 0 the kernel shows no connection through: {drained:?}"))
+                }
                 left => Err(format!("{left:?}\n{}", changed_lines(&text))),
             }
         });
-        eprintln!("soak: --dry-run --diff {when}: {}", attempts.join(", "));
+        self.say(format_args!("--dry-run --diff {when}: {}", attempts.join(", ")));
         let probing = Instant::now();
         for (addrs, want) in self.cluster.probe_expectations() {
             for to in &addrs {
@@ -673,22 +706,54 @@ impl SoakLab {
         }
         self.checks += 1;
         self.report_syncs();
-        eprintln!(
-            "soak: converged {when} in {:.1} s (probes {:.1} s)",
+        self.say(format_args!(
+            "converged {when} in {:.1} s (probes {:.1} s)",
             start.elapsed().as_secs_f64(),
             probing.elapsed().as_secs_f64()
-        );
+        ));
     }
 
-    /// Waits until the running daemon has finished a syncPeriod sync (its
-    /// drift checks) since now and then gone quiet: no sync under way and
-    /// none finished for [`QUIET`]. In IPVS mode a `--dry-run --diff`
-    /// before that would find the repair still to come, and each one costs
-    /// 30-70 s in the VM (a second on the host, where the retries are cheaper
-    /// than waiting for the syncPeriod).
+    /// Of real servers at weight 0, those the kernel shows no connection
+    /// through (`ipvsadm -L -n` of their virtual server): graceful
+    /// termination deletes them at its next check, so they count as
+    /// converged no longer.
+    fn without_connections<'a>(&self, draining: &'a [DrainingDest]) -> Vec<&'a DrainingDest> {
+        draining.iter().filter(|d| self.connections(d).unwrap_or(0) == 0).collect()
+    }
+
+    /// A real server's connections as `ipvsadm -L -n` of its virtual
+    /// server shows them (None: it is not there).
+    fn connections(&self, d: &DrainingDest) -> Option<u64> {
+        let mut args = vec!["ipvsadm", "-L", "-n"];
+        args.extend(d.service.split_whitespace());
+        real_server_connections(&self.node.ok(&args), &d.real)
+    }
+
+    /// Waits until graceful termination has deleted each of `drained` (or
+    /// it has connections again), polling `ipvsadm -L -n` (one virtual
+    /// server each, cheap), for at most its check interval and a margin: a
+    /// `--dry-run --diff` before that finds them still there and costs
+    /// 15-40 s in the VM. Returns the seconds waited.
+    fn wait_deleted(&self, drained: &[&DrainingDest]) -> f64 {
+        let start = Instant::now();
+        while start.elapsed() < CHECK_INTERVAL + Duration::from_secs(15) {
+            if drained.iter().all(|d| self.connections(d).is_none_or(|n| n > 0)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        start.elapsed().as_secs_f64()
+    }
+
+    /// Waits until the running daemon has gone quiet (no sync under way
+    /// and none finished for [`QUIET`]) and, when `periodic`, has finished
+    /// a syncPeriod sync (its drift checks) since now. In IPVS mode a
+    /// `--dry-run --diff` before that would find the repair still to come,
+    /// and each one costs 15-40 s in the VM (a second on the host, where
+    /// the retries are cheaper than waiting).
     /// Gives up after [`CONVERGE_WAIT`] (times [`slowdown`]): the diff
     /// stays the verdict.
-    fn settle(&self) {
+    fn settle(&self, periodic: bool) {
         let Some((log, _)) = self.instances.last() else { return };
         let read = || std::fs::read_to_string(log).unwrap_or_default();
         let start = Instant::now();
@@ -697,16 +762,16 @@ impl SoakLab {
         while start.elapsed() < CONVERGE_WAIT * slowdown() {
             let text = read();
             let syncs = finished_syncs(&text);
-            let checked = syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
+            let checked = !periodic || syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
             if syncs.len() != seen || sync_in_progress(&text).is_some() {
                 (seen, quiet_since) = (syncs.len(), Instant::now());
             } else if checked && quiet_since.elapsed() >= QUIET {
-                eprintln!("soak: the daemon settled in {:.1} s", start.elapsed().as_secs_f64());
+                self.say(format_args!("the daemon settled in {:.1} s", start.elapsed().as_secs_f64()));
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        eprintln!("soak: the daemon did not settle within {:?}", CONVERGE_WAIT * slowdown());
+        self.say(format_args!("the daemon did not settle within {:?}", CONVERGE_WAIT * slowdown()));
     }
 
     /// The running daemon's syncs finished since the last report: how
@@ -718,13 +783,13 @@ impl SoakLab {
         let total: f64 = new.iter().map(|s| s.ms).sum();
         let longest = new.iter().map(|s| s.ms).fold(0.0, f64::max);
         let full = new.iter().filter(|s| s.full).count();
-        eprintln!(
-            "soak: daemon {}: {} syncs ({full} full) in {:.1} s, the longest {:.0} ms",
+        self.say(format_args!(
+            "daemon {}: {} syncs ({full} full) in {:.1} s, the longest {:.0} ms",
             self.instances.len(),
             new.len(),
             total / 1000.0,
             longest
-        );
+        ));
         self.syncs_reported = syncs.len();
     }
 
@@ -734,7 +799,7 @@ impl SoakLab {
         let rebased: Vec<(f64, u64)> = samples.iter().map(|(t, k)| (t - start, *k)).collect();
         let trend = RssTrend::of(&rebased, RSS_WARMUP)
             .unwrap_or_else(|| panic!("too few RSS samples of {}: {}", log.display(), samples.len()));
-        eprintln!("soak: RSS {trend:?}");
+        self.say(format_args!("RSS {trend:?}"));
         assert!(trend.is_flat(RSS_MARGIN, RSS_SLACK_KIB), "RSS grew: {trend:?} {rebased:?}");
     }
 
@@ -752,7 +817,7 @@ impl SoakLab {
             for parts in &explained {
                 let n = all.iter().filter(|l| parts.iter().all(|p| l.contains(p))).count();
                 if n > 0 {
-                    eprintln!("soak: {}: {n} × {parts:?}", path.display());
+                    self.say(format_args!("{}: {n} × {parts:?}", path.display()));
                 }
             }
         }
@@ -763,12 +828,7 @@ impl SoakLab {
         if let Some(d) = self.daemon.take() {
             d.stop();
         }
-        eprintln!(
-            "soak: {} changes, {} checks, {:.0} s",
-            self.changes,
-            self.checks,
-            self.began.elapsed().as_secs_f64()
-        );
+        self.say(format_args!("{} changes, {} checks", self.changes, self.checks));
     }
 }
 

@@ -13,16 +13,52 @@ pub fn diff_leftovers(preview: &str) -> Result<Vec<String>, String> {
     Ok(lines.into_iter().filter(|l| !l.contains(": 0 to add, 0 to remove,")).map(String::from).collect())
 }
 
+/// A real server a `--dry-run --diff` preview removes at weight 0: its
+/// virtual server as `ipvsadm` names one (`-t 10.96.0.5:80`) and its
+/// address (`10.244.1.2:8080`, `[fd00::2]:8080`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainingDest {
+    pub service: String,
+    pub real: String,
+}
+
 /// The real servers a `--dry-run --diff` preview removes when that is all
-/// it changes and each has weight 0: graceful termination draining them
-/// (as upstream, a removed TCP real server with connections keeps weight 0
-/// until they end, TIME_WAIT ones after two minutes; the daemon then
-/// deletes it). A fresh plan lacks them, and they take no new
-/// connections. `None` when the preview changes anything else.
-pub fn only_draining(preview: &str) -> Option<usize> {
+/// it changes and each has weight 0: what graceful termination keeps while
+/// they have connections (as upstream, a removed TCP real server keeps
+/// weight 0 until its connections end, TIME_WAIT ones after two minutes;
+/// the daemon then deletes it). A fresh plan lacks them, and they take no
+/// new connections. They count as converged only while the kernel shows
+/// them connections ([`real_server_connections`]). `None` when the
+/// preview changes anything else.
+pub fn draining_real_servers(preview: &str) -> Option<Vec<DrainingDest>> {
     let changed: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).collect();
-    let draining = |l: &&str| l.starts_with("--a ") && l.ends_with(" -w 0");
-    (!changed.is_empty() && changed.iter().all(draining)).then_some(changed.len())
+    let draining = |l: &str| -> Option<DrainingDest> {
+        // --a -t VIP:PORT -r RIP:PORT -m -w 0
+        let words: Vec<&str> = l.strip_prefix("--a ")?.strip_suffix(" -w 0")?.split_whitespace().collect();
+        match words.as_slice() {
+            [flag, vs, "-r", real, ..] => {
+                Some(DrainingDest { service: format!("{flag} {vs}"), real: real.to_string() })
+            }
+            _ => None,
+        }
+    };
+    let dests: Option<Vec<DrainingDest>> = changed.iter().map(|l| draining(l)).collect();
+    dests.filter(|d| !d.is_empty())
+}
+
+/// A real server's connections, active and inactive, in `ipvsadm -L -n`
+/// output (`  -> 10.244.1.2:8080  Masq  0  1  2`); `None` when the listing
+/// has no such real server.
+pub fn real_server_connections(listing: &str, real: &str) -> Option<u64> {
+    listing.lines().find_map(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        match words.as_slice() {
+            ["->", addr, _forward, _weight, active, inactive, ..] if *addr == real => {
+                Some(active.parse::<u64>().ok()? + inactive.parse::<u64>().ok()?)
+            }
+            _ => None,
+        }
+    })
 }
 
 /// RSS samples (seconds since start, KiB) reduced to what "flat" means:
@@ -82,8 +118,7 @@ pub fn unexplained_log_lines<'a>(log: &'a str, explained: &[Explained]) -> Vec<&
 /// first.
 pub fn syncs_in_progress(log: &str) -> Vec<String> {
     let key = |line: &str| -> Option<String> {
-        let field = |name: &str| line.split(&format!(" {name}=")).nth(1)?.split(' ').next();
-        Some(format!("ip_family={} generation={}", field("ip_family")?, field("generation")?))
+        Some(format!("ip_family={} generation={}", log_field(line, "ip_family")?, log_field(line, "generation")?))
     };
     let mut open: Vec<String> = Vec::new();
     for line in log.lines() {
@@ -117,12 +152,28 @@ pub fn finished_syncs(log: &str) -> Vec<FinishedSync> {
     log.lines()
         .filter(|l| l.contains(": sync finished "))
         .filter_map(|l| {
-            let field = |name: &str| l.split(&format!(" {name}=")).nth(1)?.split(' ').next();
             Some(FinishedSync {
-                full: field("full")? == "true",
-                periodic: field("periodic")? == "true",
-                ms: field("ms")?.parse().ok()?,
+                full: log_field(l, "full")? == "true",
+                periodic: log_field(l, "periodic")? == "true",
+                ms: log_field(l, "ms")?.parse().ok()?,
             })
+        })
+        .collect()
+}
+
+/// The value of field `name` in a tracing text line (` name=value`).
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split(&format!(" {name}=")).nth(1)?.split(' ').next()
+}
+
+/// The phases a `--dry-run --diff --v=2` run logged (its `dry-run: …`
+/// debug lines with `ms=`), each as its message and seconds, in order.
+pub fn dry_run_phases(log: &str) -> Vec<(String, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let message = l.split(" dry-run: ").nth(1)?.split(" ms=").next()?;
+            let ms: f64 = log_field(l, "ms")?.parse().ok()?;
+            Some((message.to_string(), ms / 1000.0))
         })
         .collect()
 }
@@ -163,6 +214,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_dry_runs_phases_are_read_from_its_debug_lines() {
+        let log =
+            "2026-11-28T07:22:06.1Z DEBUG kube_proxy_rs::dry_run: dry-run: listed the API server ms=12345 events=900\n\
+                   2026-11-28T07:22:07.1Z  INFO kube_proxy_rs::x: something else ms=5\n\
+                   2026-11-28T07:22:09.1Z DEBUG kube_proxy_rs::preview: dry-run: read IPVS ms=800 lines=3900\n";
+        assert_eq!(
+            dry_run_phases(log),
+            [("listed the API server".to_string(), 12.345), ("read IPVS".to_string(), 0.8)]
+        );
+    }
+
+    #[test]
     fn a_clean_summary_has_no_leftovers_and_a_changed_one_names_them() {
         let clean =
             "# iptables\n+x\n# summary\nnat: 0 to add, 0 to remove, 10 kept\nfilter: 0 to add, 0 to remove, 3 kept\n";
@@ -176,15 +239,42 @@ mod tests {
     #[test]
     fn only_weight_0_real_servers_removed_is_draining() {
         let draining = "# ipvs\n--a -t 10.96.0.5:80 -r 10.244.1.2:8080 -m -w 0\n\
-                        --a -t 10.96.0.6:80 -r 10.244.1.3:8080 -m -w 0\n# ipset\n\
+                        --a --sctp-service [fd00::6]:80 -r [fd00:244::3]:8080 -m -w 0\n# ipset\n\
                         # summary\nipvs: 0 to add, 2 to remove, 900 kept\nipset: 0 to add, 0 to remove, 5 kept\n";
-        assert_eq!(only_draining(draining), Some(2));
-        let weighted = draining.replace("8080 -m -w 0\n--a -t 10.96.0.6", "8080 -m -w 1\n--a -t 10.96.0.6");
-        assert_eq!(only_draining(&weighted), None, "a real server with weight is not draining");
+        let dest = |service: &str, real: &str| DrainingDest { service: service.into(), real: real.into() };
+        assert_eq!(
+            draining_real_servers(draining),
+            Some(vec![
+                dest("-t 10.96.0.5:80", "10.244.1.2:8080"),
+                dest("--sctp-service [fd00::6]:80", "[fd00:244::3]:8080")
+            ])
+        );
+        let weighted = draining.replace("8080 -m -w 0\n--a", "8080 -m -w 1\n--a");
+        assert_eq!(draining_real_servers(&weighted), None, "a real server with weight is not draining");
         let added = format!("{draining}+-a -t 10.96.0.5:80 -r 10.244.1.2:8080 -m -w 1\n");
-        assert_eq!(only_draining(&added), None, "a real server to add");
-        assert_eq!(only_draining("# ipset\n-add KUBE-CLUSTER-IP 10.96.0.1,tcp:80 -w 0\n"), None);
-        assert_eq!(only_draining("# summary\nipvs: 0 to add, 0 to remove, 9 kept\n"), None, "nothing changed");
+        assert_eq!(draining_real_servers(&added), None, "a real server to add");
+        assert_eq!(draining_real_servers("# ipset\n-add KUBE-CLUSTER-IP 10.96.0.1,tcp:80 -w 0\n"), None);
+        let nothing = "# summary\nipvs: 0 to add, 0 to remove, 9 kept\n";
+        assert_eq!(draining_real_servers(nothing), None, "nothing changed");
+    }
+
+    #[test]
+    fn a_real_servers_connections_are_read_from_ipvsadm_list() {
+        let listing = "IP Virtual Server version 1.2.1 (size=4096)\n\
+                       Prot LocalAddress:Port Scheduler Flags\n\
+                       \x20 -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n\
+                       TCP  10.96.0.5:80 rr\n\
+                       \x20 -> 10.244.1.2:8080              Masq    0      0          3\n\
+                       \x20 -> 10.244.1.3:8080              Masq    1      2          1\n\
+                       \x20 -> 10.244.1.4:8080              Masq    0      0          0\n\
+                       TCP  [fd00::5]:80 rr\n\
+                       \x20 -> [fd00:244::2]:8080           Masq    0      1          0\n";
+        assert_eq!(real_server_connections(listing, "10.244.1.2:8080"), Some(3));
+        assert_eq!(real_server_connections(listing, "10.244.1.3:8080"), Some(3));
+        assert_eq!(real_server_connections(listing, "10.244.1.4:8080"), Some(0), "drained: the daemon deletes it");
+        assert_eq!(real_server_connections(listing, "[fd00:244::2]:8080"), Some(1));
+        assert_eq!(real_server_connections(listing, "10.244.1.9:8080"), None);
+        assert_eq!(real_server_connections(listing, "RemoteAddress:Port"), None, "the header");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::services_agreed;
 use crate::kernel::{
     ipvs_diff, ipvs_services_differ, Applied, Checked, DestState, IpvsKernel, IpvsTable, KResult, KernelError,
     Subsystem,
@@ -169,7 +170,7 @@ impl<B: IpvsBackend> GracefulIpvs<B> {
     /// proxier reads them).
     async fn dump_table(&self) -> KResult<IpvsTable> {
         let mut table = IpvsTable::default();
-        for (vs, spec) in self.backend.services().await? {
+        for (vs, spec) in self.services_agreed(None).await? {
             if self.owned.owns(&vs) {
                 for (d, st) in self.backend.dests(vs).await? {
                     table.dests.insert((vs, d), st);
@@ -178,6 +179,11 @@ impl<B: IpvsBackend> GracefulIpvs<B> {
             table.services.insert(vs, spec);
         }
         Ok(table)
+    }
+
+    /// The virtual servers as two dumps in a row saw them ([`services_agreed`]).
+    async fn services_agreed(&self, first: Option<Vec<(VsKey, VsSpec)>>) -> KResult<Vec<(VsKey, VsSpec)>> {
+        services_agreed(first, || self.backend.services()).await
     }
 
     /// Deletes terminating real servers whose connections are gone.
@@ -233,14 +239,23 @@ impl<B: IpvsBackend> Subsystem for GracefulIpvs<B> {
     }
 
     /// The virtual servers only (one dump; no real servers read): drift
-    /// when one is missing, extra or changed.
+    /// when one is missing, extra or changed in dumps that agree (a dump
+    /// that differs is read again: a write anywhere during a dump can make
+    /// it skip or repeat one).
     fn verify(&self, desired: Vec<IpvsOp>) -> impl Future<Output = KResult<Checked<IpvsOp>>> + 'static {
         let me = self.clone();
         async move {
-            let have = me.backend.services().await?;
-            let owned = me.owned.clone();
-            let drift = ipvs_services_differ(&desired, have, |vs| owned.owns(vs));
-            Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
+            let owns = |vs: &VsKey| me.owned.owns(vs);
+            let first = me.backend.services().await?;
+            let mut drift = ipvs_services_differ(&desired, first.iter().cloned(), owns);
+            if drift.is_some() {
+                let have = me.services_agreed(Some(first)).await?;
+                drift = ipvs_services_differ(&desired, have, owns);
+            }
+            if let Some(what) = &drift {
+                tracing::info!(actor = "ipvs", family = ?me.owned.family, drift = %what, "the virtual servers differ from the plan");
+            }
+            Ok(Checked { applied: Vec::new(), results: Vec::new(), drift: drift.is_some() })
         }
     }
 
@@ -326,6 +341,7 @@ fn kernel_error(op: impl std::fmt::Display, e: &super::netlink::IpvsError) -> Ke
 mod tests {
     use super::*;
     use crate::kernel::mem::{Journal, MemIpvs};
+    use std::sync::atomic::Ordering::SeqCst;
 
     fn vs(p: Protocol) -> VsKey {
         VsKey { addr: "10.96.0.1".parse().unwrap(), protocol: p, port: 80 }
@@ -401,20 +417,36 @@ mod tests {
         assert!(g.terminating().is_empty());
     }
 
-    /// MemIpvs whose real-server dumps fail while `failing` is set.
-    #[derive(Clone)]
-    struct FailingDests(MemIpvs, Arc<std::sync::atomic::AtomicBool>);
+    /// MemIpvs whose real-server dumps fail while `lost` is set, and whose
+    /// service dumps, while `skewed` counts down, read as a positional dump
+    /// does while a service elsewhere is added or deleted: the first
+    /// service skipped and the last one returned twice.
+    #[derive(Clone, Default)]
+    struct Faulty {
+        mem: MemIpvs,
+        lost: Arc<std::sync::atomic::AtomicBool>,
+        skewed: Arc<std::sync::atomic::AtomicUsize>,
+    }
 
-    impl IpvsBackend for FailingDests {
+    impl IpvsBackend for Faulty {
         fn apply_raw(&self, ops: Vec<IpvsOp>) -> impl Future<Output = Vec<KResult<()>>> + 'static {
-            self.0.apply_raw(ops)
+            self.mem.apply_raw(ops)
         }
         fn services(&self) -> impl Future<Output = KResult<Vec<(VsKey, VsSpec)>>> + 'static {
-            self.0.services()
+            let skewed = self.skewed.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
+            let services = self.mem.services();
+            async move {
+                let mut list = services.await?;
+                if skewed {
+                    list.remove(0);
+                    list.extend(list.last().cloned());
+                }
+                Ok(list)
+            }
         }
         fn dests(&self, vs: VsKey) -> impl Future<Output = KResult<Vec<(DestKey, DestState)>>> + 'static {
-            let lost = self.1.load(std::sync::atomic::Ordering::SeqCst);
-            let dests = self.0.dests(vs);
+            let lost = self.lost.load(SeqCst);
+            let dests = self.mem.dests(vs);
             async move {
                 match lost {
                     true => Err(KernelError::unknown("-L -n", "reply lost")),
@@ -427,18 +459,56 @@ mod tests {
     #[tokio::test]
     async fn a_failed_connection_dump_drains_instead_of_deleting() {
         let (_, mem) = setup(Protocol::Tcp).await;
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let g = GracefulIpvs::new(
-            FailingDests(mem.clone(), failing.clone()),
-            Ownership { family: IpFamily::V4, exclude: vec![] },
-        );
+        let faulty = Faulty { mem: mem.clone(), lost: Arc::new(true.into()), ..Faulty::default() };
+        let failing = faulty.lost.clone();
+        let g = GracefulIpvs::new(faulty, Ownership { family: IpFamily::V4, exclude: vec![] });
         let r = g.apply(vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(1))]).await;
         assert!(r.iter().all(|r| r.is_ok()));
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(0), "kept with weight 0: connections unknown");
         assert!(g.check_terminating().await.is_empty(), "still unknown: kept");
-        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        failing.store(false, SeqCst);
         assert_eq!(g.check_terminating().await.len(), 1, "no connections once it can read them: deleted");
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), None);
+    }
+
+    fn skewed(mem: &MemIpvs, reads: usize) -> GracefulIpvs<Faulty> {
+        let faulty = Faulty { mem: mem.clone(), skewed: Arc::new(reads.into()), ..Faulty::default() };
+        GracefulIpvs::new(faulty, Ownership { family: IpFamily::V4, exclude: vec![] })
+    }
+
+    fn two_services() -> Vec<IpvsOp> {
+        let other = VsKey { port: 81, ..vs(Protocol::Tcp) };
+        vec![
+            IpvsOp::AddService(vs(Protocol::Tcp), spec()),
+            IpvsOp::AddDest(vs(Protocol::Tcp), dest(1), DestSpec::default()),
+            IpvsOp::AddService(other, spec()),
+        ]
+    }
+
+    #[tokio::test]
+    async fn the_check_reads_a_skewed_service_dump_again_before_calling_it_drift() {
+        let mem = MemIpvs::new(&Journal::default());
+        let desired = two_services();
+        assert!(skewed(&mem, 0).apply(desired.clone()).await.iter().all(|r| r.is_ok()));
+        let checked = skewed(&mem, 1).verify(desired.clone()).await.expect("read");
+        assert!(!checked.drift, "one skewed dump is no drift");
+        // Two skewed dumps that agree, and drift that stays, are drift.
+        assert!(skewed(&mem, 2).verify(desired.clone()).await.expect("read").drift);
+        mem.table.lock().unwrap().services.remove(&vs(Protocol::Tcp));
+        assert!(skewed(&mem, 0).verify(desired).await.expect("read").drift);
+    }
+
+    #[tokio::test]
+    async fn a_full_resync_reads_the_services_until_two_dumps_agree() {
+        let mem = MemIpvs::new(&Journal::default());
+        let mut desired = two_services();
+        let g = skewed(&mem, 0);
+        g.apply(desired.clone()).await;
+        g.apply(vec![IpvsOp::AddDest(vs(Protocol::Tcp), dest(2), DestSpec::default())]).await;
+        // The first dump skips the service whose extra real server is to go.
+        desired.sort();
+        let (ops, _) = skewed(&mem, 1).reconcile(desired).await.expect("read");
+        assert_eq!(ops, vec![IpvsOp::DelDest(vs(Protocol::Tcp), dest(2))]);
     }
 
     #[tokio::test]
@@ -468,9 +538,8 @@ mod tests {
         let (_, mem) = setup(Protocol::Tcp).await;
         // Every real-server dump fails: a handle that reads only its own
         // family's finds nothing to read in an IPv4 table.
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let v6 =
-            GracefulIpvs::new(FailingDests(mem.clone(), failing), Ownership { family: IpFamily::V6, exclude: vec![] });
+        let faulty = Faulty { mem: mem.clone(), lost: Arc::new(true.into()), ..Faulty::default() };
+        let v6 = GracefulIpvs::new(faulty, Ownership { family: IpFamily::V6, exclude: vec![] });
         let (ops, _) = v6.reconcile(Vec::new()).await.expect("no IPv4 real servers read");
         assert!(ops.is_empty(), "{ops:?}");
         assert_eq!(weight(&mem, Protocol::Tcp, dest(1)), Some(1), "the other family's left alone");

@@ -162,7 +162,7 @@ impl Subsystem for MemIpvs {
         let me = self.clone();
         async move {
             let have = me.snapshot().services;
-            let drift = ipvs_services_differ(&desired, have, |_| true);
+            let drift = ipvs_services_differ(&desired, have, |_| true).is_some();
             Ok(Checked { applied: Vec::new(), results: Vec::new(), drift })
         }
     }
