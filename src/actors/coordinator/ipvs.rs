@@ -102,7 +102,7 @@ impl IpvsDataplane {
     fn plan_full(&mut self, model: &Model, generation: u64, addrs: Vec<LocalAddr>) -> Stage {
         let ctx = plan_context(&self.settings, model.node(), &addrs);
         self.last_addrs = addrs;
-        self.planner.replan_all(model, ctx);
+        self.planner.replan_for_full_sync(model, ctx);
         self.needs_full.clear();
         self.waiting.all_in_flight();
         let mut stage = Stage::full(generation, self.planner.desired());

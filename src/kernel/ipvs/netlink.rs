@@ -277,27 +277,27 @@ impl NetlinkIpvs {
     /// and other L4 protocols are left out).
     pub async fn services(&self) -> Result<Vec<(VsKey, VsSpec)>, IpvsError> {
         let request = Request::DumpServices;
-        let mut out = Vec::new();
-        for msg in self.dump(&codec::dump_services(), &request).await? {
-            match codec::parse_service(&msg) {
-                Ok(Some(entry)) => out.push(entry),
-                Ok(None) => debug!(?msg, "ipvs: skipping a service kube-proxy does not manage"),
-                Err(source) => return Err(IpvsError::Reply { request, source }),
+        self.dump(&codec::dump_services(), &request, |msg| match codec::parse_service(&msg) {
+            Ok(Some(entry)) => Ok(Some(entry)),
+            Ok(None) => {
+                debug!(?msg, "ipvs: skipping a service kube-proxy does not manage");
+                Ok(None)
             }
-        }
-        Ok(out)
+            Err(source) => Err(IpvsError::Reply { request: request.clone(), source }),
+        })
+        .await
     }
 
     /// The destinations of `vs` with their active and inactive connection
     /// counts; empty if the service does not exist.
     pub async fn dests(&self, vs: &VsKey) -> Result<Vec<DestEntry>, IpvsError> {
         let request = Request::DumpDests(*vs);
-        let replies = self.dump(&codec::dump_dests(vs), &request).await?;
-        replies
-            .iter()
-            .map(|msg| codec::parse_dest(msg, vs))
-            .collect::<Result<_, _>>()
-            .map_err(|source| IpvsError::Reply { request, source })
+        self.dump(&codec::dump_dests(vs), &request, |msg| {
+            codec::parse_dest(&msg, vs)
+                .map(Some)
+                .map_err(|source| IpvsError::Reply { request: request.clone(), source })
+        })
+        .await
     }
 
     /// `ipvsadm --set`: connection timeouts in seconds; 0 leaves one as is.
@@ -366,11 +366,26 @@ impl NetlinkIpvs {
         }
     }
 
-    /// Runs a dump and parses its entries.
-    async fn dump(&self, msg: &IpvsMessage, request: &Request) -> Result<Vec<IpvsMessage>, IpvsError> {
+    /// Runs a dump and turns each entry into what `entry` makes of it
+    /// (`None`: left out) as soon as it is parsed: a parsed entry's
+    /// attributes are dropped before the next is parsed (the parsed
+    /// messages of a whole dump of 15,000 virtual servers held at once
+    /// were ≈ 16 MB).
+    async fn dump<T>(
+        &self,
+        msg: &IpvsMessage,
+        request: &Request,
+        mut entry: impl FnMut(IpvsMessage) -> Result<Option<T>, IpvsError>,
+    ) -> Result<Vec<T>, IpvsError> {
         let family = self.family_id().await?;
         let replies = self.exchange(ipvs_request(family, msg), request).await?;
-        replies.into_iter().filter_map(|reply| dump_entry(reply, request).transpose()).collect()
+        let mut out = Vec::new();
+        for reply in replies {
+            if let Some(msg) = dump_entry(reply, request)? {
+                out.extend(entry(msg)?);
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -46,6 +46,21 @@ impl IpvsDeltas {
     pub fn len(&self) -> usize {
         self.ipvs.len() + self.sets.values().map(Vec::len).sum::<usize>() + self.link.len()
     }
+
+    /// Each actor's ops in order, without spare room.
+    fn sorted(mut self) -> IpvsDeltas {
+        // Equal ops are identical: an unstable sort needs no scratch buffer.
+        // A large sync's deltas live until every actor has applied them.
+        self.ipvs.sort_unstable();
+        self.ipvs.shrink_to_fit();
+        for ops in self.sets.values_mut() {
+            ops.sort_unstable();
+            ops.shrink_to_fit();
+        }
+        self.link.sort_unstable();
+        self.link.shrink_to_fit();
+        self
+    }
 }
 
 /// The complete desired IPVS-mode state (for full resyncs and --dry-run).
@@ -151,19 +166,21 @@ impl IpvsPlanner {
 
     /// Replans `ports` against the model and returns the deltas.
     pub fn update<'a>(&mut self, model: &Model, ports: impl IntoIterator<Item = &'a ServicePortName>) -> IpvsDeltas {
-        self.plan(model, ports, None)
+        let mut d = IpvsDeltas::default();
+        self.plan(model, ports, None, Some(&mut d));
+        d.sorted()
     }
 
     /// Replans `ports`; their previous plans were made with `old_ctx`, or
-    /// with the current context if `None`.
+    /// with the current context if `None`. The deltas go to `d` when given.
     fn plan<'a>(
         &mut self,
         model: &Model,
         ports: impl IntoIterator<Item = &'a ServicePortName>,
         old_ctx: Option<&PlanContext>,
-    ) -> IpvsDeltas {
+        mut d: Option<&mut IpvsDeltas>,
+    ) {
         let same_ctx = old_ctx.is_none_or(|c| *c == self.ctx);
-        let mut d = IpvsDeltas::default();
         for spn in ports {
             let sp = model.service_port(spn);
             let endpoints = model.endpoint_list(spn);
@@ -176,29 +193,33 @@ impl IpvsPlanner {
             if !unchanged {
                 let old = old.map(|p| p.contribution(old_ctx.unwrap_or(&self.ctx))).unwrap_or_default();
                 let new = sp.map(|sp| service::contribution(&self.ctx, sp, model.endpoints(spn))).unwrap_or_default();
-                self.replace(owner, &old, &new, &mut d);
+                self.replace(owner, &old, &new, d.as_deref_mut());
             }
             if let Some(sp) = sp {
                 self.planned.insert(Planned { owner, port: sp.clone(), endpoints: endpoints.cloned() });
             }
         }
-        // Equal ops are identical: an unstable sort needs no scratch buffer.
-        // A full sync's deltas are large and live until every actor has
-        // applied them: no spare room.
-        d.ipvs.sort_unstable();
-        d.ipvs.shrink_to_fit();
-        for ops in d.sets.values_mut() {
-            ops.sort_unstable();
-            ops.shrink_to_fit();
-        }
-        d.link.sort_unstable();
-        d.link.shrink_to_fit();
-        d
     }
 
     /// Replans every service port with a new context (config or node
     /// addresses changed, or a full resync).
     pub fn replan_all(&mut self, model: &Model, ctx: PlanContext) -> IpvsDeltas {
+        let mut d = IpvsDeltas::default();
+        self.replan_every_port(model, ctx, Some(&mut d));
+        d.sorted()
+    }
+
+    /// [`IpvsPlanner::replan_all`] for a full resync, which sends
+    /// [`IpvsPlanner::desired`] instead of deltas: the same plan, no deltas
+    /// collected (at 10,000 services they are ≈ 110,000 ops, a few MB held
+    /// at the sync's peak only to be dropped).
+    pub fn replan_for_full_sync(&mut self, model: &Model, ctx: PlanContext) {
+        self.replan_every_port(model, ctx, None);
+    }
+
+    /// Replans every service port the model has or the planner had, in
+    /// name order, with `ctx`; the deltas go to `d` when given.
+    fn replan_every_port(&mut self, model: &Model, ctx: PlanContext, d: Option<&mut IpvsDeltas>) {
         let old_ctx = std::mem::replace(&mut self.ctx, ctx);
         let gone: Vec<ServicePortName> = self
             .planned
@@ -208,23 +229,28 @@ impl IpvsPlanner {
             .collect();
         let mut ports: Vec<&ServicePortName> = model.service_ports().map(|sp| &sp.name).chain(&gone).collect();
         ports.sort();
-        self.plan(model, ports, Some(&old_ctx))
+        self.plan(model, ports, Some(&old_ctx), d);
     }
 
-    fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, d: &mut IpvsDeltas) {
+    /// Moves `owner`'s claims from `old` to `new`; the ops for what moved go to `d` when given.
+    fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, mut d: Option<&mut IpvsDeltas>) {
         for (k, m) in self.services.replace(owner, &old.services, &new.services) {
-            d.ipvs.push(match m {
-                Moved::Added(s) => IpvsOp::AddService(k, s),
-                Moved::Changed(s) => IpvsOp::EditService(k, s),
-                Moved::Removed => IpvsOp::DelService(k),
-            });
+            if let Some(d) = d.as_deref_mut() {
+                d.ipvs.push(match m {
+                    Moved::Added(s) => IpvsOp::AddService(k, s),
+                    Moved::Changed(s) => IpvsOp::EditService(k, s),
+                    Moved::Removed => IpvsOp::DelService(k),
+                });
+            }
         }
         for ((vs, dest), m) in self.dests.replace(owner, &old.dests, &new.dests) {
-            d.ipvs.push(match m {
-                Moved::Added(s) => IpvsOp::AddDest(vs, dest, s),
-                Moved::Changed(s) => IpvsOp::EditDest(vs, dest, s),
-                Moved::Removed => IpvsOp::DelDest(vs, dest),
-            });
+            if let Some(d) = d.as_deref_mut() {
+                d.ipvs.push(match m {
+                    Moved::Added(s) => IpvsOp::AddDest(vs, dest, s),
+                    Moved::Changed(s) => IpvsOp::EditDest(vs, dest, s),
+                    Moved::Removed => IpvsOp::DelDest(vs, dest),
+                });
+            }
         }
         for ((set, entry), m) in self.entries.replace(owner, &old.entries, &new.entries) {
             let size = self.set_sizes.entry(set).or_default();
@@ -238,14 +264,18 @@ impl IpvsPlanner {
                     IpsetOp::Del(entry)
                 }
             };
-            d.sets.entry(set).or_default().push(op);
+            if let Some(d) = d.as_deref_mut() {
+                d.sets.entry(set).or_default().push(op);
+            }
         }
         self.no_node_access.replace(owner, &old.lb_no_node_access, &new.lb_no_node_access);
         for (addr, m) in self.addresses.replace(owner, &old.addresses, &new.addresses) {
-            d.link.push(match m {
-                Moved::Added(()) | Moved::Changed(()) => LinkOp::Bind(addr),
-                Moved::Removed => LinkOp::Unbind(addr),
-            });
+            if let Some(d) = d.as_deref_mut() {
+                d.link.push(match m {
+                    Moved::Added(()) | Moved::Changed(()) => LinkOp::Bind(addr),
+                    Moved::Removed => LinkOp::Unbind(addr),
+                });
+            }
         }
     }
 

@@ -430,3 +430,30 @@ fn a_scheduler_annotation_change_edits_the_virtual_server_and_keeps_its_real_ser
     let ch = m.apply();
     assert!(p.update(&m, &ch.ports).is_empty());
 }
+
+#[test]
+fn a_full_resyncs_replan_leaves_the_plan_replan_all_leaves() {
+    let mut m = model_with(
+        [web(), vec![applied_service(service("ns", "np", "10.96.0.30", &[("http", "TCP", 80, 30080)]))]].concat(),
+    );
+    let mut moved_ctx = ctx();
+    moved_ctx.node_port_ips = vec![ip("192.168.50.3")];
+    let (mut with_deltas, mut without) = (IpvsPlanner::new(ctx()), IpvsPlanner::new(ctx()));
+    // A first sync, then a full resync on new node addresses.
+    with_deltas.replan_all(&m, ctx());
+    without.replan_for_full_sync(&m, ctx());
+    assert_eq!(without.desired(), with_deltas.desired());
+    with_deltas.replan_all(&m, moved_ctx.clone());
+    without.replan_for_full_sync(&m, moved_ctx);
+    assert_eq!(without.desired(), with_deltas.desired());
+    assert!(without.desired().ipvs.iter().any(|o| o.to_string() == "-A -t 192.168.50.3:30080 -s rr"));
+    for set in IpvsSet::ALL {
+        assert_eq!(without.set_has_members(set), with_deltas.set_has_members(set), "{set:?}");
+    }
+    assert!(without.set_has_members(IpvsSet::NodePortTcp));
+    // The next change plans from there alike.
+    m.record(&deleted_service(service("ns", "np", "10.96.0.30", &[("http", "TCP", 80, 30080)]))).unwrap();
+    let ch = m.apply();
+    assert_eq!(lines(&without.update(&m, &ch.ports)), lines(&with_deltas.update(&m, &ch.ports)));
+    assert!(!without.set_has_members(IpvsSet::NodePortTcp));
+}
