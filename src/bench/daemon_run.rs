@@ -73,6 +73,9 @@ pub struct Options {
     /// Also load the same rules with the tool alone (`nft -f` of
     /// upstream's text at 10,000 services takes minutes).
     pub tool: bool,
+    /// Copy the daemon's log here once it has stopped (the work directory
+    /// is reused by the next run).
+    pub keep_log: Option<PathBuf>,
 }
 
 /// How the manifest files hold the cluster's objects.
@@ -291,10 +294,17 @@ impl FirstSyncs {
 struct Running {
     child: Child,
     log: PathBuf,
+    /// Where the log is copied once the daemon has stopped.
+    keep: Option<PathBuf>,
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
+impl Running {
+    /// The log's path to name in an error: where it is kept, if it is.
+    fn log_path(&self) -> &Path {
+        self.keep.as_deref().unwrap_or(&self.log)
+    }
+
+    fn stop(&mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -305,6 +315,17 @@ impl Drop for Running {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(keep) = &self.keep {
+            if let Err(e) = std::fs::copy(&self.log, keep) {
+                eprintln!("kpr-bench daemon: cannot keep the log at {}: {e}", keep.display());
+            }
+        }
     }
 }
 
@@ -383,15 +404,15 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         .stderr(std::fs::File::create(&log)?)
         .spawn()
         .with_context(|| format!("starting {}", opts.binary.display()))?;
-    let mut daemon = Running { child, log: log.clone() };
+    let mut daemon = Running { child, log: log.clone(), keep: opts.keep_log.clone() };
     let families = if opts.dual_stack { 2 } else { 1 };
     let deadline = t0 + Duration::from_secs(600);
     while FirstSyncs::of(&log).complete.len() < families {
         if let Ok(Some(status)) = daemon.child.try_wait() {
-            bail!("the daemon exited ({status}); log {}", daemon.log.display());
+            bail!("the daemon exited ({status}); log {}", daemon.log_path().display());
         }
         if Instant::now() > deadline {
-            bail!("no first sync in 600 s; log {}", daemon.log.display());
+            bail!("no first sync in 600 s; log {}", daemon.log_path().display());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -623,7 +644,14 @@ fn without_nfacct(saved: &str) -> String {
     out
 }
 
-pub(crate) fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
+/// The file name of a `--matrix` cell's kept daemon log, e.g.
+/// `10000-iptables-file-per-object-dual.log`.
+pub fn cell_log_name(services: usize, mode: &str, source: &str, dual: bool) -> String {
+    let source = source.to_lowercase().replace(' ', "-");
+    format!("{services}-{mode}-{source}-{}.log", if dual { "dual" } else { "single" })
+}
+
+pub fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("kpr-bench-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
@@ -632,7 +660,16 @@ pub(crate) fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::FirstSyncs;
+    use super::{cell_log_name, FirstSyncs};
+
+    #[test]
+    fn a_matrix_cells_log_is_named_by_its_cell() {
+        assert_eq!(
+            cell_log_name(10_000, "iptables", "file per object", true),
+            "10000-iptables-file-per-object-dual.log"
+        );
+        assert_eq!(cell_log_name(1000, "nftables", "API", false), "1000-nftables-api-single.log");
+    }
 
     #[test]
     fn the_first_complete_sync_per_family_counts_not_a_failed_one() {

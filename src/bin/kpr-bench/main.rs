@@ -160,7 +160,8 @@ enum Cmd {
         /// The memory matrix at each size: `--mode` (or
         /// iptables and nftables with `--mode all`) × source (one file,
         /// one file per object, API) × single-stack and dual-stack with
-        /// every second Service dual-stack; no tool comparison.
+        /// every second Service dual-stack; no tool comparison. Each
+        /// cell's daemon log is kept (the path is printed with the cell).
         #[arg(long)]
         matrix: bool,
     },
@@ -557,7 +558,8 @@ fn bench_ipvs_kernel(
 /// `kpr-bench daemon --matrix`: one daemon run per cell of the
 /// memory matrix; every run's figures go to the report, and a table of the
 /// cells (first sync, peak RSS, RSS 60 s after the first sync) is printed
-/// to stderr as each cell finishes and in the report at the end.
+/// to stderr as each cell finishes and in the report at the end, with the
+/// path of the cell's daemon log (kept in one directory per matrix run).
 fn bench_daemon_matrix(
     services: &[usize],
     mode: &str,
@@ -574,6 +576,8 @@ fn bench_daemon_matrix(
         (None, "API"),
     ];
     let families = [(false, "single-stack"), (true, "dual-stack (every 2nd Service)")];
+    let logs = daemon_run::tempfile_dir("matrix-logs")?;
+    eprintln!("kpr-bench daemon --matrix: the daemons' logs go to {}", logs.display());
     for &n in services {
         for &mode in &modes {
             for (layout, source) in sources {
@@ -587,8 +591,10 @@ fn bench_daemon_matrix(
                         tool: false,
                         churn: None,
                         latency: None,
+                        keep_log: Some(logs.join(daemon_run::cell_log_name(n, mode, source, dual))),
                         ..base(n)
                     };
+                    let log = opts.keep_log.clone().unwrap_or_default();
                     let figures = daemon_run::run_daemon(&opts)?;
                     let get = |metric: &str| figures.iter().find(|f| f.metric == metric).map_or(f64::NAN, |f| f.value);
                     let cell = format!("{mode} · {source} · {family}");
@@ -606,10 +612,11 @@ fn bench_daemon_matrix(
                         }
                     }
                     eprintln!(
-                        "| {n} | {cell} | {:.1} s | {:.1} MB | {:.1} MB |",
+                        "| {n} | {cell} | {:.1} s | {:.1} MB | {:.1} MB | {} |",
                         get(daemon_run::FIRST_SYNC),
                         get(daemon_run::PEAK_RSS),
-                        get(daemon_run::RSS_AFTER)
+                        get(daemon_run::RSS_AFTER),
+                        log.display()
                     );
                 }
             }
@@ -686,6 +693,7 @@ fn main() {
                     api_source: source == "api",
                     churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
                     latency: (*latency > 0).then_some(*latency),
+                    keep_log: None,
                 };
                 if *matrix {
                     bench_daemon_matrix(services, mode, base, &mut r)
