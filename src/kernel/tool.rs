@@ -92,11 +92,7 @@ pub async fn run_with_input(
         .await
         .map_err(|_| KernelError::unknown(op, format!("{binary} did not finish within {TOOL_TIMEOUT:?}; killed")))?;
     let output = output.map_err(|e| io_error(op, false, &format!("waiting for {binary}"), &e))?;
-    let out = ToolOutput {
-        status: output.status,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    };
+    let out = ToolOutput { status: output.status, stdout: text(output.stdout), stderr: text(output.stderr) };
     // A tool that stops reading early (it failed) breaks the pipe: its own
     // error is the one to report.
     if let Err(e) = written {
@@ -105,6 +101,12 @@ pub async fn run_with_input(
         }
     }
     Ok(out)
+}
+
+/// A tool's output as text, without a copy when it is UTF-8 (an
+/// `iptables-save -t nat` at 10,000 services is ≈ 40 MB).
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// `known`: the tool never ran (nothing applied), rather than ran with an
@@ -116,6 +118,15 @@ fn io_error(op: &str, known: bool, what: &str, e: &std::io::Error) -> KernelErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_text_is_the_tools_bytes_moved_or_made_valid() {
+        let bytes = b"-A KUBE-SERVICES\n".to_vec();
+        let at = bytes.as_ptr();
+        let t = text(bytes);
+        assert_eq!((t.as_str(), t.as_ptr()), ("-A KUBE-SERVICES\n", at), "not copied");
+        assert_eq!(text(vec![b'a', 0xff, b'b']), "a\u{fffd}b");
+    }
 
     #[tokio::test]
     async fn feeds_stdin_and_reads_both_outputs() {
