@@ -37,6 +37,7 @@ use anyhow::{bail, ensure, Context};
 use serde_json::Value;
 
 use super::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
+use super::log_field;
 use crate::msgs::{Change, SourceEvent};
 
 /// What to run.
@@ -274,12 +275,12 @@ impl FirstSyncs {
         let mut out = FirstSyncs::default();
         for line in text.lines().filter(|l| l.contains("sync finished")) {
             let field = |name| log_field(line, name);
-            let family = field("ip_family=").unwrap_or_default().trim_matches('"').to_string();
+            let family = field("ip_family").unwrap_or_default().trim_matches('"').to_string();
             if out.complete.iter().any(|(f, _)| *f == family) {
                 continue;
             }
-            match field("failed=") {
-                Some("0") => out.complete.push((family, field("ms=").and_then(|v| v.parse().ok()).unwrap_or(f64::NAN))),
+            match field("failed") {
+                Some("0") => out.complete.push((family, field("ms").and_then(|v| v.parse().ok()).unwrap_or(f64::NAN))),
                 _ => out.failed_before += 1,
             }
         }
@@ -546,12 +547,7 @@ fn wait_for_change_sync(log: &Path, seen: u64, t: Instant) -> anyhow::Result<Dur
 
 /// A log line of a finished sync that wrote changed service ports.
 fn carries_a_change(line: &str) -> bool {
-    line.contains("sync finished") && log_field(line, "ports=").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0
-}
-
-/// The value of the daemon's log field `name` (`ports=`, `ms=`, ...) in `line`.
-fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(name))
+    line.contains("sync finished") && log_field(line, "ports").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) > 0
 }
 
 /// The tool inputs of a `--dry-run`, one per family: the sections whose

@@ -17,6 +17,12 @@ use crate::plan::ipvs::rules::IpvsRulesConfig;
 use crate::plan::local::LocalDetector;
 use gen::{node_ip, THIS_NODE};
 
+/// The value of field `name` (`ports`, `ms`, ...) in one of the daemon's
+/// tracing text lines (` name=value`), as written (quotes kept).
+pub fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+}
+
 const FAMILY: IpFamily = IpFamily::V4;
 
 /// The planner's settings of the bench node ([`gen::THIS_NODE`]).

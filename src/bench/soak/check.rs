@@ -2,6 +2,8 @@
 //! to add or remove, the daemon's RSS stayed flat, and every warning or
 //! error in its log is one an injected fault explains.
 
+use crate::bench::log_field;
+
 /// The summary lines of `--dry-run --diff` output that are not `0 to add,
 /// 0 to remove`; `Err` if there is no summary at all.
 pub fn diff_leftovers(preview: &str) -> Result<Vec<String>, String> {
@@ -159,11 +161,6 @@ pub fn finished_syncs(log: &str) -> Vec<FinishedSync> {
             })
         })
         .collect()
-}
-
-/// The value of field `name` in a tracing text line (` name=value`).
-fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    line.split(&format!(" {name}=")).nth(1)?.split(' ').next()
 }
 
 /// The phases a `--dry-run --diff --v=2` run logged (its `dry-run: …`
