@@ -40,9 +40,11 @@ enum Pending {
     Nothing,
     /// The whole table (shared with the [`Staged`] sync sending it).
     Full(Arc<Ruleset>),
-    /// These service ports' objects (`None`: gone), and the shared objects
-    /// when a service port brought an endpoint class they did not serve.
-    Ports(Vec<(ServicePortName, Option<Objects>)>, Option<Objects>),
+    /// These service ports' objects (`None`: gone) with the objects they
+    /// replace as the plan rendered them again ([`Objects::again`]: `None`
+    /// when held whole), and the shared objects when a service port
+    /// brought an endpoint class they did not serve.
+    Ports(Vec<(ServicePortName, Option<Objects>, Option<Objects>)>, Option<Objects>),
 }
 
 #[derive(Debug)]
@@ -150,6 +152,10 @@ impl NftablesPlanner {
                 (spn.clone(), objects)
             })
             .collect();
+        // The replaced objects, rendered once: for the delta now and the
+        // element counts when the sync is confirmed.
+        let olds: Vec<Option<Objects>> =
+            ports.iter().map(|(spn, _)| applied.services.get(spn).and_then(Objects::again)).collect();
         let empty = Objects::default();
         let served = &applied.shared.classes;
         let mut classes: BTreeSet<PickClass> = ports
@@ -163,8 +169,8 @@ impl NftablesPlanner {
             super::shared(&self.ctx, &classes)
         });
         let shared_parts = shared.as_ref().map(|s| changed_parts(&applied.shared, s));
-        let port_pairs = ports.iter().filter_map(|(spn, new)| {
-            let old = applied.services.get(spn).unwrap_or(&empty);
+        let port_pairs = ports.iter().zip(&olds).filter_map(|((spn, new), again)| {
+            let old = again.as_ref().or_else(|| applied.services.get(spn)).unwrap_or(&empty);
             let new = new.as_ref().unwrap_or(&empty);
             (!old.same_as(new)).then_some((old, new))
         });
@@ -173,6 +179,7 @@ impl NftablesPlanner {
         self.planned_stale = delta.stale_chains.clone();
         let written = ports.iter().flat_map(|(_, o)| o.iter()).chain(shared.iter());
         self.planned_chains = written.flat_map(|o| o.chains.iter().map(|c| c.name.clone())).collect();
+        let ports = ports.into_iter().zip(olds).map(|((spn, new), old)| (spn, new, old)).collect();
         self.pending = Pending::Ports(ports, shared);
         Some(delta)
     }
@@ -218,7 +225,7 @@ impl NftablesPlanner {
                         self.refs.add(&objects);
                         applied.shared = objects;
                     }
-                    for (spn, objects) in ports {
+                    for (spn, objects, rendered) in ports {
                         let old = match objects {
                             Some(o) => {
                                 self.refs.add(&o);
@@ -226,7 +233,7 @@ impl NftablesPlanner {
                             }
                             None => applied.services.remove(&spn),
                         };
-                        if let Some(old) = old {
+                        if let Some(old) = rendered.or(old) {
                             self.refs.remove(&old);
                         }
                     }
