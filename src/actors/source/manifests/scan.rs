@@ -167,8 +167,10 @@ impl ManifestDir {
             if !names_node(&path, &bytes, name) {
                 continue;
             }
-            if let Ok(objects) = parse_file(&path, &bytes, &mut Vec::new()) {
-                return Ok(node_named(&objects, name));
+            // Outlined: the file is still validated whole, but only its
+            // Nodes are kept decoded (the rest as identities and digests).
+            if let Ok(outline) = outline_file(&path, &bytes, &mut Vec::new()) {
+                return Ok(node_named(&outline.objects, name));
             }
         }
         Ok(None)
