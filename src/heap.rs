@@ -56,3 +56,69 @@ pub fn trim() {
 pub fn trim_in_background() {
     drop(tokio::task::spawn_blocking(trim));
 }
+
+/// A global allocator for tests that count the heap: the system's,
+/// counting the bytes allocated now and at most since [`Counting::mark`].
+/// The counts are the process's: a test binary that uses it runs one test.
+#[cfg(feature = "testkit")]
+pub struct Counting;
+
+#[cfg(feature = "testkit")]
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::Counting;
+
+    static NOW: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    fn grew(by: usize) {
+        let now = NOW.fetch_add(by, Ordering::Relaxed) + by;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+
+    impl Counting {
+        /// The bytes allocated now.
+        pub fn now() -> usize {
+            NOW.load(Ordering::Relaxed)
+        }
+
+        /// The most bytes allocated at once since the last mark.
+        pub fn peak() -> usize {
+            PEAK.load(Ordering::Relaxed)
+        }
+
+        /// Starts a new peak from what is allocated now (returned).
+        pub fn mark() -> usize {
+            let now = Self::now();
+            PEAK.store(now, Ordering::Relaxed);
+            now
+        }
+    }
+
+    // SAFETY: every call is passed to the system's allocator as it came.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let p = System.alloc(layout);
+            if !p.is_null() {
+                grew(layout.size());
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            System.dealloc(ptr, layout);
+            NOW.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            let p = System.realloc(ptr, layout, new_size);
+            if !p.is_null() {
+                NOW.fetch_sub(layout.size(), Ordering::Relaxed);
+                grew(new_size);
+            }
+            p
+        }
+    }
+}
