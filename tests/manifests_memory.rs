@@ -8,7 +8,9 @@
 //! endpoints, every second Service dual-stack. Both readings of it at the
 //! start, finding this node's Node and the first scan, decode every object
 //! (a bad file is refused whole) but hold only the objects' identities
-//! and a bounded number of decoded objects at once, not the whole file's.
+//! and a bounded number of decoded objects at once, not the whole file's;
+//! a rescan that reads the file again only to see it unchanged holds a
+//! piece of it at a time.
 
 use kube_proxy_rs::actors::source::manifests::ManifestDir;
 use kube_proxy_rs::bench::daemon_run::{write_manifests, Layout};
@@ -55,14 +57,28 @@ fn the_start_from_one_large_file_holds_its_outline_not_its_decoded_objects() {
         .expect("a readable directory");
     let scan = Counting::peak() - before;
 
+    // Touched: its stamp no longer tells it unchanged, so it is read again,
+    // as hashed pieces.
+    let path = std::fs::read_dir(dir.path()).expect("listed").next().expect("the file").expect("an entry").path();
+    let touched = std::fs::File::options().append(true).open(&path).expect("the file opens");
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    touched.set_modified(past).expect("a new mtime");
+    drop(touched);
+    let before = Counting::mark();
+    let rescan = manifests.scan();
+    let again = Counting::peak() - before;
+    assert!(rescan.events.is_empty() && rescan.errors.is_empty(), "{rescan:?}");
+
     eprintln!(
         "{objects} objects in {:.1} MB: finding the node held {:.1} MB at its peak, the first scan {:.1} MB \
-         ({handed} events in {batches} batches)",
+         ({handed} events in {batches} batches), the rescan {:.2} MB",
         file as f64 / MB,
         find as f64 / MB,
         scan as f64 / MB,
+        again as f64 / MB,
     );
     assert!(objects > 7000, "{objects} objects");
     assert!(find < 2 * file, "finding the node held {:.1} MB", find as f64 / MB);
     assert!(scan < 3 * file, "the first scan held {:.1} MB", scan as f64 / MB);
+    assert!(again < file / 8, "the rescan of the unchanged file held {:.1} MB", again as f64 / MB);
 }

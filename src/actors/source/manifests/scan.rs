@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::hash::{DefaultHasher, Hasher};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -214,6 +214,15 @@ impl ManifestDir {
             if let Some(wait) = stamp.settling(now, self.settle) {
                 debug!(path = %path.display(), ?wait, "manifest still being written; reading it once quiet");
                 pass.settle_again = Some(pass.settle_again.map_or(wait, |w| w.min(wait)));
+                return None;
+            }
+        }
+        if let Some(file) = self.files.get_mut(&path) {
+            // Read again only to be sure it did not change (its stamp is
+            // too close to the last reading): hashed in pieces, so an
+            // unchanged large file costs no buffer of its size.
+            if file.hash.is_some() && hash_file(&path).ok() == file.hash {
+                file.seen(stamp, now);
                 return None;
             }
         }
@@ -508,10 +517,39 @@ impl Stamp {
     }
 }
 
+/// The pieces a file's content is hashed in ([`content_hash`], [`hash_file`]).
+const HASH_PIECE: usize = 64 * 1024;
+
 fn content_hash(bytes: &[u8]) -> u64 {
     let mut hasher = DefaultHasher::new();
-    hasher.write(bytes);
+    bytes.chunks(HASH_PIECE).for_each(|piece| hasher.write(piece));
     hasher.finish()
+}
+
+/// [`content_hash`] of the file at `path`, read one piece at a time.
+fn hash_file(path: &Path) -> io::Result<u64> {
+    let mut file = fs::File::open(path)?;
+    let mut hasher = DefaultHasher::new();
+    let mut piece = vec![0; HASH_PIECE];
+    loop {
+        // A whole piece (short only at the end), as `content_hash` cuts them.
+        let mut filled = 0;
+        while filled < HASH_PIECE {
+            match file.read(&mut piece[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        if filled == 0 {
+            return Ok(hasher.finish());
+        }
+        hasher.write(&piece[..filled]);
+        if filled < HASH_PIECE {
+            return Ok(hasher.finish());
+        }
+    }
 }
 
 /// Manifest files in a directory, each with its [`Stamp`] (following

@@ -391,3 +391,20 @@ fn a_half_written_file_deletes_nothing() {
     assert!(result.events.is_empty(), "the whole file is what it was: {:?}", summary(&result.events));
     assert_eq!(result.settle_again, None);
 }
+
+/// A file hashed as it is read, piece by piece, has the hash of its bytes
+/// read whole: a rescan that finds a file unchanged that way reads it no
+/// further.
+#[test]
+fn a_file_hashed_in_pieces_has_the_hash_of_its_whole_content() {
+    let dir = TempDir::new().unwrap();
+    for len in [0, 1, HASH_PIECE - 1, HASH_PIECE, HASH_PIECE + 1, 3 * HASH_PIECE + 17] {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let path = dir.path().join("f.json");
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(hash_file(&path).unwrap(), content_hash(&bytes), "{len} bytes");
+    }
+    let other = dir.path().join("g.json");
+    fs::write(&other, b"{}").unwrap();
+    assert_ne!(hash_file(&other).unwrap(), content_hash(b"{ }"));
+}
