@@ -218,9 +218,9 @@ impl ManifestDir {
             }
         }
         if let Some(file) = self.files.get_mut(&path) {
-            // Read again only to be sure it did not change (its stamp is
-            // too close to the last reading): hashed in pieces, so an
-            // unchanged large file costs no buffer of its size.
+            // Its stamp changed, or is too recent to tell: whether its
+            // content changed is read hashed in pieces, so an unchanged
+            // large file costs no buffer of its size.
             if file.hash.is_some() && hash_file(&path).ok() == file.hash {
                 file.seen(stamp, now);
                 return None;
