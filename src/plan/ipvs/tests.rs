@@ -312,14 +312,17 @@ fn a_new_scheduler_edits_every_virtual_server_and_later_plans_start_from_it() {
     assert_eq!(p.sizes(), (0, 0, 0, 0));
 }
 
-#[test]
-fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
-    // Two Services with the same LB VIP and port: the lower owner's scheduler
-    // settings win; real servers are the union, each kept while any claims it.
+/// Two LoadBalancer Services `a` and `b` (b with ClientIP affinity) on one
+/// VIP and port, their endpoints overlapping in one (on node-a, the others
+/// on node-b), with externalTrafficPolicy Local if `local`; and their port names.
+fn shared_vip(local: bool) -> (Model, ServicePortName, ServicePortName) {
     let lb = |name: &str, cluster_ip: &str, affinity: bool| {
         let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, 0)]);
         let spec = s.spec.as_mut().unwrap();
         spec.type_ = Some("LoadBalancer".into());
+        if local {
+            spec.external_traffic_policy = Some("Local".into());
+        }
         if affinity {
             spec.session_affinity = Some("ClientIP".into());
         }
@@ -327,10 +330,11 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
         applied_service(s)
     };
     let eps = |name: &str, svc: &str, ips: &[&str]| {
-        let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, "node-b")).collect();
+        let node = |ip: &str| if ip == "10.244.1.2" { "node-a" } else { "node-b" };
+        let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, node(ip))).collect();
         applied_slice(slice("ns", name, svc, &[("http", "TCP", 8080)], &eps))
     };
-    let mut m = model_with(vec![
+    let m = model_with(vec![
         lb("a", "10.96.0.40", false),
         eps("a-1", "a", &["10.244.1.1", "10.244.1.2"]),
         lb("b", "10.96.0.41", true),
@@ -341,13 +345,23 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
         port: "http".into(),
         protocol: Protocol::Tcp,
     };
-    let (a, b) = (port("a"), port("b"));
+    (m, port("a"), port("b"))
+}
+
+/// The desired state's lines for the shared VIP.
+fn vip_lines(p: &IpvsPlanner) -> Vec<String> {
+    p.desired().ipvs.iter().map(|o| o.to_string()).filter(|l| l.contains("192.168.60.10")).collect()
+}
+
+#[test]
+fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
+    // Two Services with the same LB VIP and port: the lower owner's scheduler
+    // settings win; real servers are the union, each kept while any claims it.
+    let (mut m, a, b) = shared_vip(false);
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, [&a, &b]);
-    let vip: Vec<String> =
-        p.desired().ipvs.iter().map(|o| o.to_string()).filter(|l| l.contains("192.168.60.10")).collect();
     assert_eq!(
-        vip,
+        vip_lines(&p),
         vec![
             "-A -t 192.168.60.10:80 -s rr",
             "-a -t 192.168.60.10:80 -r 10.244.1.1:8080 -m -w 1",
@@ -360,6 +374,41 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
     let ch = m.apply();
     let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
     assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr -p 10800", "-d -t 192.168.60.10:80 -r 10.244.1.1:8080"]);
+}
+
+#[test]
+fn a_shared_virtual_servers_real_servers_follow_a_new_context() {
+    // With a Local policy each claimant wants its endpoints on the node.
+    // Part way through a replan of every port (in name order: a, then b)
+    // a is planned with the new node and b still with the old one: b's real
+    // servers are planned again with the context it was planned with.
+    let (mut m, a, b) = shared_vip(true);
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, [&b, &a]);
+    let vip_dests = |p: &IpvsPlanner| vip_lines(p).into_iter().filter(|l| l.contains(" -r ")).collect::<Vec<_>>();
+    assert_eq!(vip_dests(&p), vec!["-a -t 192.168.60.10:80 -r 10.244.1.2:8080 -m -w 1"]);
+    let mut c = ctx();
+    c.node_name = "node-b".into();
+    let mut l: Vec<String> =
+        lines(&p.replan_all(&m, c)).into_iter().filter(|l| l.contains("192.168.60.10") && l.contains(" -r ")).collect();
+    l.sort();
+    assert_eq!(
+        l,
+        vec![
+            "-a -t 192.168.60.10:80 -r 10.244.1.1:8080 -m -w 1",
+            "-a -t 192.168.60.10:80 -r 10.244.1.3:8080 -m -w 1",
+            "-d -t 192.168.60.10:80 -r 10.244.1.2:8080",
+        ]
+    );
+    let both = ["10.244.1.1", "10.244.1.3"].map(|ip| format!("-a -t 192.168.60.10:80 -r {ip}:8080 -m -w 1"));
+    assert_eq!(vip_dests(&p), both);
+    assert_eq!(p.sizes().1, 2 + 2 + 2, "the VIP's two, each cluster IP's two");
+    // b goes (the lower owner): a's settings take over, b's own real server goes.
+    m.record(&deleted_service(service("ns", "b", "10.96.0.41", &[("http", "TCP", 80, 0)]))).unwrap();
+    let ch = m.apply();
+    let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
+    assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr", "-d -t 192.168.60.10:80 -r 10.244.1.3:8080"]);
+    assert_eq!(p.sizes().1, 1 + 2);
 }
 
 fn scheduled(name: &str, cluster_ip: &str, annotations: &[(&str, &str)]) -> SourceEvent {
