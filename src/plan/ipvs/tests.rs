@@ -313,16 +313,13 @@ fn a_new_scheduler_edits_every_virtual_server_and_later_plans_start_from_it() {
 }
 
 /// Two LoadBalancer Services `a` and `b` (b with ClientIP affinity) on one
-/// VIP and port, their endpoints overlapping in one (on node-a, the others
-/// on node-b), with externalTrafficPolicy Local if `local`; and their port names.
-fn shared_vip(local: bool) -> (Model, ServicePortName, ServicePortName) {
+/// VIP and port and on `node_port` (0: none), their endpoints overlapping
+/// in one; and their port names.
+fn shared_vip(node_port: i32) -> (Model, ServicePortName, ServicePortName) {
     let lb = |name: &str, cluster_ip: &str, affinity: bool| {
-        let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, 0)]);
+        let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, node_port)]);
         let spec = s.spec.as_mut().unwrap();
         spec.type_ = Some("LoadBalancer".into());
-        if local {
-            spec.external_traffic_policy = Some("Local".into());
-        }
         if affinity {
             spec.session_affinity = Some("ClientIP".into());
         }
@@ -330,8 +327,7 @@ fn shared_vip(local: bool) -> (Model, ServicePortName, ServicePortName) {
         applied_service(s)
     };
     let eps = |name: &str, svc: &str, ips: &[&str]| {
-        let node = |ip: &str| if ip == "10.244.1.2" { "node-a" } else { "node-b" };
-        let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, node(ip))).collect();
+        let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, "node-b")).collect();
         applied_slice(slice("ns", name, svc, &[("http", "TCP", 8080)], &eps))
     };
     let m = model_with(vec![
@@ -357,7 +353,7 @@ fn vip_lines(p: &IpvsPlanner) -> Vec<String> {
 fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
     // Two Services with the same LB VIP and port: the lower owner's scheduler
     // settings win; real servers are the union, each kept while any claims it.
-    let (mut m, a, b) = shared_vip(false);
+    let (mut m, a, b) = shared_vip(0);
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, [&a, &b]);
     assert_eq!(
@@ -378,37 +374,39 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
 
 #[test]
 fn a_shared_virtual_servers_real_servers_follow_a_new_context() {
-    // With a Local policy each claimant wants its endpoints on the node.
-    // Part way through a replan of every port (in name order: a, then b)
-    // a is planned with the new node and b still with the old one: b's real
-    // servers are planned again with the context it was planned with.
-    let (mut m, a, b) = shared_vip(true);
+    // Both Services also have NodePort 30080: one virtual server per node IP,
+    // shared. A new node IP replans every port in name order, a then b:
+    // while a is replanned, b still claims the old IP's virtual server as it
+    // was planned (with the old context), so each real server there goes
+    // exactly once, the shared one too.
+    let (mut m, a, b) = shared_vip(30080);
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, [&b, &a]);
-    let vip_dests = |p: &IpvsPlanner| vip_lines(p).into_iter().filter(|l| l.contains(" -r ")).collect::<Vec<_>>();
-    assert_eq!(vip_dests(&p), vec!["-a -t 192.168.60.10:80 -r 10.244.1.2:8080 -m -w 1"]);
+    let held = 3 + 3 + 2 + 2;
+    assert_eq!(p.sizes().1, held, "the VIP's three, the node port's three, each cluster IP's two");
     let mut c = ctx();
-    c.node_name = "node-b".into();
-    let mut l: Vec<String> =
-        lines(&p.replan_all(&m, c)).into_iter().filter(|l| l.contains("192.168.60.10") && l.contains(" -r ")).collect();
+    c.node_port_ips = vec![ip("192.168.50.3")];
+    let mut l: Vec<String> = lines(&p.replan_all(&m, c)).into_iter().filter(|l| l.contains(":30080 -r ")).collect();
+    l.sort();
+    let ops = |op: &str, node: &str, tail: &str| {
+        ["1", "2", "3"].map(|e| format!("{op} -t 192.168.50.{node}:30080 -r 10.244.1.{e}:8080{tail}"))
+    };
+    assert_eq!(l, [ops("-a", "3", " -m -w 1"), ops("-d", "2", "")].concat());
+    assert_eq!(p.sizes().1, held);
+    // b goes (the lower owner): a's settings take over, b's own real servers go.
+    m.record(&deleted_service(service("ns", "b", "10.96.0.41", &[("http", "TCP", 80, 30080)]))).unwrap();
+    let ch = m.apply();
+    let mut l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("10.244.1.3")).collect();
     l.sort();
     assert_eq!(
         l,
         vec![
-            "-a -t 192.168.60.10:80 -r 10.244.1.1:8080 -m -w 1",
-            "-a -t 192.168.60.10:80 -r 10.244.1.3:8080 -m -w 1",
-            "-d -t 192.168.60.10:80 -r 10.244.1.2:8080",
+            "-d -t 10.96.0.41:80 -r 10.244.1.3:8080",
+            "-d -t 192.168.50.3:30080 -r 10.244.1.3:8080",
+            "-d -t 192.168.60.10:80 -r 10.244.1.3:8080",
         ]
     );
-    let both = ["10.244.1.1", "10.244.1.3"].map(|ip| format!("-a -t 192.168.60.10:80 -r {ip}:8080 -m -w 1"));
-    assert_eq!(vip_dests(&p), both);
-    assert_eq!(p.sizes().1, 2 + 2 + 2, "the VIP's two, each cluster IP's two");
-    // b goes (the lower owner): a's settings take over, b's own real server goes.
-    m.record(&deleted_service(service("ns", "b", "10.96.0.41", &[("http", "TCP", 80, 0)]))).unwrap();
-    let ch = m.apply();
-    let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
-    assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr", "-d -t 192.168.60.10:80 -r 10.244.1.3:8080"]);
-    assert_eq!(p.sizes().1, 1 + 2);
+    assert_eq!(p.sizes().1, 2 + 2 + 2);
 }
 
 fn scheduled(name: &str, cluster_ip: &str, annotations: &[(&str, &str)]) -> SourceEvent {
