@@ -271,7 +271,9 @@ impl IpvsPlanner {
             } else {
                 let others = self.others_dests(owner, vs, old_ctx);
                 let with = |d: &Dests| {
-                    dests::effective(others.iter().copied().chain(d.iter().map(|((_, k), v)| (*k, owner, *v))).collect())
+                    dests::effective(
+                        others.iter().copied().chain(d.iter().map(|((_, k), v)| (*k, owner, *v))).collect(),
+                    )
                 };
                 dests::moves(*vs, with(was), with(now), &mut moved);
             }
@@ -282,12 +284,7 @@ impl IpvsPlanner {
     /// The real servers of `vs` that its claimants other than `owner` want,
     /// planned again from their inputs (a shared virtual server is rare:
     /// the claimants are found by a pass over the planned ports).
-    fn others_dests(
-        &self,
-        owner: Owner,
-        vs: &VsKey,
-        old_ctx: Option<&PlanContext>,
-    ) -> Vec<(DestKey, Owner, DestSpec)> {
+    fn others_dests(&self, owner: Owner, vs: &VsKey, old_ctx: Option<&PlanContext>) -> Vec<(DestKey, Owner, DestSpec)> {
         let others: Vec<Owner> = self.services.owners(vs).filter(|o| *o != owner).collect();
         let mut out = Vec::new();
         for p in self.planned.iter().filter(|p| others.contains(&p.owner)) {
