@@ -7,9 +7,6 @@
 //! `kpr-bench daemon --dual-every 2`), one planner per family as the
 //! daemon runs them, each replanned for its full first sync.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use kube_proxy_rs::bench::dual::{dual_stack_every, v6_of};
 use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::config::KubeProxyConfiguration;
@@ -18,36 +15,7 @@ use kube_proxy_rs::net::{IpFamily, LocalAddr};
 use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::ipvs::IpvsPlanner;
 use kube_proxy_rs::settings;
-
-/// The system's allocator, counting the bytes allocated now.
-struct Counting;
-
-static NOW: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is passed to the system's allocator as it came.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            NOW.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        NOW.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            NOW.fetch_sub(layout.size(), Ordering::Relaxed);
-            NOW.fetch_add(new_size, Ordering::Relaxed);
-        }
-        p
-    }
-}
+use kube_proxy_rs::testkit::counting::{self, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -81,10 +49,10 @@ fn the_ipvs_planners_keep_little_beside_the_model_after_a_dual_stack_first_sync(
         };
         let addrs = vec![LocalAddr { ifname: "eth0".into(), ip }];
         let ctx = derived.ipvs_context(model.node(), &addrs);
-        let before = NOW.load(Ordering::Relaxed);
+        let before = counting::now();
         let mut planner = IpvsPlanner::new(ctx.clone());
         planner.replan_for_full_sync(&model, ctx);
-        kept += NOW.load(Ordering::Relaxed) - before;
+        kept += counting::now() - before;
         counts.push(planner.sizes());
         models.push(model);
         planners.push(planner);

@@ -10,9 +10,6 @@
 //! confirmed (the held ruleset, the element counts) is each service
 //! port's digest and origin, not its objects.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::Model;
@@ -21,42 +18,7 @@ use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::nftables::{nftables_context, KernelObjects, NftablesPlanner, STAGE_OPS};
 use kube_proxy_rs::settings;
-
-/// The system's allocator, counting the bytes allocated now and at most.
-struct Counting;
-
-static NOW: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    let now = NOW.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system's allocator as it came.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        NOW.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            NOW.fetch_sub(layout.size(), Ordering::Relaxed);
-            grew(new_size);
-        }
-        p
-    }
-}
+use kube_proxy_rs::testkit::counting::{self, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -90,8 +52,8 @@ fn a_staged_first_sync_holds_one_transaction_not_the_whole_tables_rules() {
     let ctx = nftables_context(&derived.nftables_settings(model.node(), model.service_cidrs()), model.node(), &addrs);
     let mut planner = NftablesPlanner::new(ctx.clone());
 
-    let before = NOW.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
+    let before = counting::now();
+    counting::restart_peak();
     let staged = planner.full_staged(&model, ctx, &KernelObjects::default(), STAGE_OPS);
     let (mut transactions, mut ops) = (0, 0);
     for tx in staged {
@@ -99,7 +61,7 @@ fn a_staged_first_sync_holds_one_transaction_not_the_whole_tables_rules() {
         ops += tx.ops.len();
     }
     planner.confirm_applied(std::time::Duration::ZERO);
-    let (peak, kept) = (PEAK.load(Ordering::Relaxed) - before, NOW.load(Ordering::Relaxed) - before);
+    let (peak, kept) = (counting::peak() - before, counting::now() - before);
     let over = peak.saturating_sub(kept);
     eprintln!(
         "{transactions} transactions, {ops} ops: peak {:.1} MB above the model, kept {:.1} MB, the sync's own {:.1} MB",
