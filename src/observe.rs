@@ -9,6 +9,7 @@
 //! updated only for the ports a partial sync replanned, so reporting stays
 //! proportional to the change; a full sync recomputes them all.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -18,9 +19,9 @@ use crate::health::ProxyHealth;
 use crate::http::SharedServiceHealth;
 use crate::metrics::ProxyMetrics;
 use crate::model::topology::categorize;
-use crate::model::{Model, ModelChanges, NamespacedName, ServicePortName};
+use crate::model::{Model, ModelChanges, NamespacedName, ServicePort, ServicePortName};
 use crate::msgs::{Change, SourceEvent};
-use crate::net::{ip_family_label, IpFamily};
+use crate::net::{ip_family_label, IpFamily, Protocol};
 use crate::stats::{unix_ms, FamilySync, ModelCounts, ServiceScheduler, StatsRegistry};
 
 /// What one service port contributes to the per-sync reports.
@@ -34,6 +35,37 @@ struct PortFacts {
     endpoints: usize,
 }
 
+/// A port's facts are filed under the model's own service port, ordered
+/// by its name (which is not copied).
+#[derive(Debug)]
+struct Filed(Arc<ServicePort>);
+
+impl Borrow<ServicePortName> for Filed {
+    fn borrow(&self) -> &ServicePortName {
+        &self.0.name
+    }
+}
+
+impl PartialEq for Filed {
+    fn eq(&self, other: &Filed) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Filed {}
+
+impl PartialOrd for Filed {
+    fn partial_cmp(&self, other: &Filed) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Filed {
+    fn cmp(&self, other: &Filed) -> std::cmp::Ordering {
+        self.0.name.cmp(&other.0.name)
+    }
+}
+
 /// Metrics, health, service health checks and the dashboard, fed by the coordinator.
 pub struct SyncHooks {
     family: IpFamily,
@@ -42,13 +74,13 @@ pub struct SyncHooks {
     /// Where each sync and the model's counts go (the dashboard's).
     registry: StatsRegistry,
     service_health: Option<SharedServiceHealth>,
-    ports: BTreeMap<ServicePortName, PortFacts>,
+    ports: BTreeMap<Filed, PortFacts>,
     /// Ports without local endpoints: (internal, external), kept in step with `ports`.
     no_local: (usize, usize),
     /// The endpoints of `ports`, kept in step with them.
     endpoints: usize,
-    /// Services with ports in `ports`, and how many each has.
-    services: BTreeMap<NamespacedName, usize>,
+    /// Services with ports in `ports`.
+    services: usize,
     /// The ports that have a healthCheckNodePort (few), for the health-check servers.
     health_checked: BTreeMap<ServicePortName, PortFacts>,
     /// Trigger times of the sync in flight, observed if it succeeds.
@@ -81,7 +113,7 @@ impl SyncHooks {
             ports: BTreeMap::new(),
             no_local: (0, 0),
             endpoints: 0,
-            services: BTreeMap::new(),
+            services: 0,
             health_checked: BTreeMap::new(),
             triggers: Vec::new(),
             schedulers: None,
@@ -134,11 +166,13 @@ impl SyncHooks {
     /// index in step, so a sync costs what its changes touch.
     fn set_facts(&mut self, model: &Model, spn: &ServicePortName) {
         self.list_scheduler(model, spn);
-        let new = model.service_port(spn).map(|_| port_facts(model, spn));
-        let old = match &new {
-            Some(f) => self.ports.insert(spn.clone(), *f),
-            None => self.ports.remove(spn),
-        };
+        let sp = model.service_port(spn);
+        let new = sp.map(|_| port_facts(model, spn));
+        // Removed first: the key is replaced too, so the model's old port is not kept.
+        let old = self.ports.remove(spn);
+        if let (Some(sp), Some(f)) = (sp, new) {
+            self.ports.insert(Filed(sp.clone()), f);
+        }
         self.count_service(spn, old.is_some(), new.is_some());
         for (facts, sign) in [(old, -1isize), (new, 1isize)] {
             let Some(f) = facts else { continue };
@@ -153,25 +187,30 @@ impl SyncHooks {
         };
     }
 
-    /// Keeps `services` in step with a port that was (`was`) or is (`is`) in `ports`.
+    /// Keeps `services` in step with a port that was (`was`) or is (`is`)
+    /// in `ports`: its Service counts while any of its ports is there.
     fn count_service(&mut self, spn: &ServicePortName, was: bool, is: bool) {
-        match (was, is) {
-            (false, true) => *self.services.entry(spn.service.clone()).or_default() += 1,
-            (true, false) => {
-                if let Some(n) = self.services.get_mut(&spn.service) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.services.remove(&spn.service);
-                    }
-                }
-            }
-            _ => {}
+        if was == is || self.has_other_port(spn) {
+            return;
         }
+        if is {
+            self.services += 1;
+        } else {
+            self.services = self.services.saturating_sub(1);
+        }
+    }
+
+    /// Whether `ports` has a port of `spn`'s Service besides `spn` (a
+    /// Service's ports are neighbours in name order).
+    fn has_other_port(&self, spn: &ServicePortName) -> bool {
+        let first = ServicePortName { service: spn.service.clone(), port: String::new(), protocol: Protocol::Tcp };
+        let same_service = self.ports.range::<ServicePortName, _>(&first..).map(|(f, _)| &f.0.name);
+        same_service.take_while(|n| n.service == spn.service).any(|n| n != spn)
     }
 
     /// What the model holds, as the kept facts count it.
     fn model_counts(&self) -> ModelCounts {
-        ModelCounts { services: self.services.len(), service_ports: self.ports.len(), endpoints: self.endpoints }
+        ModelCounts { services: self.services, service_ports: self.ports.len(), endpoints: self.endpoints }
     }
 
     /// Lists or unlists `spn`'s own scheduler; the registry is touched only
@@ -260,10 +299,10 @@ impl SyncObserver for SyncHooks {
         let (pending_services, pending_slices) = model.pending_counts();
         self.metrics.changes_pending(pending_services, pending_slices);
         if full {
-            let all: Vec<ServicePortName> =
-                self.ports.keys().cloned().chain(model.service_ports().map(|sp| sp.name.clone())).collect();
-            for spn in all {
-                self.set_facts(model, &spn);
+            let all: Vec<Arc<ServicePort>> =
+                self.ports.keys().map(|f| f.0.clone()).chain(model.service_ports().cloned()).collect();
+            for sp in all {
+                self.set_facts(model, &sp.name);
             }
         } else {
             for spn in &changes.ports {

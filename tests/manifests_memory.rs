@@ -16,7 +16,7 @@ use kube_proxy_rs::actors::source::manifests::ManifestDir;
 use kube_proxy_rs::bench::daemon_run::{write_manifests, Layout};
 use kube_proxy_rs::bench::dual::dual_stack_every;
 use kube_proxy_rs::bench::gen::{Cluster, ClusterSpec, THIS_NODE};
-use kube_proxy_rs::heap::Counting;
+use kube_proxy_rs::testkit::counting::{self, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -40,22 +40,22 @@ fn the_start_from_one_large_file_holds_its_outline_not_its_decoded_objects() {
         .sum();
     let file = usize::try_from(file).expect("a file's size");
 
-    let before = Counting::mark();
+    let before = counting::mark();
     let node = ManifestDir::new(dir.path()).find_node(THIS_NODE).expect("a readable directory");
-    let find = Counting::peak() - before;
+    let find = counting::peak() - before;
     assert!(node.is_some(), "the file holds {THIS_NODE}");
     drop(node);
 
     let mut manifests = ManifestDir::new(dir.path());
     let (mut handed, mut batches) = (0, 0);
-    let before = Counting::mark();
+    let before = counting::mark();
     manifests
         .scan_file_by_file(|result| {
             batches += 1;
             handed += result.events.len();
         })
         .expect("a readable directory");
-    let scan = Counting::peak() - before;
+    let scan = counting::peak() - before;
 
     // Touched: its stamp no longer tells it unchanged, so it is read again,
     // as hashed pieces.
@@ -64,9 +64,9 @@ fn the_start_from_one_large_file_holds_its_outline_not_its_decoded_objects() {
     let past = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
     touched.set_modified(past).expect("a new mtime");
     drop(touched);
-    let before = Counting::mark();
+    let before = counting::mark();
     let rescan = manifests.scan();
-    let again = Counting::peak() - before;
+    let again = counting::peak() - before;
     assert!(rescan.events.is_empty() && rescan.errors.is_empty(), "{rescan:?}");
 
     eprintln!(

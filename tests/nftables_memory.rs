@@ -12,13 +12,13 @@
 
 use kube_proxy_rs::bench::gen::{node_ip, Cluster, ClusterSpec, THIS_NODE};
 use kube_proxy_rs::config::KubeProxyConfiguration;
-use kube_proxy_rs::heap::Counting;
 use kube_proxy_rs::model::Model;
 use kube_proxy_rs::net::IpFamily;
 use kube_proxy_rs::plan::context::LocalAddr;
 use kube_proxy_rs::plan::iptables::HostFeatures;
 use kube_proxy_rs::plan::nftables::{nftables_context, KernelObjects, NftablesPlanner, STAGE_OPS};
 use kube_proxy_rs::settings;
+use kube_proxy_rs::testkit::counting::{self, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -52,7 +52,7 @@ fn a_staged_first_sync_holds_one_transaction_not_the_whole_tables_rules() {
     let ctx = nftables_context(&derived.nftables_settings(model.node(), model.service_cidrs()), model.node(), &addrs);
     let mut planner = NftablesPlanner::new(ctx.clone());
 
-    let before = Counting::mark();
+    let before = counting::mark();
     let staged = planner.full_staged(&model, ctx, &KernelObjects::default(), STAGE_OPS);
     let (mut transactions, mut ops) = (0, 0);
     for tx in staged {
@@ -60,7 +60,7 @@ fn a_staged_first_sync_holds_one_transaction_not_the_whole_tables_rules() {
         ops += tx.ops.len();
     }
     planner.confirm_applied(std::time::Duration::ZERO);
-    let (peak, kept) = (Counting::peak() - before, Counting::now() - before);
+    let (peak, kept) = (counting::peak() - before, counting::now() - before);
     let over = peak.saturating_sub(kept);
     eprintln!(
         "{transactions} transactions, {ops} ops: peak {:.1} MB above the model, kept {:.1} MB, the sync's own {:.1} MB",

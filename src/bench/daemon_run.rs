@@ -74,6 +74,8 @@ pub struct Options {
     /// Also load the same rules with the tool alone (`nft -f` of
     /// upstream's text at 10,000 services takes minutes).
     pub tool: bool,
+    /// How long every family's first sync may take from the start.
+    pub first_sync_timeout: Duration,
     /// Copy the daemon's log here once it has stopped (the work directory
     /// is reused by the next run).
     pub keep_log: Option<PathBuf>,
@@ -407,13 +409,14 @@ pub fn run_daemon(opts: &Options) -> anyhow::Result<Vec<Figure>> {
         .with_context(|| format!("starting {}", opts.binary.display()))?;
     let mut daemon = Running { child, log: log.clone(), keep: opts.keep_log.clone() };
     let families = if opts.dual_stack { 2 } else { 1 };
-    let deadline = t0 + Duration::from_secs(600);
+    let deadline = t0 + opts.first_sync_timeout;
     while FirstSyncs::of(&log).complete.len() < families {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             bail!("the daemon exited ({status}); log {}", daemon.log_path().display());
         }
         if Instant::now() > deadline {
-            bail!("no first sync in 600 s; log {}", daemon.log_path().display());
+            let secs = opts.first_sync_timeout.as_secs();
+            bail!("no first sync in {secs} s; log {}", daemon.log_path().display());
         }
         std::thread::sleep(Duration::from_millis(20));
     }

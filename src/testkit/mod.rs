@@ -1,9 +1,11 @@
 //! Test kit pieces that are not fixtures: the in-process API server the
 //! integration tests and `kpr-bench daemon --source api` run the daemon
-//! against, and the comparison of `nft list table` listings that the
-//! nftables tests and `kpr-bench nftables` share.
+//! against, the counting allocator of the memory tests, and the comparison
+//! of `nft list table` listings that the nftables tests and `kpr-bench
+//! nftables` share.
 
 pub mod apiserver;
+pub mod counting;
 
 use std::collections::BTreeSet;
 

@@ -157,6 +157,12 @@ enum Cmd {
         /// Skip loading the same rules with the tool alone.
         #[arg(long)]
         no_tool: bool,
+        /// Give up when every family has not synced this many seconds after the start.
+        #[arg(long, default_value_t = 600)]
+        first_sync_timeout: u64,
+        /// Copy the daemon's log here once it has stopped.
+        #[arg(long)]
+        keep_log: Option<std::path::PathBuf>,
         /// The memory matrix at each size: `--mode` (or
         /// iptables and nftables with `--mode all`) × source (one file,
         /// one file per object, API) × single-stack and dual-stack with
@@ -669,6 +675,8 @@ fn main() {
             dual_every,
             ruleset,
             no_tool,
+            first_sync_timeout,
+            keep_log,
             matrix,
         } => {
             let binary = match binary {
@@ -693,7 +701,8 @@ fn main() {
                     api_source: source == "api",
                     churn: (*churn_rate > 0).then(|| (*churn_rate, Duration::from_secs(*churn_seconds))),
                     latency: (*latency > 0).then_some(*latency),
-                    keep_log: None,
+                    first_sync_timeout: Duration::from_secs(*first_sync_timeout),
+                    keep_log: keep_log.clone(),
                 };
                 if *matrix {
                     bench_daemon_matrix(services, mode, base, &mut r)

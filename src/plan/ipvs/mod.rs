@@ -1,12 +1,14 @@
 //! IPVS mode's planner: what each service port wants (virtual servers,
 //! real servers, set entries, kube-ipvs0 addresses; [`service`]), kept with
-//! the service ports that claim it ([`claims`]), so replanning one service
-//! port yields only its deltas; upstream's ipsets ([`sets`]), the mode's
-//! iptables rules ([`rules`]), the planner's context ([`context`]) and
-//! `--dry-run`'s text ([`render`]).
+//! the service ports that claim it ([`claims`]; real servers planned again
+//! from their claimants' inputs when needed, [`dests`]), so replanning one
+//! service port yields only its deltas; upstream's ipsets ([`sets`]), the
+//! mode's iptables rules ([`rules`]), the planner's context ([`context`])
+//! and `--dry-run`'s text ([`render`]).
 
 pub mod claims;
 pub mod context;
+pub mod dests;
 pub mod render;
 pub mod rules;
 pub mod service;
@@ -21,7 +23,8 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use claims::{Claims, GroupedClaims, Moved, Owner};
+use claims::{Claims, Moved, Owner};
+use dests::{DestMove, Dests};
 pub use service::{Contribution, PlanContext};
 pub use sets::IpvsSet;
 
@@ -84,6 +87,9 @@ pub struct IpvsDesired {
 #[derive(Debug)]
 struct Planned {
     owner: Owner,
+    /// The planner's epoch it was planned in: during a replan of every
+    /// port, an older epoch means planned with the context before it.
+    epoch: u32,
     port: Arc<ServicePort>,
     endpoints: Option<EndpointList>,
 }
@@ -125,14 +131,19 @@ impl Hash for Planned {
 }
 
 /// The IPVS-mode planner: remembers what each service port claimed, so a
-/// change replans only the service ports it touches.
+/// change replans only the service ports it touches. Real servers, ten
+/// times as many as virtual servers, are not kept: a virtual server's
+/// claimants' inputs give them again ([`dests`]).
 #[derive(Debug)]
 pub struct IpvsPlanner {
     ctx: PlanContext,
     planned: HashSet<Planned>,
     next_owner: Owner,
+    /// Counts replans of every port (see [`Planned`]'s `epoch`).
+    epoch: u32,
     services: Claims<VsKey, VsSpec>,
-    dests: GroupedClaims<VsKey, DestKey, DestSpec>,
+    /// Planned real servers, distinct (virtual server, real server) keys.
+    dest_count: usize,
     entries: Claims<(IpvsSet, SetEntry), ()>,
     addresses: Claims<IpAddr, ()>,
     set_sizes: HashMap<IpvsSet, usize>,
@@ -145,8 +156,9 @@ impl IpvsPlanner {
             ctx,
             planned: HashSet::new(),
             next_owner: 0,
+            epoch: 0,
             services: Claims::default(),
-            dests: GroupedClaims::default(),
+            dest_count: 0,
             entries: Claims::default(),
             addresses: Claims::default(),
             set_sizes: HashMap::new(),
@@ -181,6 +193,9 @@ impl IpvsPlanner {
         mut d: Option<&mut IpvsDeltas>,
     ) {
         let same_ctx = old_ctx.is_none_or(|c| *c == self.ctx);
+        if old_ctx.is_some() {
+            self.epoch = self.epoch.wrapping_add(1);
+        }
         for spn in ports {
             let sp = model.service_port(spn);
             let endpoints = model.endpoint_list(spn);
@@ -193,10 +208,12 @@ impl IpvsPlanner {
             if !unchanged {
                 let old = old.map(|p| p.contribution(old_ctx.unwrap_or(&self.ctx))).unwrap_or_default();
                 let new = sp.map(|sp| service::contribution(&self.ctx, sp, model.endpoints(spn))).unwrap_or_default();
-                self.replace(owner, &old, &new, d.as_deref_mut());
+                let dests = self.dest_moves(owner, &old, &new, old_ctx);
+                self.replace(owner, &old, &new, dests, d.as_deref_mut());
             }
             if let Some(sp) = sp {
-                self.planned.insert(Planned { owner, port: sp.clone(), endpoints: endpoints.cloned() });
+                let epoch = self.epoch;
+                self.planned.insert(Planned { owner, epoch, port: sp.clone(), endpoints: endpoints.cloned() });
             }
         }
     }
@@ -232,8 +249,65 @@ impl IpvsPlanner {
         self.plan(model, ports, Some(&old_ctx), d);
     }
 
-    /// Moves `owner`'s claims from `old` to `new`; the ops for what moved go to `d` when given.
-    fn replace(&mut self, owner: Owner, old: &Contribution, new: &Contribution, mut d: Option<&mut IpvsDeltas>) {
+    /// How the real servers move when `owner`'s contribution goes from
+    /// `old` to `new` (before its claims move); other claimants of a shared
+    /// virtual server were planned with `old_ctx` if given and planned
+    /// before this epoch, else with the current context.
+    fn dest_moves(
+        &self,
+        owner: Owner,
+        old: &Contribution,
+        new: &Contribution,
+        old_ctx: Option<&PlanContext>,
+    ) -> Vec<DestMove> {
+        let mut groups: Vec<&VsKey> = old.services.iter().chain(&new.services).map(|(k, _)| k).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let mut moved = Vec::new();
+        for vs in groups {
+            let (was, now) = (dests::under(&old.dests, vs), dests::under(&new.dests, vs));
+            if self.services.owners(vs).all(|o| o == owner) {
+                dests::moves(*vs, dests::keyed(was), dests::keyed(now), &mut moved);
+            } else {
+                let others = self.others_dests(owner, vs, old_ctx);
+                let with = |d: &Dests| {
+                    dests::effective(
+                        others.iter().copied().chain(d.iter().map(|((_, k), v)| (*k, owner, *v))).collect(),
+                    )
+                };
+                dests::moves(*vs, with(was), with(now), &mut moved);
+            }
+        }
+        moved
+    }
+
+    /// The real servers of `vs` that its claimants other than `owner` want,
+    /// planned again from their inputs (a shared virtual server is rare:
+    /// the claimants are found by a pass over the planned ports).
+    fn others_dests(&self, owner: Owner, vs: &VsKey, old_ctx: Option<&PlanContext>) -> Vec<(DestKey, Owner, DestSpec)> {
+        let others: Vec<Owner> = self.services.owners(vs).filter(|o| *o != owner).collect();
+        let mut out = Vec::new();
+        for p in self.planned.iter().filter(|p| others.contains(&p.owner)) {
+            let ctx = match old_ctx {
+                Some(c) if p.epoch != self.epoch => c,
+                _ => &self.ctx,
+            };
+            let c = p.contribution(ctx);
+            out.extend(dests::under(&c.dests, vs).iter().map(|((_, k), v)| (*k, p.owner, *v)));
+        }
+        out
+    }
+
+    /// Moves `owner`'s claims from `old` to `new`, with its real servers'
+    /// moves `dests`; the ops for what moved go to `d` when given.
+    fn replace(
+        &mut self,
+        owner: Owner,
+        old: &Contribution,
+        new: &Contribution,
+        dests: Vec<DestMove>,
+        mut d: Option<&mut IpvsDeltas>,
+    ) {
         for (k, m) in self.services.replace(owner, &old.services, &new.services) {
             if let Some(d) = d.as_deref_mut() {
                 d.ipvs.push(match m {
@@ -243,7 +317,12 @@ impl IpvsPlanner {
                 });
             }
         }
-        for ((vs, dest), m) in self.dests.replace(owner, &old.dests, &new.dests) {
+        for ((vs, dest), m) in dests {
+            match m {
+                Moved::Added(_) => self.dest_count += 1,
+                Moved::Removed => self.dest_count -= 1,
+                Moved::Changed(_) => {}
+            }
             if let Some(d) = d.as_deref_mut() {
                 d.ipvs.push(match m {
                     Moved::Added(s) => IpvsOp::AddDest(vs, dest, s),
@@ -297,11 +376,26 @@ impl IpvsPlanner {
         rules::render(cfg, &|s| self.set_has_members(s), &self.lb_no_node_access())
     }
 
-    /// The complete desired state.
+    /// The complete desired state (real servers planned again from every
+    /// port's inputs).
     pub fn desired(&self) -> IpvsDesired {
-        let mut ipvs = Vec::with_capacity(self.services.len() + self.dests.len());
+        let mut ipvs = Vec::with_capacity(self.services.len() + self.dest_count);
         ipvs.extend(self.services.iter().map(|(k, s)| IpvsOp::AddService(*k, s.clone())));
-        ipvs.extend(self.dests.iter().map(|((vs, d), s)| IpvsOp::AddDest(vs, d, *s)));
+        for p in &self.planned {
+            let c = p.contribution(&self.ctx);
+            for (vs, _) in &c.services {
+                let mut owners = self.services.owners(vs);
+                let lowest = owners.next();
+                if owners.next().is_none() {
+                    ipvs.extend(dests::under(&c.dests, vs).iter().map(|((vs, d), s)| IpvsOp::AddDest(*vs, *d, *s)));
+                } else if lowest == Some(p.owner) {
+                    // A shared virtual server: its lowest claimant lists them all.
+                    let mut all = self.others_dests(p.owner, vs, None);
+                    all.extend(dests::under(&c.dests, vs).iter().map(|((_, k), v)| (*k, p.owner, *v)));
+                    ipvs.extend(dests::effective(all).into_iter().map(|(d, s)| IpvsOp::AddDest(*vs, d, s)));
+                }
+            }
+        }
         ipvs.sort_unstable();
         IpvsDesired { ipvs, sets: self.desired_sets(), addresses: self.desired_addresses() }
     }
@@ -338,6 +432,6 @@ impl IpvsPlanner {
 
     /// Counts of planned objects: (virtual servers, real servers, set entries, addresses).
     pub fn sizes(&self) -> (usize, usize, usize, usize) {
-        (self.services.len(), self.dests.len(), self.entries.len(), self.addresses.len())
+        (self.services.len(), self.dest_count, self.entries.len(), self.addresses.len())
     }
 }

@@ -312,12 +312,12 @@ fn a_new_scheduler_edits_every_virtual_server_and_later_plans_start_from_it() {
     assert_eq!(p.sizes(), (0, 0, 0, 0));
 }
 
-#[test]
-fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
-    // Two Services with the same LB VIP and port: the lower owner's scheduler
-    // settings win; real servers are the union, each kept while any claims it.
+/// Two LoadBalancer Services `a` and `b` (b with ClientIP affinity) on one
+/// VIP and port and on `node_port` (0: none), their endpoints overlapping
+/// in one; and their port names.
+fn shared_vip(node_port: i32) -> (Model, ServicePortName, ServicePortName) {
     let lb = |name: &str, cluster_ip: &str, affinity: bool| {
-        let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, 0)]);
+        let mut s = service("ns", name, cluster_ip, &[("http", "TCP", 80, node_port)]);
         let spec = s.spec.as_mut().unwrap();
         spec.type_ = Some("LoadBalancer".into());
         if affinity {
@@ -330,7 +330,7 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
         let eps: Vec<Ep> = ips.iter().map(|ip| ep(ip, "node-b")).collect();
         applied_slice(slice("ns", name, svc, &[("http", "TCP", 8080)], &eps))
     };
-    let mut m = model_with(vec![
+    let m = model_with(vec![
         lb("a", "10.96.0.40", false),
         eps("a-1", "a", &["10.244.1.1", "10.244.1.2"]),
         lb("b", "10.96.0.41", true),
@@ -341,13 +341,23 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
         port: "http".into(),
         protocol: Protocol::Tcp,
     };
-    let (a, b) = (port("a"), port("b"));
+    (m, port("a"), port("b"))
+}
+
+/// The desired state's lines for the shared VIP.
+fn vip_lines(p: &IpvsPlanner) -> Vec<String> {
+    p.desired().ipvs.iter().map(|o| o.to_string()).filter(|l| l.contains("192.168.60.10")).collect()
+}
+
+#[test]
+fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
+    // Two Services with the same LB VIP and port: the lower owner's scheduler
+    // settings win; real servers are the union, each kept while any claims it.
+    let (mut m, a, b) = shared_vip(0);
     let mut p = IpvsPlanner::new(ctx());
     p.update(&m, [&a, &b]);
-    let vip: Vec<String> =
-        p.desired().ipvs.iter().map(|o| o.to_string()).filter(|l| l.contains("192.168.60.10")).collect();
     assert_eq!(
-        vip,
+        vip_lines(&p),
         vec![
             "-A -t 192.168.60.10:80 -s rr",
             "-a -t 192.168.60.10:80 -r 10.244.1.1:8080 -m -w 1",
@@ -360,6 +370,43 @@ fn two_ports_claiming_one_virtual_server_share_its_real_servers() {
     let ch = m.apply();
     let l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("192.168.60.10")).collect();
     assert_eq!(l, vec!["-E -t 192.168.60.10:80 -s rr -p 10800", "-d -t 192.168.60.10:80 -r 10.244.1.1:8080"]);
+}
+
+#[test]
+fn a_shared_virtual_servers_real_servers_follow_a_new_context() {
+    // Both Services also have NodePort 30080: one virtual server per node IP,
+    // shared. A new node IP replans every port in name order, a then b:
+    // while a is replanned, b still claims the old IP's virtual server as it
+    // was planned (with the old context), so each real server there goes
+    // exactly once, the shared one too.
+    let (mut m, a, b) = shared_vip(30080);
+    let mut p = IpvsPlanner::new(ctx());
+    p.update(&m, [&b, &a]);
+    let held = 3 + 3 + 2 + 2;
+    assert_eq!(p.sizes().1, held, "the VIP's three, the node port's three, each cluster IP's two");
+    let mut c = ctx();
+    c.node_port_ips = vec![ip("192.168.50.3")];
+    let mut l: Vec<String> = lines(&p.replan_all(&m, c)).into_iter().filter(|l| l.contains(":30080 -r ")).collect();
+    l.sort();
+    let ops = |op: &str, node: &str, tail: &str| {
+        ["1", "2", "3"].map(|e| format!("{op} -t 192.168.50.{node}:30080 -r 10.244.1.{e}:8080{tail}"))
+    };
+    assert_eq!(l, [ops("-a", "3", " -m -w 1"), ops("-d", "2", "")].concat());
+    assert_eq!(p.sizes().1, held);
+    // b goes (the lower owner): a's settings take over, b's own real servers go.
+    m.record(&deleted_service(service("ns", "b", "10.96.0.41", &[("http", "TCP", 80, 30080)]))).unwrap();
+    let ch = m.apply();
+    let mut l: Vec<String> = lines(&p.update(&m, &ch.ports)).into_iter().filter(|l| l.contains("10.244.1.3")).collect();
+    l.sort();
+    assert_eq!(
+        l,
+        vec![
+            "-d -t 10.96.0.41:80 -r 10.244.1.3:8080",
+            "-d -t 192.168.50.3:30080 -r 10.244.1.3:8080",
+            "-d -t 192.168.60.10:80 -r 10.244.1.3:8080",
+        ]
+    );
+    assert_eq!(p.sizes().1, 2 + 2 + 2);
 }
 
 fn scheduled(name: &str, cluster_ip: &str, annotations: &[(&str, &str)]) -> SourceEvent {
