@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::soak::{Fault, Mode, SoakLab, SoakPlan};
-use common::vm::{release_daemon, VmRun};
+use common::vm::{ReleaseBuild, VmRun};
 
 const TEST: &str = "ipvs_converges_under_churn_kill_foreign_writes_and_api_faults";
 
@@ -38,7 +38,7 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         guest();
         return;
     }
-    let daemon = release_daemon();
+    let daemon = ReleaseBuild::of("vm_soak_ipvs").daemon;
     let started = Instant::now();
     let env: Vec<String> = ["SOAK_SECONDS", "SOAK_FAMILIES"]
         .into_iter()
@@ -108,6 +108,31 @@ fn guest() {
             })
             .collect();
         let failed = labs.into_iter().map(|l| l.join()).filter(Result::is_err).count();
+        eprintln!("soak: {}", cpu_seconds());
         assert_eq!(failed, 0, "a family's soak failed (its panic is above)");
     });
+}
+
+/// Where the guest's CPU went: this test binary's threads (the harness
+/// and the test API servers), the children it waited for (daemons, dry
+/// runs, tools), and all CPUs busy since boot, in seconds
+/// (`/proc/self/stat`, `/proc/stat`; USER_HZ is 100 on Linux).
+fn cpu_seconds() -> String {
+    let ticks = |words: &[&str], at: std::ops::Range<usize>| -> f64 {
+        words.get(at).unwrap_or_default().iter().filter_map(|w| w.parse::<u64>().ok()).sum::<u64>() as f64 / 100.0
+    };
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's closing parenthesis, from the state (field 3).
+    let fields: Vec<&str> = me.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<&str> = stat.lines().next().unwrap_or_default().split_whitespace().skip(1).collect();
+    let all = ticks(&cpu, 0..cpu.len());
+    let idle = ticks(&cpu, 3..5);
+    format!(
+        "CPU: the test binary {:.0} s, its children {:.0} s; all CPUs busy {:.0} s of {:.0} s",
+        ticks(&fields, 11..13),
+        ticks(&fields, 13..15),
+        all - idle,
+        all
+    )
 }

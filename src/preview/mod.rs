@@ -89,7 +89,8 @@ pub async fn diff(mode: ProxyMode, drain_timeout: Option<Duration>, plans: &[Fam
     let mut sections = Vec::new();
     for p in plans {
         let family = p.settings.family;
-        let switch = switch_steps(mode, crate::cleanup::find_other_modes(mode, family).await, drain_timeout);
+        let found = timed("found the other modes", crate::cleanup::find_other_modes(mode, family)).await;
+        let switch = switch_steps(mode, found, drain_timeout);
         let draining = if switch.iter().any(|s| matches!(s, SwitchStep::DrainIpvs { .. })) {
             crate::cleanup::ipvs_connections(family).await
         } else {
@@ -175,14 +176,20 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
         _ => false,
     };
     let cleans_iptables = match (mode, other) {
-        (ProxyMode::Ipvs, Some(o)) => IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false),
+        (ProxyMode::Ipvs, Some(o)) => {
+            timed("read iptables mode's markers", async {
+                IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false)
+            })
+            .await
+        }
         _ => false,
     };
     let ipvs_planned = mode == ProxyMode::Ipvs;
     let mut out = Vec::new();
     out.push(ipvs_section(heading("# ipvs"), p, ipvs_planned, cleans_ipvs).await);
-    out.push(ipset_section(heading("# ipset"), p, ipvs_planned, cleans_ipvs).await);
-    out.push(address_section(heading(&format!("# addresses {DUMMY_LINK}")), p, ipvs_planned, cleans_ipvs).await);
+    out.push(timed("read the ipsets", ipset_section(heading("# ipset"), p, ipvs_planned, cleans_ipvs)).await);
+    let addresses = address_section(heading(&format!("# addresses {DUMMY_LINK}")), p, ipvs_planned, cleans_ipvs);
+    out.push(timed("read the addresses", addresses).await);
     let owned = move |table: &str, chain: &str| {
         let listed = |pr: &ChainProfile| match table {
             "nat" => pr.nat_chains.contains(&chain) || (pr.service_chains && is_service_chain(chain)),
@@ -191,13 +198,22 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
         };
         chain == CANARY || listed(own) || ((cleans_ipvs || cleans_iptables) && other.is_some_and(listed))
     };
-    out.extend(iptables_sections(&heading("# iptables"), p, mode, owned).await);
+    out.extend(timed("read iptables", iptables_sections(&heading("# iptables"), p, mode, owned)).await);
     // Our nftables table, which the daemon deletes when it starts in this mode.
-    let nft = nftables_section(heading("# nftables"), p, false).await;
+    let nft = timed("read nftables", nftables_section(heading("# nftables"), p, false)).await;
     if nft.removed > 0 {
         out.push(nft.note("nftables mode's table: removed by the switch"));
     }
-    out.push(conntrack_section(heading("# conntrack"), p).await);
+    out.push(timed("read conntrack", conntrack_section(heading("# conntrack"), p)).await);
+    out
+}
+
+/// `read` awaited, its time logged as a phase of `--dry-run --diff`
+/// (a debug line `dry-run: WHAT ms=N`).
+async fn timed<T>(what: &str, read: impl std::future::Future<Output = T>) -> T {
+    let began = std::time::Instant::now();
+    let out = read.await;
+    tracing::debug!(ms = began.elapsed().as_millis() as u64, "dry-run: {what}");
     out
 }
 
@@ -446,12 +462,16 @@ async fn iptables_sections(
             out.push(s);
             continue;
         }
-        let (desired, note) = match canonical(&bins, &planned, &p.text, mode).await {
-            Ok(saved) => (diff::parse_tables(&saved), None),
-            Err(e) => {
-                (diff::parse_tables(&planned), Some(format!("planned rules compared as written, not as saved: {e}")))
-            }
-        };
+        let (desired, note) =
+            match timed("saved the plan's rules in a scratch namespace", canonical(&bins, &planned, &p.text, mode))
+                .await
+            {
+                Ok(saved) => (diff::parse_tables(&saved), None),
+                Err(e) => (
+                    diff::parse_tables(&planned),
+                    Some(format!("planned rules compared as written, not as saved: {e}")),
+                ),
+            };
         let mut s = diff::iptables_diff(&name, &desired, &live, owned);
         if let Some(n) = note {
             s.notes.insert(0, n);
