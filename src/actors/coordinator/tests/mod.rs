@@ -395,6 +395,26 @@ fn a_poison_key_never_turns_periodic_checks_into_full_resyncs() {
     });
 }
 
+/// A virtual server whose delete the kernel refuses stays in the kernel,
+/// unplanned, while the delete waits for its retries: the periodic checks
+/// skip it there too, and never turn it into full resyncs.
+#[test]
+fn a_refused_delete_never_turns_periodic_checks_into_full_resyncs() {
+    run_paused(|| async {
+        let h = with_web(Duration::ZERO, Duration::from_secs(30)).await;
+        let dumps = h.ipvs_dumps();
+        h.k.journal.fail("-D -t 10.96.0.20:80", u32::MAX);
+        h.send(vec![deleted_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]))]).await;
+        sleep(Duration::from_secs(240)).await;
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().filter(|s| s.periodic).count() >= 3, "{syncs:?}");
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
+        assert_eq!(h.ipvs_dumps(), dumps, "the periodic checks skip the virtual server in the kernel too");
+        assert!(h.at("FAILED ipvs -D -t 10.96.0.20:80").len() >= 10, "the delete is retried");
+        assert_eq!(h.ipvs_stats().failing_keys, 1);
+    });
+}
+
 #[test]
 fn an_unknown_outcome_resyncs_that_actor_only() {
     run_paused(|| async {
