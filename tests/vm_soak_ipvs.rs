@@ -11,12 +11,15 @@
 //! dual-stack with a real server removed (`ipvsadm -d`), a kube-ipvs0
 //! address deleted, the watches closed and 410 Gone.
 //!
-//! The daemon in the VM is the release build ([`common::vm::release_daemon`]):
-//! under TCG a debug daemon's user space is most of the time (its first
-//! full sync after a restart 137–143 s against ≈ 10 s).
+//! The daemon and this test in the VM are release builds
+//! ([`common::vm::ReleaseBuild`]): under TCG a debug daemon's user space
+//! was most of the time (its first full sync after a restart 137–143 s
+//! against ≈ 10 s), and the debug harness and test API servers half of
+//! the guest's CPU.
 //!
-//! On the host the test boots the VM (tests/vm/run-vm-test.sh) with this
-//! test binary and the daemon inside; there it runs again (VMTEST=1).
+//! On the host the test boots the VM (tests/vm/run-vm-test.sh) with the
+//! release build of this test binary and the daemon inside; there it runs
+//! again (VMTEST=1).
 //! `SOAK_FAMILIES=4` or `=6` runs one family only (to iterate).
 //!
 //! Needs root, qemu and the packages `.ci/install-deps.sh` installs; it
@@ -38,7 +41,7 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         guest();
         return;
     }
-    let daemon = ReleaseBuild::of("vm_soak_ipvs").daemon;
+    let release = ReleaseBuild::of("vm_soak_ipvs");
     let started = Instant::now();
     let env: Vec<String> = ["SOAK_SECONDS", "SOAK_FAMILIES"]
         .into_iter()
@@ -46,7 +49,9 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         .collect();
     // A hang guard, not a budget: both labs took 808 s in the VM at host
     // load 11-16 (other builds and VMs); no second boot, a hang would double it.
-    let run = VmRun::this_test(TEST, 1200, 0, 1536, &daemon, &env);
+    // The release build of this test in the guest: as debug code under TCG
+    // its harness and the test API servers took half of the guest's CPU.
+    let run = VmRun::test_of(release.tests.as_ref(), TEST, 1200, 0, 1536, &release.daemon, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
     eprintln!("VM soak took {:.0} s", started.elapsed().as_secs_f64());

@@ -255,6 +255,8 @@ pub struct SoakLab {
     /// Changes applied, and checks passed.
     pub changes: u64,
     pub checks: usize,
+    /// Time spent churning (the faults' own churn included).
+    churned: Duration,
 }
 
 impl SoakLab {
@@ -287,6 +289,7 @@ impl SoakLab {
             syncs_reported: 0,
             changes: 0,
             checks: 0,
+            churned: Duration::ZERO,
         };
         lab.write_config(dual_stack);
         lab.start_daemon();
@@ -451,20 +454,28 @@ impl SoakLab {
                 std::thread::sleep(wait);
             }
         }
+        self.churned += start.elapsed();
     }
 
     /// The whole run: per segment churn, the fault, more churn, the
-    /// convergence check; then the RSS and log verdicts.
+    /// convergence check; then the RSS and log verdicts. One segment per
+    /// fault (one without faults): the last fault's check is the check at
+    /// the end of the churn. A fault's own churn (the API server away or
+    /// answering 500s) is part of its segment's.
     pub fn run(&mut self, plan: &SoakPlan) {
-        let segments = plan.faults.len() as u32 + 1;
-        let segment = plan.churn / segments;
-        for fault in plan.faults.iter().copied().map(Some).chain([None]) {
+        let faults: Vec<Option<Fault>> = match plan.faults.as_slice() {
+            [] => vec![None],
+            faults => faults.iter().copied().map(Some).collect(),
+        };
+        let segment = plan.churn / faults.len() as u32;
+        for fault in faults {
+            let began = self.churned;
             self.churn(segment / 2, plan.rate);
             if let Some(f) = fault {
                 self.say(format_args!("{f:?} after {} changes", self.changes));
                 self.inject(f, plan.rate);
             }
-            self.churn(segment / 2, plan.rate);
+            self.churn(segment.saturating_sub(self.churned - began), plan.rate);
             if fault.is_some_and(|f| f.waits_for_full_resync(self.mode)) {
                 // A new daemon's first sync is full (a SIGHUP with the same
                 // config applies nothing).
@@ -828,7 +839,12 @@ impl SoakLab {
         if let Some(d) = self.daemon.take() {
             d.stop();
         }
-        self.say(format_args!("{} changes, {} checks", self.changes, self.checks));
+        self.say(format_args!(
+            "{} changes in {:.0} s of churn, {} checks",
+            self.changes,
+            self.churned.as_secs_f64(),
+            self.checks
+        ));
     }
 }
 
