@@ -257,6 +257,8 @@ pub struct SoakLab {
     pub checks: usize,
     /// Time spent churning (the faults' own churn included).
     churned: Duration,
+    /// The watches the first daemon had open at its first sync.
+    watches: usize,
 }
 
 impl SoakLab {
@@ -290,6 +292,7 @@ impl SoakLab {
             changes: 0,
             checks: 0,
             churned: Duration::ZERO,
+            watches: 0,
         };
         lab.write_config(dual_stack);
         lab.start_daemon();
@@ -386,6 +389,9 @@ impl SoakLab {
             self.instances.len(),
             started.elapsed().as_secs_f64()
         ));
+        if self.instances.len() == 1 {
+            self.watches = self.api.open_watches();
+        }
         self.daemon = Some(d);
     }
 
@@ -757,8 +763,10 @@ impl SoakLab {
     }
 
     /// Waits until the running daemon has gone quiet (no sync under way
-    /// and none finished for [`QUIET`]) and, when `periodic`, has finished
-    /// a syncPeriod sync (its drift checks) since now. In IPVS mode a
+    /// and none finished for [`QUIET`]) with as many watches open as the
+    /// first daemon had (after an API server fault it is quiet while its
+    /// watches wait to come back, behind on the churn) and, when
+    /// `periodic`, has finished a syncPeriod sync (its drift checks) since now. In IPVS mode a
     /// `--dry-run --diff` before that would find the repair still to come,
     /// and each one costs 15-40 s in the VM (a second on the host, where
     /// the retries are cheaper than waiting).
@@ -774,10 +782,14 @@ impl SoakLab {
             let text = read();
             let syncs = finished_syncs(&text);
             let checked = !periodic || syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
-            if syncs.len() != seen || sync_in_progress(&text).is_some() {
+            if syncs.len() != seen || sync_in_progress(&text).is_some() || self.api.open_watches() < self.watches {
                 (seen, quiet_since) = (syncs.len(), Instant::now());
             } else if checked && quiet_since.elapsed() >= QUIET {
-                self.say(format_args!("the daemon settled in {:.1} s", start.elapsed().as_secs_f64()));
+                let watches = self.watches;
+                self.say(format_args!(
+                    "the daemon settled in {:.1} s ({watches} watches)",
+                    start.elapsed().as_secs_f64()
+                ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
