@@ -698,7 +698,7 @@ impl SoakLab {
                 (false, Some(d)) => {
                     format!("{} real servers of weight 0, {} without connections", d.len(), drained.len())
                 }
-                (false, None) => left.join("; "),
+                (false, None) => format!("{}; {}", left.join("; "), changed_lines(&text, 8).replace('\n', " | ")),
             };
             attempts.push(format!("{:.1} s ({what}; {})", began.elapsed().as_secs_f64(), phases.join(", ")));
             match left {
@@ -708,7 +708,7 @@ impl SoakLab {
                     attempts.push(format!("{waited:.1} s for graceful termination's check"));
                     Err(format!("real servers of weight 0 the kernel shows no connection through: {drained:?}"))
                 }
-                left => Err(format!("{left:?}\n{}", changed_lines(&text))),
+                left => Err(format!("{left:?}\n{}", changed_lines(&text, 40))),
             }
         });
         self.say(format_args!("--dry-run --diff {when}: {}", attempts.join(", ")));
@@ -865,8 +865,8 @@ fn value_text(v: &Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), String::from)
 }
 
-/// The `+`/`-` lines of a preview, at most 40.
-fn changed_lines(preview: &str) -> String {
-    let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(40).collect();
+/// The `+`/`-` lines of a preview, at most `most`.
+fn changed_lines(preview: &str, most: usize) -> String {
+    let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(most).collect();
     lines.join("\n")
 }
