@@ -116,7 +116,10 @@ fn plans<M: Mode>(cfg: &KubeProxyConfiguration, events: &[SourceEvent]) -> Resul
     let events = take::<M>(&node_name, events);
     let mut plans = Vec::new();
     for family in families.all() {
-        let settings = settings::derive(cfg, family, &node_name, host::<M>(cfg, family));
+        let began = Instant::now();
+        let host = host::<M>(cfg, family);
+        tracing::debug!(ms = millis(began), ?family, "dry-run: probed the host");
+        let settings = settings::derive(cfg, family, &node_name, host);
         let model = model(&settings, &events);
         let text = M::dry_run(&settings, &model, &addrs);
         // The first sync's conntrack reconcile, which `--diff` previews.

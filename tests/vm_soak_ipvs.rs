@@ -6,17 +6,20 @@
 //! qemu VM (IPVS is not on the host). One boot runs both families at once,
 //! each in its own lab (network namespaces: IPVS is per namespace), each
 //! with the whole churn time (`SOAK_SECONDS`, default 120): single-stack
-//! with kill -9 in a sync, a `KUBE-CLUSTER-IP` member deleted and the API
-//! server restarting, answering 500s and a burst of 1,000 changes;
-//! dual-stack with a real server removed (`ipvsadm -d`), a kube-ipvs0
-//! address deleted, the watches closed and 410 Gone.
+//! with kill -9 in a sync, a `KUBE-CLUSTER-IP` member deleted, the API
+//! server answering 500s and a burst of 1,000 changes; dual-stack with a
+//! real server removed (`ipvsadm -d`), a kube-ipvs0 address deleted, the
+//! API server restarting, the watches closed and 410 Gone.
 //!
-//! The daemon in the VM is the release build ([`common::vm::release_daemon`]):
-//! under TCG a debug daemon's user space is most of the time (its first
-//! full sync after a restart 137–143 s against ≈ 10 s).
+//! The daemon and this test in the VM are release builds
+//! ([`common::vm::ReleaseBuild`]): under TCG a debug daemon's user space
+//! was most of the time (its first full sync after a restart 137–143 s
+//! against ≈ 10 s), and the debug harness and test API servers half of
+//! the guest's CPU.
 //!
-//! On the host the test boots the VM (tests/vm/run-vm-test.sh) with this
-//! test binary and the daemon inside; there it runs again (VMTEST=1).
+//! On the host the test boots the VM (tests/vm/run-vm-test.sh) with the
+//! release build of this test binary and the daemon inside; there it runs
+//! again (VMTEST=1).
 //! `SOAK_FAMILIES=4` or `=6` runs one family only (to iterate).
 //!
 //! Needs root, qemu and the packages `.ci/install-deps.sh` installs; it
@@ -28,7 +31,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::soak::{Fault, Mode, SoakLab, SoakPlan};
-use common::vm::{release_daemon, VmRun};
+use common::vm::{ReleaseBuild, VmRun};
 
 const TEST: &str = "ipvs_converges_under_churn_kill_foreign_writes_and_api_faults";
 
@@ -38,15 +41,18 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         guest();
         return;
     }
-    let daemon = release_daemon();
+    let release = ReleaseBuild::of("vm_soak_ipvs");
     let started = Instant::now();
     let env: Vec<String> = ["SOAK_SECONDS", "SOAK_FAMILIES"]
         .into_iter()
         .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
         .collect();
-    // A hang guard, not a budget: both labs took 808 s in the VM at host
-    // load 11-16 (other builds and VMs); no second boot, a hang would double it.
-    let run = VmRun::this_test(TEST, 1200, 0, 1536, &daemon, &env);
+    // The release build of this test in the guest: as debug code under TCG
+    // its harness and the test API servers took half of the guest's CPU.
+    // The timeout is a hang guard, not a budget: 211-347 s in the VM at
+    // host load 0.4-9 (437 s with the debug guest side, 808 s with a slower
+    // soak at load 11-16); no second boot, a hang would double it.
+    let run = VmRun::test_of(release.tests.as_ref(), TEST, 900, 0, 1536, &release.daemon, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
     eprintln!("VM soak took {:.0} s", started.elapsed().as_secs_f64());
@@ -84,12 +90,21 @@ fn guest() {
     assert!(loaded.success(), "modprobe -a {modules:?}: {loaded}");
     let families = std::env::var("SOAK_FAMILIES").unwrap_or_else(|_| "4,6".into());
     let runs: Vec<(&str, bool, u64, Vec<Fault>)> = [
-        ("ipvs4", false, 51, vec![Fault::Kill9, Fault::DeleteElement, Fault::ApiRestart, Fault::Api500, Fault::Burst]),
+        // Each lab's checks cost about the same (the slower lab is the wall
+        // time): the API server's restart and its 500s each settle for
+        // ≈ 12 s while the watches back off, so one is in each lab.
+        ("ipvs4", false, 51, vec![Fault::Kill9, Fault::DeleteElement, Fault::Api500, Fault::Burst]),
         (
             "ipvs6",
             true,
             52,
-            vec![Fault::RemoveRealServer, Fault::DeleteServiceAddress, Fault::CloseWatches, Fault::Gone410],
+            vec![
+                Fault::RemoveRealServer,
+                Fault::DeleteServiceAddress,
+                Fault::ApiRestart,
+                Fault::CloseWatches,
+                Fault::Gone410,
+            ],
         ),
     ]
     .into_iter()
@@ -108,6 +123,31 @@ fn guest() {
             })
             .collect();
         let failed = labs.into_iter().map(|l| l.join()).filter(Result::is_err).count();
+        eprintln!("soak: {}", cpu_seconds());
         assert_eq!(failed, 0, "a family's soak failed (its panic is above)");
     });
+}
+
+/// Where the guest's CPU went: this test binary's threads (the harness
+/// and the test API servers), the children it waited for (daemons, dry
+/// runs, tools), and all CPUs busy since boot, in seconds
+/// (`/proc/self/stat`, `/proc/stat`; USER_HZ is 100 on Linux).
+fn cpu_seconds() -> String {
+    let ticks = |words: &[&str], at: std::ops::Range<usize>| -> f64 {
+        words.get(at).unwrap_or_default().iter().filter_map(|w| w.parse::<u64>().ok()).sum::<u64>() as f64 / 100.0
+    };
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's closing parenthesis, from the state (field 3).
+    let fields: Vec<&str> = me.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<&str> = stat.lines().next().unwrap_or_default().split_whitespace().skip(1).collect();
+    let all = ticks(&cpu, 0..cpu.len());
+    let idle = ticks(&cpu, 3..5);
+    format!(
+        "CPU: the test binary {:.0} s, its children {:.0} s; all CPUs busy {:.0} s of {:.0} s",
+        ticks(&fields, 11..13),
+        ticks(&fields, 13..15),
+        all - idle,
+        all
+    )
 }

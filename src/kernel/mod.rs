@@ -177,21 +177,29 @@ impl fmt::Display for VsDrift {
 
 /// How the virtual servers read from the kernel differ from the
 /// AddService ops in `desired`: the first missing, extra or changed one,
-/// or None. Services outside `owned` are not compared; a service read
-/// twice counts once.
+/// or None. Services outside `owned` are not compared, nor those a
+/// `DelService` op in `desired` names (an op for them waits for its retry:
+/// the kernel may have them or not); a service read twice counts once.
 pub fn ipvs_services_differ(
     desired: &[IpvsOp],
     have: impl IntoIterator<Item = (VsKey, VsSpec)>,
     owned: impl Fn(&VsKey) -> bool,
 ) -> Option<VsDrift> {
-    let want: BTreeMap<&VsKey, &VsSpec> = desired
+    let skipped: BTreeSet<&VsKey> = desired
         .iter()
         .filter_map(|op| match op {
-            IpvsOp::AddService(k, s) => Some((k, s)),
+            IpvsOp::DelService(k) => Some(k),
             _ => None,
         })
         .collect();
-    let have: BTreeMap<VsKey, VsSpec> = have.into_iter().filter(|(k, _)| owned(k)).collect();
+    let want: BTreeMap<&VsKey, &VsSpec> = desired
+        .iter()
+        .filter_map(|op| match op {
+            IpvsOp::AddService(k, s) if !skipped.contains(k) => Some((k, s)),
+            _ => None,
+        })
+        .collect();
+    let have: BTreeMap<VsKey, VsSpec> = have.into_iter().filter(|(k, _)| owned(k) && !skipped.contains(k)).collect();
     let mut want = want.into_iter().peekable();
     for (k, h) in have {
         if let Some((w, s)) = want.next_if(|(w, _)| **w < k) {

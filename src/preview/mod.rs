@@ -35,12 +35,14 @@ mod scratch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::future::join_all;
+
 use crate::config::ProxyMode;
 use crate::kernel::conntrack::codec::Entry;
 use crate::kernel::conntrack::filter::is_stale;
 use crate::kernel::conntrack::NetlinkConntrack;
 use crate::kernel::iptables::chains::{is_service_chain, ChainProfile, CANARY, IPTABLES_PROFILE, IPVS_PROFILE};
-use crate::kernel::iptables::{IptablesBinaries, IptablesHandle};
+use crate::kernel::iptables::IptablesBinaries;
 use crate::kernel::ipvs::netlink::{IpvsError, NetlinkIpvs};
 use crate::kernel::ipvs::services_agreed;
 use crate::kernel::link::DummyLink;
@@ -53,7 +55,7 @@ use crate::net::{IpFamily, Protocol};
 use crate::plan::ipvs::IpvsSet;
 use crate::plan::nftables::names::TABLE as NFT_TABLE;
 use crate::plan::nftables::ruleset::nft_family;
-use crate::plan::switch::{drain_round, switch_steps, SwitchStep};
+use crate::plan::switch::{drain_round, switch_steps, Found, SwitchStep};
 use crate::settings::FamilySettings;
 
 use self::diff::{SectionDiff, Tables};
@@ -85,20 +87,28 @@ pub struct FamilyPlan {
 /// drain limited to `drain_timeout`, with the virtual servers it would
 /// wait for now).
 pub async fn diff(mode: ProxyMode, drain_timeout: Option<Duration>, plans: &[FamilyPlan]) -> String {
-    let mut steps = String::new();
-    let mut sections = Vec::new();
-    for p in plans {
-        let family = p.settings.family;
-        let switch = switch_steps(mode, crate::cleanup::find_other_modes(mode, family).await, drain_timeout);
-        let draining = if switch.iter().any(|s| matches!(s, SwitchStep::DrainIpvs { .. })) {
-            crate::cleanup::ipvs_connections(family).await
-        } else {
-            Vec::new()
-        };
-        steps.push_str(&switch_text(&switch, &draining, &p.suffix));
-        sections.extend(family_diff(mode, p).await);
-    }
+    // The families at once: each one's reads wait on tools and the kernel.
+    let families = join_all(plans.iter().map(|p| family_preview(mode, drain_timeout, p))).await;
+    let steps: String = families.iter().map(|(steps, _)| steps.as_str()).collect();
+    let sections: Vec<SectionDiff> = families.into_iter().flat_map(|(_, sections)| sections).collect();
     format!("{steps}{}", diff::render(&sections))
+}
+
+/// One family's switch steps (as text) and its sections.
+async fn family_preview(
+    mode: ProxyMode,
+    drain_timeout: Option<Duration>,
+    p: &FamilyPlan,
+) -> (String, Vec<SectionDiff>) {
+    let family = p.settings.family;
+    let found = timed("found the other modes", crate::cleanup::find_other_modes(mode, family)).await;
+    let switch = switch_steps(mode, found, drain_timeout);
+    let draining = if switch.iter().any(|s| matches!(s, SwitchStep::DrainIpvs { .. })) {
+        crate::cleanup::ipvs_connections(family).await
+    } else {
+        Vec::new()
+    };
+    (switch_text(&switch, &draining, &p.suffix), family_diff(mode, p, found).await)
 }
 
 /// Virtual servers with connections listed under the drain step, at most.
@@ -158,31 +168,23 @@ fn profiles(mode: ProxyMode) -> (&'static ChainProfile, Option<&'static ChainPro
     }
 }
 
-async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
-    let family = p.settings.family;
+/// The family's sections; `found` is what the other modes left (read once,
+/// for the switch's steps): it says whether the first sync cleans one up.
+async fn family_diff(mode: ProxyMode, p: &FamilyPlan, found: Found) -> Vec<SectionDiff> {
     let heading = |h: &str| format!("{h}{}", p.suffix);
     if mode == ProxyMode::Nftables {
         let note = "iptables and IPVS mode's leftovers, which the daemon removes when their chains are there, are not previewed";
-        let nft = nftables_section(heading("# nftables"), p, true).await.note(note);
-        return vec![nft, conntrack_section(heading("# conntrack"), p).await];
+        let (nft, conntrack) = futures::join!(
+            nftables_section(heading("# nftables"), p, true),
+            conntrack_section(heading("# conntrack"), p)
+        );
+        return vec![nft.note(note), conntrack];
     }
     let (own, other) = profiles(mode);
     // Whether the first sync would clean up the other mode (its marker chains are there).
-    let cleans_ipvs = match (mode, other) {
-        (ProxyMode::Iptables, Some(o)) => {
-            IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false)
-        }
-        _ => false,
-    };
-    let cleans_iptables = match (mode, other) {
-        (ProxyMode::Ipvs, Some(o)) => IptablesHandle::new(family).for_mode(o).has_leftovers().await.unwrap_or(false),
-        _ => false,
-    };
+    let cleans_ipvs = mode == ProxyMode::Iptables && found.ipvs_chains;
+    let cleans_iptables = mode == ProxyMode::Ipvs && found.iptables_chains;
     let ipvs_planned = mode == ProxyMode::Ipvs;
-    let mut out = Vec::new();
-    out.push(ipvs_section(heading("# ipvs"), p, ipvs_planned, cleans_ipvs).await);
-    out.push(ipset_section(heading("# ipset"), p, ipvs_planned, cleans_ipvs).await);
-    out.push(address_section(heading(&format!("# addresses {DUMMY_LINK}")), p, ipvs_planned, cleans_ipvs).await);
     let owned = move |table: &str, chain: &str| {
         let listed = |pr: &ChainProfile| match table {
             "nat" => pr.nat_chains.contains(&chain) || (pr.service_chains && is_service_chain(chain)),
@@ -191,13 +193,41 @@ async fn family_diff(mode: ProxyMode, p: &FamilyPlan) -> Vec<SectionDiff> {
         };
         chain == CANARY || listed(own) || ((cleans_ipvs || cleans_iptables) && other.is_some_and(listed))
     };
-    out.extend(iptables_sections(&heading("# iptables"), p, mode, owned).await);
-    // Our nftables table, which the daemon deletes when it starts in this mode.
-    let nft = nftables_section(heading("# nftables"), p, false).await;
-    if nft.removed > 0 {
+    // Our nftables table, which the daemon deletes when it starts in this
+    // mode: read only where it is (or where that could not be told).
+    let nftables = async {
+        if found.nftables_table {
+            Some(nftables_section(heading("# nftables"), p, false).await)
+        } else {
+            None
+        }
+    };
+    // Each section reads on its own (tools, netlink, a scratch namespace): all at once.
+    let addresses = address_section(heading(&format!("# addresses {DUMMY_LINK}")), p, ipvs_planned, cleans_ipvs);
+    let iptables_heading = heading("# iptables");
+    let (ipvs, ipset, addresses, iptables, nft, conntrack) = futures::join!(
+        ipvs_section(heading("# ipvs"), p, ipvs_planned, cleans_ipvs),
+        timed("read the ipsets", ipset_section(heading("# ipset"), p, ipvs_planned, cleans_ipvs)),
+        timed("read the addresses", addresses),
+        timed("read iptables", iptables_sections(&iptables_heading, p, mode, owned)),
+        timed("read nftables", nftables),
+        timed("read conntrack", conntrack_section(heading("# conntrack"), p)),
+    );
+    let mut out = vec![ipvs, ipset, addresses];
+    out.extend(iptables);
+    if let Some(nft) = nft.filter(|nft| nft.removed > 0) {
         out.push(nft.note("nftables mode's table: removed by the switch"));
     }
-    out.push(conntrack_section(heading("# conntrack"), p).await);
+    out.push(conntrack);
+    out
+}
+
+/// `read` awaited, its time logged as a phase of `--dry-run --diff`
+/// (a debug line `dry-run: WHAT ms=N`).
+async fn timed<T>(what: &str, read: impl std::future::Future<Output = T>) -> T {
+    let began = std::time::Instant::now();
+    let out = read.await;
+    tracing::debug!(ms = began.elapsed().as_millis() as u64, "dry-run: {what}");
     out
 }
 
@@ -406,9 +436,6 @@ async fn address_section(heading: String, p: &FamilyPlan, planned: bool, cleans:
     }
 }
 
-/// The tables the preview reads.
-const TABLES: [&str; 3] = ["mangle", "nat", "filter"];
-
 async fn iptables_sections(
     heading: &str,
     p: &FamilyPlan,
@@ -446,12 +473,16 @@ async fn iptables_sections(
             out.push(s);
             continue;
         }
-        let (desired, note) = match canonical(&bins, &planned, &p.text, mode).await {
-            Ok(saved) => (diff::parse_tables(&saved), None),
-            Err(e) => {
-                (diff::parse_tables(&planned), Some(format!("planned rules compared as written, not as saved: {e}")))
-            }
-        };
+        let (desired, note) =
+            match timed("saved the plan's rules in a scratch namespace", canonical(&bins, &planned, &p.text, mode))
+                .await
+            {
+                Ok(saved) => (diff::parse_tables(&saved), None),
+                Err(e) => (
+                    diff::parse_tables(&planned),
+                    Some(format!("planned rules compared as written, not as saved: {e}")),
+                ),
+            };
         let mut s = diff::iptables_diff(&name, &desired, &live, owned);
         if let Some(n) = note {
             s.notes.insert(0, n);
@@ -474,19 +505,19 @@ async fn used_backend(family: IpFamily) -> Option<String> {
     }
 }
 
-/// The live tables of one backend (a table the kernel lacks is empty).
+/// The live tables of one backend: one `iptables-save`, every table the
+/// kernel has (a table it lacks is empty; none where the backend has no
+/// tables at all).
 async fn saved_tables(bins: &IptablesBinaries) -> Result<Tables, LiveReadError> {
-    let mut text = String::new();
-    for table in TABLES {
-        let op = format!("{} -t {table}", bins.save);
-        let out = tool::run(&op, &bins.save, &["-t", table], None).await?;
-        if out.success() {
-            text.push_str(&out.stdout);
-        } else if !out.stderr.contains("does not exist") && !out.stderr.contains("initialize") {
-            return Err(LiveReadError::Refused(format!("{op}: {}", out.message())));
-        }
+    let out = tool::run(&bins.save, &bins.save, &[], None).await?;
+    let absent = ["does not exist", "initialize", "Can't open"];
+    if out.success() {
+        Ok(diff::parse_tables(&out.stdout))
+    } else if absent.iter().any(|a| out.stderr.contains(a)) {
+        Ok(Tables::new())
+    } else {
+        Err(LiveReadError::Refused(format!("{}: {}", bins.save, out.message())))
     }
-    Ok(diff::parse_tables(&text))
 }
 
 /// `restore` loaded into a private network namespace with `bins` and saved

@@ -255,6 +255,10 @@ pub struct SoakLab {
     /// Changes applied, and checks passed.
     pub changes: u64,
     pub checks: usize,
+    /// Time spent churning (the faults' own churn included).
+    churned: Duration,
+    /// The watches the first daemon had open at its first sync.
+    watches: usize,
 }
 
 impl SoakLab {
@@ -287,6 +291,8 @@ impl SoakLab {
             syncs_reported: 0,
             changes: 0,
             checks: 0,
+            churned: Duration::ZERO,
+            watches: 0,
         };
         lab.write_config(dual_stack);
         lab.start_daemon();
@@ -383,6 +389,9 @@ impl SoakLab {
             self.instances.len(),
             started.elapsed().as_secs_f64()
         ));
+        if self.instances.len() == 1 {
+            self.watches = self.api.open_watches();
+        }
         self.daemon = Some(d);
     }
 
@@ -451,20 +460,28 @@ impl SoakLab {
                 std::thread::sleep(wait);
             }
         }
+        self.churned += start.elapsed();
     }
 
     /// The whole run: per segment churn, the fault, more churn, the
-    /// convergence check; then the RSS and log verdicts.
+    /// convergence check; then the RSS and log verdicts. One segment per
+    /// fault (one without faults): the last fault's check is the check at
+    /// the end of the churn. A fault's own churn (the API server away or
+    /// answering 500s) is part of its segment's.
     pub fn run(&mut self, plan: &SoakPlan) {
-        let segments = plan.faults.len() as u32 + 1;
-        let segment = plan.churn / segments;
-        for fault in plan.faults.iter().copied().map(Some).chain([None]) {
+        let faults: Vec<Option<Fault>> = match plan.faults.as_slice() {
+            [] => vec![None],
+            faults => faults.iter().copied().map(Some).collect(),
+        };
+        let segment = plan.churn / faults.len() as u32;
+        for fault in faults {
+            let began = self.churned;
             self.churn(segment / 2, plan.rate);
             if let Some(f) = fault {
                 self.say(format_args!("{f:?} after {} changes", self.changes));
                 self.inject(f, plan.rate);
             }
-            self.churn(segment / 2, plan.rate);
+            self.churn(segment.saturating_sub(self.churned - began), plan.rate);
             if fault.is_some_and(|f| f.waits_for_full_resync(self.mode)) {
                 // A new daemon's first sync is full (a SIGHUP with the same
                 // config applies nothing).
@@ -681,7 +698,7 @@ impl SoakLab {
                 (false, Some(d)) => {
                     format!("{} real servers of weight 0, {} without connections", d.len(), drained.len())
                 }
-                (false, None) => left.join("; "),
+                (false, None) => format!("{}; {}", left.join("; "), changed_lines(&text, 8).replace('\n', " | ")),
             };
             attempts.push(format!("{:.1} s ({what}; {})", began.elapsed().as_secs_f64(), phases.join(", ")));
             match left {
@@ -691,7 +708,7 @@ impl SoakLab {
                     attempts.push(format!("{waited:.1} s for graceful termination's check"));
                     Err(format!("real servers of weight 0 the kernel shows no connection through: {drained:?}"))
                 }
-                left => Err(format!("{left:?}\n{}", changed_lines(&text))),
+                left => Err(format!("{left:?}\n{}", changed_lines(&text, 40))),
             }
         });
         self.say(format_args!("--dry-run --diff {when}: {}", attempts.join(", ")));
@@ -746,8 +763,10 @@ impl SoakLab {
     }
 
     /// Waits until the running daemon has gone quiet (no sync under way
-    /// and none finished for [`QUIET`]) and, when `periodic`, has finished
-    /// a syncPeriod sync (its drift checks) since now. In IPVS mode a
+    /// and none finished for [`QUIET`]) with as many watches open as the
+    /// first daemon had (after an API server fault it is quiet while its
+    /// watches wait to come back, behind on the churn) and, when
+    /// `periodic`, has finished a syncPeriod sync (its drift checks) since now. In IPVS mode a
     /// `--dry-run --diff` before that would find the repair still to come,
     /// and each one costs 15-40 s in the VM (a second on the host, where
     /// the retries are cheaper than waiting).
@@ -763,10 +782,14 @@ impl SoakLab {
             let text = read();
             let syncs = finished_syncs(&text);
             let checked = !periodic || syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
-            if syncs.len() != seen || sync_in_progress(&text).is_some() {
+            if syncs.len() != seen || sync_in_progress(&text).is_some() || self.api.open_watches() < self.watches {
                 (seen, quiet_since) = (syncs.len(), Instant::now());
             } else if checked && quiet_since.elapsed() >= QUIET {
-                self.say(format_args!("the daemon settled in {:.1} s", start.elapsed().as_secs_f64()));
+                let watches = self.watches;
+                self.say(format_args!(
+                    "the daemon settled in {:.1} s ({watches} watches)",
+                    start.elapsed().as_secs_f64()
+                ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -828,7 +851,12 @@ impl SoakLab {
         if let Some(d) = self.daemon.take() {
             d.stop();
         }
-        self.say(format_args!("{} changes, {} checks", self.changes, self.checks));
+        self.say(format_args!(
+            "{} changes in {:.0} s of churn, {} checks",
+            self.changes,
+            self.churned.as_secs_f64(),
+            self.checks
+        ));
     }
 }
 
@@ -837,8 +865,8 @@ fn value_text(v: &Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), String::from)
 }
 
-/// The `+`/`-` lines of a preview, at most 40.
-fn changed_lines(preview: &str) -> String {
-    let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(40).collect();
+/// The `+`/`-` lines of a preview, at most `most`.
+fn changed_lines(preview: &str, most: usize) -> String {
+    let lines: Vec<&str> = preview.lines().filter(|l| l.starts_with('+') || l.starts_with('-')).take(most).collect();
     lines.join("\n")
 }

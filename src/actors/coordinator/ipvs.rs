@@ -163,13 +163,18 @@ impl IpvsDataplane {
 
     /// The syncPeriod's checks, for the actors not already getting a full
     /// batch. Keys waiting for a retry are left out: what the kernel refused
-    /// is not drift, and its retry is already planned.
+    /// is not drift, and its retry is already planned. The IPVS check skips
+    /// such a virtual server on the kernel's side too (a `DelService` in its
+    /// batch, [`crate::kernel::ipvs_services_differ`]): a refused delete or
+    /// edit leaves it in the kernel, unplanned or with its old spec.
     fn add_checks(&self, stage: &mut Stage) {
         let generation = stage.generation;
         let w = &self.waiting;
         if !is_full(stage.ipvs.as_ref()) {
             let mut services = self.planner.desired_services();
             services.retain(|op| !w.ipvs.is_pending(&op.key()));
+            let pending = w.ipvs.iter().filter(|p| p.op.key().1.is_none());
+            services.extend(pending.map(|p| IpvsOp::DelService(*p.op.vs())));
             stage.check_ipvs = Some(batch(generation, SyncMode::Verify, services));
         }
         for (set, mut members) in self.planner.desired_sets() {

@@ -50,8 +50,43 @@ impl IpvsDeltas {
         self.ipvs.len() + self.sets.values().map(Vec::len).sum::<usize>() + self.link.len()
     }
 
-    /// Each actor's ops in order, without spare room.
+    /// Each actor's ops in order, without spare room. A key one service
+    /// port released and another claimed in the same update (a port
+    /// renamed, or its protocol changed: the Service's cluster IP and its
+    /// `KUBE-IPVS-IPS` member stay) comes as a delete then an add; sorted,
+    /// the add would run first and the delete undo it, so such a pair
+    /// becomes what it nets to: nothing for an address or a set member, an
+    /// edit for a virtual or real server.
     fn sorted(mut self) -> IpvsDeltas {
+        let unbind = |op: &LinkOp| matches!(op, LinkOp::Unbind(_)).then_some(*op.addr());
+        let bind = |op: &LinkOp| matches!(op, LinkOp::Bind(_)).then_some(*op.addr());
+        let rebound = net_pairs(&mut self.link, unbind, bind);
+        self.link.retain(|op| bind(op).is_none_or(|a| !rebound.contains(&a)));
+        for ops in self.sets.values_mut() {
+            let del = |op: &IpsetOp| if let IpsetOp::Del(e) = op { Some(*e) } else { None };
+            let add = |op: &IpsetOp| if let IpsetOp::Add(e) = op { Some(*e) } else { None };
+            let readded = net_pairs(ops, del, add);
+            ops.retain(|op| add(op).is_none_or(|e| !readded.contains(&e)));
+        }
+        let deleted = |op: &IpvsOp| match op {
+            IpvsOp::DelService(k) => Some((*k, None)),
+            IpvsOp::DelDest(k, d) => Some((*k, Some(*d))),
+            _ => None,
+        };
+        let added = |op: &IpvsOp| match op {
+            IpvsOp::AddService(k, _) => Some((*k, None)),
+            IpvsOp::AddDest(k, d, _) => Some((*k, Some(*d))),
+            _ => None,
+        };
+        let back = net_pairs(&mut self.ipvs, deleted, added);
+        if !back.is_empty() {
+            let edit = |op: IpvsOp| match op {
+                IpvsOp::AddService(k, s) if back.contains(&(k, None)) => IpvsOp::EditService(k, s),
+                IpvsOp::AddDest(k, d, s) if back.contains(&(k, Some(d))) => IpvsOp::EditDest(k, d, s),
+                other => other,
+            };
+            self.ipvs = std::mem::take(&mut self.ipvs).into_iter().map(edit).collect();
+        }
         // Equal ops are identical: an unstable sort needs no scratch buffer.
         // A large sync's deltas live until every actor has applied them.
         self.ipvs.sort_unstable();
@@ -64,6 +99,22 @@ impl IpvsDeltas {
         self.link.shrink_to_fit();
         self
     }
+}
+
+/// Drops each delete of `ops` whose key an add of `ops` claims again;
+/// returns those keys (the callers decide what their adds become).
+fn net_pairs<Op, K: Hash + Eq>(
+    ops: &mut Vec<Op>,
+    deleted: impl Fn(&Op) -> Option<K>,
+    added: impl Fn(&Op) -> Option<K>,
+) -> HashSet<K> {
+    let gone: HashSet<K> = ops.iter().filter_map(&deleted).collect();
+    if gone.is_empty() {
+        return HashSet::new();
+    }
+    let back: HashSet<K> = ops.iter().filter_map(&added).filter(|k| gone.contains(k)).collect();
+    ops.retain(|op| deleted(op).is_none_or(|k| !back.contains(&k)));
+    back
 }
 
 /// The complete desired IPVS-mode state (for full resyncs and --dry-run).

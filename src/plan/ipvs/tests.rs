@@ -504,3 +504,82 @@ fn a_full_resyncs_replan_leaves_the_plan_replan_all_leaves() {
     assert_eq!(lines(&without.update(&m, &ch.ports)), lines(&with_deltas.update(&m, &ch.ports)));
     assert!(!without.set_has_members(IpvsSet::NodePortTcp));
 }
+
+/// What the kernel holds after `before` and then `d`'s ops, each actor's
+/// in the order it applies them: the addresses, the set members, the
+/// virtual servers with their real servers.
+fn applied_in_order(before: &IpvsDesired, d: &IpvsDeltas) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+    let mut addrs: BTreeSet<String> = before.addresses.iter().map(|a| a.to_string()).collect();
+    for op in &d.link {
+        match op {
+            LinkOp::Bind(a) => addrs.insert(a.to_string()),
+            LinkOp::Unbind(a) => addrs.remove(&a.to_string()),
+        };
+    }
+    let member = |set: &IpvsSet, e: &SetEntry| format!("{} {e}", set.base_name());
+    let mut members: BTreeSet<String> =
+        before.sets.iter().flat_map(|(set, es)| es.iter().map(move |e| member(set, e))).collect();
+    for (set, ops) in &d.sets {
+        for op in ops {
+            match op {
+                IpsetOp::Add(e) => members.insert(member(set, e)),
+                IpsetOp::Del(e) => members.remove(&member(set, e)),
+            };
+        }
+    }
+    let key = |op: &IpvsOp| match op {
+        IpvsOp::AddService(k, _) | IpvsOp::EditService(k, _) | IpvsOp::DelService(k) => format!("{k:?}"),
+        IpvsOp::AddDest(k, d, _) | IpvsOp::EditDest(k, d, _) | IpvsOp::DelDest(k, d) => format!("{k:?} {d:?}"),
+    };
+    let mut ipvs: BTreeSet<String> = before.ipvs.iter().map(key).collect();
+    for op in &d.ipvs {
+        match op {
+            IpvsOp::AddService(..) | IpvsOp::AddDest(..) => assert!(ipvs.insert(key(op)), "{op} adds what is there"),
+            IpvsOp::EditService(..) | IpvsOp::EditDest(..) => assert!(ipvs.contains(&key(op)), "{op} edits nothing"),
+            IpvsOp::DelService(k) => {
+                let vs = format!("{k:?}");
+                ipvs.retain(|x| x != &vs && !x.starts_with(&format!("{vs} ")));
+            }
+            IpvsOp::DelDest(..) => {
+                ipvs.remove(&key(op));
+            }
+        }
+    }
+    (addrs, members, ipvs)
+}
+
+/// A Service's only port replaced by one with another name or protocol
+/// (a new service port, planned after the old one: its name or protocol
+/// sorts later) on the same cluster IP, and one renamed on the same port
+/// number: applied in order, the deltas leave the kernel as the plan
+/// wants it (the address and `KUBE-IPVS-IPS` member stay, the virtual
+/// server is edited, not deleted after its add).
+#[test]
+fn a_key_one_port_releases_and_another_claims_in_one_update_stays() {
+    let eps = [ep("10.244.0.5", "node-a"), ep("10.244.1.5", "node-b")];
+    let web = |port: (&str, &str, i32)| {
+        vec![
+            applied_service(service("default", "web", "10.96.0.20", &[(port.0, port.1, port.2, 0)])),
+            applied_slice(slice("default", "web-1", "web", &[(port.0, port.1, 8080)], &eps)),
+        ]
+    };
+    for (from, to) in [
+        (("http", "TCP", 80), ("http", "UDP", 80)),
+        (("http", "TCP", 80), ("www", "TCP", 80)),
+        (("http", "TCP", 80), ("www", "TCP", 81)),
+    ] {
+        let mut m = model_with(web(from));
+        let mut p = IpvsPlanner::new(ctx());
+        p.update(&m, &all_ports(&m));
+        let before = p.desired();
+        for e in web(to) {
+            m.record(&e).unwrap();
+        }
+        let ch = m.apply();
+        let d = p.update(&m, &ch.ports);
+        let after = p.desired();
+        let want = applied_in_order(&after, &IpvsDeltas::default());
+        assert_eq!(applied_in_order(&before, &d), want, "{from:?} -> {to:?}: {:#?}", lines(&d));
+        assert!(want.0.contains("10.96.0.20"), "{want:?}");
+    }
+}

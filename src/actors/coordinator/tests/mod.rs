@@ -116,6 +116,16 @@ impl Harness {
         self.stats.snapshot().into_iter().find(|s| s.name == "ipvs").expect("the ipvs actor's stats")
     }
 
+    /// Four minutes on: three periodic syncs or more, no full sync after the
+    /// first, and the IPVS table read no more than the `dumps` before (`why`).
+    async fn four_minutes_of_partial_syncs(&self, dumps: usize, why: &str) {
+        sleep(Duration::from_secs(240)).await;
+        let syncs = self.syncs().await;
+        assert!(syncs.iter().filter(|s| s.periodic).count() >= 3, "{syncs:?}");
+        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
+        assert_eq!(self.ipvs_dumps(), dumps, "{why}");
+    }
+
     async fn syncs(&self) -> Vec<SyncRecord> {
         self.coord.send(GetSyncHistory).await.expect("coordinator alive")
     }
@@ -381,17 +391,29 @@ fn a_poison_key_never_turns_periodic_checks_into_full_resyncs() {
         // A virtual server this kernel refuses for good (as SCTP without ip_vs_proto_sctp).
         h.k.journal.fail("-A -t 10.96.0.21:80", u32::MAX);
         h.send(vec![web_svc("web2", "10.96.0.21"), web_slice("web2", &["10.244.1.2"])]).await;
-        sleep(Duration::from_secs(240)).await;
-        let syncs = h.syncs().await;
-        assert!(syncs.iter().filter(|s| s.periodic).count() >= 3, "{syncs:?}");
-        assert!(syncs.iter().skip(1).all(|s| !s.full), "{syncs:?}");
-        assert_eq!(h.ipvs_dumps(), dumps, "the periodic checks leave the refused key out");
+        h.four_minutes_of_partial_syncs(dumps, "the periodic checks leave the refused key out").await;
         // 1 ms, then 100 ms doubling (ten attempts until 51.1 s), then once a minute.
         assert_eq!(h.at("FAILED ipvs -A -t 10.96.0.21:80").len(), 13);
         let stats = h.ipvs_stats();
         assert_eq!(stats.failing_keys, 2, "the virtual server and its real server: {stats:?}");
         // The other service is untouched by it.
         assert_eq!(h.at("-a -t 10.96.0.20:80 -r 10.244.1.1:8080").len(), 1);
+    });
+}
+
+/// A virtual server whose delete the kernel refuses stays in the kernel,
+/// unplanned, while the delete waits for its retries: the periodic checks
+/// skip it there too, and never turn it into full resyncs.
+#[test]
+fn a_refused_delete_never_turns_periodic_checks_into_full_resyncs() {
+    run_paused(|| async {
+        let h = with_web(Duration::ZERO, Duration::from_secs(30)).await;
+        let dumps = h.ipvs_dumps();
+        h.k.journal.fail("-D -t 10.96.0.20:80", u32::MAX);
+        h.send(vec![deleted_service(service("default", "web", "10.96.0.20", &[("http", "TCP", 80, 0)]))]).await;
+        h.four_minutes_of_partial_syncs(dumps, "the periodic checks skip the virtual server in the kernel too").await;
+        assert!(h.at("FAILED ipvs -D -t 10.96.0.20:80").len() >= 10, "the delete is retried");
+        assert_eq!(h.ipvs_stats().failing_keys, 1);
     });
 }
 
