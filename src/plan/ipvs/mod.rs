@@ -192,6 +192,9 @@ pub struct IpvsPlanner {
     next_owner: Owner,
     /// Counts replans of every port (see [`Planned`]'s `epoch`).
     epoch: u32,
+    /// Each planned owner's port (the `Arc` its [`Planned`] holds): a
+    /// shared virtual server's other claimants by owner.
+    ports: HashMap<Owner, Arc<ServicePort>>,
     services: Claims<VsKey, VsSpec>,
     /// Planned real servers, distinct (virtual server, real server) keys.
     dest_count: usize,
@@ -208,6 +211,7 @@ impl IpvsPlanner {
             planned: HashSet::new(),
             next_owner: 0,
             epoch: 0,
+            ports: HashMap::new(),
             services: Claims::default(),
             dest_count: 0,
             entries: Claims::default(),
@@ -264,7 +268,10 @@ impl IpvsPlanner {
             }
             if let Some(sp) = sp {
                 let epoch = self.epoch;
+                self.ports.insert(owner, sp.clone());
                 self.planned.insert(Planned { owner, epoch, port: sp.clone(), endpoints: endpoints.cloned() });
+            } else {
+                self.ports.remove(&owner);
             }
         }
     }
@@ -333,12 +340,12 @@ impl IpvsPlanner {
     }
 
     /// The real servers of `vs` that its claimants other than `owner` want,
-    /// planned again from their inputs (a shared virtual server is rare:
-    /// the claimants are found by a pass over the planned ports).
+    /// planned again from their inputs.
     fn others_dests(&self, owner: Owner, vs: &VsKey, old_ctx: Option<&PlanContext>) -> Vec<(DestKey, Owner, DestSpec)> {
-        let others: Vec<Owner> = self.services.owners(vs).filter(|o| *o != owner).collect();
+        let others = self.services.owners(vs).filter(|o| *o != owner);
+        let planned = others.filter_map(|o| self.ports.get(&o)).filter_map(|sp| self.planned.get(&sp.name));
         let mut out = Vec::new();
-        for p in self.planned.iter().filter(|p| others.contains(&p.owner)) {
+        for p in planned {
             let ctx = match old_ctx {
                 Some(c) if p.epoch != self.epoch => c,
                 _ => &self.ctx,
