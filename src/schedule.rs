@@ -7,7 +7,11 @@
 //!   `min`, as upstream's flowcontrol rate limiter).
 //! - A sync runs at least every `max` (the syncPeriod). That periodic sync
 //!   is a partial one with cheap drift checks ([`SyncKind::Periodic`]), as
-//!   upstream's newest proxiers do; a full resync comes when asked for
+//!   upstream's newest proxiers do. Under steady changes no sync waits a
+//!   whole `max`, so the first sync once `max` has passed since the last
+//!   checked one (periodic or full) is the periodic one: the checks (and
+//!   the node's addresses) are read at least every syncPeriod, as
+//!   upstream's every sync reads them. A full resync comes when asked for
 //!   (start, reload, topology, drift, a failure) and once per
 //!   [`FULL_SYNC_PERIOD`] (upstream's `FullSyncPeriod`), unless the
 //!   dataplane turns that off (iptables mode's large-cluster mode).
@@ -46,6 +50,8 @@ pub struct SyncScheduler {
     /// A full resync at least this often (None: only when asked for).
     full_period: Option<Duration>,
     periodic_at: Option<Instant>,
+    /// When the last sync with the drift checks (periodic or full) started.
+    checked_at: Option<Instant>,
     retry_at: Option<Instant>,
     last_full: Option<Instant>,
     failures: u32,
@@ -64,6 +70,7 @@ impl SyncScheduler {
             running: false,
             full_period: Some(FULL_SYNC_PERIOD),
             periodic_at: None,
+            checked_at: None,
             retry_at: None,
             last_full: None,
             failures: 0,
@@ -134,7 +141,8 @@ impl SyncScheduler {
         }
         let base = self.tat.map_or(now, |t| t.max(now));
         self.tat = Some(base + self.min);
-        let periodic = self.periodic_at.is_some_and(|p| p <= now);
+        let periodic = self.periodic_at.is_some_and(|p| p <= now)
+            || self.checked_at.is_some_and(|c| now.duration_since(c) >= self.max);
         let stale_full = self.full_period.is_some_and(|p| self.last_full.is_none_or(|f| now.duration_since(f) >= p));
         let kind = if self.full_requested || stale_full {
             SyncKind::Full
@@ -149,6 +157,9 @@ impl SyncScheduler {
         self.running = true;
         if kind == SyncKind::Full {
             self.last_full = Some(now);
+        }
+        if kind != SyncKind::Partial {
+            self.checked_at = Some(now);
         }
         Some(kind)
     }
@@ -242,6 +253,21 @@ mod tests {
         assert_eq!(run(&mut s, t0 + 30 * S), Some(SyncKind::Periodic));
         assert_eq!(s.next_wakeup(t0 + 30 * S), Some(t0 + 60 * S), "and again a syncPeriod later");
         assert_eq!(run(&mut s, t0 + 60 * S), Some(SyncKind::Periodic));
+    }
+
+    #[test]
+    fn under_steady_changes_a_sync_each_sync_period_carries_the_checks() {
+        let (mut s, t0) = sched();
+        s.request();
+        assert_eq!(run(&mut s, t0), Some(SyncKind::Full));
+        let mut periodic = Vec::new();
+        for i in 1..=95 {
+            s.request();
+            if run(&mut s, t0 + i * S) == Some(SyncKind::Periodic) {
+                periodic.push(i);
+            }
+        }
+        assert_eq!(periodic, [30, 60, 90], "a change every second never leaves a syncPeriod without a sync");
     }
 
     #[test]
