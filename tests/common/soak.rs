@@ -27,13 +27,14 @@
 //! after the warm-up, and every WARN or ERROR line of every instance's log
 //! must be explained by a fault that was injected ([`Fault::explains`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::bench::soak::check::{
-    diff_leftovers, draining_real_servers, dry_run_phases, finished_syncs, real_server_connections, sync_in_progress,
-    syncs_in_progress, unexplained_log_lines, DrainingDest, Explained, RssTrend,
+    diff_leftovers, draining_real_servers, dry_run_phases, finished_syncs, periodic_sync_ran, real_server_connections,
+    sync_in_progress, syncs_in_progress, unexplained_log_lines, DrainingDest, Explained, RssTrend,
 };
 use kube_proxy_rs::bench::soak::cluster::{SoakCluster, SoakSpec, Write, NODE};
 use kube_proxy_rs::kernel::ipvs::graceful::CHECK_INTERVAL;
@@ -41,7 +42,7 @@ use serde_json::Value;
 
 use super::apiserver::{ApiServer, Kind};
 use super::daemon::{self, wait_for, Daemon};
-use super::lab::{self, names, Backend, NODE_IP, NODE_IP6};
+use super::lab::{self, names, Backend, Conn, NODE_IP, NODE_IP6};
 use super::{bin, Netns};
 
 /// How long the kernel may take to equal a fresh plan once the churn
@@ -259,6 +260,11 @@ pub struct SoakLab {
     churned: Duration,
     /// The watches the first daemon had open at its first sync.
     watches: usize,
+    /// The running daemon's log length when the last fault was injected.
+    injected_at: usize,
+    /// IPVS mode: a TCP connection held open through each probe address
+    /// to each backend it answered from, by address and backend.
+    held: BTreeMap<(String, String), Conn>,
 }
 
 impl SoakLab {
@@ -293,6 +299,8 @@ impl SoakLab {
             checks: 0,
             churned: Duration::ZERO,
             watches: 0,
+            injected_at: 0,
+            held: BTreeMap::new(),
         };
         lab.write_config(dual_stack);
         lab.start_daemon();
@@ -466,7 +474,10 @@ impl SoakLab {
     /// The whole run: per segment churn, the fault, more churn, the
     /// convergence check; then the RSS and log verdicts. One segment per
     /// fault (one without faults): the last fault's check is the check at
-    /// the end of the churn. A fault's own churn (the API server away or
+    /// the end of the churn. The fault comes a quarter into its segment,
+    /// so that the daemon's recovery (watches backing off and coming
+    /// back, the syncPeriod's drift checks) runs under churn, not while
+    /// the check waits. A fault's own churn (the API server away or
     /// answering 500s) is part of its segment's.
     pub fn run(&mut self, plan: &SoakPlan) {
         let faults: Vec<Option<Fault>> = match plan.faults.as_slice() {
@@ -476,12 +487,18 @@ impl SoakLab {
         let segment = plan.churn / faults.len() as u32;
         for fault in faults {
             let began = self.churned;
-            self.churn(segment / 2, plan.rate);
+            self.churn(segment / 4, plan.rate);
             if let Some(f) = fault {
                 self.say(format_args!("{f:?} after {} changes", self.changes));
                 self.inject(f, plan.rate);
             }
             self.churn(segment.saturating_sub(self.churned - began), plan.rate);
+            if fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode)) {
+                // Under churn no sync waits a syncPeriod: one still carries the checks.
+                let log = self.instances.last().map(|(l, _)| std::fs::read_to_string(l).unwrap_or_default());
+                let checked = log.is_some_and(|l| periodic_sync_ran(whole_lines_from(&l, self.injected_at), "IPv4"));
+                assert!(checked, "no IPv4 syncPeriod sync (the drift checks) in the churn after {fault:?}");
+            }
             if fault.is_some_and(|f| f.waits_for_full_resync(self.mode)) {
                 // A new daemon's first sync is full (a SIGHUP with the same
                 // config applies nothing).
@@ -497,6 +514,8 @@ impl SoakLab {
     /// Injects `fault` (churning on where the fault lasts a while).
     pub fn inject(&mut self, fault: Fault, rate: u32) {
         self.injected.push(fault);
+        self.injected_at =
+            self.instances.last().map_or(0, |(log, _)| std::fs::metadata(log).map_or(0, |m| m.len())) as usize;
         match fault {
             Fault::Kill9 => {
                 let landed = (0..KILL_TRIES).any(|_| self.kill_in_a_sync(rate));
@@ -669,7 +688,8 @@ impl SoakLab {
         let start = Instant::now();
         self.report_syncs();
         if self.mode == Mode::Ipvs {
-            self.settle(fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode)));
+            let periodic = fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode));
+            self.settle(periodic.then_some(self.injected_at));
         }
         let config = self.config_path();
         let mut attempts: Vec<String> = Vec::new();
@@ -721,6 +741,9 @@ impl SoakLab {
                 assert_eq!(names(&got), want, "{when}: {to} reaches its ready backends");
             }
         }
+        if self.mode == Mode::Ipvs {
+            self.hold_connections();
+        }
         self.checks += 1;
         self.report_syncs();
         self.say(format_args!(
@@ -728,6 +751,38 @@ impl SoakLab {
             start.elapsed().as_secs_f64(),
             probing.elapsed().as_secs_f64()
         ));
+    }
+
+    /// Opens and holds a TCP connection through each probe address to each
+    /// of its backends that has none yet, as a node's long-lived clients
+    /// do. A real server graceful termination drains then keeps a
+    /// connection, and the check counts it as draining: without one, IPVS
+    /// forgets the probes' closed connections two minutes after they close
+    /// (TIME_WAIT), and the check waits up to a minute for graceful
+    /// termination's next pass to delete it (vm_ipvs's
+    /// `graceful-termination` proves that pass). A connection that fails to
+    /// open is not a verdict (the probes just were).
+    fn hold_connections(&mut self) {
+        for (addrs, want) in self.cluster.probe_expectations() {
+            for to in addrs {
+                let missing = |held: &BTreeMap<(String, String), Conn>| {
+                    want.iter().filter(|b| !held.contains_key(&(to.clone(), b.to_string()))).count()
+                };
+                for _ in 0..2 * missing(&self.held) {
+                    let opened = self.client.run(|| {
+                        let mut c = Conn::open(lab::addr(&to), DROP_WAIT).ok()?;
+                        let (backend, _) = c.exchange().ok()?;
+                        Some((backend, c))
+                    });
+                    if let Some((backend, c)) = opened {
+                        self.held.entry((to.clone(), backend)).or_insert(c);
+                    }
+                    if missing(&self.held) == 0 {
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Of real servers at weight 0, those the kernel shows no connection
@@ -765,23 +820,24 @@ impl SoakLab {
     /// Waits until the running daemon has gone quiet (no sync under way
     /// and none finished for [`QUIET`]) with as many watches open as the
     /// first daemon had (after an API server fault it is quiet while its
-    /// watches wait to come back, behind on the churn) and, when
-    /// `periodic`, has finished a syncPeriod sync (its drift checks) since now. In IPVS mode a
+    /// watches wait to come back, behind on the churn) and, with
+    /// `periodic_since` (its log's length when the fault came), has
+    /// started and finished an IPv4 syncPeriod sync (its drift checks;
+    /// the faults are IPv4 objects) since. In IPVS mode a
     /// `--dry-run --diff` before that would find the repair still to come,
     /// and each one costs 15-40 s in the VM (a second on the host, where
     /// the retries are cheaper than waiting).
     /// Gives up after [`CONVERGE_WAIT`] (times [`slowdown`]): the diff
     /// stays the verdict.
-    fn settle(&self, periodic: bool) {
+    fn settle(&self, periodic_since: Option<usize>) {
         let Some((log, _)) = self.instances.last() else { return };
         let read = || std::fs::read_to_string(log).unwrap_or_default();
         let start = Instant::now();
-        let before = finished_syncs(&read()).len();
-        let (mut seen, mut quiet_since) = (before, Instant::now());
+        let (mut seen, mut quiet_since) = (finished_syncs(&read()).len(), Instant::now());
         while start.elapsed() < CONVERGE_WAIT * slowdown() {
             let text = read();
             let syncs = finished_syncs(&text);
-            let checked = !periodic || syncs.get(before..).unwrap_or_default().iter().any(|s| s.periodic);
+            let checked = periodic_since.is_none_or(|at| periodic_sync_ran(whole_lines_from(&text, at), "IPv4"));
             if syncs.len() != seen || sync_in_progress(&text).is_some() || self.api.open_watches() < self.watches {
                 (seen, quiet_since) = (syncs.len(), Instant::now());
             } else if checked && quiet_since.elapsed() >= QUIET {
@@ -857,6 +913,22 @@ impl SoakLab {
             self.churned.as_secs_f64(),
             self.checks
         ));
+    }
+}
+
+/// `text` from byte `at` on, from the first whole line there: a daemon log
+/// read from the length it had (a line may have been half written then).
+fn whole_lines_from(text: &str, at: usize) -> &str {
+    if at == 0 {
+        return text;
+    }
+    match text.as_bytes().get(at - 1) {
+        None => "",
+        Some(b'\n') => &text[at..],
+        Some(_) => {
+            let next = text.as_bytes()[at..].iter().position(|b| *b == b'\n');
+            next.map_or("", |i| &text[at + i + 1..])
+        }
     }
 }
 

@@ -135,6 +135,27 @@ pub fn syncs_in_progress(log: &str) -> Vec<String> {
     open
 }
 
+/// Whether `log` shows a syncPeriod sync (the one with the drift checks)
+/// of `family` (`IPv4`, `IPv6`) both started and finished: the repair of
+/// drift made before `log` begins (a daemon log's tail from the moment of
+/// the drift) has been looked for.
+pub fn periodic_sync_ran(log: &str, family: &str) -> bool {
+    let family = format!("\"{family}\"");
+    let mut started: Vec<&str> = Vec::new();
+    for line in log.lines() {
+        if log_field(line, "ip_family") != Some(family.as_str()) {
+            continue;
+        }
+        let Some(generation) = log_field(line, "generation") else { continue };
+        if line.contains(": sync started ") && log_field(line, "periodic") == Some("true") {
+            started.push(generation);
+        } else if line.contains(": sync finished ") && started.contains(&generation) {
+            return true;
+        }
+    }
+    false
+}
+
 /// The newest of [`syncs_in_progress`].
 pub fn sync_in_progress(log: &str) -> Option<String> {
     syncs_in_progress(log).pop()
@@ -209,6 +230,25 @@ pub fn histogram_buckets(metrics: &str, name: &str) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_periodic_sync_counts_once_it_started_and_finished_in_the_log() {
+        let line = |what: &str, family: &str, generation: u32, periodic: bool| {
+            format!(
+                "2026-11-28T07:22:06.1Z DEBUG kube_proxy_rs::actors::coordinator: {what} ip_family=\"{family}\" \
+                 generation={generation} full=false periodic={periodic} ports=0\n"
+            )
+        };
+        let finished_before = line("sync finished", "IPv4", 7, true);
+        let started = line("sync started", "IPv4", 8, true);
+        let finished = line("sync finished", "IPv4", 8, true);
+        assert!(!periodic_sync_ran(&finished_before, "IPv4"), "started before the log began");
+        assert!(!periodic_sync_ran(&started, "IPv4"), "still under way");
+        assert!(periodic_sync_ran(&format!("{started}{finished}"), "IPv4"));
+        assert!(!periodic_sync_ran(&format!("{started}{finished}"), "IPv6"), "the other family's");
+        let other = format!("{}{}", line("sync started", "IPv4", 9, false), line("sync finished", "IPv4", 9, false));
+        assert!(!periodic_sync_ran(&other, "IPv4"), "not the syncPeriod's");
+    }
 
     #[test]
     fn the_dry_runs_phases_are_read_from_its_debug_lines() {
