@@ -248,6 +248,12 @@ impl NftablesPlanner {
         }
     }
 
+    /// Forgets the stale chains waiting for deletion that `listed` (a
+    /// full sync's listing of the kernel) does not show.
+    pub fn forget_unlisted_stale(&mut self, listed: &std::collections::HashSet<&str>) {
+        self.stale.retain(|c, _| listed.contains(c.as_str()));
+    }
+
     /// The last planned sync failed or its outcome is unknown: the next
     /// one is full, and stale chains are found again from the kernel.
     pub fn failed(&mut self) {

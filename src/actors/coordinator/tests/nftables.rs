@@ -172,6 +172,33 @@ fn stale_chains_are_flushed_at_once_and_deleted_a_second_later() {
     });
 }
 
+/// Our table deleted by another writer while a stale chain waits for its
+/// deletion: the syncPeriod's check finds the table gone and a full sync
+/// writes it back; the stale chain went with the table, and the cleanup
+/// does not delete it again (that transaction would be refused whole).
+#[test]
+fn stale_chains_the_deleted_table_took_are_not_deleted_again() {
+    run_paused(|| async {
+        let (h, mut events) = with_two_services().await;
+        sleep(Duration::from_secs(29)).await;
+        let change = web_slice("web", &["10.244.1.3"]);
+        h.send(vec![change.clone()]).await;
+        sleep(MS).await;
+        let old = chains_of(&h.table(), "web").into_iter().find(|c| c.contains("10.244.1.1")).cloned();
+        let old = old.expect("the old endpoint chain, flushed and waiting");
+        h.kernel.tamper(|tables| {
+            tables.remove(&(V4, TABLE.to_string()));
+        });
+        sleep(Duration::from_secs(3)).await;
+        let syncs = h.syncs().await;
+        assert!(syncs.iter().any(|s| s.periodic && s.full), "the check found the table gone: {syncs:?}");
+        assert!(syncs.iter().all(|s| s.failed == 0), "{syncs:?}");
+        assert!(h.at(&format!("delete chain {old}")).is_empty(), "{:?}", h.lines());
+        events.push(change);
+        assert_eq!(h.table(), fresh(&events));
+    });
+}
+
 /// A table an earlier run left: its chains nobody uses are flushed by the
 /// first (full) sync and deleted a second later, its unused affinity sets
 /// deleted at once; nothing else of it is lost on the way.
