@@ -164,8 +164,10 @@ impl Fault {
                 &[KERNEL_OP_FAILED, "Another app is currently holding the xtables lock"],
                 &["kube_proxy_rs::actors::coordinator::iptables: partial iptables restore failed: the next sync is a full one"],
             ],
-            // Our table gone: every transaction naming it is refused (ENOENT).
+            // Our table gone: every transaction naming it is refused (ENOENT),
+            // or the syncPeriod's check sees it first (it runs under churn too).
             (Fault::RefuseOps, Mode::Nftables) => &[
+                &[DRIFT_FOUND],
                 &[KERNEL_OP_FAILED, NFT_ENOENT],
                 &[NFT_SYNC_FAILED, NFT_ENOENT],
                 &["kube_proxy_rs::actors::coordinator::nftables: deleting stale chains failed", NFT_ENOENT],
