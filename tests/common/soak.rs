@@ -66,6 +66,9 @@ const RSS_SLACK_KIB: u64 = 4 * 1024;
 const ENVIRONMENT_WARNINGS: [Explained; 1] = [&["kube_proxy_rs::startup::oom: could not set oom_score_adj"]];
 /// Upstream's warning at every start in IPVS mode.
 const IPVS_DEPRECATED: Explained = &["kube_proxy_rs::proxier::ipvs: The ipvs proxier is now deprecated"];
+/// How many rounds of exchanges a probe address gets to reach each of its
+/// ready backends (each round three exchanges per backend).
+const PROBE_ROUNDS: usize = 8;
 /// How many times kill -9 is tried before one lands inside a sync.
 const KILL_TRIES: usize = 3;
 /// The lab's backends.
@@ -167,7 +170,7 @@ impl Fault {
             // Our table gone: every transaction naming it is refused (ENOENT),
             // or the syncPeriod's check sees it first (it runs under churn too).
             (Fault::RefuseOps, Mode::Nftables) => &[
-                &[DRIFT_FOUND],
+                &[DRIFT_IN_SYNC, "actor=\"nftables\""],
                 &[KERNEL_OP_FAILED, NFT_ENOENT],
                 &[NFT_SYNC_FAILED, NFT_ENOENT],
                 &["kube_proxy_rs::actors::coordinator::nftables: deleting stale chains failed", NFT_ENOENT],
@@ -216,6 +219,9 @@ const NFT_SYNC_FAILED: &str =
 const NFT_ENOENT: &str = "No such file or directory (os error 2); nothing of the transaction applied";
 /// The kernel actors' line when their periodic check finds drift.
 const DRIFT_FOUND: &str = "kube_proxy_rs::actors::kernel_actor: kernel state changed behind our back; full resync";
+/// The kernel actors' line when the syncPeriod's check in a sync's batch finds drift.
+const DRIFT_IN_SYNC: &str =
+    "kube_proxy_rs::actors::kernel_actor: the kernel changed behind our back: this actor resyncs in full";
 
 /// A soak run: how long it churns, how fast, and the faults (one per
 /// segment; the churn time is split evenly over the segments, a final
@@ -737,8 +743,16 @@ impl SoakLab {
         let probing = Instant::now();
         for (addrs, want) in self.cluster.probe_expectations() {
             for to in &addrs {
-                let n = 6 * want.len();
-                let got = lab::ask(&self.client, to, n, false, DROP_WAIT);
+                // iptables and nftables pick an endpoint at random: ask until
+                // each ready backend answered (18 random picks missed one of
+                // three one time in 500), at most 8 rounds.
+                let mut got = Vec::new();
+                for _ in 0..PROBE_ROUNDS {
+                    got.extend(lab::ask(&self.client, to, 3 * want.len(), false, DROP_WAIT));
+                    if !got.iter().all(Result::is_ok) || names(&got).is_superset(&want) {
+                        break;
+                    }
+                }
                 assert!(got.iter().all(Result::is_ok), "{when}: {to} answers: {got:?}");
                 assert_eq!(names(&got), want, "{when}: {to} reaches its ready backends");
             }

@@ -297,18 +297,19 @@ impl Dataplane for NftablesDataplane {
         let reconcile = self.conntrack.plan(model, changes, generation);
         let mut cleanup = self.planner.delete_due(self.epoch.elapsed());
         let (steps, stale): (Steps, usize) = if full {
-            let mut kernel = match self.listed.take() {
-                Some(Ok(k)) => k,
+            let (mut kernel, read) = match self.listed.take() {
+                Some(Ok(k)) => (k, true),
                 Some(Err(e)) => return self.not_sent(e, full),
-                None => KernelObjects::default(),
+                None => (KernelObjects::default(), false),
             };
             // Stale chains the kernel no longer has (our table deleted and
             // written again) are not deleted again: as upstream, which
             // deletes only the stale chains a listing shows.
-            let listed: HashSet<&str> = kernel.chains.iter().map(String::as_str).collect();
-            self.planner.forget_unlisted_stale(&listed);
-            cleanup = cleanup.and_then(|tx| keep_listed(tx, &listed));
-            drop(listed);
+            if read {
+                let listed: HashSet<&str> = kernel.chains.iter().map(String::as_str).collect();
+                self.planner.forget_unlisted_stale(&listed);
+                cleanup = cleanup.and_then(|tx| keep_listed(tx, &listed));
+            }
             // Chains this sync's cleanup deletes are gone: nothing to flush.
             if let Some(tx) = &cleanup {
                 kernel.chains.retain(|c| !tx.ops.iter().any(|op| matches!(op, NftOp::DeleteChain(d) if d == c)));
