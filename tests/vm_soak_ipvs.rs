@@ -49,9 +49,8 @@ fn ipvs_converges_under_churn_kill_foreign_writes_and_api_faults() {
         .collect();
     // The release build of this test in the guest: as debug code under TCG
     // its harness and the test API servers took half of the guest's CPU.
-    // The timeout is a hang guard, not a budget: 169-176 s at load 1,
-    // 211-347 s before this round's levers at load 0.4-9 (808 s with a
-    // slower soak at load 11-16); no second boot, a hang would double it.
+    // The timeout is a hang guard, not a budget (165-176 s at load 1-2);
+    // no second boot, a hang would double it.
     let run = VmRun::test_of(release.tests.as_ref(), TEST, 900, 0, 1536, &release.daemon, &env);
     let soak: Vec<&str> = run.console.lines().filter(|l| l.contains("soak: ")).collect();
     eprintln!("{}", soak.join("\n"));
@@ -91,9 +90,9 @@ fn guest() {
     let families = std::env::var("SOAK_FAMILIES").unwrap_or_else(|_| "4,6".into());
     let runs: Vec<(&str, bool, u64, Vec<Fault>)> = [
         // Each lab's checks cost about the same (the slower lab is the wall
-        // time, ≈ 7 s a check): four faults and a daemon restart each (kill -9
-        // in one, the removed real server's full resync in the other), an
-        // API server fault on either side.
+        // time, ≈ 7 s a check): five faults and four, a daemon restart in
+        // each (kill -9 in one, the removed real server's full resync in the
+        // other), an API server fault on either side.
         (
             "ipvs4",
             false,

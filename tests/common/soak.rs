@@ -504,7 +504,7 @@ impl SoakLab {
             if fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode)) {
                 // Under churn no sync waits a syncPeriod: one still carries the checks.
                 let log = self.instances.last().map(|(l, _)| std::fs::read_to_string(l).unwrap_or_default());
-                let checked = log.is_some_and(|l| periodic_sync_ran(whole_lines_from(&l, self.injected_at), "IPv4"));
+                let checked = log.is_some_and(|l| self.checked_since_fault(&l));
                 assert!(checked, "no IPv4 syncPeriod sync (the drift checks) in the churn after {fault:?}");
             }
             if fault.is_some_and(|f| f.waits_for_full_resync(self.mode)) {
@@ -696,8 +696,7 @@ impl SoakLab {
         let start = Instant::now();
         self.report_syncs();
         if self.mode == Mode::Ipvs {
-            let periodic = fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode));
-            self.settle(periodic.then_some(self.injected_at));
+            self.settle(fault.is_some_and(|f| f.repaired_by_periodic_check(self.mode)));
         }
         let config = self.config_path();
         let mut attempts: Vec<String> = Vec::new();
@@ -801,6 +800,13 @@ impl SoakLab {
         }
     }
 
+    /// Whether the daemon's `log` shows an IPv4 syncPeriod sync (its drift
+    /// checks; the periodic-check faults are IPv4 objects) started and
+    /// finished since the last fault was injected.
+    fn checked_since_fault(&self, log: &str) -> bool {
+        periodic_sync_ran(whole_lines_from(log, self.injected_at), "IPv4")
+    }
+
     /// Of real servers at weight 0, those the kernel shows no connection
     /// through (`ipvsadm -L -n` of their virtual server): graceful
     /// termination deletes them at its next check, so they count as
@@ -836,16 +842,15 @@ impl SoakLab {
     /// Waits until the running daemon has gone quiet (no sync under way
     /// and none finished for [`QUIET`]) with as many watches open as the
     /// first daemon had (after an API server fault it is quiet while its
-    /// watches wait to come back, behind on the churn) and, with
-    /// `periodic_since` (its log's length when the fault came), has
-    /// started and finished an IPv4 syncPeriod sync (its drift checks;
-    /// the faults are IPv4 objects) since. In IPVS mode a
+    /// watches wait to come back, behind on the churn) and, when
+    /// `periodic`, has run a syncPeriod sync since the fault
+    /// ([`Self::checked_since_fault`]). In IPVS mode a
     /// `--dry-run --diff` before that would find the repair still to come,
     /// and each one costs 15-40 s in the VM (a second on the host, where
     /// the retries are cheaper than waiting).
     /// Gives up after [`CONVERGE_WAIT`] (times [`slowdown`]): the diff
     /// stays the verdict.
-    fn settle(&self, periodic_since: Option<usize>) {
+    fn settle(&self, periodic: bool) {
         let Some((log, _)) = self.instances.last() else { return };
         let read = || std::fs::read_to_string(log).unwrap_or_default();
         let start = Instant::now();
@@ -853,7 +858,7 @@ impl SoakLab {
         while start.elapsed() < CONVERGE_WAIT * slowdown() {
             let text = read();
             let syncs = finished_syncs(&text);
-            let checked = periodic_since.is_none_or(|at| periodic_sync_ran(whole_lines_from(&text, at), "IPv4"));
+            let checked = !periodic || self.checked_since_fault(&text);
             if syncs.len() != seen || sync_in_progress(&text).is_some() || self.api.open_watches() < self.watches {
                 (seen, quiet_since) = (syncs.len(), Instant::now());
             } else if checked && quiet_since.elapsed() >= QUIET {

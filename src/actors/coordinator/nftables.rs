@@ -39,7 +39,6 @@
 //!   (`OnServiceCIDRsChanged` neither syncs nor sets needFullSync), so its
 //!   rule changes at its next full sync.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix::Recipient;
@@ -295,21 +294,18 @@ impl Dataplane for NftablesDataplane {
         };
         self.partial = !full;
         let reconcile = self.conntrack.plan(model, changes, generation);
-        let mut cleanup = self.planner.delete_due(self.epoch.elapsed());
+        if let (true, Some(Ok(kernel))) = (full, &self.listed) {
+            // Only stale chains the listing shows are deleted (a table
+            // deleted and written again took the others), as upstream.
+            self.planner.forget_unlisted_stale(&kernel.chains);
+        }
+        let cleanup = self.planner.delete_due(self.epoch.elapsed());
         let (steps, stale): (Steps, usize) = if full {
-            let (mut kernel, read) = match self.listed.take() {
-                Some(Ok(k)) => (k, true),
+            let mut kernel = match self.listed.take() {
+                Some(Ok(k)) => k,
                 Some(Err(e)) => return self.not_sent(e, full),
-                None => (KernelObjects::default(), false),
+                None => KernelObjects::default(),
             };
-            // Stale chains the kernel no longer has (our table deleted and
-            // written again) are not deleted again: as upstream, which
-            // deletes only the stale chains a listing shows.
-            if read {
-                let listed: HashSet<&str> = kernel.chains.iter().map(String::as_str).collect();
-                self.planner.forget_unlisted_stale(&listed);
-                cleanup = cleanup.and_then(|tx| keep_listed(tx, &listed));
-            }
             // Chains this sync's cleanup deletes are gone: nothing to flush.
             if let Some(tx) = &cleanup {
                 kernel.chains.retain(|c| !tx.ops.iter().any(|op| matches!(op, NftOp::DeleteChain(d) if d == c)));
@@ -398,11 +394,4 @@ impl Dataplane for NftablesDataplane {
     fn reconfigure(&mut self, context: NftContextBuilder) {
         self.context = context;
     }
-}
-
-/// `tx` (a stale-chain cleanup) without the deletes of chains `listed`
-/// does not show; `None` when nothing is left.
-fn keep_listed(mut tx: Transaction, listed: &HashSet<&str>) -> Option<Transaction> {
-    tx.ops.retain(|op| !matches!(op, NftOp::DeleteChain(c) if !listed.contains(c.as_str())));
-    (!tx.ops.is_empty()).then_some(tx)
 }

@@ -249,8 +249,12 @@ impl NftablesPlanner {
     }
 
     /// Forgets the stale chains waiting for deletion that `listed` (a
-    /// full sync's listing of the kernel) does not show.
-    pub fn forget_unlisted_stale(&mut self, listed: &std::collections::HashSet<&str>) {
+    /// full sync's listing of the kernel's chains) does not show.
+    pub fn forget_unlisted_stale(&mut self, listed: &[String]) {
+        if self.stale.is_empty() {
+            return;
+        }
+        let listed: std::collections::HashSet<&str> = listed.iter().map(String::as_str).collect();
         self.stale.retain(|c, _| listed.contains(c.as_str()));
     }
 
